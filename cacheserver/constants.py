@@ -1,0 +1,29 @@
+"""Names and numbers of the cache server that users and the operator rely on (DESIGN.md)."""
+
+from typing import Final
+
+MASTER_RPC_PORT: Final = 19998
+MASTER_HTTP_PORT: Final = 19999
+WORKER_RPC_PORT: Final = 29999
+WORKER_HTTP_PORT: Final = 30000
+
+GRPC_PACKAGE: Final = "strata.v1"
+FSSPEC_PROTOCOL: Final = "strata"
+
+# Every RPC carries `authorization: Bearer <token>`.
+AUTH_METADATA_KEY: Final = "authorization"
+AUTH_SCHEME: Final = "Bearer"
+
+ENV_PREFIX: Final = "STRATA_"
+ENV_MASTER: Final = "STRATA_MASTER"
+ENV_TOKEN: Final = "STRATA_TOKEN"
+ENV_TOKEN_FILE: Final = "STRATA_TOKEN_FILE"
+ENV_HOSTNAME: Final = "STRATA_HOSTNAME"
+ENV_HOME: Final = "STRATA_HOME"
+
+DEFAULT_BLOCK_SIZE: Final = 16 * 1024 * 1024
+# gRPC messages stay well under the 4 MiB default limit; blocks stream in chunks this big.
+STREAM_CHUNK_SIZE: Final = 1024 * 1024
+
+MEDIA: Final = ("MEM", "SSD", "HDD")  # fastest first
+XATTR_LOCATIONS: Final = "user.strata.locations"

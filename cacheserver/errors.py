@@ -1,0 +1,82 @@
+"""Errors a user sees. Each says what was wrong, with the value, and what to do.
+
+Every error maps to one gRPC status code, so a server turns it into a status and a client
+turns the status back into the same error type (see `to_status` / `from_status`).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class StrataError(Exception):
+    """Base class: a problem the caller can act on."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(StrataError, ValueError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(StrataError, FileNotFoundError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(StrataError, FileExistsError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PermissionDenied(StrataError, PermissionError):
+    """Wrong credentials for a store, or a write to a read-only mount."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(StrataError, PermissionError):
+    """A call without the cluster token or with a wrong one."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class ResourceExhausted(StrataError, OSError):
+    """A tier (or the whole cache) cannot take a block, e.g. everything is pinned."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(StrataError, ConnectionError):
+    """A server or the store cannot be reached; retrying may help."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DataLoss(StrataError, OSError):
+    """Bytes failed their checksum and no good copy could be had."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class FailedPrecondition(StrataError, OSError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+_BY_CODE: dict[grpc.StatusCode, type[StrataError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        PermissionDenied,
+        Unauthenticated,
+        ResourceExhausted,
+        Unavailable,
+        DataLoss,
+        FailedPrecondition,
+    )
+}
+
+
+def from_status(code: grpc.StatusCode, details: str) -> StrataError:
+    """The error a client raises for a failed RPC."""
+    return _BY_CODE.get(code, StrataError)(details)
