@@ -1,0 +1,49 @@
+# Two commands a newcomer needs: `make demo` and `make test`. Each installs what it needs.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Never put the working directory on sys.path: the folder operator/ would shadow the
+# standard library's `operator` module.
+export PYTHONSAFEPATH := 1
+
+.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools lint typecheck demo clean
+
+$(VENV)/.installed: pyproject.toml setup.py cacheserver/proto/strata.proto
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet grpcio-tools
+	PYTHON=$(PY) scripts/gen_protos.sh
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+protos: venv
+	PYTHON=$(PY) scripts/gen_protos.sh
+
+# Debian packages the tests use: fuse3 (FUSE mounts), iproute2 (network namespaces).
+deps-system:
+	scripts/install-system-deps.sh
+
+test: venv deps-system protos
+	$(VENV)/bin/pytest tests/unit tests/integration
+	$(MAKE) test-e2e
+
+test-unit: venv protos
+	$(VENV)/bin/pytest tests/unit
+
+test-integration: venv protos
+	$(VENV)/bin/pytest tests/integration
+
+e2e-tools:
+	tests/e2e/tools/build.sh
+
+test-e2e: venv protos
+	@if [ -x tests/e2e/tools/build.sh ]; then tests/e2e/tools/build.sh; fi
+	@if [ -d tests/e2e ] && ls tests/e2e/test_*.py >/dev/null 2>&1; then $(VENV)/bin/pytest tests/e2e; fi
+
+demo: venv deps-system protos
+	$(PY) -m strata.cacheserver.demo
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,127 @@
+"""Server and client settings: small typed models, one per concern.
+
+Servers read a YAML file (`--config`, in Kubernetes the CacheCluster's ConfigMap key
+`strata.yaml`) and `STRATA_*` environment variables; the environment wins. The same models
+are used by the operator to write that file, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from . import constants
+from .errors import InvalidArgument
+from .units import parse_size
+
+Medium = Literal["MEM", "SSD", "HDD"]
+Eviction = Literal["LRU", "LRFU"]
+ReadTypeName = Literal["CACHE", "CACHE_PROMOTE", "NO_CACHE"]
+WriteTypeName = Literal["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class TierSettings(_Model):
+    """One cache tier of a worker."""
+
+    medium: Medium
+    # Bytes this tier may hold. Must be > 0: a tier that can hold nothing is a mistake.
+    quota: int = Field(gt=0)
+    # Directories that hold the block files. MEM tiers default to a folder in /dev/shm so
+    # block files can be handed to local readers as file descriptors.
+    dirs: tuple[Path, ...] = ()
+
+    @field_validator("quota", mode="before")
+    @classmethod
+    def _quota(cls, v: Any) -> int:
+        return parse_size(v, what="tier quota")
+
+
+class CachePolicySettings(_Model):
+    """How blocks are cached, kept and evicted (CacheCluster spec.cachePolicy)."""
+
+    eviction: Eviction = "LRU"
+    read_type: ReadTypeName = Field("CACHE", alias="readType")
+    write_type: WriteTypeName = Field("CACHE_THROUGH", alias="writeType")
+    # Blocks fetched ahead of a sequential reader: two hides one store round trip per block.
+    readahead_blocks: int = Field(2, ge=0, le=64, alias="readaheadBlocks")
+    # Evict down to low_watermark once a tier passes high_watermark (fractions of its quota).
+    high_watermark: float = Field(0.95, gt=0, le=1, alias="highWatermark")
+    low_watermark: float = Field(0.80, ge=0, lt=1, alias="lowWatermark")
+
+    @model_validator(mode="after")
+    def _watermarks(self) -> CachePolicySettings:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"lowWatermark ({self.low_watermark}) must be below highWatermark "
+                f"({self.high_watermark})"
+            )
+        return self
+
+
+class ServerConfig(_Model):
+    """The file both master and workers read (`strata.yaml`)."""
+
+    # Size of a cached block: 16 MiB keeps per-block overhead (one store request, one
+    # metadata entry) small while a partial read of a file still caches little extra.
+    block_size: int = Field(constants.DEFAULT_BLOCK_SIZE, gt=0, alias="blockSize")
+    # Where workers and clients find the master (host:port).
+    master_address: str = Field(f"127.0.0.1:{constants.MASTER_RPC_PORT}", alias="masterAddress")
+    tiers: tuple[TierSettings, ...] = ()
+    cache_policy: CachePolicySettings = Field(default_factory=CachePolicySettings, alias="cachePolicy")
+    # Clients on a worker's host read block files through a passed file descriptor.
+    short_circuit: bool = Field(True, alias="shortCircuit")
+    # Seconds between worker heartbeats, and how many missed ones drop a worker from placement.
+    heartbeat_interval: float = Field(1.0, gt=0, alias="heartbeatInterval")
+    heartbeat_misses: int = Field(5, ge=1, alias="heartbeatMisses")
+
+    @field_validator("block_size", mode="before")
+    @classmethod
+    def _block_size(cls, v: Any) -> int:
+        return parse_size(v, what="blockSize")
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, tiers: tuple[TierSettings, ...]) -> tuple[TierSettings, ...]:
+        media = [t.medium for t in tiers]
+        if len(set(media)) != len(media):
+            raise ValueError(f"tiers: at most one tier of each medium, got {media}")
+        order = [constants.MEDIA.index(m) for m in media]
+        if order != sorted(order):
+            raise ValueError(f"tiers: list them fastest first (MEM, SSD, HDD), got {media}")
+        return tiers
+
+    def to_yaml(self) -> str:
+        data = self.model_dump(mode="json", by_alias=True)
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+def load_server_config(path: Path | None) -> ServerConfig:
+    """Read the YAML file (if any) and let `STRATA_BLOCK_SIZE`/`STRATA_MASTER` override."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read config file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise InvalidArgument(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise InvalidArgument(f"config file {path}: expected a mapping at the top level")
+        data.update(loaded)
+    if os.environ.get("STRATA_BLOCK_SIZE"):
+        data["blockSize"] = os.environ["STRATA_BLOCK_SIZE"]
+    if os.environ.get(constants.ENV_MASTER):
+        data["masterAddress"] = os.environ[constants.ENV_MASTER]
+    try:
+        return ServerConfig.model_validate(data)
+    except ValueError as exc:
+        where = f"config file {path}" if path else "configuration"
+        raise InvalidArgument(f"{where}: {exc}") from exc
