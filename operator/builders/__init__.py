@@ -1,0 +1,46 @@
+"""Pure builders: a parsed CacheCluster in, Kubernetes manifests (dicts) out. No I/O."""
+
+from __future__ import annotations
+
+from strata.operator.builders.common import Manifest
+from strata.operator.builders.config import build_auth_secret, build_config_map
+from strata.operator.builders.master import build_master_service, build_master_statefulset
+from strata.operator.builders.worker import (
+    build_worker_pdb,
+    build_worker_service,
+    build_worker_statefulset,
+)
+from strata.operator.models import Cluster
+from strata.operator.settings import OperatorSettings
+
+__all__ = [
+    "Manifest",
+    "build_auth_secret",
+    "build_config_map",
+    "build_master_service",
+    "build_master_statefulset",
+    "build_worker_pdb",
+    "build_worker_service",
+    "build_worker_statefulset",
+    "build_master_children",
+    "build_worker_children",
+]
+
+
+def build_master_children(cluster: Cluster, settings: OperatorSettings, token: str) -> list[Manifest]:
+    """Everything the master step applies, in apply order."""
+    return [
+        build_config_map(cluster, settings),
+        build_auth_secret(cluster, token),
+        build_master_service(cluster),
+        build_master_statefulset(cluster, settings),
+    ]
+
+
+def build_worker_children(cluster: Cluster, settings: OperatorSettings) -> list[Manifest]:
+    """Everything the worker step applies, in apply order."""
+    return [
+        build_worker_service(cluster),
+        build_worker_statefulset(cluster, settings),
+        build_worker_pdb(cluster),
+    ]

@@ -1,0 +1,166 @@
+"""Pieces every server pod shares: config and token volume, environment, probes, Services,
+and the StatefulSet frame around one server container."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata.cacheserver.constants import ENV_TOKEN_FILE
+from strata.operator import constants as c
+from strata.operator.builders.common import (
+    Manifest,
+    auth_name,
+    config_name,
+    labels,
+    metadata,
+    selector_labels,
+)
+from strata.operator.builders.config import config_hash, config_text
+from strata.operator.models import Cluster, PodSettings
+from strata.operator.settings import OperatorSettings
+
+CONFIG_VOLUME = "config"
+
+# Downward API: the worker uses its pod name as worker id, the node name for locality and
+# the pod IP as its address; the master logs them.
+_FIELD_ENV = (
+    ("STRATA_POD_NAME", "metadata.name"),
+    ("STRATA_POD_NAMESPACE", "metadata.namespace"),
+    ("STRATA_NODE_NAME", "spec.nodeName"),
+    ("STRATA_POD_IP", "status.podIP"),
+)
+
+
+def server_env() -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": ENV_TOKEN_FILE, "value": f"{c.AUTH_DIR}/{c.TOKEN_KEY}"},
+    ]
+    env.extend(
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in _FIELD_ENV
+    )
+    return env
+
+
+def config_volume(cluster: str) -> dict[str, Any]:
+    """One projected volume at /etc/strata: strata.yaml from the ConfigMap and auth/token
+    from the Secret (a Secret mounted inside a ConfigMap mount would need a writable parent)."""
+    return {
+        "name": CONFIG_VOLUME,
+        "projected": {
+            "sources": [
+                {
+                    "configMap": {
+                        "name": config_name(cluster),
+                        "items": [{"key": c.CONFIG_FILE, "path": c.CONFIG_FILE}],
+                    }
+                },
+                {
+                    "secret": {
+                        "name": auth_name(cluster),
+                        "items": [{"key": c.TOKEN_KEY, "path": f"auth/{c.TOKEN_KEY}", "mode": 0o400}],
+                    }
+                },
+            ]
+        },
+    }
+
+
+def config_mount() -> dict[str, Any]:
+    return {"name": CONFIG_VOLUME, "mountPath": c.CONFIG_DIR, "readOnly": True}
+
+
+def http_probes(port_name: str) -> dict[str, Any]:
+    """Readiness answers fast; liveness gives a busy server a minute before a restart."""
+    def check(period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": "/healthz", "port": port_name},
+            "periodSeconds": period,
+            "failureThreshold": failures,
+        }
+
+    return {
+        "readinessProbe": check(5, 3),
+        "livenessProbe": check(10, 6),
+        "startupProbe": check(2, 60),
+    }
+
+
+def ports(rpc: int, http: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "rpc", "containerPort": rpc, "protocol": "TCP"},
+        {"name": "http", "containerPort": http, "protocol": "TCP"},
+    ]
+
+
+def headless_service(cluster: Cluster, name: str, component: str, rpc: int, http: int) -> Manifest:
+    """Headless Service giving each pod a stable DNS name. Not-ready pods are published too:
+    workers must find a starting master, and the master's readiness waits on nothing else."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(cluster, name, component),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(cluster.ref.name, component),
+            "ports": [
+                {"name": "rpc", "port": rpc, "targetPort": "rpc", "protocol": "TCP"},
+                {"name": "http", "port": http, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def server_statefulset(
+    cluster: Cluster,
+    settings: OperatorSettings,
+    *,
+    name: str,
+    component: str,
+    pod: PodSettings,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    affinity: dict[str, Any],
+    extra_spec: dict[str, Any] | None = None,
+) -> Manifest:
+    """A StatefulSet running one server container with the shared config, env and probes."""
+    image = cluster.spec.image or settings.server_image
+    full_container = {
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        **container,
+        "env": server_env(),
+        "resources": pod.resources,
+    }
+    full_container["volumeMounts"] = [config_mount(), *container.get("volumeMounts", [])]
+    pod_spec: dict[str, Any] = {
+        "enableServiceLinks": False,
+        "containers": [full_container],
+        "volumes": [config_volume(cluster.ref.name), *volumes],
+    }
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = pod.node_selector
+    if pod.tolerations:
+        pod_spec["tolerations"] = list(pod.tolerations)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(cluster, name, component),
+        "spec": {
+            "serviceName": name,
+            "replicas": pod.replicas,
+            "selector": {"matchLabels": selector_labels(cluster.ref.name, component)},
+            **(extra_spec or {}),
+            "template": {
+                "metadata": {
+                    "labels": labels(cluster.ref.name, component),
+                    "annotations": {
+                        c.CONFIG_HASH_ANNOTATION: config_hash(config_text(cluster, settings))
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

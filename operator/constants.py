@@ -1,0 +1,112 @@
+"""Names the operator and its users rely on: API group, labels, finalizer, conditions, reasons.
+
+Everything a person can see on an object (condition types, reasons, phases, label keys) is
+spelled once here, so the handlers, the status code and the tests agree.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from strata.cacheserver import constants as server
+
+GROUP: Final = "strata.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+CACHE_CLUSTER_KIND: Final = "CacheCluster"
+CACHE_CLUSTER_PLURAL: Final = "cacheclusters"
+MOUNT_KIND: Final = "Mount"
+MOUNT_PLURAL: Final = "mounts"
+
+FINALIZER: Final = "strata.dev/finalizer"
+FIELD_MANAGER: Final = "strata-operator"
+# kopf keeps its handler progress in annotations under this prefix (never in `status`).
+ANNOTATION_PREFIX: Final = "strata.dev"
+# Pod template annotation: a hash of strata.yaml, so a config change rolls the pods.
+CONFIG_HASH_ANNOTATION: Final = "strata.dev/config-hash"
+
+# Recommended labels (app.kubernetes.io/*) on every child.
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+APP_NAME: Final = "strata"
+MANAGED_BY: Final = "strata-operator"
+COMPONENT_MASTER: Final = "master"
+COMPONENT_WORKER: Final = "worker"
+
+# Server image command lines and paths inside the pods (the server image's contract).
+CONFIG_DIR: Final = "/etc/strata"
+CONFIG_FILE: Final = "strata.yaml"
+AUTH_DIR: Final = "/etc/strata/auth"
+TOKEN_KEY: Final = "token"
+JOURNAL_DIR: Final = "/var/lib/strata/journal"
+DATA_DIR: Final = "/var/lib/strata"
+TIERS_DIR: Final = "/var/lib/strata/tiers"
+SHORT_CIRCUIT_DIR: Final = "/var/lib/strata/sc"
+SHORT_CIRCUIT_HOST_ROOT: Final = "/var/run/strata"
+
+MASTER_RPC_PORT: Final = server.MASTER_RPC_PORT
+MASTER_HTTP_PORT: Final = server.MASTER_HTTP_PORT
+WORKER_RPC_PORT: Final = server.WORKER_RPC_PORT
+WORKER_HTTP_PORT: Final = server.WORKER_HTTP_PORT
+
+# Condition types. Ready/Reconciling/Stalled follow kstatus (read by Argo CD and Flux).
+READY: Final = "Ready"
+RECONCILING: Final = "Reconciling"
+STALLED: Final = "Stalled"
+MASTER_READY: Final = "MasterReady"
+WORKERS_READY: Final = "WorkersReady"
+PRELOADED: Final = "Preloaded"
+
+
+class ClusterPhase:
+    PENDING: Final = "Pending"
+    PROVISIONING: Final = "Provisioning"
+    READY: Final = "Ready"
+    DEGRADED: Final = "Degraded"
+    TERMINATING: Final = "Terminating"
+
+
+class MountPhase:
+    PENDING: Final = "Pending"
+    MOUNTED: Final = "Mounted"
+    FAILED: Final = "Failed"
+    UNMOUNTING: Final = "Unmounting"
+
+
+class PreloadPhase:
+    PENDING: Final = "Pending"
+    RUNNING: Final = "Running"
+    SUCCEEDED: Final = "Succeeded"
+
+
+class Reason:
+    """Condition reasons: CamelCase, each names what happened so a person can act."""
+
+    # CacheCluster
+    AS_EXPECTED: Final = "AsExpected"
+    INVALID_SPEC: Final = "InvalidSpec"
+    APPLY_FAILED: Final = "ApplyFailed"
+    WAITING_FOR_MASTER: Final = "WaitingForMaster"
+    MASTER_UNREACHABLE: Final = "MasterUnreachable"
+    WAITING_FOR_WORKERS: Final = "WaitingForWorkers"
+    WORKERS_NOT_REGISTERED: Final = "WorkersNotRegistered"
+    SCALING_IN: Final = "ScalingIn"
+    DECOMMISSION_FAILED: Final = "DecommissionFailed"
+    TERMINATING: Final = "Terminating"
+    # Mount
+    CLUSTER_NOT_FOUND: Final = "ClusterNotFound"
+    CLUSTER_NOT_READY: Final = "ClusterNotReady"
+    CREDENTIALS_NOT_FOUND: Final = "CredentialsSecretNotFound"
+    SOURCE_NOT_FOUND: Final = "SourceNotFound"
+    ACCESS_DENIED: Final = "AccessDenied"
+    INVALID_MOUNT: Final = "InvalidMount"
+    PATH_CONFLICT: Final = "PathConflict"
+    TOKEN_REJECTED: Final = "TokenRejected"
+    MOUNT_FAILED: Final = "MountFailed"
+    MOUNTED: Final = "Mounted"
+    UNMOUNTING: Final = "Unmounting"
+    PRELOADING: Final = "Preloading"
+    PRELOADED: Final = "Preloaded"

@@ -1,0 +1,257 @@
+"""Typed specs of CacheCluster and Mount, parsed once from an object's body.
+
+Defaults here equal the defaults in the CRD schemas (a unit test holds them together), so a
+body the API server defaulted and a bare body parse to the same spec. The cache policy is the
+server's own model (`CachePolicySettings`), so operator and servers read it the same way.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from strata.cacheserver import constants as server
+from strata.cacheserver.config import (
+    CachePolicySettings,
+    Medium,
+    ReadTypeName,
+    WriteTypeName,
+)
+from strata.cacheserver.errors import InvalidArgument
+from strata.cacheserver.units import parse_duration, parse_size
+
+_M = TypeVar("_M", bound=BaseModel)
+Locality = Literal["Preferred", "Required", "Disabled"]
+
+# URL schemes a Mount may use: stores the server image's fsspec can open.
+SOURCE_SCHEMES: tuple[str, ...] = (
+    "s3", "s3a", "gs", "gcs", "abfs", "az", "hdfs", "webhdfs", "file", "http", "https", "memory",
+)
+DEFAULT_BLOCK_SIZE = "16Mi"
+DEFAULT_MEM_QUOTA = "1Gi"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+def _size(value: Any, what: str) -> int:
+    return parse_size(value, what=what)
+
+
+class PodSettings(_Spec):
+    """Scheduling and resources of one StatefulSet's pods (master or worker)."""
+
+    replicas: int = Field(ge=0)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] = Field(default_factory=dict)
+
+
+class MasterSpec(PodSettings):
+    # One master: it keeps the mount table and block locations in memory (no standby yet).
+    replicas: int = Field(1, ge=1, le=1)
+
+
+class WorkerSpec(PodSettings):
+    # Two workers: cached blocks survive one worker's restart or a node drain.
+    replicas: int = Field(2, ge=0)
+
+
+class HostPathVolume(_Spec):
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"hostPath.path must be absolute, got {v!r}")
+        return v
+
+
+class EphemeralVolume(_Spec):
+    # None: the cluster's default StorageClass.
+    storage_class_name: str | None = Field(None, alias="storageClassName")
+
+
+class TierVolume(_Spec):
+    host_path: HostPathVolume | None = Field(None, alias="hostPath")
+    ephemeral: EphemeralVolume | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> TierVolume:
+        if (self.host_path is None) == (self.ephemeral is None):
+            raise ValueError("tier volume: set exactly one of hostPath or ephemeral")
+        return self
+
+
+class TierSpec(_Spec):
+    medium: Medium
+    quota: int = Field(gt=0)
+    volume: TierVolume | None = None
+
+    @field_validator("quota", mode="before")
+    @classmethod
+    def _quota(cls, v: Any) -> int:
+        return _size(v, "tier quota")
+
+    @model_validator(mode="after")
+    def _mem_volume(self) -> TierSpec:
+        if self.medium == "MEM" and self.volume is not None:
+            raise ValueError("a MEM tier is always an in-memory emptyDir; remove its volume")
+        return self
+
+
+def _default_tiers() -> tuple[TierSpec, ...]:
+    return (TierSpec(medium="MEM", quota=parse_size(DEFAULT_MEM_QUOTA)),)
+
+
+class CacheClusterSpec(_Spec):
+    """spec of a CacheCluster."""
+
+    # "": the server image the operator was installed with (OperatorSettings.server_image).
+    image: str = ""
+    block_size: int = Field(parse_size(DEFAULT_BLOCK_SIZE), gt=0, alias="blockSize")
+    master: MasterSpec = Field(default_factory=MasterSpec)
+    worker: WorkerSpec = Field(default_factory=WorkerSpec)
+    tiers: tuple[TierSpec, ...] = Field(default_factory=_default_tiers, min_length=1)
+    cache_policy: CachePolicySettings = Field(default_factory=CachePolicySettings, alias="cachePolicy")
+    short_circuit: bool = Field(True, alias="shortCircuit")
+    locality: Locality = "Preferred"
+
+    @field_validator("block_size", mode="before")
+    @classmethod
+    def _block_size(cls, v: Any) -> int:
+        return _size(v, "blockSize")
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, tiers: tuple[TierSpec, ...]) -> tuple[TierSpec, ...]:
+        media = [t.medium for t in tiers]
+        if len(set(media)) != len(media):
+            raise ValueError(f"at most one tier of each medium, got {media}")
+        if [server.MEDIA.index(m) for m in media] != sorted(server.MEDIA.index(m) for m in media):
+            raise ValueError(f"list tiers fastest first (MEM, SSD, HDD), got {media}")
+        return tiers
+
+
+class SecretRef(_Spec):
+    name: str
+
+
+class Credentials(_Spec):
+    secret_ref: SecretRef = Field(alias="secretRef")
+
+
+class MetadataSync(_Spec):
+    # Seconds; 0 = check the store on every access, -1 = never. 30 s: listings stay fresh
+    # enough for batch jobs without a store request per file open.
+    interval: float = 30.0
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _interval(cls, v: Any) -> float:
+        seconds = parse_duration(v, what="metadataSync.interval")
+        if seconds < 0 and seconds != -1:
+            raise ValueError(f"metadataSync.interval: use -1 for never, got {v!r}")
+        return seconds
+
+
+class Preload(_Spec):
+    on_create: bool = Field(False, alias="onCreate")
+    # Paths inside the mount (relative to spec.path), loaded once the source is mounted.
+    paths: tuple[str, ...] = ()
+
+
+class MountSpec(_Spec):
+    """spec of a Mount."""
+
+    cluster: str
+    path: str
+    source: str
+    options: dict[str, str] = Field(default_factory=dict)
+    credentials: Credentials | None = None
+    read_only: bool = Field(True, alias="readOnly")
+    metadata_sync: MetadataSync = Field(default_factory=MetadataSync, alias="metadataSync")
+    read_type: ReadTypeName | None = Field(None, alias="readType")
+    write_type: WriteTypeName | None = Field(None, alias="writeType")
+    preload: Preload = Field(default_factory=Preload)
+    pin: bool = False
+    # Seconds; 0 = no TTL.
+    ttl: float = 0.0
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/") or posixpath.normpath(v) != v or v == "/":
+            raise ValueError(
+                f"path must be absolute and normalised, not the root, e.g. /datasets/x; got {v!r}"
+            )
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        scheme = urlsplit(v).scheme
+        if scheme not in SOURCE_SCHEMES:
+            raise ValueError(
+                f"source {v!r}: scheme {scheme or '(none)'!r} is not supported; "
+                f"use one of {', '.join(SOURCE_SCHEMES)}"
+            )
+        return v
+
+    @field_validator("ttl", mode="before")
+    @classmethod
+    def _ttl(cls, v: Any) -> float:
+        seconds = parse_duration(v or 0, what="ttl")
+        if seconds < 0:
+            raise ValueError(f"ttl must not be negative, got {v!r}")
+        return seconds
+
+    def preload_paths(self) -> tuple[str, ...]:
+        """Namespace paths to load after mounting: the whole mount, or the listed sub-paths."""
+        if self.preload.on_create:
+            return (self.path,)
+        return tuple(posixpath.join(self.path, p.lstrip("/")) for p in self.preload.paths)
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Who owns a child: enough of an object's metadata for an ownerReference."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A parsed CacheCluster: its identity and its spec."""
+
+    ref: ObjectRef
+    generation: int
+    spec: CacheClusterSpec
+
+
+def parse_spec(model: type[_M], spec: Mapping[str, Any], *, what: str) -> _M:
+    """Parse an object's spec, turning validation errors into one readable InvalidArgument."""
+    try:
+        return model.model_validate(dict(spec))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {_message(err['msg'])}"
+            for err in exc.errors()
+        )
+        raise InvalidArgument(f"{what}: invalid spec: {problems}") from exc
+
+
+def _message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")

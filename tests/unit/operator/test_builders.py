@@ -1,0 +1,185 @@
+"""Builders against golden YAML. A changed golden file is a reviewed change:
+rewrite them with STRATA_UPDATE_GOLDEN=1 and read the diff."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from strata.cacheserver.config import ServerConfig
+from strata.operator import builders
+from strata.operator.builders.common import (
+    approximate_quantity,
+    format_quantity,
+    master_endpoint,
+)
+from strata.operator.models import CacheClusterSpec, Cluster, ObjectRef
+from strata.operator.settings import OperatorSettings
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("STRATA_UPDATE_GOLDEN") == "1"
+SETTINGS = OperatorSettings(server_image="strata-server:test")
+REF = ObjectRef("strata.dev/v1alpha1", "CacheCluster", "demo", "team-a", "0b1c-uid")
+
+FULL_SPEC = {
+    "blockSize": "16Mi",
+    "master": {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+    "worker": {
+        "replicas": 3,
+        "nodeSelector": {"node.kubernetes.io/instance-type": "i3.xlarge"},
+        "tolerations": [{"key": "cache", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+    "tiers": [
+        {"medium": "MEM", "quota": "1Gi"},
+        {"medium": "SSD", "quota": "100Gi", "volume": {"hostPath": {"path": "/mnt/nvme/strata"}}},
+        {"medium": "HDD", "quota": "1Ti", "volume": {"ephemeral": {"storageClassName": "local-hdd"}}},
+    ],
+    "cachePolicy": {"eviction": "LRFU", "readaheadBlocks": 4},
+}
+
+
+def make_cluster(spec: dict[str, Any]) -> Cluster:
+    return Cluster(REF, 1, CacheClusterSpec.model_validate(spec))
+
+
+class _Dumper(yaml.SafeDumper):
+    """Readable goldens: block style for multi-line strings, no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def check_golden(name: str, manifests: list[dict[str, Any]]) -> None:
+    text = yaml.dump_all(manifests, Dumper=_Dumper, sort_keys=False)
+    path = GOLDEN / name
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"golden file {path} missing; run with STRATA_UPDATE_GOLDEN=1 to write it")
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from golden; review, then STRATA_UPDATE_GOLDEN=1"
+
+
+def all_children(cluster: Cluster) -> list[dict[str, Any]]:
+    return builders.build_master_children(cluster, SETTINGS, token="s3cr3t-token") + builders.build_worker_children(
+        cluster, SETTINGS
+    )
+
+
+def test_defaults_golden() -> None:
+    check_golden("cluster-defaults.yaml", all_children(make_cluster({})))
+
+
+def test_full_spec_golden() -> None:
+    check_golden("cluster-full.yaml", all_children(make_cluster(FULL_SPEC)))
+
+
+def test_builders_are_deterministic() -> None:
+    cluster = make_cluster(FULL_SPEC)
+    assert all_children(cluster) == all_children(cluster)
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    for child in all_children(make_cluster(FULL_SPEC)):
+        meta = child["metadata"]
+        assert meta["namespace"] == "team-a"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "strata.dev/v1alpha1", "kind": "CacheCluster", "name": "demo",
+            "uid": "0b1c-uid", "controller": True, "blockOwnerDeletion": True,
+        }
+        assert meta["labels"]["app.kubernetes.io/instance"] == "demo"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "strata-operator"
+
+
+def test_config_map_is_the_server_config() -> None:
+    cm = builders.build_config_map(make_cluster(FULL_SPEC), SETTINGS)
+    config = ServerConfig.model_validate(yaml.safe_load(cm["data"]["strata.yaml"]))
+    assert config.master_address == "demo-master-0.demo-master.team-a.svc:19998"
+    assert [(t.medium, t.quota, [str(d) for d in t.dirs]) for t in config.tiers] == [
+        ("MEM", 2**30, ["/var/lib/strata/tiers/mem"]),
+        ("SSD", 100 * 2**30, ["/var/lib/strata/tiers/ssd"]),
+        ("HDD", 2**40, ["/var/lib/strata/tiers/hdd"]),
+    ]
+    assert config.cache_policy.eviction == "LRFU"
+    assert config.cache_policy.readahead_blocks == 4
+
+
+def test_tier_volumes_match_their_media() -> None:
+    sts = builders.build_worker_statefulset(make_cluster(FULL_SPEC), SETTINGS)
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tier-mem"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    assert volumes["tier-ssd"]["hostPath"] == {"path": "/mnt/nvme/strata", "type": "DirectoryOrCreate"}
+    claim = volumes["tier-hdd"]["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] == "local-hdd"
+    assert claim["resources"]["requests"]["storage"] == "1Ti"
+    assert volumes["short-circuit"]["hostPath"]["path"] == "/var/run/strata/team-a/demo"
+    default_ssd = make_cluster({"tiers": [{"medium": "SSD", "quota": "10G"}]})
+    sts = builders.build_worker_statefulset(default_ssd, SETTINGS)
+    (tier,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tier-ssd"]
+    assert tier == {"name": "tier-ssd", "emptyDir": {"sizeLimit": "10G"}}
+
+
+def test_short_circuit_off_has_no_host_socket_dir() -> None:
+    sts = builders.build_worker_statefulset(make_cluster({"shortCircuit": False}), SETTINGS)
+    names = [v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]]
+    assert "short-circuit" not in names
+
+
+def test_config_change_changes_the_pod_template_hash() -> None:
+    a = builders.build_worker_statefulset(make_cluster({}), SETTINGS)
+    b = builders.build_worker_statefulset(make_cluster({"blockSize": "8Mi"}), SETTINGS)
+    c = builders.build_worker_statefulset(make_cluster({"worker": {"replicas": 5}}), SETTINGS)
+    key = "strata.dev/config-hash"
+    ha, hb, hc = (s["spec"]["template"]["metadata"]["annotations"][key] for s in (a, b, c))
+    assert ha != hb
+    assert ha == hc  # scaling does not restart pods
+
+
+def test_user_anti_affinity_replaces_the_default_spread() -> None:
+    mine = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}
+    sts = builders.build_worker_statefulset(make_cluster({"worker": {"affinity": mine}}), SETTINGS)
+    assert sts["spec"]["template"]["spec"]["affinity"] == mine
+    sts = builders.build_worker_statefulset(make_cluster({}), SETTINGS)
+    spread = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_image_defaults_to_the_operator_setting() -> None:
+    sts = builders.build_master_statefulset(make_cluster({}), SETTINGS)
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "strata-server:test"
+    sts = builders.build_master_statefulset(make_cluster({"image": "mine:1"}), SETTINGS)
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "mine:1"
+
+
+def test_auth_secret_holds_the_given_token() -> None:
+    secret = builders.build_auth_secret(make_cluster({}), "abc")
+    assert base64.b64decode(secret["data"]["token"]) == b"abc"
+
+
+def test_master_endpoint_with_and_without_cluster_domain() -> None:
+    assert master_endpoint("demo", "ns") == "demo-master-0.demo-master.ns.svc:19998"
+    assert master_endpoint("demo", "ns", "cluster.local") == "demo-master-0.demo-master.ns.svc.cluster.local:19998"
+
+
+@pytest.mark.parametrize(
+    ("n", "exact", "approx"),
+    [(0, "0", "0"), (1023, "1023", "1023"), (2**30, "1Gi", "1Gi"), (10**9, "1G", "953.7Mi"),
+     (3 * 2**40, "3Ti", "3Ti"), (int(3.25 * 2**30), "3328Mi", "3.2Gi"), (1500, "1500", "1.5Ki")],
+)
+def test_quantities(n: int, exact: str, approx: str) -> None:
+    assert format_quantity(n) == exact
+    assert approximate_quantity(n) == approx
