@@ -1,0 +1,79 @@
+"""The one retry helper: capped exponential backoff with full jitter.
+
+Every call to a store goes through `call_with_backoff`; nothing else in the cache server
+loops on errors by itself. Only the error types the caller names are retried; the last
+error is raised unchanged, so the caller sees the real cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Five tries with delays capped at 2 s ride out a store's brief hiccup (a throttled burst,
+# a restarted endpoint) in a few seconds, yet a store that is really down fails a request
+# well before a client's own deadline.
+DEFAULT_ATTEMPTS = 5
+# 50 ms is a few round trips to an object store: short enough that one lost request costs
+# little, long enough that a throttling store sees fewer requests.
+DEFAULT_BASE_DELAY = 0.05
+# No single wait longer than 2 s: a caller is blocked on the answer.
+DEFAULT_MAX_DELAY = 2.0
+
+
+class RetrySettings(BaseSettings):
+    """How store calls are retried; `STRATA_RETRY_ATTEMPTS` etc. override the defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_RETRY_", frozen=True, extra="forbid")
+
+    # Tries in all, the first one included (1 = no retry).
+    attempts: int = Field(default=DEFAULT_ATTEMPTS, ge=1, le=100)
+    # Seconds: the cap of the first wait; each later cap doubles.
+    base_delay: float = Field(default=DEFAULT_BASE_DELAY, ge=0)
+    # Seconds: no wait is longer than this.
+    max_delay: float = Field(default=DEFAULT_MAX_DELAY, ge=0)
+
+
+def backoff_delay(retry: int, *, base_delay: float, max_delay: float) -> float:
+    """Seconds to wait before retry number `retry` (0 = the first retry): full jitter,
+    a uniform pick in [0, min(max_delay, base_delay * 2**retry)]."""
+    cap = min(max_delay, base_delay * (2.0 ** min(retry, 62)))
+    return random.uniform(0.0, cap)
+
+
+async def call_with_backoff(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    attempts: int = DEFAULT_ATTEMPTS,
+    base_delay: float = DEFAULT_BASE_DELAY,
+    max_delay: float = DEFAULT_MAX_DELAY,
+    retry_on: tuple[type[BaseException], ...],
+) -> T:
+    """Await `fn()`; when it raises one of `retry_on`, wait and call it again, at most
+    `attempts` times in all. `what` names the operation in log lines."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    for attempt in range(attempts):
+        try:
+            return await fn()
+        except retry_on as exc:
+            if attempt + 1 >= attempts:
+                raise
+            delay = backoff_delay(attempt, base_delay=base_delay, max_delay=max_delay)
+            log.info(
+                "%s failed (try %d of %d), retrying in %.3fs: %s",
+                what, attempt + 1, attempts, delay, exc,
+            )
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable: the loop returns or raises")

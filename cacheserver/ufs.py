@@ -1,0 +1,483 @@
+"""The under file system: one `Store` per mount, over any fsspec filesystem.
+
+A Store turns a mount's source URL (`s3://bucket/prefix`, `file:///dir`, `memory://name`,
+`gcs://...`) and its options into async calls on paths relative to that source. Every call
+goes through `retry.call_with_backoff`, retrying only transient failures (connection errors,
+5xx answers, throttling); a missing object, a missing bucket or refused credentials become
+`NotFound` / `PermissionDenied` at once, with a message a person can act on.
+
+Async filesystems (s3fs, gcsfs, ...) run on the caller's event loop with one session per
+Store; blocking ones (file://, memory://) run in a worker thread. Each Store owns its
+filesystem instance (fsspec's instance cache is skipped), so two mounts with different
+credentials never share a client, and the library's own retry loops are switched off so
+that the one retry helper decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import importlib.util
+import inspect
+import logging
+import posixpath
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import botocore.exceptions  # type: ignore[import-untyped]
+from botocore.parsers import ResponseParserError  # type: ignore[import-untyped]
+import fsspec
+from fsspec.asyn import AsyncFileSystem
+from fsspec.core import split_protocol
+from fsspec.exceptions import FSTimeoutError
+from fsspec.registry import known_implementations
+from fsspec.spec import AbstractFileSystem
+from s3fs import S3FileSystem
+
+from .constants import FSSPEC_PROTOCOL
+from .errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, StrataError, Unavailable
+from .retry import RetrySettings, call_with_backoff
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# S3 error codes that mean "these credentials are not accepted here".
+_CREDENTIAL_CODES = frozenset({
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+    "InvalidToken", "InvalidClientTokenId", "AllAccessDisabled", "AccountProblem",
+    "RequestTimeTooSkewed", "403",
+})
+# S3 error codes that go away by themselves: throttling and server-side trouble.
+_TRANSIENT_CODES = frozenset({
+    "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling",
+    "ThrottlingException", "RequestLimitExceeded", "OperationAborted",
+})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+# Exceptions that say "the store could not be reached or did not answer in time".
+_TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    FSTimeoutError,
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientPayloadError,
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ConnectionError,
+    ResponseParserError,
+)
+# Storage options that Strata sets itself; a Mount cannot override them.
+_MANAGED_OPTIONS = frozenset({"asynchronous", "loop", "skip_instance_cache", "use_listings_cache"})
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+
+@dataclass(frozen=True)
+class UfsStatus:
+    """What a store says about one file or directory."""
+
+    path: str  # relative to the mount's root: "" is the root, never a leading slash
+    name: str
+    is_dir: bool
+    length: int
+    mtime_unix_ms: int
+    # Changes whenever the content may have changed: the store's etag if it has one, else
+    # f"{size}-{mtime_ns}". Empty for directories.
+    version: str
+
+
+def supported_protocols() -> list[str]:
+    """URL schemes this server can mount: fsspec protocols whose package is installed."""
+    found = set(fsspec.registry)  # already imported implementations
+    for protocol, spec in known_implementations.items():
+        module = spec["class"].split(".", 1)[0]
+        if importlib.util.find_spec(module) is not None:
+            found.add(protocol)
+    found.discard(FSSPEC_PROTOCOL)  # Strata inside Strata would loop
+    return sorted(found)
+
+
+def filesystem_class(source: str) -> tuple[str, type[AbstractFileSystem]]:
+    """The scheme of `source` and the fsspec class that serves it; InvalidArgument if
+    `source` is not a URL this server can mount."""
+    if "::" in source:
+        raise InvalidArgument(
+            f"source {source!r} chains filesystems; give a plain URL such as s3://bucket/prefix"
+        )
+    protocol, _ = split_protocol(source)
+    if not protocol:
+        raise InvalidArgument(
+            f"source {source!r} has no scheme; write a URL such as s3://bucket/prefix, "
+            "file:///abs/dir or memory://name"
+        )
+    protocol = protocol.lower()
+    if protocol == FSSPEC_PROTOCOL:
+        raise InvalidArgument(f"source {source!r}: a Strata path cannot be mounted into Strata")
+    try:
+        cls: type[AbstractFileSystem] = fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown store scheme {protocol!r} in source {source!r}; supported here: "
+            + ", ".join(supported_protocols())
+        ) from None
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"store scheme {protocol!r} (source {source!r}) needs a package this server "
+            f"does not have: {exc}; use an image that includes it"
+        ) from None
+    return protocol, cls
+
+
+def _to_bool(name: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise InvalidArgument(f"store option {name}: expected true or false, got {value!r}")
+
+
+def _to_number(name: str, value: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(value)
+    except ValueError:
+        raise InvalidArgument(f"store option {name}: expected a number, got {value!r}") from None
+
+
+def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn string options (as YAML gives them) into the keyword arguments `cls` takes:
+    "true"/"false" and numbers become bool/int/float where the parameter's default has that
+    type. For S3, `region` goes to the client; options s3fs does not know are refused."""
+    params = inspect.signature(cls.__init__).parameters
+    is_s3 = issubclass(cls, S3FileSystem)
+    out: dict[str, Any] = {}
+    client_kwargs: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in _MANAGED_OPTIONS:
+            raise InvalidArgument(f"store option {name} is managed by Strata; remove it from the Mount")
+        if is_s3 and name in ("region", "region_name"):
+            client_kwargs["region_name"] = value
+            continue
+        param = params.get(name)
+        if param is None and is_s3:
+            accepted = sorted(p for p in params if p not in ("self", "kwargs", "args") and p not in _MANAGED_OPTIONS)
+            raise InvalidArgument(
+                f"store option {name!r} is not an S3 option; use one of: region, " + ", ".join(accepted)
+            )
+        default = param.default if param is not None else None
+        if isinstance(value, str):
+            if isinstance(default, bool):
+                value = _to_bool(name, value)
+            elif isinstance(default, (int, float)):
+                value = _to_number(name, value, type(default))
+        out[name] = value
+    if client_kwargs:
+        out["client_kwargs"] = {**(out.get("client_kwargs") or {}), **client_kwargs}
+    return out
+
+
+def _client_error(exc: BaseException) -> botocore.exceptions.ClientError | None:
+    """The S3 error behind `exc` (s3fs re-raises them as OSError subclasses), if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, botocore.exceptions.ClientError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _mtime_seconds(info: Mapping[str, Any]) -> float:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created", "timeCreated"):
+        value = info.get(key)
+        if value is None or value == "":
+            continue
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
+
+
+class Store:
+    """One mount's store: async operations on paths relative to the source URL."""
+
+    def __init__(
+        self,
+        source: str,
+        options: Mapping[str, str] | None = None,
+        *,
+        retry: RetrySettings | None = None,
+    ) -> None:
+        self.protocol, self._cls = filesystem_class(source)
+        self.source = source if source.endswith(":///") else source.rstrip("/")
+        self._root = self._cls._strip_protocol(source).rstrip("/") or "/"
+        if self.protocol in ("file", "local") and not split_protocol(source)[1].startswith("/"):
+            raise InvalidArgument(f"source {source!r}: a file:// source needs an absolute path, e.g. file:///data")
+        self._kwargs = storage_options(self._cls, options or {})
+        self._retry = retry or RetrySettings()
+        self._is_async = issubclass(self._cls, AsyncFileSystem)
+        self._is_s3 = issubclass(self._cls, S3FileSystem)
+        self._fs = self._make_fs()
+        self._fs_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:  # never shows options: they may hold credentials
+        return f"Store({self.source!r})"
+
+    def _make_fs(self) -> AbstractFileSystem:
+        kwargs = dict(self._kwargs)
+        if self._is_s3:
+            # One retry helper: botocore and s3fs make a single try each.
+            config = dict(kwargs.get("config_kwargs") or {})
+            config["retries"] = {"total_max_attempts": 1}
+            kwargs["config_kwargs"] = config
+        if self.protocol == "file":
+            kwargs.setdefault("auto_mkdir", True)
+        if self._is_async:
+            kwargs["asynchronous"] = True
+        try:
+            fs = self._cls(skip_instance_cache=True, use_listings_cache=False, **kwargs)
+        except TypeError as exc:
+            raise InvalidArgument(f"store {self.source}: options not accepted: {exc}") from None
+        if self._is_s3:
+            fs.retries = 1
+        return fs
+
+    def url(self, rel: str) -> str:
+        """The store URL of a path relative to the mount root (for messages)."""
+        return f"{self.source.rstrip('/')}/{rel}" if rel else self.source
+
+    def _path(self, rel: str) -> str:
+        rel = rel.strip("/")
+        if rel in ("", "."):
+            return self._root
+        if any(part in ("..", ".") for part in rel.split("/")):
+            raise InvalidArgument(f"path {rel!r} must not contain '.' or '..' components")
+        return posixpath.join(self._root, rel)
+
+    def _rel(self, name: str) -> str:
+        name = name.rstrip("/")
+        root = self._root.rstrip("/")
+        if name == root or (not name and not root):
+            return ""
+        if name.startswith(root + "/"):
+            return name[len(root) + 1:]
+        # fsspec may hand back names without the leading slash of the root, or vice versa.
+        if name.lstrip("/").startswith(root.lstrip("/") + "/"):
+            return name.lstrip("/")[len(root.lstrip("/")) + 1:]
+        raise StrataError(f"store {self.source} returned {name!r}, which is outside its root")
+
+    def _status(self, info: Mapping[str, Any]) -> UfsStatus:
+        rel = self._rel(str(info["name"]))
+        is_dir = info.get("type") == "directory"
+        length = 0 if is_dir else int(info.get("size") or 0)
+        mtime = _mtime_seconds(info)
+        if is_dir:
+            version = ""
+        else:
+            etag = info.get("ETag") or info.get("etag") or ""
+            version = str(etag).strip('"') or f"{length}-{int(mtime * 1e9)}"
+        name = posixpath.basename(rel) if rel else posixpath.basename(self._root.rstrip("/"))
+        return UfsStatus(path=rel, name=name, is_dir=is_dir, length=length,
+                         mtime_unix_ms=int(mtime * 1000), version=version)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _filesystem(self) -> AbstractFileSystem:
+        if self._is_async:
+            loop = asyncio.get_running_loop()
+            if self._fs_loop is not loop:
+                if self._fs_loop is not None:
+                    # A session belongs to one event loop: a new loop needs a new client.
+                    self._fs = self._make_fs()
+                self._fs_loop = loop
+        return self._fs
+
+    async def _fs_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call an fsspec method: its `_async` twin on async filesystems, else in a thread."""
+        fs = await self._filesystem()
+        if self._is_async:
+            return await getattr(fs, "_" + method)(*args, **kwargs)
+        return await asyncio.to_thread(getattr(fs, method), *args, **kwargs)
+
+    def _translate(self, exc: Exception, rel: str, what: str) -> Exception:
+        """The Strata error for a store failure, or `exc` itself when none fits."""
+        if isinstance(exc, StrataError):
+            return exc
+        url = self.url(rel)
+        client_error = _client_error(exc)
+        if client_error is not None:
+            error = client_error.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            message = str(error.get("Message", "")) or str(client_error)
+            status = int(client_error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code == "NoSuchBucket":
+                bucket = self._root.split("/", 1)[0]
+                return NotFound(
+                    f"bucket {bucket!r} does not exist ({url}); create it or fix the Mount's source"
+                )
+            if code in _CREDENTIAL_CODES or status == 403:
+                return PermissionDenied(
+                    f"store {self.source} refused the credentials: {code or status}: {message}; "
+                    "check the Mount's credentials Secret"
+                )
+            if code in _TRANSIENT_CODES or status >= 500:
+                return Unavailable(f"store {self.source} failed {what} of {url}: {code or status}: {message}")
+            if code in _NOT_FOUND_CODES or status == 404:
+                return NotFound(f"{url} does not exist")
+        if isinstance(exc, _TRANSIENT_TYPES):
+            where = self._kwargs.get("endpoint_url") or self.source
+            return Unavailable(f"store {self.source} could not be reached at {where} ({what} of {url}): {exc}")
+        if isinstance(exc, FileNotFoundError):
+            return NotFound(f"{url} does not exist")
+        if isinstance(exc, FileExistsError):
+            return AlreadyExists(f"{url} already exists")
+        if isinstance(exc, PermissionError):
+            return PermissionDenied(f"store {self.source} denied {what} of {url}: {exc}")
+        if isinstance(exc, (IsADirectoryError, NotADirectoryError)):
+            return InvalidArgument(f"{what} of {url}: {exc.strerror or exc}")
+        if isinstance(exc, OSError) and exc.errno == errno.ENOTEMPTY:
+            return InvalidArgument(f"{url} is a directory that is not empty; delete it recursively")
+        return exc
+
+    async def _call(self, what: str, rel: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run one store operation with retries on transient errors and mapped errors."""
+
+        async def attempt() -> T:
+            try:
+                return await fn()
+            except Exception as exc:
+                mapped = self._translate(exc, rel, what)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+
+        return await call_with_backoff(
+            attempt,
+            what=f"{what} {self.url(rel)}",
+            attempts=self._retry.attempts,
+            base_delay=self._retry.base_delay,
+            max_delay=self._retry.max_delay,
+            retry_on=(Unavailable,),
+        )
+
+    # -- operations ---------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Can the root be listed with these options? Raises NotFound (missing bucket or
+        directory), PermissionDenied (refused credentials) or Unavailable (unreachable)."""
+        if self._is_s3:
+            bucket, _, prefix = self._root.partition("/")
+
+            async def list_one() -> None:
+                fs = await self._filesystem()
+                await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+
+            # An empty prefix is a valid (empty) mount; the bucket must exist.
+            await self._call("check", "", list_one)
+            return
+        await self._call("check", "", lambda: self._fs_call("ls", self._root, detail=False))
+
+    async def info(self, rel: str) -> UfsStatus:
+        path = self._path(rel)
+        info = await self._call("info", rel, lambda: self._fs_call("info", path))
+        return self._status(info)
+
+    async def ls(self, rel: str) -> list[UfsStatus]:
+        """Direct children of a directory (a file lists as itself)."""
+        path = self._path(rel)
+        entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
+        out = [self._status(e) for e in entries]
+        return sorted((s for s in out if not (s.is_dir and s.path == rel.strip("/"))), key=lambda s: s.path)
+
+    async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
+        """All files at or below `rel` (and, with `with_dirs`, the directories below it),
+        sorted by path. One paginated listing on object stores."""
+        path = self._path(rel)
+        found = await self._call(
+            "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
+        )
+        top = rel.strip("/")
+        out = [
+            status
+            for status in (self._status(info) for info in found.values())
+            if (with_dirs or not status.is_dir) and not (status.is_dir and status.path == top)
+        ]
+        if not out and top:
+            await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
+        return sorted(out, key=lambda s: s.path)
+
+    async def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file; fewer if the file ends first. On S3 this is one
+        ranged GET."""
+        if start < 0 or end < start:
+            raise InvalidArgument(f"read of {self.url(rel)}: bad range [{start}, {end})")
+        if start == end:
+            return b""
+        path = self._path(rel)
+
+        async def read() -> bytes:
+            try:
+                return bytes(await self._fs_call("cat_file", path, start=start, end=end))
+            except OSError as exc:
+                error = _client_error(exc)
+                if error is not None and error.response.get("Error", {}).get("Code") == "InvalidRange":
+                    return b""  # start at or past the end of the object
+                raise
+
+        return await self._call("read", rel, read)
+
+    async def write(self, rel: str, data: bytes) -> UfsStatus:
+        """Create or replace a file with `data`."""
+        path = self._path(rel)
+        await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
+        return await self.info(rel)
+
+    async def write_file(self, rel: str, local_path: Path) -> UfsStatus:
+        """Upload a local (staged) file to `rel`, replacing what is there."""
+        path = self._path(rel)
+        await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
+        return await self.info(rel)
+
+    async def rm(self, rel: str, recursive: bool = False) -> None:
+        path = self._path(rel)
+        await self._call("delete", rel, lambda: self._fs_call("rm", path, recursive=recursive))
+
+    async def mv(self, src: str, dst: str) -> None:
+        """Move a file or a directory tree."""
+        src_path, dst_path = self._path(src), self._path(dst)
+        if self._is_async:
+            # Async filesystems move by copy + delete; each step is retried on its own.
+            await self._call("copy", src, lambda: self._fs_call("copy", src_path, dst_path, recursive=True))
+            await self._call("delete", src, lambda: self._fs_call("rm", src_path, recursive=True))
+        else:
+            await self._call("move", src, lambda: self._fs_call("mv", src_path, dst_path, recursive=True))
+
+    async def mkdir(self, rel: str) -> None:
+        """Create a directory and its parents (a no-op on stores without directories)."""
+        path = self._path(rel)
+        await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
+
+    async def close(self) -> None:
+        """Close the store's client session (async filesystems); safe to call twice."""
+        fs = self._fs
+        creator = getattr(fs, "_s3creator", None)
+        if self._is_s3 and creator is not None and self._fs_loop is asyncio.get_running_loop():
+            try:
+                await creator.__aexit__(None, None, None)
+            finally:
+                fs._s3creator = None
+                fs._s3 = None
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,395 @@
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from s3fs import S3FileSystem
+
+from strata.cacheserver.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
+from strata.cacheserver.retry import RetrySettings
+from strata.cacheserver.ufs import Store, storage_options
+
+from .conftest import load_support
+
+flaky = load_support("flaky")
+FAST_RETRY = RetrySettings(attempts=5, base_delay=0.001, max_delay=0.01)
+
+# -- every kind of store honours the same contract --------------------------------------------
+
+
+class Backend:
+    """A store under test and a way to change its files behind the Store's back."""
+
+    def __init__(self, store: Store, put_outside: Callable[[str, bytes], None]) -> None:
+        self.store = store
+        self.put_outside = put_outside
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        root = f"/t-{uuid.uuid4().hex}"
+        fs = fsspec.filesystem("memory")
+        fs.makedirs(root, exist_ok=True)
+        result = Backend(Store(f"memory://{root}"), lambda rel, data: fs.pipe_file(f"{root}/{rel}", data))
+    elif request.param == "file":
+        root_dir = tmp_path / "store"
+        root_dir.mkdir()
+
+        def put_file(rel: str, data: bytes) -> None:
+            (root_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root_dir / rel).write_bytes(data)
+
+        result = Backend(Store(f"file://{root_dir}"), put_file)
+    else:
+        server = request.getfixturevalue("s3_server")
+        bucket = request.getfixturevalue("bucket")
+        result = Backend(
+            Store(f"s3://{bucket}/prefix", server.storage_options()),
+            lambda rel, data: server.put_object(bucket, f"prefix/{rel}", data),
+        )
+    yield result
+    await result.store.close()
+
+
+async def test_write_then_info_describes_the_file(backend: Backend) -> None:
+    before = time.time()
+    written = await backend.store.write("dir/a.bin", b"0123456789")
+    status = await backend.store.info("dir/a.bin")
+    assert status == written
+    assert (status.path, status.name, status.is_dir, status.length) == ("dir/a.bin", "a.bin", False, 10)
+    assert status.version
+    # Second-granular stores (S3) round the time down.
+    assert before - 2 <= status.mtime_unix_ms / 1000 <= time.time() + 2
+
+
+async def test_version_changes_when_the_content_changes(backend: Backend) -> None:
+    first = await backend.store.write("f", b"one")
+    backend.put_outside("f", b"second version")
+    second = await backend.store.info("f")
+    assert second.length == len(b"second version")
+    assert second.version != first.version
+
+
+async def test_ls_lists_direct_children_sorted(backend: Backend) -> None:
+    backend.put_outside("b.txt", b"b")
+    backend.put_outside("a/deep/x.txt", b"x")
+    backend.put_outside("a/y.txt", b"yy")
+    top = await backend.store.ls("")
+    assert [(s.path, s.is_dir) for s in top] == [("a", True), ("b.txt", False)]
+    inner = await backend.store.ls("a")
+    assert [(s.path, s.name, s.is_dir, s.length) for s in inner] == [
+        ("a/deep", "deep", True, 0),
+        ("a/y.txt", "y.txt", False, 2),
+    ]
+    assert [s.path for s in await backend.store.ls("a/y.txt")] == ["a/y.txt"]
+
+
+async def test_walk_finds_every_file_below(backend: Backend) -> None:
+    for rel in ("a/1", "a/b/2", "a/b/c/3", "z"):
+        backend.put_outside(rel, rel.encode())
+    assert [s.path for s in await backend.store.walk("a")] == ["a/1", "a/b/2", "a/b/c/3"]
+    assert [s.path for s in await backend.store.walk("")] == ["a/1", "a/b/2", "a/b/c/3", "z"]
+    with_dirs = await backend.store.walk("", with_dirs=True)
+    assert [(s.path, s.is_dir) for s in with_dirs] == [
+        ("a", True), ("a/1", False), ("a/b", True), ("a/b/2", False), ("a/b/c", True),
+        ("a/b/c/3", False), ("z", False),
+    ]
+    assert [s.path for s in await backend.store.walk("z")] == ["z"]
+
+
+async def test_read_range_returns_exactly_the_bytes_asked_for(backend: Backend) -> None:
+    backend.put_outside("data", bytes(range(100)))
+    store = backend.store
+    assert await store.read_range("data", 10, 20) == bytes(range(10, 20))
+    assert await store.read_range("data", 0, 1) == b"\x00"
+    assert await store.read_range("data", 95, 200) == bytes(range(95, 100))
+    assert await store.read_range("data", 40, 40) == b""
+    assert await store.read_range("data", 100, 150) == b""
+    assert await store.read_range("data", 150, 160) == b""
+    with pytest.raises(InvalidArgument, match=r"bad range \[20, 10\)"):
+        await store.read_range("data", 20, 10)
+
+
+async def test_missing_paths_raise_not_found_with_the_url(backend: Backend) -> None:
+    url = backend.store.url("no/such/file")
+    for call in (
+        backend.store.info("no/such/file"),
+        backend.store.read_range("no/such/file", 0, 10),
+        backend.store.ls("no/such/file"),
+        backend.store.walk("no/such/file"),
+    ):
+        with pytest.raises(NotFound, match=f"{url} does not exist"):
+            await call
+
+
+async def test_rm_mv_mkdir_and_upload(backend: Backend, tmp_path: Path) -> None:
+    store = backend.store
+    await store.write("a/1", b"1")
+    await store.write("a/sub/2", b"22")
+    await store.mv("a/1", "moved/1")
+    assert await store.read_range("moved/1", 0, 10) == b"1"
+    with pytest.raises(NotFound):
+        await store.info("a/1")
+    await store.mv("a", "b")
+    assert [s.path for s in await store.walk("b")] == ["b/sub/2"]
+    await store.rm("moved/1")
+    with pytest.raises(NotFound):
+        await store.info("moved/1")
+    await store.rm("b", recursive=True)
+    assert await store.walk("") == []
+
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"staged bytes")
+    uploaded = await store.write_file("up/file", staged)
+    assert uploaded.length == 12
+    assert await store.read_range("up/file", 0, 100) == b"staged bytes"
+
+    await store.mkdir("newdir/inner")  # object stores have no directories: no error, no effect
+    if store.protocol != "s3":
+        assert (await store.info("newdir/inner")).is_dir
+
+
+async def test_paths_cannot_climb_out_of_the_root(backend: Backend) -> None:
+    with pytest.raises(InvalidArgument, match="'..'"):
+        await backend.store.info("a/../../etc/passwd")
+
+
+async def test_check_accepts_a_listable_root(backend: Backend) -> None:
+    await backend.store.check()
+
+
+# -- sources and options ---------------------------------------------------------------------------
+
+
+def test_unknown_scheme_names_it_and_lists_supported_ones() -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        Store("nosuchfs://bucket/x")
+    message = str(raised.value)
+    assert "unknown store scheme 'nosuchfs'" in message
+    for known in ("s3", "file", "memory"):
+        assert f" {known}," in message or message.endswith(f" {known}")
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("/data/x", "has no scheme"),
+        ("bucket/x", "has no scheme"),
+        ("simplecache::s3://bucket/x", "chains filesystems"),
+        ("strata:///datasets/a", "cannot be mounted into Strata"),
+        ("file://relative/dir", "needs an absolute path"),
+    ],
+)
+def test_bad_sources_are_refused(source: str, expected: str) -> None:
+    with pytest.raises(InvalidArgument, match=expected):
+        Store(source)
+
+
+def test_string_options_become_the_types_the_backend_needs() -> None:
+    options = storage_options(
+        S3FileSystem,
+        {"anon": "true", "use_ssl": "false", "region": "eu-west-1", "endpoint_url": "http://x:1", "max_concurrency": "4"},
+    )
+    assert options == {
+        "anon": True,
+        "use_ssl": False,
+        "endpoint_url": "http://x:1",
+        "max_concurrency": 4,
+        "client_kwargs": {"region_name": "eu-west-1"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"anon": "maybe"}, "store option anon: expected true or false, got 'maybe'"),
+        ({"max_concurrency": "many"}, "store option max_concurrency: expected a number"),
+        ({"bogus": "1"}, "store option 'bogus' is not an S3 option; use one of: region, "),
+        ({"asynchronous": "false"}, "store option asynchronous is managed by Strata"),
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, str], expected: str) -> None:
+    with pytest.raises(InvalidArgument, match=expected):
+        Store("s3://bucket/x", options)
+
+
+def test_credentials_never_show_in_repr() -> None:
+    store = Store("s3://bucket/x", {"key": "AKIAVISIBLE", "secret": "very-secret-value"})
+    assert "very-secret-value" not in repr(store) and "AKIAVISIBLE" not in repr(store)
+
+
+# -- retries, through a wrapper store that fails on purpose -----------------------------------------
+
+
+class FlakyMemoryFileSystem(MemoryFileSystem):
+    """memory:// whose `info` fails with `error` for the next `failures` calls."""
+
+    protocol = "flakymem"
+    failures = 0
+    error: Exception = ConnectionError("connection reset by peer")
+    info_calls = 0
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return str(MemoryFileSystem._strip_protocol(path.removeprefix("flakymem://")))
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        type(self).info_calls += 1
+        if type(self).failures > 0:
+            type(self).failures -= 1
+            raise type(self).error
+        return dict(super().info(path, **kwargs))
+
+
+@pytest.fixture
+def flakymem() -> type[FlakyMemoryFileSystem]:
+    fsspec.register_implementation("flakymem", FlakyMemoryFileSystem, clobber=True)
+    FlakyMemoryFileSystem.info_calls = 0
+    FlakyMemoryFileSystem.failures = 0
+    return FlakyMemoryFileSystem
+
+
+async def test_transient_errors_are_retried(flakymem: type[FlakyMemoryFileSystem]) -> None:
+    fsspec.filesystem("memory").pipe_file("/flaky/f", b"abc")
+    store = Store("flakymem:///flaky", retry=FAST_RETRY)
+    flakymem.failures = 3
+    assert (await store.info("f")).length == 3
+    assert flakymem.info_calls == 4
+
+
+async def test_a_store_that_stays_down_gives_unavailable(flakymem: type[FlakyMemoryFileSystem]) -> None:
+    store = Store("flakymem:///flaky", retry=FAST_RETRY)
+    flakymem.failures = 100
+    with pytest.raises(Unavailable, match="could not be reached"):
+        await store.info("f")
+    assert flakymem.info_calls == 5
+
+
+async def test_not_found_and_permission_errors_are_not_retried(flakymem: type[FlakyMemoryFileSystem]) -> None:
+    store = Store("flakymem:///flaky", retry=FAST_RETRY)
+    with pytest.raises(NotFound):
+        await store.info("missing")
+    assert flakymem.info_calls == 1
+    flakymem.failures, flakymem.error = 100, PermissionError("no")
+    with pytest.raises(PermissionDenied):
+        await store.info("missing")
+    assert flakymem.info_calls == 2
+
+
+# -- S3 against a real (moto) server -------------------------------------------------------------------
+
+
+async def test_read_range_on_s3_is_one_ranged_get(s3_server: Any, bucket: str) -> None:
+    s3_server.put_object(bucket, "big/object", bytes(range(256)) * 4096)  # 1 MiB
+    async with Store(f"s3://{bucket}/big", s3_server.storage_options()) as store:
+        await store.check()  # the session is open before counting
+        with s3_server.recording() as seen:
+            data = await store.read_range("object", 1000, 1000 + 65536)
+    assert data == (bytes(range(256)) * 4096)[1000:1000 + 65536]
+    assert [(r.method, r.path, r.range) for r in seen.requests] == [
+        ("GET", f"/{bucket}/big/object", "bytes=1000-66535")
+    ]
+
+
+async def test_missing_object_is_asked_for_once(s3_server: Any, bucket: str) -> None:
+    async with Store(f"s3://{bucket}", s3_server.storage_options(), retry=FAST_RETRY) as store:
+        await store.check()
+        with s3_server.recording() as seen:
+            with pytest.raises(NotFound, match=f"s3://{bucket}/nothing does not exist"):
+                await store.read_range("nothing", 0, 10)
+    assert len(seen.requests) == 1
+
+
+async def test_missing_bucket_is_not_found_naming_the_bucket(s3_server: Any) -> None:
+    async with Store("s3://no-such-bucket-here/data", s3_server.storage_options()) as store:
+        with pytest.raises(NotFound, match=r"bucket 'no-such-bucket-here' does not exist \(s3://no-such-bucket-here/data\)"):
+            await store.check()
+        with pytest.raises(NotFound, match="bucket 'no-such-bucket-here' does not exist"):
+            await store.ls("")
+
+
+async def test_an_empty_prefix_of_an_existing_bucket_checks_fine(s3_server: Any, bucket: str) -> None:
+    async with Store(f"s3://{bucket}/nothing/yet", s3_server.storage_options()) as store:
+        await store.check()
+
+
+async def test_bad_credentials_are_refused(s3_auth_server: Any) -> None:
+    bucket = f"sec-{uuid.uuid4().hex[:10]}"
+    s3_auth_server.create_bucket(bucket)
+    s3_auth_server.put_object(bucket, "f", b"secret data")
+    key, secret = s3_auth_server.create_user(f"reader-{uuid.uuid4().hex[:6]}")
+    no_policy_key, no_policy_secret = s3_auth_server.create_user(f"nobody-{uuid.uuid4().hex[:6]}", allow_s3=False)
+
+    async with Store(f"s3://{bucket}", s3_auth_server.storage_options(key=key, secret=secret)) as good:
+        await good.check()
+        assert await good.read_range("f", 0, 6) == b"secret"
+
+    refused = {
+        "unknown key": ("AKIANOSUCHKEY0000000", "whatever-secret-1"),
+        "wrong secret": (key, "wrong-secret-value-2"),
+        "no permission": (no_policy_key, no_policy_secret),
+    }
+    for case, (k, s) in refused.items():
+        options = s3_auth_server.storage_options(key=k, secret=s)
+        async with Store(f"s3://{bucket}", options, retry=FAST_RETRY) as store:
+            for call in (store.check(), store.info("f"), store.read_range("f", 0, 1)):
+                with pytest.raises(PermissionDenied) as raised:
+                    await call
+                message = str(raised.value)
+                assert f"store s3://{bucket} refused the credentials" in message, case
+                assert "check the Mount's credentials Secret" in message
+                assert s not in message
+
+
+async def test_unreachable_endpoint_is_unavailable_after_retries(s3_server: Any) -> None:
+    upstream = s3_server.endpoint_url.split("//", 1)[1]
+    proxy = flaky.FlakyProxy(upstream, failures=1000, reply=None)  # drops every connection
+    try:
+        options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        async with Store("s3://any-bucket", options, retry=FAST_RETRY) as store:
+            with pytest.raises(Unavailable, match=f"could not be reached at {proxy.endpoint_url}"):
+                await store.check()
+        # Five tries (the HTTP client itself may reconnect once per try).
+        assert 5 <= proxy.failed <= 10
+    finally:
+        proxy.stop()
+
+
+async def test_throttling_is_retried_then_succeeds(s3_server: Any, bucket: str) -> None:
+    s3_server.put_object(bucket, "obj", b"payload")
+    upstream = s3_server.endpoint_url.split("//", 1)[1]
+    proxy = flaky.FlakyProxy(upstream, failures=2)  # two 503 SlowDown answers first
+    try:
+        options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        async with Store(f"s3://{bucket}", options, retry=FAST_RETRY) as store:
+            assert await store.read_range("obj", 0, 3) == b"pay"
+        assert proxy.failed == 2 and proxy.forwarded >= 1
+    finally:
+        proxy.stop()
+
+
+async def test_throttling_that_never_ends_is_unavailable(s3_server: Any, bucket: str) -> None:
+    upstream = s3_server.endpoint_url.split("//", 1)[1]
+    proxy = flaky.FlakyProxy(upstream, failures=1000)
+    try:
+        options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        async with Store(f"s3://{bucket}", options, retry=FAST_RETRY) as store:
+            with pytest.raises(Unavailable, match="SlowDown"):
+                await store.read_range("obj", 0, 3)
+        assert proxy.failed == 5
+    finally:
+        proxy.stop()
+
+
+async def test_two_stores_never_share_a_client(s3_server: Any, bucket: str) -> None:
+    async with Store(f"s3://{bucket}", s3_server.storage_options()) as a, Store(
+        f"s3://{bucket}", s3_server.storage_options()
+    ) as b:
+        assert a._fs is not b._fs
