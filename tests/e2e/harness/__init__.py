@@ -1,0 +1,1 @@
+"""The Strata e2e harness: a real Kubernetes control plane and a node agent on one machine."""

@@ -1,0 +1,327 @@
+"""Strata end to end, as installed by its Helm chart: CacheCluster Ready, Mount
+Mounted against an S3 store, a pod reading through a Strata volume, scaling,
+self-healing, operator restarts, deletion, and bad credentials.
+
+Skipped (with the reason) until charts/strata exists. Written against the
+contract in shared/DESIGN.md, not against the operator's code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from kit import REPO, Cluster, CommandError, condition, find_tool, pod_ready, python_pod, wait_until
+
+Obj = dict[str, Any]
+RELEASE = "strata"
+RELEASE_NS = "strata-system"
+READY_TIMEOUT = 300.0
+CHILD_KINDS = ("statefulset", "service", "configmap", "secret", "poddisruptionbudget")
+
+
+# -- fixtures ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def strata(cluster: Cluster, chart_dir: Path) -> Iterator[Cluster]:
+    """The chart installed for this module (uninstalled afterwards)."""
+    if find_tool("helm") is None:
+        pytest.skip("helm is not built: run tests/e2e/tools/build.sh")
+    extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", ""))
+    cluster.run("helm", "upgrade", "--install", RELEASE, str(chart_dir), "-n", RELEASE_NS, "--create-namespace",
+                "--wait", "--timeout", "5m", *extra, timeout=400)
+    try:
+        wait_until(lambda: cluster.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=operator")
+                   and all(pod_ready(p) for p in cluster.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=operator")),
+                   timeout=120, what="the operator pod to be Ready", diagnose=lambda: cluster.describe_pods(RELEASE_NS))
+        yield cluster
+    finally:
+        cluster.run("helm", "uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def s3(cluster: Cluster) -> Iterator[dict[str, str]]:
+    """An S3 store (moto) that pods and this process both reach, with one IAM
+    user whose key is valid: {endpoint, key, secret}. On the harness moto
+    listens on the pod bridge's address; elsewhere set STRATA_E2E_S3_ENDPOINT
+    (plus STRATA_E2E_S3_KEY/SECRET) to a store the cluster reaches."""
+    endpoint = os.environ.get("STRATA_E2E_S3_ENDPOINT")
+    if endpoint:
+        yield {"endpoint": endpoint, "key": os.environ.get("STRATA_E2E_S3_KEY", ""),
+               "secret": os.environ.get("STRATA_E2E_S3_SECRET", "")}
+        return
+    if not cluster.harness:
+        pytest.skip("no S3 store for the cluster: set STRATA_E2E_S3_ENDPOINT")
+    import boto3
+    import socket
+
+    host = urlparse(str(cluster.harness["server"])).hostname or "127.0.0.1"
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}  # then every request needs a valid key
+    moto = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", host, "-p", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://{host}:{port}"
+    try:
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        wait_until(lambda: iam.create_user(UserName="e2e"), timeout=30, what="moto to answer")
+        iam.put_user_policy(UserName="e2e", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="e2e")["AccessKey"]
+        yield {"endpoint": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    finally:
+        moto.terminate()
+        moto.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def dataset(s3: dict[str, str]) -> dict[str, bytes]:
+    """A bucket `e2e-data` with a few objects; returns {key: bytes}."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
+                          aws_access_key_id=s3["key"], aws_secret_access_key=s3["secret"])
+    client.create_bucket(Bucket="e2e-data")
+    files = {f"train/part-{i}.bin": hashlib.sha256(str(i).encode()).digest() * (1000 + 97 * i) for i in range(3)}
+    files["README"] = b"strata e2e dataset\n"
+    for key, body in files.items():
+        client.put_object(Bucket="e2e-data", Key=key, Body=body)
+    return files
+
+
+# -- helpers -----------------------------------------------------------------------
+def cache_cluster(name: str = "demo", workers: int = 2) -> Obj:
+    return {"apiVersion": "strata.dev/v1alpha1", "kind": "CacheCluster", "metadata": {"name": name},
+            "spec": {"worker": {"replicas": workers}, "tiers": [{"medium": "MEM", "quota": "64Mi"}], "blockSize": "1Mi"}}
+
+
+def s3_mount(s3: dict[str, str], name: str = "data", secret: str = "s3-creds", bucket: str = "e2e-data") -> list[Obj]:
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret},
+         "stringData": {"key": s3["key"], "secret": s3["secret"]}},
+        {"apiVersion": "strata.dev/v1alpha1", "kind": "Mount", "metadata": {"name": name},
+         "spec": {"cluster": "demo", "path": f"/{name}", "source": f"s3://{bucket}",
+                  "options": {"endpoint_url": s3["endpoint"]}, "credentials": {"secretRef": {"name": secret}}}},
+    ]
+
+
+def wait_ready(cluster: Cluster, namespace: str, name: str = "demo") -> Obj:
+    cluster.kubectl("wait", "--for=condition=Ready", f"cachecluster/{name}", "-n", namespace,
+                    f"--timeout={int(READY_TIMEOUT)}s", check=False)
+    return wait_until(
+        lambda: (cc := cluster.get("cachecluster", name, namespace)) and cc.get("status", {}).get("phase") == "Ready" and cc,
+        timeout=30, what=f"CacheCluster {name} phase Ready",
+        diagnose=lambda: json.dumps(cluster.get("cachecluster", name, namespace).get("status"), indent=1)
+        + "\n" + cluster.describe_pods(namespace),
+    )
+
+
+def children(cluster: Cluster, namespace: str, name: str = "demo") -> dict[str, Obj]:
+    """The CacheCluster's children by "kind/name"."""
+    out = {}
+    for kind in CHILD_KINDS:
+        for obj in cluster.items(kind, namespace, selector=f"app.kubernetes.io/instance={name}"):
+            out[f"{kind}/{obj['metadata']['name']}"] = obj
+    return out
+
+
+def ready_cluster(cluster: Cluster, namespace: str, workers: int = 2) -> Obj:
+    cluster.apply(cache_cluster(workers=workers), namespace)
+    return wait_ready(cluster, namespace)
+
+
+# -- tests -----------------------------------------------------------------------------
+@pytest.mark.smoke
+def test_cachecluster_becomes_ready_with_its_children(strata: Cluster, namespace: str) -> None:
+    cc = ready_cluster(strata, namespace)
+    status = cc["status"]
+    assert status["observedGeneration"] == cc["metadata"]["generation"]
+    assert status["master"]["ready"] is True
+    assert status["master"]["endpoint"].startswith(f"demo-master-0.demo-master.{namespace}.svc")
+    assert status["workers"]["ready"] == status["workers"]["desired"] == 2
+    for kind in ("Ready", "MasterReady", "WorkersReady"):
+        assert (condition(cc, kind) or {}).get("status") == "True", kind
+    names = set(children(strata, namespace))
+    for expected in ("statefulset/demo-master", "statefulset/demo-worker", "service/demo-master",
+                     "service/demo-worker", "configmap/demo-config", "secret/demo-auth",
+                     "poddisruptionbudget/demo-worker"):
+        assert expected in names, f"{expected} missing among {sorted(names)}"
+    for obj in children(strata, namespace).values():
+        owners = obj["metadata"].get("ownerReferences", [])
+        assert any(o["kind"] == "CacheCluster" and o["name"] == "demo" and o.get("controller") for o in owners), obj["metadata"]["name"]
+    row = strata.kubectl("get", "cacheclusters", "-n", namespace, "--no-headers").split()
+    assert row[0] == "demo" and row[1] == "true" and row[2] == "2/2" and row[-2] == "Ready", row
+
+
+@pytest.mark.smoke
+def test_mount_is_mounted_and_shown(strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]) -> None:
+    ready_cluster(strata, namespace)
+    strata.apply(s3_mount(s3), namespace)
+    wait_until(lambda: strata.get("mount", "data", namespace).get("status", {}).get("phase") == "Mounted",
+               timeout=120, what="Mount data phase Mounted",
+               diagnose=lambda: json.dumps(strata.get("mount", "data", namespace).get("status"), indent=1))
+    m = strata.get("mount", "data", namespace)
+    assert (condition(m, "Ready") or {}).get("status") == "True"
+    row = strata.kubectl("get", "mounts.strata.dev", "-n", namespace, "--no-headers").split()
+    assert row[:4] == ["data", "demo", "/data", "s3://e2e-data"], row
+    assert "Mounted" in row
+    shown = json.dumps(m)
+    assert s3["secret"] not in shown, "credentials must never appear in the Mount"
+
+
+def test_pod_reads_store_bytes_through_a_strata_volume(
+    strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
+) -> None:
+    if strata.get_or_none("csidriver", "csi.strata.dev") is None:
+        pytest.skip("CSIDriver csi.strata.dev is not installed (the CSI plugin is issue 5)")
+    ready_cluster(strata, namespace)
+    strata.apply(s3_mount(s3), namespace)
+    script = ("import hashlib, json, os\n"
+              "out = {p: hashlib.sha256(open('/data/' + p, 'rb').read()).hexdigest() for p in %r}\n"
+              "out['listing'] = sorted(os.listdir('/data/train'))\n"
+              "open('/dev/termination-log', 'w').write(json.dumps(out))\n" % sorted(dataset))
+    pod = python_pod("reader", script)
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data", "readOnly": True}]
+    pod["spec"]["volumes"] = [{"name": "data", "csi": {"driver": "csi.strata.dev", "readOnly": True,
+                                                      "volumeAttributes": {"mount": "data"}}}]
+    strata.apply(pod, namespace)
+    wait_until(lambda: strata.get("pod", "reader", namespace)["status"].get("phase") in ("Succeeded", "Failed"),
+               timeout=180, what="the reader pod to finish", diagnose=lambda: strata.describe_pods(namespace))
+    state = strata.get("pod", "reader", namespace)["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert state["exitCode"] == 0, state
+    out = json.loads(state["message"])
+    for key, body in dataset.items():
+        assert out[key] == hashlib.sha256(body).hexdigest(), key
+    assert out["listing"] == sorted(k.split("/")[1] for k in dataset if k.startswith("train/"))
+
+
+@pytest.mark.disruptive
+def test_scale_up_and_down(strata: Cluster, namespace: str) -> None:
+    ready_cluster(strata, namespace)
+    for replicas in (3, 1):
+        strata.kubectl("scale", "cachecluster", "demo", "-n", namespace, f"--replicas={replicas}")
+        wait_until(
+            lambda: (cc := strata.get("cachecluster", "demo", namespace)["status"])
+            and cc.get("workers", {}).get("ready") == replicas and cc.get("workers", {}).get("desired") == replicas
+            and cc.get("phase") == "Ready",
+            timeout=READY_TIMEOUT, what=f"{replicas} ready workers", diagnose=lambda: strata.describe_pods(namespace))
+        sts = strata.get("statefulset", "demo-worker", namespace)
+        assert sts["spec"]["replicas"] == replicas
+        assert strata.kubectl("get", "cachecluster", "demo", "-n", namespace, "--no-headers").split()[2] == f"{replicas}/{replicas}"
+
+
+@pytest.mark.disruptive
+def test_deleted_child_comes_back(strata: Cluster, namespace: str) -> None:
+    ready_cluster(strata, namespace)
+    for kind, name in (("service", "demo-worker"), ("configmap", "demo-config")):
+        old = strata.get(kind, name, namespace)["metadata"]["uid"]
+        strata.kubectl("delete", kind, name, "-n", namespace, "--wait=true")
+        wait_until(lambda: (o := strata.get_or_none(kind, name, namespace)) and o["metadata"]["uid"] != old,
+                   timeout=120, what=f"{kind}/{name} to be re-created")
+    wait_ready(strata, namespace)
+
+
+def _operator_pods(cluster: Cluster) -> list[Obj]:
+    return cluster.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=operator")
+
+
+@pytest.mark.disruptive
+def test_operator_restart_changes_nothing(strata: Cluster, namespace: str) -> None:
+    ready_cluster(strata, namespace)
+    before = {k: o["metadata"]["resourceVersion"] for k, o in children(strata, namespace).items()}
+    cc_before = strata.get("cachecluster", "demo", namespace)
+    (old,) = _operator_pods(strata)
+    strata.kubectl("delete", "pod", old["metadata"]["name"], "-n", RELEASE_NS, "--wait=true", "--timeout=120s")
+    wait_until(lambda: (pods := _operator_pods(strata)) and len(pods) == 1 and pod_ready(pods[0])
+               and pods[0]["metadata"]["uid"] != old["metadata"]["uid"],
+               timeout=120, what="a new operator pod to be Ready", diagnose=lambda: strata.describe_pods(RELEASE_NS))
+    # The new operator resumes every CacheCluster at start; give it a window in
+    # which any change it (wrongly) makes would show, checking all along.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = {k: o["metadata"]["resourceVersion"] for k, o in children(strata, namespace).items()}
+        assert now == before, f"children changed after an operator restart: {set(now.items()) ^ set(before.items())}"
+        time.sleep(1)
+    cc = strata.get("cachecluster", "demo", namespace)
+    assert cc["metadata"]["generation"] == cc_before["metadata"]["generation"]
+    assert cc["status"]["phase"] == "Ready"
+
+
+@pytest.mark.disruptive
+def test_deleting_cachecluster_removes_all_children(strata: Cluster, namespace: str) -> None:
+    ready_cluster(strata, namespace)
+    assert children(strata, namespace)
+    strata.kubectl("delete", "cachecluster", "demo", "-n", namespace, "--wait=true", "--timeout=180s")
+    wait_until(lambda: not children(strata, namespace) and not strata.items("pods", namespace),
+               timeout=180, what="all children and pods of demo to be gone",
+               diagnose=lambda: ", ".join(children(strata, namespace)))
+
+
+def test_mount_with_bad_credentials_fails_with_a_reason(
+    strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
+) -> None:
+    ready_cluster(strata, namespace)
+    bad = dict(s3, key="AKIAWRONGWRONGWRONG0", secret="not-the-secret")
+    strata.apply(s3_mount(bad, name="bad", secret="bad-creds"), namespace)
+    m = wait_until(lambda: (m := strata.get("mount", "bad", namespace)) and m.get("status", {}).get("phase") == "Failed" and m,
+                   timeout=120, what="Mount bad phase Failed",
+                   diagnose=lambda: json.dumps(strata.get("mount", "bad", namespace).get("status"), indent=1))
+    stalled = condition(m, "Stalled")
+    assert stalled and stalled["status"] == "True", m["status"]
+    assert stalled.get("reason") and stalled.get("message"), stalled
+    assert "not-the-secret" not in json.dumps(m), "the secret must not be echoed"
+
+
+def test_examples_run(strata: Cluster, namespace: str) -> None:
+    examples = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
+    if not examples:
+        pytest.skip("manifests/examples/ has no examples yet")
+    for path in examples:
+        try:
+            strata.kubectl("apply", "-n", namespace, "-f", str(path))
+        except CommandError as exc:
+            pytest.fail(f"{path.name} was refused: {exc}")
+    for cc in strata.items("cacheclusters.strata.dev", namespace):
+        wait_ready(strata, namespace, cc["metadata"]["name"])
+
+
+# csi-sanity checks the node plugin's gRPC contract. Skipped specs, and why:
+# - Controller*/CreateVolume/snapshots/expansion: Strata's plugin is node-only
+#   (inline ephemeral volumes backed by Mounts; no provisioning);
+# - NodeStageVolume: no STAGE_UNSTAGE_VOLUME capability (a FUSE view is per pod).
+CSI_SANITY_SKIP = "Controller|CreateVolume|DeleteVolume|Snapshot|ExpandVolume|ListVolumes|NodeStage|NodeExpand|GetCapacity"
+
+
+def test_csi_sanity(strata: Cluster) -> None:
+    sanity = find_tool("csi-sanity")
+    if sanity is None:
+        pytest.skip("csi-sanity is not built: run tests/e2e/tools/build.sh")
+    if strata.get_or_none("csidriver", "csi.strata.dev") is None:
+        pytest.skip("CSIDriver csi.strata.dev is not installed (the CSI plugin is issue 5)")
+    if not strata.harness:
+        pytest.skip("csi-sanity needs the plugin's socket on this machine (harness only)")
+    nodes: dict[str, Any] = strata.harness["nodes"]  # type: ignore[assignment]
+    root = Path(next(iter(nodes.values()))["root"])
+    socket = root / "var/lib/kubelet/plugins/csi.strata.dev/csi.sock"
+    wait_until(socket.exists, timeout=120, what=f"the CSI node plugin socket {socket}")
+    # Under the node's root, which is a shared mount: what the plugin mounts in
+    # its own mount namespace shows here too.
+    work = root / "csi-sanity"
+    proc = subprocess.run(
+        [sanity, f"--csi.endpoint=unix://{socket}", f"--csi.mountdir={work / 'mnt'}",
+         f"--csi.stagingdir={work / 'stage'}", f"--ginkgo.skip={CSI_SANITY_SKIP}", "--ginkgo.v"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
