@@ -118,10 +118,10 @@ class CacheClusterSpec(_Spec):
     # "": the server image the operator was installed with (OperatorSettings.server_image).
     image: str = ""
     block_size: int = Field(parse_size(DEFAULT_BLOCK_SIZE), gt=0, alias="blockSize")
-    master: MasterSpec = Field(default_factory=MasterSpec)
-    worker: WorkerSpec = Field(default_factory=WorkerSpec)
+    master: MasterSpec = MasterSpec.model_validate({})
+    worker: WorkerSpec = WorkerSpec.model_validate({})
     tiers: tuple[TierSpec, ...] = Field(default_factory=_default_tiers, min_length=1)
-    cache_policy: CachePolicySettings = Field(default_factory=CachePolicySettings, alias="cachePolicy")
+    cache_policy: CachePolicySettings = Field(CachePolicySettings.model_validate({}), alias="cachePolicy")
     short_circuit: bool = Field(True, alias="shortCircuit")
     locality: Locality = "Preferred"
 
@@ -178,10 +178,10 @@ class MountSpec(_Spec):
     options: dict[str, str] = Field(default_factory=dict)
     credentials: Credentials | None = None
     read_only: bool = Field(True, alias="readOnly")
-    metadata_sync: MetadataSync = Field(default_factory=MetadataSync, alias="metadataSync")
+    metadata_sync: MetadataSync = Field(MetadataSync.model_validate({}), alias="metadataSync")
     read_type: ReadTypeName | None = Field(None, alias="readType")
     write_type: WriteTypeName | None = Field(None, alias="writeType")
-    preload: Preload = Field(default_factory=Preload)
+    preload: Preload = Preload.model_validate({})
     pin: bool = False
     # Seconds; 0 = no TTL.
     ttl: float = 0.0
@@ -255,3 +255,8 @@ def parse_spec(model: type[_M], spec: Mapping[str, Any], *, what: str) -> _M:
 
 def _message(msg: str) -> str:
     return msg.removeprefix("Value error, ")
+
+
+def paths_overlap(a: str, b: str) -> bool:
+    """True when one namespace path is the other or lies inside it."""
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")

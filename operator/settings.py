@@ -29,13 +29,13 @@ class OperatorSettings(BaseSettings):
     cluster_domain: str = ""
     # Seconds between re-applying children and refreshing status: a deleted or edited child
     # comes back, and status follows the cluster, within this (plus one reconcile).
-    reconcile_interval: float = Field(30.0, gt=0)
+    reconcile_interval: float = Field(default=30.0, gt=0)
     # Seconds to wait for one master RPC; a slow master must not stall the whole operator.
-    rpc_timeout: float = Field(10.0, gt=0)
+    rpc_timeout: float = Field(default=10.0, gt=0)
     # Seconds after a Mount's deletion to keep trying to unmount it before the finalizer
     # is removed anyway (the cluster or its master may be gone for good).
-    unmount_timeout: float = Field(60.0, ge=0)
+    unmount_timeout: float = Field(default=60.0, ge=0)
     # Seconds a master's Report is reused by the Mounts of one cluster (one call, many Mounts).
-    report_ttl: float = Field(5.0, ge=0)
+    report_ttl: float = Field(default=5.0, ge=0)
     # Seconds to wait before re-checking a step that is not ready yet.
-    retry_delay: float = Field(5.0, gt=0)
+    retry_delay: float = Field(default=5.0, gt=0)

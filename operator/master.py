@@ -1,0 +1,144 @@
+"""The operator's client of a cluster's master (gRPC, package strata.v1).
+
+Every call carries the cluster token and a deadline, and a failed call raises the
+`StrataError` for its status code, so callers can tell a missing bucket (NotFound) from bad
+credentials (PermissionDenied) from a master that cannot be reached (Unavailable).
+`Masters` keeps one channel per master and shares one Report among the Mounts of a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import grpc
+import grpc.aio
+
+from strata.cacheserver import constants as server
+from strata.cacheserver.errors import StrataError, Unavailable, from_status
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
+
+# Codes that mean "the master is not there (yet)": retry later, do not blame the spec.
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+def _error(exc: grpc.aio.AioRpcError, endpoint: str) -> StrataError:
+    details = exc.details() or exc.code().name
+    if exc.code() in _UNREACHABLE:
+        return Unavailable(f"master {endpoint}: {details}")
+    return from_status(exc.code(), details)
+
+
+class MasterClient:
+    """One master, one channel. Use `async with` or call `close()`."""
+
+    def __init__(self, endpoint: str, token: str, *, timeout: float) -> None:
+        self.endpoint = endpoint
+        self._timeout = timeout
+        self._metadata = ((server.AUTH_METADATA_KEY, f"{server.AUTH_SCHEME} {token}"),)
+        self._channel = grpc.aio.insecure_channel(endpoint)
+        self._stub = pb_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def __aenter__(self) -> MasterClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def mount(self, request: pb.MountRequest) -> pb.MountInfo:
+        try:
+            response = await self._stub.Mount(request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, self.endpoint) from None
+        return cast(pb.MountInfo, response.mount)
+
+    async def unmount(self, path: str, *, free: bool = True) -> None:
+        try:
+            await self._stub.Unmount(
+                pb.UnmountRequest(path=path, free=free), metadata=self._metadata, timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, self.endpoint) from None
+
+    async def report(self) -> pb.ReportResponse:
+        try:
+            report = await self._stub.Report(pb.ReportRequest(), metadata=self._metadata, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, self.endpoint) from None
+        return cast(pb.ReportResponse, report)
+
+    async def decommission(self, worker_ids: Sequence[str]) -> None:
+        try:
+            await self._stub.DecommissionWorkers(
+                pb.DecommissionWorkersRequest(worker_ids=list(worker_ids)),
+                metadata=self._metadata,
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, self.endpoint) from None
+
+    async def start_load(self, path: str) -> pb.LoadProgress | None:
+        """Start loading `path` into the cache and return its first progress message (None if
+        the load finished without one). The master goes on after the stream is cancelled;
+        progress is followed through Report."""
+        call = self._stub.Load(pb.LoadRequest(path=path), metadata=self._metadata, timeout=self._timeout)
+        try:
+            async for progress in call:
+                return cast(pb.LoadProgress, progress)
+            return None
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, self.endpoint) from None
+        finally:
+            call.cancel()
+
+
+@dataclass
+class _CachedReport:
+    at: float
+    report: pb.ReportResponse
+
+
+class Masters:
+    """Clients by (endpoint, token), and each master's Report reused for `report_ttl` seconds."""
+
+    def __init__(self, *, timeout: float, report_ttl: float) -> None:
+        self._timeout = timeout
+        self._ttl = report_ttl
+        self._clients: dict[tuple[str, str], MasterClient] = {}
+        self._reports: dict[tuple[str, str], _CachedReport] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def client(self, endpoint: str, token: str) -> MasterClient:
+        key = (endpoint, token)
+        if key not in self._clients:
+            self._clients[key] = MasterClient(endpoint, token, timeout=self._timeout)
+        return self._clients[key]
+
+    async def report(self, endpoint: str, token: str, *, fresh: bool = False) -> pb.ReportResponse:
+        """The master's Report, from the cache unless older than the TTL or `fresh`."""
+        key = (endpoint, token)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            cached = self._reports.get(key)
+            if cached is not None and not fresh and time.monotonic() - cached.at < self._ttl:
+                return cached.report
+            report = await self.client(endpoint, token).report()
+            self._reports[key] = _CachedReport(time.monotonic(), report)
+            return report
+
+    def invalidate(self, endpoint: str) -> None:
+        """Forget cached Reports of a master (after a change such as a mount)."""
+        for key in [k for k in self._reports if k[0] == endpoint]:
+            del self._reports[key]
+
+    async def close(self) -> None:
+        clients, self._clients = self._clients, {}
+        self._reports.clear()
+        for client in clients.values():
+            await client.close()

@@ -1,0 +1,143 @@
+"""Reconcile a CacheCluster: master, then workers, then status.
+
+Each step applies its children (server-side apply: running it twice changes nothing) and
+returns "not ready yet" instead of waiting; the next run, from a retry or the timer, goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import replace
+from collections.abc import Mapping
+from typing import Any
+
+from strata.cacheserver.errors import InvalidArgument, StrataError
+from strata.operator import constants as c
+from strata.operator.builders import build_master_children, build_worker_children
+from strata.operator.builders.common import master_endpoint, master_name, worker_name, worker_pod_names
+from strata.operator.constants import ClusterPhase, Reason
+from strata.operator.kube import KubeError
+from strata.operator.models import CacheClusterSpec, Cluster, ObjectRef, parse_spec
+from strata.operator.reconcile.common import Deps, ObjectKey, Outcome, read_token, write_status
+from strata.operator.status import ClusterObservation, Problem, cluster_status
+
+log = logging.getLogger(__name__)
+
+# HTTP statuses for an apply the API server will refuse again until someone changes something.
+_REFUSED = (400, 403, 422)
+
+
+def _ready_replicas(statefulset: Mapping[str, Any] | None) -> int:
+    if statefulset is None:
+        return 0
+    return int((statefulset.get("status") or {}).get("readyReplicas") or 0)
+
+
+def _replicas(statefulset: Mapping[str, Any] | None) -> int:
+    if statefulset is None:
+        return 0
+    return int((statefulset.get("spec") or {}).get("replicas") or 0)
+
+
+def _with_workers(cluster: Cluster, replicas: int) -> Cluster:
+    worker = cluster.spec.worker.model_copy(update={"replicas": replicas})
+    return Cluster(cluster.ref, cluster.generation, cluster.spec.model_copy(update={"worker": worker}))
+
+
+async def _ensure_master(deps: Deps, cluster: Cluster) -> str:
+    """Apply config, token Secret, master Service and StatefulSet; return the token."""
+    token = await read_token(deps, cluster.ref.namespace, cluster.ref.name) or secrets.token_urlsafe(32)
+    for manifest in build_master_children(cluster, deps.settings, token):
+        await deps.kube.apply(manifest)
+    return token
+
+
+async def _scale_in(deps: Deps, cluster: Cluster, endpoint: str, token: str) -> tuple[Cluster, Problem | None]:
+    """Before the worker StatefulSet shrinks, tell the master which workers leave, so it
+    places no new blocks there. If the master cannot be told, keep the current size."""
+    current = _replicas(await deps.kube.get("apps/v1", "StatefulSet", cluster.ref.namespace,
+                                            worker_name(cluster.ref.name)))
+    desired = cluster.spec.worker.replicas
+    if desired >= current:
+        return cluster, None
+    leaving = worker_pod_names(cluster.ref.name, range(desired, current))
+    try:
+        await deps.masters.client(endpoint, token).decommission(leaving)
+    except StrataError as exc:
+        message = (f"Cannot tell the master that workers {', '.join(leaving)} leave ({exc}); "
+                   f"keeping {current} workers until it answers.")
+        return _with_workers(cluster, current), Problem(Reason.DECOMMISSION_FAILED, message)
+    log.info("decommissioned workers %s of %s/%s", leaving, cluster.ref.namespace, cluster.ref.name)
+    return cluster, None
+
+
+async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) -> ClusterObservation:
+    ns, name = cluster.ref.namespace, cluster.ref.name
+    base = ClusterObservation(
+        generation=key.generation,
+        desired_workers=cluster.spec.worker.replicas,
+        endpoint=endpoint,
+        worker_ids=frozenset(worker_pod_names(name, range(cluster.spec.worker.replicas))),
+    )
+    try:
+        token = await _ensure_master(deps, cluster)
+        master_ready = _ready_replicas(await deps.kube.get("apps/v1", "StatefulSet", ns, master_name(name))) >= 1
+        if not master_ready:
+            return replace(base, applied=True)
+        report, master_error = None, None
+        try:
+            report = await deps.masters.report(endpoint, token, fresh=True)
+        except StrataError as exc:
+            master_error = str(exc)
+        sized, scaling = await _scale_in(deps, cluster, endpoint, token)
+        for manifest in build_worker_children(sized, deps.settings):
+            await deps.kube.apply(manifest)
+        workers = await deps.kube.get("apps/v1", "StatefulSet", ns, worker_name(name))
+    except KubeError as exc:
+        if exc.status not in _REFUSED:
+            raise
+        problem = Problem(Reason.APPLY_FAILED, f"The API server refused a child of this cluster: {exc}")
+        return replace(base, stalled=problem)
+    return replace(
+        base,
+        applied=True,
+        master_pods_ready=True,
+        master_error=master_error,
+        report=report,
+        workers_ready=_ready_replicas(workers),
+        scaling=scaling,
+    )
+
+
+async def reconcile_cluster(deps: Deps, body: Mapping[str, Any]) -> Outcome:
+    """Make the cluster's children match its spec and write its status."""
+    key = ObjectKey.of(body)
+    previous = body.get("status") or {}
+    endpoint = master_endpoint(key.name, key.namespace, deps.settings.cluster_domain)
+    raw_spec = body.get("spec") or {}
+    try:
+        spec = parse_spec(CacheClusterSpec, raw_spec, what=f"CacheCluster {key.namespace}/{key.name}")
+    except InvalidArgument as exc:
+        desired = int((raw_spec.get("worker") or {}).get("replicas") or 0)
+        obs = ClusterObservation(key.generation, desired, endpoint,
+                                 stalled=Problem(Reason.INVALID_SPEC, str(exc)))
+        await write_status(deps, c.CACHE_CLUSTER_KIND, key,
+                           previous, cluster_status(key.name, obs, previous, deps.clock()))
+        return Outcome.stuck(str(exc))
+    if key.deleting_since:
+        obs = ClusterObservation(key.generation, spec.worker.replicas, endpoint, terminating=True, applied=True)
+        await write_status(deps, c.CACHE_CLUSTER_KIND, key,
+                           previous, cluster_status(key.name, obs, previous, deps.clock()))
+        return Outcome.ok("terminating: children are garbage-collected with the cluster")
+
+    ref = ObjectRef(c.API_VERSION, c.CACHE_CLUSTER_KIND, key.name, key.namespace, key.uid)
+    obs = await _observe(deps, Cluster(ref, key.generation, spec), key, endpoint)
+    status = cluster_status(key.name, obs, previous, deps.clock())
+    await write_status(deps, c.CACHE_CLUSTER_KIND, key, previous, status)
+    if obs.stalled is not None:
+        return Outcome.stuck(obs.stalled.message)
+    if status["phase"] == ClusterPhase.READY:
+        return Outcome.ok("ready")
+    ready = next(cond for cond in status["conditions"] if cond["type"] == c.READY)
+    return Outcome.waiting(ready["message"])

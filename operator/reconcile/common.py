@@ -1,0 +1,111 @@
+"""What every reconcile step shares: its dependencies, per-object state, its outcome, and
+writing status only when it changed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from strata.operator import constants as c
+from strata.operator.builders.common import auth_name
+from strata.operator.kube import KubeAPI
+from strata.operator.master import Masters
+from strata.operator.settings import OperatorSettings
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Deps:
+    """The world a reconcile step acts on."""
+
+    kube: KubeAPI
+    masters: Masters
+    settings: OperatorSettings
+    clock: Callable[[], datetime] = utcnow
+
+
+@dataclass
+class ObjectState:
+    """What the operator remembers about one object between reconciles (in memory only)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Mount: digest of the last MountRequest the master accepted, and the mount id it gave.
+    fingerprint: str | None = None
+    mount_id: int | None = None
+    # Mount: the mount id whose preload was started (a replaced mount is loaded again).
+    preloaded_mount_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a reconcile ended: done, waiting (retry soon), or stalled (a person must act)."""
+
+    done: bool
+    message: str = ""
+    stalled: bool = False
+
+    @classmethod
+    def ok(cls, message: str = "") -> Outcome:
+        return cls(True, message)
+
+    @classmethod
+    def waiting(cls, message: str) -> Outcome:
+        return cls(False, message)
+
+    @classmethod
+    def stuck(cls, message: str) -> Outcome:
+        return cls(False, message, stalled=True)
+
+
+@dataclass(frozen=True)
+class ObjectKey:
+    """The parts of an object's metadata reconciles use."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    deleting_since: str | None
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> ObjectKey:
+        meta = body["metadata"]
+        return cls(meta["name"], meta["namespace"], meta.get("uid", ""), int(meta.get("generation", 0)),
+                   meta.get("deletionTimestamp"))
+
+
+async def write_status(
+    deps: Deps, kind: str, key: ObjectKey, previous: Mapping[str, Any], status: dict[str, Any]
+) -> bool:
+    """Apply `status` if it differs from what is stored; say whether it was written."""
+    if dict(previous) == status:
+        return False
+    await deps.kube.apply_status(c.API_VERSION, kind, key.namespace, key.name, status)
+    return True
+
+
+def secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
+    """A Secret's keys and decoded values (values that are not UTF-8 text are skipped)."""
+    out = {}
+    for k, v in (secret.get("data") or {}).items():
+        try:
+            out[k] = base64.b64decode(v).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+    return out
+
+
+async def read_token(deps: Deps, namespace: str, cluster: str) -> str | None:
+    """The cluster token from its `<cluster>-auth` Secret, if it exists yet."""
+    secret = await deps.kube.get("v1", "Secret", namespace, auth_name(cluster))
+    if secret is None:
+        return None
+    return secret_data(secret).get(c.TOKEN_KEY) or None

@@ -1,0 +1,259 @@
+"""Reconcile a Mount: wait for its cluster's master, mount the source there (with the keys
+of its credentials Secret), start a preload, and report what the master sees. On delete,
+unmount and free, giving up after a bounded time if the cluster or master is gone."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from strata.cacheserver.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    StrataError,
+    Unauthenticated,
+    Unavailable,
+)
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.operator import constants as c
+from strata.operator.builders.common import master_endpoint
+from strata.operator.builders.mount import build_mount_request, request_fingerprint
+from strata.operator.constants import MountPhase, Reason
+from strata.operator.models import MountSpec, parse_spec, paths_overlap
+from strata.operator.reconcile.common import (
+    Deps,
+    ObjectKey,
+    ObjectState,
+    Outcome,
+    read_token,
+    secret_data,
+    write_status,
+)
+from strata.operator.status import MountObservation, Problem, mount_status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The cluster a Mount lives in, once its master can be called."""
+
+    cluster: str
+    endpoint: str
+    token: str
+
+
+def mount_problem(exc: StrataError, spec: MountSpec, endpoint: str) -> tuple[str, Problem]:
+    """Phase and reason for a failed mount call, with what a person should do."""
+    secret = spec.credentials.secret_ref.name if spec.credentials else None
+    where = f"Secret {secret} (spec.credentials)" if secret else "spec.credentials (none given)"
+    if isinstance(exc, Unavailable):
+        return MountPhase.PENDING, Problem(
+            Reason.MASTER_UNREACHABLE, f"The master at {endpoint} cannot be reached ({exc}); retrying."
+        )
+    if isinstance(exc, NotFound):
+        return MountPhase.FAILED, Problem(
+            Reason.SOURCE_NOT_FOUND,
+            f"The source {spec.source} was not found: {exc}. Check the bucket and prefix in spec.source.",
+        )
+    if isinstance(exc, PermissionDenied):
+        return MountPhase.FAILED, Problem(
+            Reason.ACCESS_DENIED,
+            f"The store refused access to {spec.source}: {exc}. Check the keys in {where} "
+            "and the bucket's policy.",
+        )
+    if isinstance(exc, Unauthenticated):
+        return MountPhase.FAILED, Problem(
+            Reason.TOKEN_REJECTED,
+            f"The master refused the operator's token ({exc}); the cluster's -auth Secret and "
+            "the running master disagree: restart the master pod.",
+        )
+    if isinstance(exc, AlreadyExists):
+        return MountPhase.FAILED, Problem(
+            Reason.PATH_CONFLICT, f"{exc}. Choose a spec.path that no other mount uses or contains."
+        )
+    if isinstance(exc, InvalidArgument):
+        return MountPhase.FAILED, Problem(
+            Reason.INVALID_MOUNT, f"The master refused the mount: {exc}. Fix spec.path, spec.source or spec.options."
+        )
+    return MountPhase.FAILED, Problem(Reason.MOUNT_FAILED, f"Mounting {spec.source} failed: {exc}")
+
+
+def _find(report: pb.ReportResponse, path: str) -> pb.MountReport | None:
+    return next((m for m in report.mounts if m.mount.path == path), None)
+
+
+def _has_load(report: pb.MountReport) -> bool:
+    load = report.load
+    return report.HasField("load") and (load.done or load.bytes_total > 0 or load.files_total > 0)
+
+
+def _older(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether object a was created before b (names break ties)."""
+    ka = (a["metadata"].get("creationTimestamp", ""), a["metadata"]["name"])
+    kb = (b["metadata"].get("creationTimestamp", ""), b["metadata"]["name"])
+    return ka < kb
+
+
+async def _other_mounts(deps: Deps, body: Mapping[str, Any], spec: MountSpec) -> list[dict[str, Any]]:
+    """Live Mounts of the same cluster, other than this one, whose paths overlap this one's."""
+    key = ObjectKey.of(body)
+    others = []
+    for other in await deps.kube.list(c.API_VERSION, c.MOUNT_KIND, key.namespace):
+        meta, ospec = other["metadata"], other.get("spec") or {}
+        if meta.get("uid") == key.uid or meta.get("deletionTimestamp") or ospec.get("cluster") != spec.cluster:
+            continue
+        if paths_overlap(str(ospec.get("path", "")), spec.path):
+            others.append(other)
+    return others
+
+
+async def _target(deps: Deps, namespace: str, spec: MountSpec, *, ready: bool = True) -> _Target | Problem:
+    """The cluster's master and token; with `ready`, only once the cluster says its master is ready."""
+    cluster = await deps.kube.get(c.API_VERSION, c.CACHE_CLUSTER_KIND, namespace, spec.cluster)
+    if cluster is None:
+        return Problem(Reason.CLUSTER_NOT_FOUND,
+                       f"CacheCluster {namespace}/{spec.cluster} does not exist; create it or fix spec.cluster.")
+    if cluster["metadata"].get("deletionTimestamp"):
+        return Problem(Reason.CLUSTER_NOT_READY, f"CacheCluster {spec.cluster} is being deleted.")
+    if ready and not ((cluster.get("status") or {}).get("master") or {}).get("ready"):
+        return Problem(Reason.CLUSTER_NOT_READY, f"Waiting for the master of CacheCluster {spec.cluster}.")
+    token = await read_token(deps, namespace, spec.cluster)
+    if token is None:
+        return Problem(Reason.CLUSTER_NOT_READY, f"Waiting for the token Secret of CacheCluster {spec.cluster}.")
+    return _Target(spec.cluster, master_endpoint(spec.cluster, namespace, deps.settings.cluster_domain), token)
+
+
+async def _credentials(deps: Deps, namespace: str, spec: MountSpec) -> dict[str, str] | Problem:
+    if spec.credentials is None:
+        return {}
+    name = spec.credentials.secret_ref.name
+    secret = await deps.kube.get("v1", "Secret", namespace, name)
+    if secret is None:
+        return Problem(Reason.CREDENTIALS_NOT_FOUND,
+                       f"Secret {namespace}/{name} (spec.credentials.secretRef) does not exist; create it "
+                       "with the store's keys as data (e.g. key and secret for S3).")
+    return secret_data(secret)
+
+
+async def _preload(deps: Deps, target: _Target, spec: MountSpec, state: ObjectState,
+                   report: pb.MountReport) -> None:
+    """Start the preload once per mount id; the master keeps loading after we hang up."""
+    mount_id = report.mount.mount_id
+    if state.preloaded_mount_id == mount_id:
+        return
+    if not _has_load(report):
+        client = deps.masters.client(target.endpoint, target.token)
+        for path in spec.preload_paths():
+            await client.start_load(path)
+        deps.masters.invalidate(target.endpoint)
+        log.info("started preload of %s on %s", spec.preload_paths(), target.endpoint)
+    state.preloaded_mount_id = mount_id
+
+
+async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: ObjectState,
+                   generation: int) -> MountObservation:
+    namespace = body["metadata"]["namespace"]
+    target = await _target(deps, namespace, spec)
+    if isinstance(target, Problem):
+        return MountObservation(generation, MountPhase.PENDING, target)
+    older = [o for o in await _other_mounts(deps, body, spec) if _older(o, body)]
+    if older:
+        other = older[0]
+        conflict = Problem(
+            Reason.PATH_CONFLICT,
+            f"spec.path {spec.path} overlaps Mount {other['metadata']['name']} "
+            f"({other['spec']['path']}) of cluster {spec.cluster}; choose a path outside it.",
+        )
+        return MountObservation(generation, MountPhase.FAILED, conflict)
+    credentials = await _credentials(deps, namespace, spec)
+    if isinstance(credentials, Problem):
+        return MountObservation(generation, MountPhase.FAILED, credentials)
+
+    request = build_mount_request(spec, credentials)
+    fingerprint = request_fingerprint(request)
+    synced_at: datetime | None = None
+    try:
+        report = await deps.masters.report(target.endpoint, target.token)
+        mounted = _find(report, spec.path)
+        current = mounted is not None and state.fingerprint == fingerprint and (
+            mounted.mount.mount_id == state.mount_id
+        )
+        if not current:
+            info = await deps.masters.client(target.endpoint, target.token).mount(request)
+            state.fingerprint, state.mount_id = fingerprint, info.mount_id
+            synced_at = deps.clock()
+            log.info("mounted %s at %s on %s (mount id %d)", spec.source, spec.path, target.endpoint, info.mount_id)
+            deps.masters.invalidate(target.endpoint)
+            mounted = _find(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)
+        if mounted is not None and spec.preload_paths():
+            await _preload(deps, target, spec, state, mounted)
+    except StrataError as exc:
+        state.fingerprint = None
+        phase, problem = mount_problem(exc, spec, target.endpoint)
+        return MountObservation(generation, phase, problem)
+    return MountObservation(generation, MountPhase.MOUNTED, None, mounted, synced_at,
+                            preload_requested=bool(spec.preload_paths()))
+
+
+async def reconcile_mount(deps: Deps, body: Mapping[str, Any], state: ObjectState) -> Outcome:
+    """Make the master's mount table hold this Mount as specified, and write its status."""
+    key = ObjectKey.of(body)
+    previous = body.get("status") or {}
+    try:
+        spec = parse_spec(MountSpec, body.get("spec") or {}, what=f"Mount {key.namespace}/{key.name}")
+    except InvalidArgument as exc:
+        obs = MountObservation(key.generation, MountPhase.FAILED, Problem(Reason.INVALID_SPEC, str(exc)))
+    else:
+        obs = await _observe(deps, body, spec, state, key.generation)
+    await write_status(deps, c.MOUNT_KIND, key, previous, mount_status(obs, previous, deps.clock()))
+    message = obs.problem.message if obs.problem else "mounted"
+    if obs.phase == MountPhase.MOUNTED:
+        return Outcome.ok(message)
+    if obs.phase == MountPhase.FAILED:
+        return Outcome.stuck(message)
+    return Outcome.waiting(message)
+
+
+def _seconds_since(stamp: str, now: datetime) -> float:
+    then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (now - then).total_seconds()
+
+
+async def remove_mount(deps: Deps, body: Mapping[str, Any]) -> Outcome:
+    """Unmount and free on delete. Done when unmounted, when there is nothing to unmount,
+    or when the master stayed unreachable for `unmount_timeout` seconds."""
+    key = ObjectKey.of(body)
+    previous = body.get("status") or {}
+    obs = MountObservation(key.generation, MountPhase.UNMOUNTING,
+                           Problem(Reason.UNMOUNTING, "Unmounting and freeing cached blocks."))
+    await write_status(deps, c.MOUNT_KIND, key, previous, mount_status(obs, previous, deps.clock()))
+    try:
+        spec = parse_spec(MountSpec, body.get("spec") or {}, what=f"Mount {key.namespace}/{key.name}")
+    except InvalidArgument:
+        return Outcome.ok("the spec was never valid: nothing was mounted")
+    target = await _target(deps, key.namespace, spec, ready=False)
+    if isinstance(target, Problem):
+        return Outcome.ok(f"nothing to unmount: {target.message}")
+    if any(o["spec"]["path"] == spec.path for o in await _other_mounts(deps, body, spec)):
+        return Outcome.ok(f"{spec.path} belongs to another Mount; left mounted")
+    try:
+        await deps.masters.client(target.endpoint, target.token).unmount(spec.path, free=True)
+    except NotFound:
+        return Outcome.ok(f"{spec.path} was not mounted")
+    except Unavailable as exc:
+        waited = _seconds_since(key.deleting_since or "", deps.clock()) if key.deleting_since else 0.0
+        if waited < deps.settings.unmount_timeout:
+            return Outcome.waiting(f"cannot unmount {spec.path} yet: {exc}")
+        log.warning("gave up unmounting %s after %.0fs: %s", spec.path, waited, exc)
+        return Outcome.ok(f"gave up unmounting {spec.path} after {waited:.0f}s: {exc}")
+    except StrataError as exc:
+        log.warning("unmounting %s failed, removing the Mount anyway: %s", spec.path, exc)
+        return Outcome.ok(f"unmounting {spec.path} failed: {exc}")
+    deps.masters.invalidate(target.endpoint)
+    return Outcome.ok(f"unmounted {spec.path} and freed its blocks")

@@ -1,0 +1,284 @@
+"""Status of CacheClusters and Mounts, computed from what the operator observed. Pure.
+
+Conditions keep their lastTransitionTime while their status stays the same, and every value
+shown is rounded so that a status only changes when something a person would notice does;
+the caller writes status only when the computed one differs from the stored one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from strata.cacheserver.constants import MEDIA
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.operator import constants as c
+from strata.operator.builders.common import approximate_quantity, label_selector
+from strata.operator.constants import ClusterPhase, MountPhase, PreloadPhase, Reason
+
+Status = dict[str, Any]
+
+
+def timestamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why something is not as wanted: a Reason constant and a message saying what to do."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    ok: bool
+    reason: str
+    message: str
+
+
+def merge_conditions(
+    old: Sequence[Mapping[str, Any]], new: Sequence[Condition], *, now: datetime, generation: int
+) -> list[dict[str, Any]]:
+    """The new conditions, keeping each one's lastTransitionTime unless its status changed."""
+    previous = {cond.get("type"): cond for cond in old}
+    merged = []
+    for cond in new:
+        status = "True" if cond.ok else "False"
+        before = previous.get(cond.type)
+        changed = before is None or before.get("status") != status
+        merged.append(
+            {
+                "type": cond.type,
+                "status": status,
+                "reason": cond.reason,
+                "message": cond.message,
+                "lastTransitionTime": timestamp(now) if changed else before["lastTransitionTime"],  # type: ignore[index]
+                "observedGeneration": generation,
+            }
+        )
+    return merged
+
+
+def _kstatus(phase_ok: bool, stalled: Problem | None, waiting: Problem | None) -> list[Condition]:
+    """Ready, Reconciling, Stalled as kstatus reads them: exactly one story at a time."""
+    if phase_ok:
+        return [
+            Condition(c.READY, True, Reason.AS_EXPECTED, "All resources are ready."),
+            Condition(c.RECONCILING, False, Reason.AS_EXPECTED, ""),
+            Condition(c.STALLED, False, Reason.AS_EXPECTED, ""),
+        ]
+    if stalled is not None:
+        return [
+            Condition(c.READY, False, stalled.reason, stalled.message),
+            Condition(c.RECONCILING, False, stalled.reason, ""),
+            Condition(c.STALLED, True, stalled.reason, stalled.message),
+        ]
+    why = waiting or Problem(Reason.AS_EXPECTED, "")
+    return [
+        Condition(c.READY, False, why.reason, why.message),
+        Condition(c.RECONCILING, True, why.reason, why.message),
+        Condition(c.STALLED, False, Reason.AS_EXPECTED, ""),
+    ]
+
+
+# -- CacheCluster ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClusterObservation:
+    """What one reconcile of a CacheCluster saw."""
+
+    generation: int
+    desired_workers: int
+    endpoint: str
+    terminating: bool = False
+    stalled: Problem | None = None       # needs a person: invalid spec, apply refused
+    applied: bool = False                # children were applied (at least the master's)
+    master_pods_ready: bool = False
+    master_error: str | None = None      # why Report failed, if the pods were ready
+    report: pb.ReportResponse | None = None
+    workers_ready: int = 0               # ready pods of the worker StatefulSet
+    worker_ids: frozenset[str] = frozenset()  # pod names the master should know
+    scaling: Problem | None = None       # scale-in in progress or held back
+
+
+def _registered(obs: ClusterObservation) -> int | None:
+    if obs.report is None:
+        return None
+    return sum(1 for w in obs.report.workers if w.live and w.worker.worker_id in obs.worker_ids)
+
+
+def _master_condition(obs: ClusterObservation) -> tuple[Condition, bool]:
+    if obs.master_pods_ready and obs.report is not None:
+        return Condition(c.MASTER_READY, True, Reason.AS_EXPECTED, "The master is ready."), True
+    if obs.master_pods_ready:
+        message = f"The master pod is ready but does not answer at {obs.endpoint}: {obs.master_error}"
+        return Condition(c.MASTER_READY, False, Reason.MASTER_UNREACHABLE, message), False
+    message = "Waiting for the master pod to become ready."
+    return Condition(c.MASTER_READY, False, Reason.WAITING_FOR_MASTER, message), False
+
+
+def _workers_condition(obs: ClusterObservation) -> tuple[Condition, bool]:
+    desired, ready, registered = obs.desired_workers, obs.workers_ready, _registered(obs)
+    if ready < desired:
+        message = f"{ready}/{desired} worker pods are ready."
+        return Condition(c.WORKERS_READY, False, Reason.WAITING_FOR_WORKERS, message), False
+    if registered is not None and registered < desired:
+        message = f"{ready}/{desired} worker pods are ready; {registered} are registered with the master."
+        return Condition(c.WORKERS_READY, False, Reason.WORKERS_NOT_REGISTERED, message), False
+    if registered is None:
+        message = f"{ready}/{desired} worker pods are ready; the master cannot be asked about them."
+        return Condition(c.WORKERS_READY, False, Reason.MASTER_UNREACHABLE, message), False
+    return Condition(c.WORKERS_READY, True, Reason.AS_EXPECTED, f"{ready}/{desired} workers are ready."), True
+
+
+def _capacity(report: pb.ReportResponse) -> Status:
+    live = [w for w in report.workers if w.live]
+    by_medium: dict[str, list[int]] = {}
+    for worker in live:
+        for tier in worker.stats.tiers:
+            sums = by_medium.setdefault(tier.medium, [0, 0])
+            sums[0] += tier.capacity
+            sums[1] += tier.used
+    order = sorted(by_medium, key=lambda m: MEDIA.index(m) if m in MEDIA else len(MEDIA))
+    total = sum(v[0] for v in by_medium.values())
+    used = sum(v[1] for v in by_medium.values())
+    return {
+        "total": approximate_quantity(total),
+        "used": approximate_quantity(used),
+        "tiers": [
+            {"medium": m, "total": approximate_quantity(by_medium[m][0]), "used": approximate_quantity(by_medium[m][1])}
+            for m in order
+        ],
+    }
+
+
+def hit_ratio(hits: int, misses: int) -> float:
+    """hits / (hits + misses), to two decimals; 0 before any read."""
+    reads = hits + misses
+    return round(hits / reads, 2) if reads else 0.0
+
+
+def cluster_status(
+    cluster_name: str, obs: ClusterObservation, previous: Mapping[str, Any], now: datetime
+) -> Status:
+    """The CacheCluster status for an observation, given the status stored before."""
+    master_cond, master_ok = _master_condition(obs)
+    workers_cond, workers_ok = _workers_condition(obs)
+    ready = obs.applied and master_ok and workers_ok and obs.scaling is None and obs.stalled is None
+    if obs.terminating:
+        phase = ClusterPhase.TERMINATING
+    elif not obs.applied:
+        phase = ClusterPhase.PENDING
+    elif ready:
+        phase = ClusterPhase.READY
+    elif previous.get("phase") in (ClusterPhase.READY, ClusterPhase.DEGRADED) and previous.get(
+        "observedGeneration"
+    ) == obs.generation:
+        phase = ClusterPhase.DEGRADED
+    else:
+        phase = ClusterPhase.PROVISIONING
+
+    waiting = obs.scaling
+    if waiting is None and not master_ok:
+        waiting = Problem(master_cond.reason, master_cond.message)
+    if waiting is None and not workers_ok:
+        waiting = Problem(workers_cond.reason, workers_cond.message)
+    if obs.terminating:
+        waiting = Problem(Reason.TERMINATING, "The cluster is being deleted.")
+    conditions = [*_kstatus(ready and not obs.terminating, obs.stalled, waiting), master_cond, workers_cond]
+
+    status: Status = {
+        "observedGeneration": obs.generation,
+        "phase": phase,
+        "conditions": merge_conditions(previous.get("conditions", []), conditions, now=now, generation=obs.generation),
+        "master": {"ready": master_ok, "endpoint": obs.endpoint},
+        "workers": {
+            "desired": obs.desired_workers,
+            "ready": obs.workers_ready,
+            "selector": label_selector(cluster_name, c.COMPONENT_WORKER),
+            "summary": f"{obs.workers_ready}/{obs.desired_workers}",
+        },
+    }
+    registered = _registered(obs)
+    if registered is not None:
+        status["workers"]["registered"] = registered
+    if obs.report is not None:
+        status["capacity"] = _capacity(obs.report)
+        status["cache"] = {
+            "hitRatio": hit_ratio(obs.report.hits, obs.report.misses),
+            "cachedBytes": approximate_quantity(obs.report.used),
+        }
+        status["mounts"] = len(obs.report.mounts)
+    return status
+
+
+# -- Mount ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MountObservation:
+    """What one reconcile of a Mount saw."""
+
+    generation: int
+    phase: str                                # a MountPhase
+    problem: Problem | None = None            # why Pending or Failed
+    report: pb.MountReport | None = None      # the master's view of this mount
+    synced_at: datetime | None = None         # when the mount RPC last succeeded
+    preload_requested: bool = False
+
+
+def _preload(report: pb.MountReport | None) -> tuple[Status, Condition]:
+    load = report.load if report is not None and report.HasField("load") else None
+    if load is None or (not load.done and load.bytes_total == 0 and load.files_total == 0):
+        status = {"phase": PreloadPhase.PENDING}
+        return status, Condition(c.PRELOADED, False, Reason.PRELOADING, "The preload has not started yet.")
+    status = {
+        "phase": PreloadPhase.SUCCEEDED if load.done else PreloadPhase.RUNNING,
+        "bytesLoaded": approximate_quantity(load.bytes_loaded),
+        "bytesTotal": approximate_quantity(load.bytes_total),
+    }
+    if load.done:
+        message = f"Loaded {status['bytesLoaded']} in {load.files_loaded} files."
+        return status, Condition(c.PRELOADED, True, Reason.PRELOADED, message)
+    message = (
+        f"Loading: {status['bytesLoaded']} of {status['bytesTotal']}, "
+        f"{load.files_loaded}/{load.files_total} files."
+    )
+    return status, Condition(c.PRELOADED, False, Reason.PRELOADING, message)
+
+
+def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: datetime) -> Status:
+    """The Mount status for an observation, given the status stored before."""
+    mounted = obs.phase == MountPhase.MOUNTED
+    stalled = obs.problem if obs.phase == MountPhase.FAILED else None
+    waiting = obs.problem if obs.phase in (MountPhase.PENDING, MountPhase.UNMOUNTING) else None
+    conditions = _kstatus(mounted, stalled, waiting)
+    if mounted:
+        conditions[0] = Condition(c.READY, True, Reason.MOUNTED, "The source is mounted.")
+    status: Status = {"observedGeneration": obs.generation, "phase": obs.phase}
+    report = obs.report
+    if report is not None and (report.ufs_total_bytes or report.ufs_files):
+        status["ufs"] = {"totalBytes": approximate_quantity(report.ufs_total_bytes), "files": report.ufs_files}
+    if report is not None:
+        nodes = sorted(report.cached_bytes_by_host.items(), key=lambda kv: (-kv[1], kv[0]))
+        cache: Status = {
+            "cachedBytes": approximate_quantity(report.cached_bytes),
+            "nodes": [{"node": node, "bytes": approximate_quantity(n)} for node, n in nodes if n],
+        }
+        if report.ufs_total_bytes:
+            cache["cachedPercentage"] = round(100.0 * report.cached_bytes / report.ufs_total_bytes, 1)
+        status["cache"] = cache
+    if obs.preload_requested and mounted:
+        status["preload"], preloaded = _preload(report)
+        conditions.append(preloaded)
+    status["conditions"] = merge_conditions(
+        previous.get("conditions", []), conditions, now=now, generation=obs.generation
+    )
+    synced = timestamp(obs.synced_at) if obs.synced_at else previous.get("lastSyncTime")
+    if synced:
+        status["lastSyncTime"] = synced
+    return status

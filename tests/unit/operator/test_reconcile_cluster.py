@@ -1,0 +1,193 @@
+"""CacheCluster reconcile against an in-memory API server and a real gRPC master servicer."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import grpc
+
+from strata.operator.kube import KubeError
+from strata.operator.reconcile import reconcile_cluster
+from tests.unit.operator.conftest import World, cluster_body, worker_report
+
+
+def set_ready(world: World, name: str, ready: int) -> None:
+    world.kube.obj("StatefulSet", name)["status"] = {"readyReplicas": ready}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+async def test_master_first_then_workers_then_ready(world: World) -> None:
+    world.kube.put(cluster_body())
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert not out.done and not out.stalled
+    assert world.kube.applied_kinds() == ["ConfigMap", "Secret", "Service", "StatefulSet"]
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    assert status["phase"] == "Provisioning"
+    assert condition(status, "MasterReady")["reason"] == "WaitingForMaster"
+    assert condition(status, "Reconciling")["status"] == "True"
+    assert status["master"] == {"ready": False, "endpoint": "demo-master-0.demo-master.ns.svc:19998"}
+
+    # The master pod becomes ready: the operator talks to it (with the Secret's token) and
+    # applies the workers.
+    token = base64.b64decode(world.kube.obj("Secret", "demo-auth")["data"]["token"]).decode()
+    world.master.state.token = token
+    set_ready(world, "demo-master", 1)
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert not out.done
+    assert world.kube.applied_kinds()[4:] == ["ConfigMap", "Secret", "Service", "StatefulSet",
+                                              "Service", "StatefulSet", "PodDisruptionBudget"]
+    assert world.masters.endpoints[-1] == "demo-master-0.demo-master.ns.svc:19998"
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    assert condition(status, "MasterReady")["status"] == "True"
+    assert condition(status, "WorkersReady")["reason"] == "WaitingForWorkers"
+
+    # Workers ready and registered with the master: Ready, with capacity from the Report.
+    set_ready(world, "demo-worker", 2)
+    world.master.state.workers = [worker_report("demo-worker-0"), worker_report("demo-worker-1")]
+    world.master.state.hits, world.master.state.misses = 93, 7
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.done, out.message
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    assert status["phase"] == "Ready"
+    assert condition(status, "Ready")["status"] == "True"
+    assert condition(status, "Stalled")["status"] == "False"
+    assert status["workers"] == {"desired": 2, "ready": 2, "registered": 2, "summary": "2/2",
+                                 "selector": "app.kubernetes.io/name=strata,app.kubernetes.io/instance=demo,"
+                                             "app.kubernetes.io/component=worker"}
+    assert status["capacity"] == {"total": "2Gi", "used": "512Mi",
+                                  "tiers": [{"medium": "MEM", "total": "2Gi", "used": "512Mi"}]}
+    assert status["cache"] == {"hitRatio": 0.93, "cachedBytes": "512Mi"}
+    assert status["observedGeneration"] == 1
+
+
+async def ready_cluster(world: World, spec: dict[str, Any] | None = None, workers: int = 2) -> None:
+    world.kube.put(cluster_body(spec=spec))
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    world.master.state.token = base64.b64decode(world.kube.obj("Secret", "demo-auth")["data"]["token"]).decode()
+    set_ready(world, "demo-master", 1)
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    set_ready(world, "demo-worker", workers)
+    world.master.state.workers = [worker_report(f"demo-worker-{i}") for i in range(workers)]
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.done, out.message
+
+
+async def test_second_run_changes_nothing(world: World) -> None:
+    await ready_cluster(world)
+    writes = len(world.kube.status_writes)
+    before = {k: v for k, v in world.kube.objects.items() if k[0] != "CacheCluster"}
+    token = world.kube.obj("Secret", "demo-auth")["data"]["token"]
+    world.clock.advance(60)
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.done
+    assert len(world.kube.status_writes) == writes  # status unchanged: not written
+    assert {k: v for k, v in world.kube.objects.items() if k[0] != "CacheCluster"} == before
+    assert world.kube.obj("Secret", "demo-auth")["data"]["token"] == token  # token kept
+
+
+async def test_deleted_child_is_put_back(world: World) -> None:
+    await ready_cluster(world)
+    del world.kube.objects[("ConfigMap", "ns", "demo-config")]
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert "strata.yaml" in world.kube.obj("ConfigMap", "demo-config")["data"]
+
+
+async def test_lost_worker_degrades_then_recovers(world: World) -> None:
+    await ready_cluster(world)
+    ready_since = condition(world.kube.obj("CacheCluster", "demo")["status"], "Ready")["lastTransitionTime"]
+    world.clock.advance(30)
+    set_ready(world, "demo-worker", 1)
+    world.master.state.workers[1].live = False
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert not out.done
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    assert status["phase"] == "Degraded"
+    ready = condition(status, "Ready")
+    assert ready["status"] == "False" and ready["lastTransitionTime"] != ready_since
+    assert status["capacity"]["total"] == "1Gi"  # only live workers count
+    world.clock.advance(30)
+    set_ready(world, "demo-worker", 2)
+    world.master.state.workers[1].live = True
+    assert (await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))).done
+
+
+async def test_scale_in_decommissions_before_shrinking(world: World) -> None:
+    await ready_cluster(world, workers=3, spec={"worker": {"replicas": 3}})
+    body = world.kube.obj("CacheCluster", "demo")
+    body["spec"] = {"worker": {"replicas": 1}}
+    body["metadata"]["generation"] = 2
+    await reconcile_cluster(world.deps, body)
+    (decommission,) = [req for name, req in world.master.state.calls if name == "DecommissionWorkers"]
+    assert list(decommission.worker_ids) == ["demo-worker-1", "demo-worker-2"]
+    assert world.kube.obj("StatefulSet", "demo-worker")["spec"]["replicas"] == 1
+
+
+async def test_scale_in_waits_while_the_master_cannot_be_told(world: World) -> None:
+    await ready_cluster(world, workers=3, spec={"worker": {"replicas": 3}})
+    world.master.state.decommission_error = (grpc.StatusCode.INTERNAL, "journal is read-only")
+    body = world.kube.obj("CacheCluster", "demo")
+    body["spec"] = {"worker": {"replicas": 2}}
+    body["metadata"]["generation"] = 2
+    out = await reconcile_cluster(world.deps, body)
+    assert not out.done and not out.stalled
+    assert world.kube.obj("StatefulSet", "demo-worker")["spec"]["replicas"] == 3
+    reconciling = condition(world.kube.obj("CacheCluster", "demo")["status"], "Reconciling")
+    assert reconciling["reason"] == "DecommissionFailed"
+    assert "demo-worker-2" in reconciling["message"]
+
+
+async def test_scale_out_needs_no_decommission(world: World) -> None:
+    await ready_cluster(world)
+    body = world.kube.obj("CacheCluster", "demo")
+    body["spec"] = {"worker": {"replicas": 4}}
+    await reconcile_cluster(world.deps, body)
+    assert world.master.state.count("DecommissionWorkers") == 0
+    assert world.kube.obj("StatefulSet", "demo-worker")["spec"]["replicas"] == 4
+
+
+async def test_invalid_spec_stalls_without_applying(world: World) -> None:
+    # The CRD refuses this; an object stored under an older CRD version could still hold it.
+    world.kube.put(cluster_body(spec={"tiers": [{"medium": "SSD", "quota": "1Gi"}, {"medium": "MEM", "quota": "1Gi"}]}))
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.stalled
+    assert world.kube.applied == []
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    assert status["phase"] == "Pending"
+    stalled = condition(status, "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "InvalidSpec"
+    assert "fastest first" in stalled["message"]
+
+
+async def test_refused_apply_stalls(world: World) -> None:
+    world.kube.refuse["StatefulSet"] = KubeError(422, 'StatefulSet "demo-master" is invalid: spec.template: bad')
+    world.kube.put(cluster_body())
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.stalled
+    stalled = condition(world.kube.obj("CacheCluster", "demo")["status"], "Stalled")
+    assert stalled["reason"] == "ApplyFailed" and "spec.template: bad" in stalled["message"]
+
+
+async def test_unreachable_master_is_reported(world: World) -> None:
+    await ready_cluster(world)
+    await world.master.stop()
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert not out.done
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    master = condition(status, "MasterReady")
+    assert master["reason"] == "MasterUnreachable"
+    assert "demo-master-0.demo-master.ns.svc:19998" in master["message"]
+    assert status["master"]["ready"] is False
+    assert "capacity" not in status  # no stale numbers when the master cannot be asked
+
+
+async def test_terminating(world: World) -> None:
+    await ready_cluster(world)
+    body = world.kube.obj("CacheCluster", "demo")
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    out = await reconcile_cluster(world.deps, body)
+    assert out.done
+    assert world.kube.obj("CacheCluster", "demo")["status"]["phase"] == "Terminating"

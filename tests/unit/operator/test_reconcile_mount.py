@@ -1,0 +1,279 @@
+"""Mount reconcile and delete against an in-memory API server and a real gRPC master servicer."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import grpc
+import pytest
+
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.operator.reconcile import ObjectState, reconcile_mount, remove_mount
+from tests.unit.operator.conftest import TOKEN, World, mount_body
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def ready_cluster(world: World) -> None:
+    """A CacheCluster whose status says its master is ready, and its token Secret."""
+    world.kube.put({"apiVersion": "strata.dev/v1alpha1", "kind": "CacheCluster",
+                    "metadata": {"name": "demo"}, "spec": {}, "status": {"master": {"ready": True}}})
+    world.kube.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-auth"},
+                    "data": {"token": b64(TOKEN)}})
+
+
+def creds(world: World, **data: str) -> None:
+    world.kube.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds"},
+                    "data": {k: b64(v) for k, v in data.items()}})
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+async def reconcile(world: World, state: ObjectState, name: str = "data") -> Any:
+    return await reconcile_mount(world.deps, world.kube.obj("Mount", name), state)
+
+
+async def test_waits_for_its_cluster(world: World) -> None:
+    world.kube.put(mount_body())
+    state = ObjectState()
+    out = await reconcile(world, state)
+    assert not out.done and not out.stalled
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["phase"] == "Pending"
+    assert condition(status, "Reconciling")["reason"] == "ClusterNotFound"
+    assert "ns/demo" in condition(status, "Ready")["message"]
+    world.kube.put({"apiVersion": "strata.dev/v1alpha1", "kind": "CacheCluster",
+                    "metadata": {"name": "demo"}, "spec": {}, "status": {"master": {"ready": False}}})
+    await reconcile(world, state)
+    assert condition(world.kube.obj("Mount", "data")["status"], "Ready")["reason"] == "ClusterNotReady"
+    assert world.master.state.calls == []
+
+
+async def test_mounts_with_credentials_and_reports_the_cache(world: World) -> None:
+    ready_cluster(world)
+    creds(world, key="AKIA", secret="hunter2")
+    world.kube.put(mount_body(credentials={"secretRef": {"name": "s3-creds"}},
+                              options={"endpoint_url": "http://127.0.0.1:9"}, readOnly=True,
+                              metadataSync={"interval": "5m"}, readType="CACHE_PROMOTE", pin=True, ttl="24h"))
+    state = ObjectState()
+    out = await reconcile(world, state)
+    assert out.done, out.message
+    (request,) = [r for name, r in world.master.state.calls if name == "Mount"]
+    assert request.path == "/datasets/a" and request.source == "s3://bucket/a"
+    assert dict(request.options.credentials) == {"key": "AKIA", "secret": "hunter2"}
+    assert dict(request.options.options) == {"endpoint_url": "http://127.0.0.1:9"}
+    assert request.options.metadata_sync_interval == 300
+    assert request.options.read_type == pb.CACHE_PROMOTE
+    assert request.options.write_type == pb.WRITE_TYPE_UNSPECIFIED
+    assert request.options.pin and request.options.ttl_seconds == 86400
+    assert request.replace and request.check
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["phase"] == "Mounted"
+    assert condition(status, "Ready")["status"] == "True"
+    assert status["lastSyncTime"] == "2026-01-01T12:00:00Z"
+    assert "hunter2" not in repr(status)
+
+    # The master caches some of it: the next timer run reports it, without remounting.
+    world.master.state.mount_reports["/datasets/a"] = pb.MountReport(
+        cached_bytes=3 << 30, ufs_total_bytes=12 << 30, ufs_files=1000,
+        cached_bytes_by_host={"node-1": 1 << 30, "node-2": 2 << 30},
+    )
+    world.clock.advance(30)
+    assert (await reconcile(world, state)).done
+    assert world.master.state.count("Mount") == 1
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["ufs"] == {"totalBytes": "12Gi", "files": 1000}
+    assert status["cache"] == {"cachedBytes": "3Gi", "cachedPercentage": 25.0,
+                               "nodes": [{"node": "node-2", "bytes": "2Gi"}, {"node": "node-1", "bytes": "1Gi"}]}
+    assert status["lastSyncTime"] == "2026-01-01T12:00:00Z"  # not remounted
+
+    # Nothing changed: nothing is written.
+    writes = len(world.kube.status_writes)
+    world.clock.advance(30)
+    await reconcile(world, state)
+    assert len(world.kube.status_writes) == writes
+
+
+async def test_changed_secret_or_source_remounts(world: World) -> None:
+    ready_cluster(world)
+    creds(world, key="a", secret="b")
+    world.kube.put(mount_body(credentials={"secretRef": {"name": "s3-creds"}}))
+    state = ObjectState()
+    await reconcile(world, state)
+    creds(world, key="a", secret="rotated")
+    await reconcile(world, state)
+    assert world.master.state.count("Mount") == 2
+    last = [r for n, r in world.master.state.calls if n == "Mount"][-1]
+    assert last.options.credentials["secret"] == "rotated"
+    world.kube.obj("Mount", "data")["spec"]["source"] = "s3://other/a"
+    await reconcile(world, state)
+    assert world.master.state.mounts["/datasets/a"].source == "s3://other/a"
+
+
+async def test_restarted_master_gets_the_mount_back(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    state = ObjectState()
+    await reconcile(world, state)
+    world.master.state.mounts.clear()  # a new master with an empty journal
+    await reconcile(world, state)
+    assert "/datasets/a" in world.master.state.mounts
+    assert world.master.state.count("Mount") == 2
+
+
+async def test_restarted_operator_does_not_remount_needlessly(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    await reconcile(world, ObjectState())
+    mount_id = world.master.state.mounts["/datasets/a"].mount_id
+    await reconcile(world, ObjectState())  # empty memory: one idempotent Mount call
+    assert world.master.state.mounts["/datasets/a"].mount_id == mount_id
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "hint"),
+    [
+        (grpc.StatusCode.NOT_FOUND, "SourceNotFound", "Check the bucket"),
+        (grpc.StatusCode.PERMISSION_DENIED, "AccessDenied", "Secret s3-creds"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "InvalidMount", "Fix spec.path"),
+        (grpc.StatusCode.ALREADY_EXISTS, "PathConflict", "Choose a spec.path"),
+        (grpc.StatusCode.INTERNAL, "MountFailed", "boom"),
+    ],
+)
+async def test_store_errors_fail_with_an_actionable_reason(
+    world: World, code: grpc.StatusCode, reason: str, hint: str
+) -> None:
+    ready_cluster(world)
+    creds(world, key="a", secret="b")
+    world.kube.put(mount_body(credentials={"secretRef": {"name": "s3-creds"}}))
+    world.master.state.mount_error = (code, "boom")
+    out = await reconcile(world, ObjectState())
+    assert out.stalled
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["phase"] == "Failed"
+    stalled = condition(status, "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == reason
+    assert hint in stalled["message"] and "boom" in stalled["message"]
+    assert "lastSyncTime" not in status
+
+
+async def test_fixed_bucket_recovers(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    state = ObjectState()
+    world.master.state.mount_error = (grpc.StatusCode.NOT_FOUND, "NoSuchBucket")
+    await reconcile(world, state)
+    world.master.state.mount_error = None
+    assert (await reconcile(world, state)).done
+    assert world.kube.obj("Mount", "data")["status"]["phase"] == "Mounted"
+
+
+async def test_missing_credentials_secret_fails(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body(credentials={"secretRef": {"name": "nope"}}))
+    out = await reconcile(world, ObjectState())
+    assert out.stalled
+    stalled = condition(world.kube.obj("Mount", "data")["status"], "Stalled")
+    assert stalled["reason"] == "CredentialsSecretNotFound" and "ns/nope" in stalled["message"]
+    assert world.master.state.count("Mount") == 0
+
+
+async def test_wrong_token_is_named(world: World) -> None:
+    ready_cluster(world)
+    world.master.state.token = "another"
+    world.kube.put(mount_body())
+    await reconcile(world, ObjectState())
+    assert condition(world.kube.obj("Mount", "data")["status"], "Stalled")["reason"] == "TokenRejected"
+
+
+async def test_unreachable_master_keeps_it_pending(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    await world.master.stop()
+    out = await reconcile(world, ObjectState())
+    assert not out.done and not out.stalled
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["phase"] == "Pending"
+    assert condition(status, "Reconciling")["reason"] == "MasterUnreachable"
+
+
+async def test_overlapping_mount_of_the_same_cluster_fails(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body("first"))
+    second = mount_body("second", path="/datasets/a/sub")
+    second["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    world.kube.put(second)
+    assert (await reconcile(world, ObjectState(), "first")).done
+    out = await reconcile(world, ObjectState(), "second")
+    assert out.stalled
+    stalled = condition(world.kube.obj("Mount", "second")["status"], "Stalled")
+    assert stalled["reason"] == "PathConflict" and "Mount first" in stalled["message"]
+    # Deleting the loser leaves the winner's mount alone.
+    world.kube.obj("Mount", "second")["spec"]["path"] = "/datasets/a"
+    world.kube.obj("Mount", "second")["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    assert (await remove_mount(world.deps, world.kube.obj("Mount", "second"))).done
+    assert "/datasets/a" in world.master.state.mounts
+
+
+async def test_preload_starts_once_and_reports_progress(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body(preload={"paths": ["/train", "val"]}))
+    state = ObjectState()
+    await reconcile(world, state)
+    loads = [r.path for n, r in world.master.state.calls if n == "Load"]
+    assert loads == ["/datasets/a/train", "/datasets/a/val"]
+    report = world.master.state.mount_reports.setdefault("/datasets/a", pb.MountReport())
+    report.load.CopyFrom(pb.LoadProgress(bytes_loaded=50 << 20, bytes_total=100 << 20, files_loaded=1, files_total=2))
+    await reconcile(world, state)
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["preload"] == {"phase": "Running", "bytesLoaded": "50Mi", "bytesTotal": "100Mi"}
+    assert condition(status, "Preloaded")["status"] == "False"
+    report.load.CopyFrom(pb.LoadProgress(bytes_loaded=100 << 20, bytes_total=100 << 20, files_loaded=2,
+                                         files_total=2, done=True))
+    await reconcile(world, state)
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["preload"]["phase"] == "Succeeded"
+    assert condition(status, "Preloaded")["status"] == "True"
+    assert world.master.state.count("Load") == 2
+    await reconcile(world, ObjectState())  # a restarted operator sees the load and does not redo it
+    assert world.master.state.count("Load") == 2
+
+
+async def test_delete_unmounts_and_frees(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    await reconcile(world, ObjectState())
+    body = world.kube.obj("Mount", "data")
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    out = await remove_mount(world.deps, body)
+    assert out.done
+    (request,) = [r for n, r in world.master.state.calls if n == "Unmount"]
+    assert request.path == "/datasets/a" and request.free
+    assert world.master.state.mounts == {}
+    assert world.kube.obj("Mount", "data")["status"]["phase"] == "Unmounting"
+
+
+async def test_delete_when_the_cluster_is_gone_does_not_hang(world: World) -> None:
+    world.kube.put(mount_body())
+    body = world.kube.obj("Mount", "data")
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    assert (await remove_mount(world.deps, body)).done
+
+
+async def test_delete_with_an_unreachable_master_gives_up_in_time(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    await reconcile(world, ObjectState())
+    await world.master.stop()
+    body = world.kube.obj("Mount", "data")
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    out = await remove_mount(world.deps, body)
+    assert not out.done  # retry while within unmount_timeout (30 s here)
+    world.clock.advance(31)
+    out = await remove_mount(world.deps, body)
+    assert out.done and "gave up" in out.message
