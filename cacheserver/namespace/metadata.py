@@ -1,0 +1,577 @@
+"""The metadata the master serves: file status and listings over all mounts.
+
+Answers come from a per-mount cache of what the stores said, refreshed according to the
+mount's metadata sync interval: 0 asks the store on every access, -1 never asks again once a
+path is known, N serves answers at most N seconds old (measured from when the store request
+started). Concurrent misses on one path share one store request (single flight), and any
+change made through Strata invalidates the affected entries at once.
+
+Files written through Strata live in an overlay until the store's copy takes over:
+- not yet persisted (MUST_CACHE, ASYNC_THROUGH before its upload): the overlay is the only
+  record; the file shows persisted=False and appears in listings;
+- persisted: the file keeps the version it was written with (the key of its cached blocks)
+  for as long as the store still holds that very copy (the store's version equals the
+  recorded `ufs_version`); once the store's file changes or disappears, the overlay entry is
+  dropped and the store's view wins.
+The overlay and the pins are saved in the state directory, like the mount table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from ..ufs import UfsStatus
+from .mounts import Mount, MountTable
+from .paths import is_under, join, name, normalize, relative
+from .statefile import read_state, write_state
+
+STATE_FILE = "namespace.json"
+# Directory listings (recursive ones especially) are spread over at most this many
+# concurrent store requests when a listing spans several mounts.
+LIST_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # namespace path
+    name: str
+    is_dir: bool
+    length: int
+    mtime_unix_ms: int
+    version: str  # identifies the content; part of every block key; "" for directories
+    block_size: int
+    persisted: bool  # False while a file written through Strata is not in the store yet
+    pinned: bool
+    mount_id: int  # 0 for "/" and the directories that only hold mount points
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class OverlayEntry:
+    """A file written through Strata."""
+
+    mount_id: int
+    length: int
+    version: str
+    mtime_unix_ms: int
+    persisted: bool
+    ufs_version: str | None  # the store's version of the persisted copy
+
+
+@dataclass
+class _Fetched:
+    value: Any
+    started: float  # time.monotonic() when the store request began
+
+
+def _fresh(started: float, now: float, interval: float) -> bool:
+    if interval < 0:
+        return True
+    return interval > 0 and now - started <= interval
+
+
+def _rel_under(path: str, root: str) -> bool:
+    """`is_under` for paths relative to a mount root ("" = the root)."""
+    return root == "" or path == root or path.startswith(root + "/")
+
+
+def _rel_parent(rel: str) -> str:
+    return rel.rpartition("/")[0]
+
+
+class _MountCache:
+    """What one mount's store said, by (kind, relative path); kinds: info, list, walk."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], _Fetched] = {}
+        self.flights: dict[tuple[str, str], tuple[float, asyncio.Task[Any]]] = {}
+        # Bumped by every invalidation: a store request that started before it must not
+        # store its (possibly stale) answer.
+        self.epoch = 0
+
+    def drop(self, rel: str) -> None:
+        """Forget `rel`, everything below it and its ancestors (whose listings show it)."""
+        self.entries = {
+            key: value
+            for key, value in self.entries.items()
+            if not (_rel_under(key[1], rel) or _rel_under(rel, key[1]))
+        }
+        self.flights.clear()
+        self.epoch += 1
+
+    def remember(self, kind: str, rel: str, value: Any, started: float) -> None:
+        self.entries[(kind, rel)] = _Fetched(value, started)
+        if kind != "walk" or value is None or any(s.path == rel for s in value):
+            return  # not a walk of a directory (a walk of a file finds the file itself)
+        # A walk is a complete snapshot of the tree: it answers listings and stats below it.
+        children: dict[str, list[UfsStatus]] = {rel: []}
+        for status in value:
+            children.setdefault(_rel_parent(status.path), []).append(status)
+            if status.is_dir:
+                children.setdefault(status.path, [])
+            self.entries[("info", status.path)] = _Fetched(status, started)
+        for directory, listed in children.items():
+            if _rel_under(directory, rel):
+                self.entries[("list", directory)] = _Fetched(listed, started)
+
+
+class Namespace:
+    """Metadata over the mount table (see the module docstring)."""
+
+    def __init__(self, mounts: MountTable, state_dir: Path | None, *, block_size: int) -> None:
+        if block_size <= 0:
+            raise InvalidArgument(f"block size must be positive, got {block_size}")
+        self._mounts = mounts
+        self._file = state_dir / STATE_FILE if state_dir is not None else None
+        self._block_size = block_size
+        self._caches: dict[int, _MountCache] = {}
+        self._overlay: dict[str, OverlayEntry] = {}
+        self._pins: dict[int, set[str]] = {}
+        self._seen_version = -1
+        self._load()
+        self._sync_mounts()
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        if self._file is None:
+            return
+        data = read_state(self._file)
+        if data is None:
+            return
+        self._overlay = {p: OverlayEntry(**e) for p, e in data.get("overlay", {}).items()}
+        self._pins = {int(m): set(paths) for m, paths in data.get("pins", {}).items()}
+
+    def _save(self) -> None:
+        if self._file is None:
+            return
+        write_state(
+            self._file,
+            {
+                "overlay": {p: asdict(e) for p, e in self._overlay.items()},
+                "pins": {str(m): sorted(paths) for m, paths in self._pins.items() if paths},
+            },
+        )
+
+    def _sync_mounts(self) -> None:
+        """Forget caches, overlay entries and pins of mounts that are gone or replaced."""
+        version = self._mounts.version
+        if version == self._seen_version:
+            return
+        self._seen_version = version
+        live = {m.mount_id: m for m in self._mounts.list()}
+        for mount_id in [m for m in self._caches if m not in live]:
+            del self._caches[mount_id]
+        stale = [
+            p for p, e in self._overlay.items()
+            if e.mount_id not in live or not is_under(p, live[e.mount_id].path)
+        ]
+        gone_pins = [m for m in self._pins if m not in live]
+        for p in stale:
+            del self._overlay[p]
+        for m in gone_pins:
+            del self._pins[m]
+        if stale or gone_pins:
+            self._save()
+
+    # -- entries ----------------------------------------------------------------------------------
+
+    def _pinned(self, mount: Mount, path: str) -> bool:
+        return mount.options.pin or any(is_under(path, p) for p in self._pins.get(mount.mount_id, ()))
+
+    def _dir_entry(self, path: str, mount: Mount | None, mtime_unix_ms: int = 0) -> FileEntry:
+        return FileEntry(
+            path=path, name=name(path), is_dir=True, length=0, mtime_unix_ms=mtime_unix_ms,
+            version="", block_size=self._block_size, persisted=True,
+            pinned=mount is not None and self._pinned(mount, path),
+            mount_id=mount.mount_id if mount else 0,
+            read_only=mount.options.read_only if mount else True,
+        )
+
+    def _status_entry(self, mount: Mount, status: UfsStatus) -> FileEntry:
+        path = join(mount.path, status.path)
+        return FileEntry(
+            path=path, name=name(path), is_dir=status.is_dir, length=status.length,
+            mtime_unix_ms=status.mtime_unix_ms, version=status.version,
+            block_size=self._block_size, persisted=True, pinned=self._pinned(mount, path),
+            mount_id=mount.mount_id, read_only=mount.options.read_only,
+        )
+
+    def _overlay_entry(self, mount: Mount, path: str, entry: OverlayEntry) -> FileEntry:
+        return FileEntry(
+            path=path, name=name(path), is_dir=False, length=entry.length,
+            mtime_unix_ms=entry.mtime_unix_ms, version=entry.version,
+            block_size=self._block_size, persisted=entry.persisted,
+            pinned=self._pinned(mount, path), mount_id=mount.mount_id,
+            read_only=mount.options.read_only,
+        )
+
+    def _merge(self, mount: Mount, rel: str, status: UfsStatus | None) -> FileEntry | None:
+        """The entry for `rel` given what the store says (None: nothing there), with the
+        overlay applied; drops overlay entries the store has overtaken."""
+        path = join(mount.path, rel)
+        written = self._overlay.get(path)
+        if written is not None and written.mount_id == mount.mount_id:
+            if not written.persisted:
+                return self._overlay_entry(mount, path, written)
+            if status is not None and not status.is_dir and status.version == written.ufs_version:
+                return self._overlay_entry(mount, path, written)
+            del self._overlay[path]  # the store's file changed or went away: it wins
+            self._save()
+        return None if status is None else self._status_entry(mount, status)
+
+    def _written_below(self, mount: Mount, path: str) -> list[tuple[str, OverlayEntry]]:
+        """Overlay entries strictly below `path` in `mount`."""
+        return [
+            (p, e) for p, e in self._overlay.items()
+            if e.mount_id == mount.mount_id and p != path and is_under(p, path)
+        ]
+
+    def _holds_mounts(self, path: str) -> bool:
+        return any(is_under(m.path, path) for m in self._mounts.list())
+
+    def _mount_root(self, mount: Mount) -> FileEntry:
+        return self._dir_entry(mount.path, mount, mount.created_unix_ms)
+
+    # -- the cache ----------------------------------------------------------------------------
+
+    def _cache(self, mount: Mount) -> _MountCache:
+        return self._caches.setdefault(mount.mount_id, _MountCache())
+
+    def _cached(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
+        hit = self._cache(mount).entries.get((kind, rel))
+        if hit is not None and _fresh(hit.started, time.monotonic(), mount.options.metadata_sync_interval):
+            return hit
+        return None
+
+    async def _fetch(self, mount: Mount, kind: str, rel: str) -> Any:
+        """The store's answer for (kind, rel): cached if fresh enough, else asked once for
+        all concurrent callers. None stands for "not found"."""
+        hit = self._cached(mount, kind, rel)
+        if hit is not None:
+            return hit.value
+        cache = self._cache(mount)
+        interval = mount.options.metadata_sync_interval
+        key = (kind, rel)
+        now = time.monotonic()
+        flight = cache.flights.get(key)
+        if flight is not None and _fresh(flight[0], now, interval):
+            return await asyncio.shield(flight[1])
+        epoch = cache.epoch
+        task = asyncio.ensure_future(self._ask_store(mount, kind, rel))
+        entry = (now, task)
+        cache.flights[key] = entry
+
+        def landed(done: asyncio.Task[Any]) -> None:
+            if cache.flights.get(key) is entry:
+                del cache.flights[key]
+            if done.cancelled() or done.exception() is not None:
+                return
+            if cache.epoch == epoch and interval != 0:
+                cache.remember(kind, rel, done.result(), now)
+
+        task.add_done_callback(landed)
+        return await asyncio.shield(task)
+
+    async def _ask_store(self, mount: Mount, kind: str, rel: str) -> Any:
+        store = self._mounts.store(mount)
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
+            "info": lambda: store.info(rel),
+            "list": lambda: store.ls(rel),
+            "walk": lambda: store.walk(rel, with_dirs=True),
+        }
+        try:
+            return await calls[kind]()
+        except NotFound:
+            return None
+
+    def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
+        """(True, status) if the cache can say what is at `rel` (None: nothing), from the
+        path's own entry or its parent's listing; (False, None) if it cannot."""
+        hit = self._cached(mount, "info", rel)
+        if hit is not None:
+            return True, hit.value
+        listing = self._cached(mount, "list", _rel_parent(rel))
+        if listing is not None and listing.value is not None:
+            return True, next((s for s in listing.value if s.path == rel), None)
+        return False, None
+
+    async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:
+        known, status = self._known_status(mount, rel)
+        if not known:
+            status = await self._fetch(mount, "info", rel)
+        return status
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    async def get_status(self, path: str) -> FileEntry:
+        """The file or directory at `path`; NotFound if there is none."""
+        path = normalize(path)
+        self._sync_mounts()
+        mount = self._mounts.find(path)
+        if mount is None:
+            if self._holds_mounts(path):
+                return self._dir_entry(path, None)
+            self._mounts.resolve(path)  # raises NotFound naming the mounts
+            raise AssertionError("unreachable")
+        rel = relative(path, mount.path)
+        if rel == "":
+            return self._mount_root(mount)
+        entry = self._merge(mount, rel, await self._store_status(mount, rel))
+        if entry is not None:
+            return entry
+        if self._written_below(mount, path):
+            return self._dir_entry(path, mount)
+        raise NotFound(f"{path} does not exist (looked in {self._mounts.store(mount).url(rel)})")
+
+    async def list_status(self, path: str, recursive: bool = False) -> list[FileEntry]:
+        """The entries in directory `path` (with `recursive`, everything below it), sorted
+        by path; a file lists as itself."""
+        path = normalize(path)
+        self._sync_mounts()
+        mount = self._mounts.find(path)
+        if mount is None:
+            return await self._list_above_mounts(path, recursive)
+        rel = relative(path, mount.path)
+        if rel:
+            known, status = self._known_status(mount, rel)
+            if known and status is not None and not status.is_dir:
+                file_entry = self._merge(mount, rel, status)
+                if file_entry is not None:
+                    return [file_entry]
+        statuses: list[UfsStatus] | None = await self._fetch(mount, "walk" if recursive else "list", rel)
+        if statuses is None:
+            if rel == "":
+                statuses = []  # an empty mount (e.g. a bucket prefix with no objects yet)
+            else:
+                entry = await self.get_status(path)  # NotFound, or a file/dir only Strata knows
+                if not entry.is_dir:
+                    return [entry]
+                statuses = []
+        elif rel and len(statuses) == 1 and statuses[0].path == rel and not statuses[0].is_dir:
+            file_entry = self._merge(mount, rel, statuses[0])
+            return [file_entry] if file_entry is not None else []
+        return self._merge_dir(mount, rel, statuses, recursive)
+
+    def _merge_dir(self, mount: Mount, rel: str, statuses: list[UfsStatus], recursive: bool) -> list[FileEntry]:
+        """A directory's entries: the store's, with written files and their parents added."""
+        listed = {s.path: s for s in statuses}
+        out: dict[str, FileEntry] = {}
+        for status in statuses:
+            merged = self._merge(mount, status.path, status)
+            if merged is not None:
+                out[merged.path] = merged
+        base = join(mount.path, rel)
+        for path, written in self._written_below(mount, base):
+            file_rel = relative(path, mount.path)
+            if recursive or _rel_parent(file_rel) == rel:
+                if file_rel not in listed:
+                    if written.persisted:
+                        # The store listing is fresh and lacks it: deleted outside Strata.
+                        del self._overlay[path]
+                        self._save()
+                        continue
+                    out[path] = self._overlay_entry(mount, path, written)
+                parents = []
+                parent_rel = _rel_parent(file_rel)
+                while parent_rel != rel and _rel_under(parent_rel, rel):
+                    parents.append(parent_rel)
+                    parent_rel = _rel_parent(parent_rel)
+            else:
+                below = file_rel[len(rel):].lstrip("/") if rel else file_rel
+                parents = [join(rel, below.split("/", 1)[0]) if rel else below.split("/", 1)[0]]
+            for parent_rel in parents:
+                parent_path = join(mount.path, parent_rel)
+                if parent_rel not in listed and parent_path not in out:
+                    out[parent_path] = self._dir_entry(parent_path, mount)
+        return sorted(out.values(), key=lambda e: e.path)
+
+    async def _list_above_mounts(self, path: str, recursive: bool) -> list[FileEntry]:
+        """Listing "/" or a directory that only holds mount points."""
+        if not self._holds_mounts(path):
+            self._mounts.resolve(path)  # raises NotFound naming the mounts
+        children: dict[str, FileEntry] = {}
+        for mount in self._mounts.list():
+            if mount.path == path or not is_under(mount.path, path):
+                continue
+            below = mount.path[len(path):].lstrip("/")
+            child = join(path, below.split("/", 1)[0])
+            children[child] = self._mount_root(mount) if child == mount.path else self._dir_entry(child, None)
+        out = list(children.values())
+        if recursive:
+            limit = asyncio.Semaphore(LIST_CONCURRENCY)
+
+            async def below_child(child: str) -> list[FileEntry]:
+                async with limit:
+                    return await self.list_status(child, recursive=True)
+
+            for more in await asyncio.gather(*(below_child(e.path) for e in out)):
+                out.extend(more)
+        return sorted(out, key=lambda e: e.path)
+
+    # -- changes ------------------------------------------------------------------------------------
+
+    def _writable(self, path: str, action: str) -> tuple[Mount, str]:
+        mount, rel = self._mounts.resolve(path)
+        if rel == "":
+            raise InvalidArgument(f"{path} is a mount point; cannot {action} it (unmount it instead)")
+        if mount.options.read_only:
+            raise PermissionDenied(f"mount {mount.path} is read-only; cannot {action} {path}")
+        return mount, rel
+
+    def commit_file(
+        self,
+        path: str,
+        *,
+        length: int,
+        version: str,
+        persisted: bool,
+        ufs_version: str | None = None,
+    ) -> FileEntry:
+        """Record a file written through Strata. `ufs_version` is the store's version of the
+        persisted copy; when a persisted file comes without one, the writer used the
+        store's version as the file's `version`."""
+        path = normalize(path)
+        self._sync_mounts()
+        mount, _ = self._writable(path, "write")
+        if not version:
+            raise InvalidArgument(f"commit of {path}: the file's version must not be empty")
+        if length < 0:
+            raise InvalidArgument(f"commit of {path}: length must not be negative, got {length}")
+        written = OverlayEntry(
+            mount_id=mount.mount_id,
+            length=length,
+            version=version,
+            mtime_unix_ms=int(time.time() * 1000),
+            persisted=persisted,
+            ufs_version=(ufs_version or version) if persisted else None,
+        )
+        self._overlay[path] = written
+        self._save()
+        self.invalidate(path)
+        return self._overlay_entry(mount, path, written)
+
+    def mark_persisted(self, path: str, ufs_version: str) -> FileEntry:
+        """A written file reached the store (e.g. an ASYNC_THROUGH upload finished); its
+        cached blocks stay valid while the store holds `ufs_version`."""
+        path = normalize(path)
+        self._sync_mounts()
+        written = self._overlay.get(path)
+        mount = self._mounts.find(path)
+        if written is None or mount is None or written.mount_id != mount.mount_id:
+            raise NotFound(f"{path} has no write waiting to be persisted; commit it first")
+        if not ufs_version:
+            raise InvalidArgument(f"persist of {path}: the store's version must not be empty")
+        persisted = OverlayEntry(
+            mount_id=written.mount_id, length=written.length, version=written.version,
+            mtime_unix_ms=written.mtime_unix_ms, persisted=True, ufs_version=ufs_version,
+        )
+        self._overlay[path] = persisted
+        self._save()
+        self.invalidate(path)
+        return self._overlay_entry(mount, path, persisted)
+
+    def _drop_written(self, path: str) -> dict[str, OverlayEntry]:
+        """Remove and return the overlay entries at or below `path`."""
+        dropped = {p: e for p, e in self._overlay.items() if is_under(p, path)}
+        for p in dropped:
+            del self._overlay[p]
+        if dropped:
+            self._save()
+        return dropped
+
+    async def delete(self, path: str, recursive: bool = False) -> None:
+        """Delete a file, or a directory (non-empty ones only with `recursive`), in the
+        store and in the overlay."""
+        path = normalize(path)
+        self._sync_mounts()
+        mount, rel = self._writable(path, "delete")
+        entry = await self.get_status(path)
+        if entry.is_dir and not recursive and await self.list_status(path):
+            raise FailedPrecondition(f"directory {path} is not empty; delete it recursively")
+        self._drop_written(path)
+        try:
+            if entry.persisted or entry.is_dir:
+                await self._mounts.store(mount).rm(rel, recursive=entry.is_dir)
+        except NotFound:
+            pass  # already gone from the store (or never there: a directory of written files)
+        finally:
+            self.invalidate(path)
+
+    async def rename(self, src: str, dst: str) -> None:
+        """Move a file or directory within one mount."""
+        src, dst = normalize(src), normalize(dst)
+        self._sync_mounts()
+        src_mount, src_rel = self._mounts.resolve(src)
+        dst_mount, dst_rel = self._mounts.resolve(dst)
+        if src_mount.mount_id != dst_mount.mount_id:
+            raise InvalidArgument(
+                f"cannot rename {src} (mount {src_mount.path}) to {dst} (mount {dst_mount.path}): "
+                "both must be in one mount; copy the data and delete the original instead"
+            )
+        self._writable(src, "rename")
+        self._writable(dst, "rename onto")
+        if is_under(dst, src):
+            raise InvalidArgument(f"cannot move {src} into itself ({dst})")
+        entry = await self.get_status(src)
+        try:
+            await self.get_status(dst)
+        except NotFound:
+            pass
+        else:
+            raise AlreadyExists(f"cannot rename {src} to {dst}: {dst} already exists; delete it first")
+        moved = self._drop_written(src)
+        for old, written in moved.items():
+            self._overlay[dst + old[len(src):]] = written
+        if moved:
+            self._save()
+        try:
+            if entry.persisted or entry.is_dir:
+                await self._mounts.store(src_mount).mv(src_rel, dst_rel)
+        except NotFound:
+            if not (entry.is_dir and moved):
+                raise
+        finally:
+            self.invalidate(src)
+            self.invalidate(dst)
+
+    # -- pins and invalidation --------------------------------------------------------------------
+
+    def set_pinned(self, path: str, pinned: bool) -> None:
+        """Pin (or unpin) everything at or below `path`. Unpinning removes a pin set on
+        exactly this path; pins on a parent still hold."""
+        path = normalize(path)
+        self._sync_mounts()
+        mount, _ = self._mounts.resolve(path)
+        pins = self._pins.setdefault(mount.mount_id, set())
+        if pinned:
+            pins.add(path)
+        else:
+            pins.discard(path)
+        self._save()
+
+    def pinned_prefixes(self, mount_id: int) -> list[str]:
+        """Namespace paths pinned in a mount (the mount's own `pin` option not included)."""
+        self._sync_mounts()
+        return sorted(self._pins.get(mount_id, ()))
+
+    def invalidate(self, path: str) -> None:
+        """Forget what the stores said about `path`, below it and its parents: the next
+        access asks the store again."""
+        path = normalize(path)
+        self._sync_mounts()
+        mount = self._mounts.find(path)
+        if mount is not None:
+            cache = self._caches.get(mount.mount_id)
+            if cache is not None:
+                cache.drop(relative(path, mount.path))
+            return
+        for covered in self._mounts.list():
+            if is_under(covered.path, path):
+                self._caches.pop(covered.mount_id, None)

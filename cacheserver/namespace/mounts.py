@@ -1,0 +1,269 @@
+"""The mount table: which store backs which part of the namespace.
+
+Mount points are absolute paths below "/" that never nest (`/a` and `/a/b` cannot both be
+mounted). The table is saved in the master's state directory after every change (the file
+holds credentials, so it is private to the master's user) and loaded again on restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import AlreadyExists, InvalidArgument, NotFound
+from ..retry import RetrySettings
+from ..ufs import Store
+from .paths import is_under, normalize, overlaps, relative
+from .statefile import read_state, write_state
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "mounts.json"
+READ_TYPES = ("", "CACHE", "CACHE_PROMOTE", "NO_CACHE")
+WRITE_TYPES = ("", "MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH")
+# Seconds a mount's metadata may lag behind its store. 30 s keeps listing-heavy jobs (one
+# stat per file) off the store while a file changed outside Strata shows up within half a
+# minute; datasets that never change can say -1, stores changed by others all the time 0.
+DEFAULT_METADATA_SYNC_INTERVAL = 30.0
+SYNC_EVERY_ACCESS = 0.0
+SYNC_NEVER = -1.0
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    """How a mount is reached and cached. `credentials` are secret: never logged, never
+    shown (left out of repr)."""
+
+    options: Mapping[str, str] = field(default_factory=dict)  # store options (not secret)
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    read_only: bool = False
+    # Seconds: 0 = ask the store on every access, -1 = never again after the first look.
+    metadata_sync_interval: float = DEFAULT_METADATA_SYNC_INTERVAL
+    read_type: str = ""  # "" = the cluster's cachePolicy.readType
+    write_type: str = ""  # "" = the cluster's cachePolicy.writeType
+    pin: bool = False  # blocks of this mount are never evicted
+    ttl_seconds: float = 0.0  # free blocks unused this long; 0 = keep
+
+    def __post_init__(self) -> None:
+        interval = self.metadata_sync_interval
+        if interval < 0 and interval != SYNC_NEVER:
+            raise InvalidArgument(
+                f"metadata sync interval must be 0 (every access), -1 (never) or a positive "
+                f"number of seconds, got {interval}"
+            )
+        if self.ttl_seconds < 0:
+            raise InvalidArgument(f"ttl must not be negative, got {self.ttl_seconds} seconds")
+        if self.read_type not in READ_TYPES:
+            raise InvalidArgument(f"read type must be one of {', '.join(READ_TYPES[1:])}, got {self.read_type!r}")
+        if self.write_type not in WRITE_TYPES:
+            raise InvalidArgument(f"write type must be one of {', '.join(WRITE_TYPES[1:])}, got {self.write_type!r}")
+
+    def store_options(self) -> dict[str, str]:
+        """Options for the mount's Store: the plain ones and the credentials."""
+        return {**self.options, **self.credentials}
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["options"] = dict(self.options)
+        data["credentials"] = dict(self.credentials)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MountOptions:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Mount:
+    path: str  # namespace path of the mount point, e.g. /datasets/a
+    source: str  # fsspec URL, e.g. s3://bucket/a
+    options: MountOptions
+    mount_id: int  # never reused; a remount gets a new one
+    created_unix_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "source": self.source,
+            "options": self.options.to_json(),
+            "mount_id": self.mount_id,
+            "created_unix_ms": self.created_unix_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Mount:
+        return cls(
+            path=str(data["path"]),
+            source=str(data["source"]),
+            options=MountOptions.from_json(data["options"]),
+            mount_id=int(data["mount_id"]),
+            created_unix_ms=int(data["created_unix_ms"]),
+        )
+
+
+class MountTable:
+    """Mounts by path, saved in `state_dir` (None: in memory only, e.g. in tests)."""
+
+    def __init__(self, state_dir: Path | None, *, retry: RetrySettings | None = None) -> None:
+        self._file = state_dir / STATE_FILE if state_dir is not None else None
+        self._retry = retry
+        self._lock = threading.RLock()
+        self._mounts: dict[str, Mount] = {}
+        self._stores: dict[int, Store] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._version = 0
+        self._next_id = 1
+        self._load()
+
+    @property
+    def version(self) -> int:
+        """Goes up on every change to the table."""
+        return self._version
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        if self._file is None:
+            return
+        data = read_state(self._file)
+        if data is None:
+            return
+        mounts = [Mount.from_json(m) for m in data.get("mounts", [])]
+        self._mounts = {m.path: m for m in mounts}
+        self._version = int(data.get("version", 0))
+        self._next_id = max([int(data.get("next_id", 1))] + [m.mount_id + 1 for m in mounts])
+        log.info("loaded %d mounts from %s", len(mounts), self._file)
+
+    def _save(self) -> None:
+        if self._file is None:
+            return
+        write_state(
+            self._file,
+            {
+                "version": self._version,
+                "next_id": self._next_id,
+                "mounts": [m.to_json() for m in self.list()],
+            },
+        )
+
+    # -- the table ---------------------------------------------------------------------------
+
+    def add(self, path: str, source: str, options: MountOptions | None = None, *, replace: bool = False) -> Mount:
+        """Mount `source` at `path`. With `replace`, an existing mount at the same path is
+        swapped for the new one (which gets a new mount id)."""
+        options = options or MountOptions()
+        path = normalize(path, what="mount path")
+        if path == "/":
+            raise InvalidArgument("cannot mount at /; mount below it, e.g. /data")
+        # Refuses unknown schemes and bad options before anything changes.
+        store = Store(source, options.store_options(), retry=self._retry)
+        with self._lock:
+            existing = self._mounts.get(path)
+            if existing is not None and not replace:
+                raise AlreadyExists(
+                    f"{path} is already mounted (from {existing.source}); unmount it first or remount with replace"
+                )
+            for other in self._mounts.values():
+                if other.path != path and overlaps(other.path, path):
+                    raise InvalidArgument(
+                        f"mount path {path} overlaps the existing mount {other.path}; mount points cannot nest"
+                    )
+            mount = Mount(
+                path=path,
+                source=source,
+                options=options,
+                mount_id=self._next_id,
+                created_unix_ms=int(time.time() * 1000),
+            )
+            self._next_id += 1
+            self._mounts[path] = mount
+            self._version += 1
+            if existing is not None:
+                self._retire_store(existing.mount_id)
+            self._stores[mount.mount_id] = store
+            self._save()
+        log.info("mounted %s -> %s (id %d)", path, source, mount.mount_id)
+        return mount
+
+    def remove(self, path: str) -> Mount:
+        """Unmount the mount at `path`."""
+        path = normalize(path, what="mount path")
+        with self._lock:
+            mount = self._mounts.pop(path, None)
+            if mount is None:
+                raise NotFound(f"nothing is mounted at {path}; {self._describe()}")
+            self._version += 1
+            self._retire_store(mount.mount_id)
+            self._save()
+        log.info("unmounted %s (id %d)", path, mount.mount_id)
+        return mount
+
+    def list(self) -> list[Mount]:
+        with self._lock:
+            return sorted(self._mounts.values(), key=lambda m: m.path)
+
+    def get(self, path: str) -> Mount | None:
+        """The mount whose mount point is exactly `path`, if any."""
+        with self._lock:
+            return self._mounts.get(normalize(path))
+
+    def by_id(self, mount_id: int) -> Mount | None:
+        with self._lock:
+            return next((m for m in self._mounts.values() if m.mount_id == mount_id), None)
+
+    def find(self, ns_path: str) -> Mount | None:
+        """The mount covering `ns_path` (normalized), if any."""
+        with self._lock:
+            covering = [m for m in self._mounts.values() if is_under(ns_path, m.path)]
+        return max(covering, key=lambda m: len(m.path), default=None)
+
+    def resolve(self, ns_path: str) -> tuple[Mount, str]:
+        """The mount covering `ns_path` and the path relative to its root."""
+        path = normalize(ns_path)
+        mount = self.find(path)
+        if mount is None:
+            raise NotFound(f"no mount covers {path}; {self._describe()}")
+        return mount, relative(path, mount.path)
+
+    def _describe(self) -> str:
+        paths = [m.path for m in self.list()]
+        return f"mounts: {', '.join(paths)}" if paths else "there are no mounts yet; add one first"
+
+    # -- stores --------------------------------------------------------------------------------
+
+    def store(self, mount: Mount) -> Store:
+        """The Store of a current mount (one per mount, made on first use)."""
+        with self._lock:
+            current = self._mounts.get(mount.path)
+            if current is None or current.mount_id != mount.mount_id:
+                raise NotFound(f"mount {mount.path} (id {mount.mount_id}) was unmounted or replaced")
+            store = self._stores.get(mount.mount_id)
+            if store is None:
+                store = Store(mount.source, mount.options.store_options(), retry=self._retry)
+                self._stores[mount.mount_id] = store
+            return store
+
+    def _retire_store(self, mount_id: int) -> None:
+        store = self._stores.pop(mount_id, None)
+        if store is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not in a loop: the store never opened a session on one
+        task = loop.create_task(store.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        """Close every store's session (on shutdown)."""
+        with self._lock:
+            stores = list(self._stores.values())
+            self._stores.clear()
+        await asyncio.gather(*(s.close() for s in stores), *list(self._closing))

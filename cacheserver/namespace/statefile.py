@@ -1,0 +1,48 @@
+"""State the master keeps across restarts: one JSON file each, replaced atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import FailedPrecondition
+
+
+def write_state(path: Path, data: Any) -> None:
+    """Replace `path` with `data` as JSON: write a temporary file (mode 0600, since state
+    may hold credentials), fsync it, rename it over `path`, fsync the directory. A crash
+    leaves either the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)  # an older tmp file may have had other bits
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_state(path: Path) -> Any | None:
+    """The JSON in `path`, or None if there is no such file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FailedPrecondition(
+            f"state file {path} is not valid JSON ({exc}); restore it from a backup or move it away"
+        ) from exc

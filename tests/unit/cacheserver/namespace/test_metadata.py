@@ -1,0 +1,468 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from strata.cacheserver.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from strata.cacheserver.namespace.metadata import FileEntry, Namespace
+from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+
+BLOCK = 4096
+
+
+class GatedMemoryFileSystem(MemoryFileSystem):
+    """memory:// that counts store calls and can hold them at a gate."""
+
+    protocol = "gatedmem"
+    calls: ClassVar[Counter[str]] = Counter()
+    gate: ClassVar[threading.Event] = threading.Event()
+    _nested = threading.local()
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return str(MemoryFileSystem._strip_protocol(path.removeprefix("gatedmem://")))
+
+    def _call(self, method: str, call: Callable[[], Any]) -> Any:
+        """Count calls from the Store (not the ones fsspec makes inside them)."""
+        if getattr(self._nested, "active", False):
+            return call()
+        type(self).calls[method] += 1
+        assert type(self).gate.wait(10), "test left the gate closed"
+        self._nested.active = True
+        try:
+            return call()
+        finally:
+            self._nested.active = False
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        return self._call("ls", lambda: super(GatedMemoryFileSystem, self).ls(path, detail=detail, **kwargs))
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        return self._call("info", lambda: super(GatedMemoryFileSystem, self).info(path, **kwargs))
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        return self._call("find", lambda: super(GatedMemoryFileSystem, self).find(path, *args, **kwargs))
+
+
+class Env:
+    """A namespace with one mount at /m over a fresh memory store."""
+
+    def __init__(self, state_dir: Path | None, **options: Any) -> None:
+        self.root = f"/ns-{uuid.uuid4().hex}"
+        self.fs = fsspec.filesystem("memory")
+        self.fs.makedirs(self.root, exist_ok=True)
+        self.state_dir = state_dir
+        self.mounts = MountTable(state_dir)
+        self.mount = self.mounts.add("/m", f"gatedmem://{self.root}", MountOptions(**options))
+        self.ns = Namespace(self.mounts, state_dir, block_size=BLOCK)
+
+    def put(self, rel: str, data: bytes) -> None:
+        """Change the store behind Strata's back."""
+        self.fs.pipe_file(f"{self.root}/{rel}", data)
+
+    def remove(self, rel: str) -> None:
+        self.fs.rm(f"{self.root}/{rel}", recursive=True)
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(f"{self.root}/{rel}"))
+
+    @property
+    def calls(self) -> Counter[str]:
+        return GatedMemoryFileSystem.calls
+
+
+@pytest.fixture(autouse=True)
+def gatedmem() -> None:
+    fsspec.register_implementation("gatedmem", GatedMemoryFileSystem, clobber=True)
+    GatedMemoryFileSystem.calls.clear()
+    GatedMemoryFileSystem.gate.set()
+
+
+def paths(entries: list[FileEntry]) -> list[str]:
+    return [e.path for e in entries]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float) -> float:
+    """Seconds until `check()` holds; fails after `timeout`."""
+    started = time.monotonic()
+    while not await check():
+        assert time.monotonic() - started < timeout, f"condition not met within {timeout}s"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+# -- the tree ------------------------------------------------------------------------------------
+
+
+async def test_root_and_parents_of_mount_points_are_directories() -> None:
+    table = MountTable(None)
+    a = table.add("/data/a", "memory://tree-a")
+    table.add("/data/b", "memory://tree-b")
+    logs = table.add("/logs", "memory://tree-logs", MountOptions(read_only=True))
+    fsspec.filesystem("memory").pipe_file("/tree-a/x.csv", b"1,2")
+    ns = Namespace(table, None, block_size=BLOCK)
+
+    root = await ns.get_status("/")
+    assert (root.is_dir, root.mount_id, root.name) == (True, 0, "")
+    data = await ns.get_status("/data/")
+    assert data.is_dir and data.mount_id == 0
+    assert paths(await ns.list_status("/")) == ["/data", "/logs"]
+    listed = await ns.list_status("/data")
+    assert paths(listed) == ["/data/a", "/data/b"]
+    assert listed[0].mount_id == a.mount_id and listed[0].mtime_unix_ms == a.created_unix_ms
+    mount_root = await ns.get_status("/logs")
+    assert mount_root.is_dir and mount_root.mount_id == logs.mount_id and mount_root.read_only
+    assert paths(await ns.list_status("/", recursive=True)) == [
+        "/data", "/data/a", "/data/a/x.csv", "/data/b", "/logs",
+    ]
+    with pytest.raises(NotFound, match="no mount covers /other; mounts: /data/a, /data/b, /logs"):
+        await ns.get_status("/other")
+    with pytest.raises(NotFound, match="no mount covers /dat"):
+        await ns.list_status("/dat")
+
+
+async def test_store_files_and_directories() -> None:
+    env = Env(None, read_only=True)
+    env.put("dir/f.bin", b"x" * 10000)
+    env.put("top.txt", b"top")
+    entry = await env.ns.get_status("/m/dir/f.bin")
+    assert (entry.path, entry.name, entry.is_dir, entry.length) == ("/m/dir/f.bin", "f.bin", False, 10000)
+    assert entry.version and entry.persisted and entry.read_only and not entry.pinned
+    assert entry.block_size == BLOCK and entry.mount_id == env.mount.mount_id
+    assert paths(await env.ns.list_status("/m")) == ["/m/dir", "/m/top.txt"]
+    assert await env.ns.list_status("/m/dir/f.bin") == [entry]
+    assert paths(await env.ns.list_status("/m", recursive=True)) == ["/m/dir", "/m/dir/f.bin", "/m/top.txt"]
+    with pytest.raises(NotFound, match=f"/m/nope does not exist \\(looked in gatedmem://{env.root}/nope\\)"):
+        await env.ns.get_status("/m/nope")
+    with pytest.raises(NotFound):
+        await env.ns.list_status("/m/nope")
+
+
+async def test_an_empty_s3_mount_lists_as_empty(s3_server: Any, bucket: str) -> None:
+    table = MountTable(None)
+    table.add("/s3", f"s3://{bucket}/data", MountOptions(options=s3_server.storage_options()))
+    ns = Namespace(table, None, block_size=BLOCK)
+    assert await ns.list_status("/s3") == []
+    s3_server.put_object(bucket, "data/part-0", b"abc")
+    s3_server.put_object(bucket, "data/sub/part-1", b"defg")
+    ns.invalidate("/s3")
+    assert [(e.path, e.length) for e in await ns.list_status("/s3", recursive=True)] == [
+        ("/s3/part-0", 3), ("/s3/sub", 0), ("/s3/sub/part-1", 4),
+    ]
+    entry = await ns.get_status("/s3/sub/part-1")
+    assert entry.version == s3_server.client().head_object(Bucket=bucket, Key="data/sub/part-1")["ETag"].strip('"')
+    await table.aclose()
+
+
+# -- metadata sync intervals --------------------------------------------------------------------------
+
+
+async def test_interval_zero_asks_the_store_every_time() -> None:
+    env = Env(None, metadata_sync_interval=0)
+    env.put("f", b"one")
+    first = await env.ns.get_status("/m/f")
+    env.put("f", b"second")
+    second = await env.ns.get_status("/m/f")
+    assert second.length == 6 and second.version != first.version
+    await env.ns.list_status("/m")
+    await env.ns.list_status("/m")
+    assert env.calls["ls"] == 2
+
+
+async def test_interval_n_serves_from_cache_and_catches_up_within_n() -> None:
+    interval = 1.0
+    env = Env(None, metadata_sync_interval=interval)
+    env.put("f", b"one")
+    first = await env.ns.get_status("/m/f")
+    for _ in range(5):
+        assert await env.ns.get_status("/m/f") == first
+    assert env.calls["info"] == 1
+    env.put("f", b"changed")
+    changed_at = time.monotonic()
+    assert await env.ns.get_status("/m/f") == first  # still within the interval
+
+    async def seen() -> bool:
+        return (await env.ns.get_status("/m/f")).length == 7
+
+    await eventually(seen, timeout=interval + 5)
+    assert time.monotonic() - changed_at <= interval + 0.5
+
+
+async def test_interval_never_keeps_the_first_answer_until_invalidated() -> None:
+    env = Env(None, metadata_sync_interval=-1)
+    env.put("f", b"one")
+    listing = await env.ns.list_status("/m")
+    env.put("f", b"changed")
+    env.put("g", b"new")
+    assert await env.ns.list_status("/m") == listing
+    assert (await env.ns.get_status("/m/f")).length == 3  # answered from the listing
+    assert env.calls == Counter({"ls": 1})
+    env.ns.invalidate("/m/f")
+    assert (await env.ns.get_status("/m/f")).length == 7
+    assert paths(await env.ns.list_status("/m")) == ["/m/f", "/m/g"]
+
+
+async def test_a_recursive_listing_answers_later_stats_and_listings() -> None:
+    env = Env(None, metadata_sync_interval=-1)
+    env.put("a/b/c", b"c")
+    env.put("a/d", b"d")
+    await env.ns.list_status("/m", recursive=True)
+    assert paths(await env.ns.list_status("/m/a")) == ["/m/a/b", "/m/a/d"]
+    assert (await env.ns.get_status("/m/a/b/c")).length == 1
+    assert await env.ns.list_status("/m/a/b/c") == [await env.ns.get_status("/m/a/b/c")]
+    assert env.calls == Counter({"find": 1})
+
+
+async def test_concurrent_misses_make_one_store_listing() -> None:
+    env = Env(None, metadata_sync_interval=30)
+    env.put("f", b"x")
+    GatedMemoryFileSystem.gate.clear()
+    callers = [asyncio.create_task(env.ns.list_status("/m")) for _ in range(5)]
+
+    async def store_asked() -> bool:
+        return env.calls["ls"] >= 1
+
+    await eventually(store_asked, timeout=5)
+    GatedMemoryFileSystem.gate.set()
+    results = await asyncio.gather(*callers)
+    assert all(paths(r) == ["/m/f"] for r in results)
+    assert env.calls["ls"] == 1
+
+
+async def test_an_answer_that_started_before_an_invalidation_is_not_kept() -> None:
+    env = Env(None, metadata_sync_interval=-1)
+    env.put("old", b"x")
+    GatedMemoryFileSystem.gate.clear()
+    slow = asyncio.create_task(env.ns.list_status("/m"))
+
+    async def store_asked() -> bool:
+        return env.calls["ls"] >= 1
+
+    await eventually(store_asked, timeout=5)
+    env.put("new", b"y")
+    env.ns.invalidate("/m/new")
+    GatedMemoryFileSystem.gate.set()
+    await slow
+    assert paths(await env.ns.list_status("/m")) == ["/m/new", "/m/old"]
+    assert env.calls["ls"] == 2
+
+
+# -- files written through Strata ----------------------------------------------------------------------
+
+
+async def test_unpersisted_write_lives_only_in_the_overlay() -> None:
+    env = Env(None, metadata_sync_interval=-1)
+    env.put("existing", b"e")
+    await env.ns.list_status("/m")  # cached before the write: the commit must invalidate
+    committed = env.ns.commit_file("/m/new/dir/f", length=5, version="w1", persisted=False)
+    assert (committed.persisted, committed.version, committed.length) == (False, "w1", 5)
+    assert await env.ns.get_status("/m/new/dir/f") == committed
+    assert not env.exists("new/dir/f")
+    assert paths(await env.ns.list_status("/m")) == ["/m/existing", "/m/new"]
+    assert (await env.ns.get_status("/m/new")).is_dir
+    assert await env.ns.list_status("/m/new/dir") == [committed]
+    assert await env.ns.list_status("/m/new/dir/f") == [committed]
+    assert paths(await env.ns.list_status("/m", recursive=True)) == [
+        "/m/existing", "/m/new", "/m/new/dir", "/m/new/dir/f",
+    ]
+
+
+async def test_persisted_write_keeps_its_version_until_the_store_changes(tmp_path: Path) -> None:
+    env = Env(tmp_path, metadata_sync_interval=0)
+    store = env.mounts.store(env.mount)
+    ufs = await store.write("f", b"written")
+    committed = env.ns.commit_file("/m/f", length=7, version="w1", persisted=True, ufs_version=ufs.version)
+    assert committed.persisted and committed.version == "w1"
+    assert (await env.ns.get_status("/m/f")).version == "w1"
+    assert [e.version for e in await env.ns.list_status("/m")] == ["w1"]
+
+    env.put("f", b"overwritten elsewhere")
+    now = await env.ns.get_status("/m/f")
+    assert now.version != "w1" and now.length == 21 and now.persisted
+    # The overlay entry is gone for good, also after a restart.
+    again = Namespace(MountTable(tmp_path), tmp_path, block_size=BLOCK)
+    assert (await again.get_status("/m/f")).version == now.version
+
+
+async def test_persisted_write_without_store_version_uses_the_written_version() -> None:
+    env = Env(None, metadata_sync_interval=0)
+    ufs = await env.mounts.store(env.mount).write("f", b"abc")
+    env.ns.commit_file("/m/f", length=3, version=ufs.version, persisted=True, ufs_version=None)
+    assert (await env.ns.get_status("/m/f")).version == ufs.version
+
+
+async def test_persisted_write_deleted_in_the_store_disappears() -> None:
+    env = Env(None, metadata_sync_interval=0)
+    ufs = await env.mounts.store(env.mount).write("d/f", b"abc")
+    env.ns.commit_file("/m/d/f", length=3, version="w1", persisted=True, ufs_version=ufs.version)
+    env.remove("d/f")
+    env.put("d/other", b"o")
+    assert paths(await env.ns.list_status("/m/d")) == ["/m/d/other"]
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/d/f")
+
+
+async def test_mark_persisted_after_an_async_upload() -> None:
+    env = Env(None, metadata_sync_interval=0)
+    env.ns.commit_file("/m/f", length=3, version="w1", persisted=False)
+    ufs = await env.mounts.store(env.mount).write("f", b"abc")
+    marked = env.ns.mark_persisted("/m/f", ufs.version)
+    assert marked.persisted and marked.version == "w1"
+    assert await env.ns.get_status("/m/f") == marked
+    with pytest.raises(NotFound, match="/m/g has no write waiting to be persisted"):
+        env.ns.mark_persisted("/m/g", "v")
+
+
+async def test_writes_are_refused_where_they_cannot_go() -> None:
+    env = Env(None, read_only=True)
+    with pytest.raises(PermissionDenied, match="mount /m is read-only"):
+        env.ns.commit_file("/m/f", length=1, version="v", persisted=False)
+    with pytest.raises(InvalidArgument, match="/m is a mount point"):
+        env.ns.commit_file("/m", length=1, version="v", persisted=False)
+    with pytest.raises(NotFound, match="no mount covers /elsewhere/f"):
+        env.ns.commit_file("/elsewhere/f", length=1, version="v", persisted=False)
+
+
+async def test_overlay_and_pins_survive_a_restart(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    env.ns.commit_file("/m/staged", length=4, version="w9", persisted=False)
+    env.ns.set_pinned("/m/hot", True)
+    again = Namespace(MountTable(tmp_path), tmp_path, block_size=BLOCK)
+    staged = await again.get_status("/m/staged")
+    assert (staged.version, staged.persisted) == ("w9", False)
+    assert again.pinned_prefixes(env.mount.mount_id) == ["/m/hot"]
+
+
+async def test_unmounting_forgets_the_mounts_writes_and_pins(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    env.ns.commit_file("/m/staged", length=4, version="w9", persisted=False)
+    env.ns.set_pinned("/m", True)
+    env.mounts.add("/m", f"gatedmem://{env.root}", replace=True)
+    new_id = env.mounts.get("/m").mount_id  # type: ignore[union-attr]
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/staged")
+    assert env.ns.pinned_prefixes(env.mount.mount_id) == []
+    assert env.ns.pinned_prefixes(new_id) == []
+    again = Namespace(MountTable(tmp_path), tmp_path, block_size=BLOCK)
+    with pytest.raises(NotFound):
+        await again.get_status("/m/staged")
+
+
+# -- delete and rename ---------------------------------------------------------------------------------
+
+
+async def test_delete_files_and_directories() -> None:
+    env = Env(None, metadata_sync_interval=-1)
+    env.put("a/1", b"1")
+    env.put("a/2", b"2")
+    env.put("b", b"b")
+    env.ns.commit_file("/m/a/staged", length=1, version="w", persisted=False)
+    await env.ns.list_status("/m", recursive=True)
+    await env.ns.delete("/m/b")
+    assert not env.exists("b")
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/b")
+    with pytest.raises(FailedPrecondition, match="directory /m/a is not empty; delete it recursively"):
+        await env.ns.delete("/m/a")
+    await env.ns.delete("/m/a", recursive=True)
+    assert not env.exists("a")
+    assert await env.ns.list_status("/m", recursive=True) == []
+    with pytest.raises(NotFound):
+        await env.ns.delete("/m/a")
+
+
+async def test_delete_an_unpersisted_file() -> None:
+    env = Env(None)
+    env.ns.commit_file("/m/only/here", length=1, version="w", persisted=False)
+    await env.ns.delete("/m/only", recursive=True)
+    assert await env.ns.list_status("/m") == []
+
+
+async def test_delete_and_rename_are_refused_on_read_only_mounts_and_mount_points() -> None:
+    env = Env(None, read_only=True)
+    env.put("f", b"f")
+    with pytest.raises(PermissionDenied, match="mount /m is read-only"):
+        await env.ns.delete("/m/f")
+    with pytest.raises(PermissionDenied, match="mount /m is read-only"):
+        await env.ns.rename("/m/f", "/m/g")
+    with pytest.raises(InvalidArgument, match="/m is a mount point; cannot delete it \\(unmount it instead\\)"):
+        await env.ns.delete("/m", recursive=True)
+    assert env.exists("f")
+
+
+async def test_rename_moves_files_and_directories_in_the_store() -> None:
+    env = Env(None, metadata_sync_interval=-1)
+    env.put("a/1", b"1")
+    env.put("f", b"ff")
+    await env.ns.list_status("/m", recursive=True)
+    await env.ns.rename("/m/f", "/m/g")
+    assert env.exists("g") and not env.exists("f")
+    assert paths(await env.ns.list_status("/m")) == ["/m/a", "/m/g"]
+    await env.ns.rename("/m/a", "/m/b")
+    assert paths(await env.ns.list_status("/m", recursive=True)) == ["/m/b", "/m/b/1", "/m/g"]
+    with pytest.raises(AlreadyExists, match="/m/g already exists; delete it first"):
+        await env.ns.rename("/m/b/1", "/m/g")
+    with pytest.raises(InvalidArgument, match="cannot move /m/b into itself"):
+        await env.ns.rename("/m/b", "/m/b/inner")
+    with pytest.raises(NotFound):
+        await env.ns.rename("/m/nothing", "/m/x")
+
+
+async def test_rename_moves_unpersisted_writes() -> None:
+    env = Env(None)
+    env.ns.commit_file("/m/staged", length=3, version="w1", persisted=False)
+    await env.ns.rename("/m/staged", "/m/moved")
+    moved = await env.ns.get_status("/m/moved")
+    assert (moved.version, moved.persisted) == ("w1", False)
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/staged")
+
+
+async def test_rename_across_mounts_is_refused() -> None:
+    env = Env(None)
+    env.mounts.add("/other", "memory://other-mount")
+    env.put("f", b"f")
+    with pytest.raises(InvalidArgument, match="cannot rename /m/f \\(mount /m\\) to /other/f \\(mount /other\\)"):
+        await env.ns.rename("/m/f", "/other/f")
+
+
+# -- pins ---------------------------------------------------------------------------------------------
+
+
+async def test_pins_cover_everything_below_the_pinned_path() -> None:
+    env = Env(None)
+    env.put("hot/a", b"a")
+    env.put("hot/sub/b", b"b")
+    env.put("cold", b"c")
+    env.ns.set_pinned("/m/hot", True)
+    pinned = {e.path: e.pinned for e in await env.ns.list_status("/m", recursive=True)}
+    assert pinned == {"/m/cold": False, "/m/hot": True, "/m/hot/a": True, "/m/hot/sub": True, "/m/hot/sub/b": True}
+    assert env.ns.pinned_prefixes(env.mount.mount_id) == ["/m/hot"]
+    env.ns.set_pinned("/m/hot", False)
+    assert not (await env.ns.get_status("/m/hot/a")).pinned
+    assert env.ns.pinned_prefixes(env.mount.mount_id) == []
+    with pytest.raises(NotFound, match="no mount covers /x"):
+        env.ns.set_pinned("/x", True)
+
+
+async def test_a_pinned_mount_pins_all_its_files() -> None:
+    env = Env(None, pin=True)
+    env.put("f", b"f")
+    assert (await env.ns.get_status("/m/f")).pinned
+    assert (await env.ns.get_status("/m")).pinned

@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from strata.cacheserver.errors import AlreadyExists, InvalidArgument, NotFound
+from strata.cacheserver.namespace.mounts import Mount, MountOptions, MountTable
+
+
+def test_add_get_list_and_resolve() -> None:
+    table = MountTable(None)
+    a = table.add("/datasets/a", "memory://a")
+    b = table.add("/logs/", "file:///var/log", MountOptions(read_only=True))
+    assert a.mount_id != b.mount_id
+    assert b.path == "/logs" and b.options.read_only
+    assert table.get("/logs") == b and table.get("/nothing") is None
+    assert [m.path for m in table.list()] == ["/datasets/a", "/logs"]
+    assert table.resolve("/datasets/a/x/y.parquet") == (a, "x/y.parquet")
+    assert table.resolve("/datasets/a") == (a, "")
+    assert table.by_id(b.mount_id) == b
+
+
+def test_resolve_outside_any_mount_names_the_mounts() -> None:
+    table = MountTable(None)
+    with pytest.raises(NotFound, match="no mount covers /x; there are no mounts yet"):
+        table.resolve("/x")
+    table.add("/b", "memory://b")
+    table.add("/a", "memory://a")
+    with pytest.raises(NotFound, match="no mount covers /x/y; mounts: /a, /b"):
+        table.resolve("/x/y")
+    with pytest.raises(NotFound, match="no mount covers /ab"):
+        table.resolve("/ab")
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/", "cannot mount at /"),
+        ("//", "cannot mount at /"),
+        ("data", "mount path must be absolute, got 'data'"),
+        ("/a/../..", "climbs above /"),
+    ],
+)
+def test_bad_mount_paths_are_refused(path: str, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        MountTable(None).add(path, "memory://x")
+
+
+def test_mount_points_cannot_nest_either_way() -> None:
+    table = MountTable(None)
+    table.add("/data/a", "memory://a")
+    with pytest.raises(InvalidArgument, match="mount path /data/a/inner overlaps the existing mount /data/a"):
+        table.add("/data/a/inner", "memory://b")
+    with pytest.raises(InvalidArgument, match="mount path /data overlaps the existing mount /data/a"):
+        table.add("/data", "memory://c")
+    table.add("/data/ab", "memory://d")  # a sibling with a common prefix is fine
+
+
+def test_same_path_needs_replace_and_gets_a_new_id() -> None:
+    table = MountTable(None)
+    first = table.add("/a", "memory://one")
+    with pytest.raises(AlreadyExists, match="/a is already mounted \\(from memory://one\\)"):
+        table.add("/a", "memory://two")
+    version = table.version
+    second = table.add("/a", "memory://two", replace=True)
+    assert second.mount_id > first.mount_id and second.source == "memory://two"
+    assert table.version == version + 1
+    assert table.list() == [second]
+
+
+def test_unknown_scheme_and_bad_options_are_refused() -> None:
+    table = MountTable(None)
+    with pytest.raises(InvalidArgument, match="unknown store scheme 'nope'"):
+        table.add("/a", "nope://x")
+    with pytest.raises(InvalidArgument, match="store option 'colour' is not an S3 option"):
+        table.add("/a", "s3://bucket/x", MountOptions(options={"colour": "blue"}))
+    assert table.list() == [] and table.version == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"metadata_sync_interval": -2}, "metadata sync interval must be 0 \\(every access\\), -1 \\(never\\)"),
+        ({"ttl_seconds": -1}, "ttl must not be negative"),
+        ({"read_type": "SOMETIMES"}, "read type must be one of CACHE, CACHE_PROMOTE, NO_CACHE"),
+        ({"write_type": "LATER"}, "write type must be one of MUST_CACHE"),
+    ],
+)
+def test_bad_mount_options_are_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        MountOptions(**fields)  # type: ignore[arg-type]
+
+
+def test_remove_unknown_mount_lists_existing_ones() -> None:
+    table = MountTable(None)
+    mount = table.add("/a", "memory://a")
+    with pytest.raises(NotFound, match="nothing is mounted at /b; mounts: /a"):
+        table.remove("/b")
+    assert table.remove("/a/") == mount
+    assert table.list() == []
+
+
+def test_version_bumps_on_every_change() -> None:
+    table = MountTable(None)
+    versions = [table.version]
+    table.add("/a", "memory://a")
+    versions.append(table.version)
+    table.add("/a", "memory://b", replace=True)
+    versions.append(table.version)
+    table.remove("/a")
+    versions.append(table.version)
+    assert versions == sorted(set(versions))
+
+
+def test_table_survives_a_restart_in_a_private_file(tmp_path: Path) -> None:
+    options = MountOptions(
+        options={"endpoint_url": "http://127.0.0.1:1"},
+        credentials={"key": "AKIAEXAMPLE", "secret": "s3cr3t"},
+        read_only=True,
+        metadata_sync_interval=-1,
+        write_type="THROUGH",
+        pin=True,
+        ttl_seconds=3600,
+    )
+    table = MountTable(tmp_path)
+    a = table.add("/a", "s3://bucket/a", options)
+    b = table.add("/b", "memory://b")
+    table.remove("/b")
+    state = tmp_path / "mounts.json"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob(".*.tmp"))
+
+    again = MountTable(tmp_path)
+    assert again.list() == [a]
+    assert again.version == table.version
+    assert again.list()[0].options.credentials == {"key": "AKIAEXAMPLE", "secret": "s3cr3t"}
+    c = again.add("/c", "memory://c")
+    assert c.mount_id > b.mount_id  # ids are never reused, even across restarts
+
+
+def test_corrupt_state_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "mounts.json").write_text("{not json")
+    with pytest.raises(Exception, match="mounts.json is not valid JSON"):
+        MountTable(tmp_path)
+
+
+def test_credentials_stay_out_of_repr() -> None:
+    mount = MountTable(None).add("/a", "s3://bucket/a", MountOptions(credentials={"secret": "hunter2"}))
+    assert "hunter2" not in repr(mount) and "hunter2" not in repr(mount.options)
+    assert mount.options.store_options() == {"secret": "hunter2"}
+
+
+async def test_one_store_per_mount_replaced_on_remount() -> None:
+    table = MountTable(None)
+    first = table.add("/a", "memory://one")
+    store = table.store(first)
+    assert table.store(first) is store and store.source == "memory://one"
+    second = table.add("/a", "memory://two", replace=True)
+    assert table.store(second) is not store and table.store(second).source == "memory://two"
+    with pytest.raises(NotFound, match="mount /a \\(id 1\\) was unmounted or replaced"):
+        table.store(first)
+    await table.aclose()
+
+
+def test_a_reloaded_table_makes_stores_lazily(tmp_path: Path) -> None:
+    MountTable(tmp_path).add("/a", "memory://lazy")
+    again = MountTable(tmp_path)
+    mount = again.list()[0]
+    assert isinstance(mount, Mount)
+    assert again.store(mount).source == "memory://lazy"
+
+
+def test_state_file_holds_what_a_restart_needs(tmp_path: Path) -> None:
+    MountTable(tmp_path).add("/a", "memory://a", MountOptions(metadata_sync_interval=5))
+    data = json.loads((tmp_path / "mounts.json").read_text())
+    assert data["next_id"] == 2 and data["version"] == 1
+    assert data["mounts"][0]["options"]["metadata_sync_interval"] == 5

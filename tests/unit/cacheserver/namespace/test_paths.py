@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import pytest
+
+from strata.cacheserver.errors import InvalidArgument
+from strata.cacheserver.namespace.paths import is_under, join, name, normalize, overlaps, parent, relative
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("/", "/"),
+        ("//", "/"),
+        ("/a", "/a"),
+        ("/a/", "/a"),
+        ("//a//b///", "/a/b"),
+        ("/a/./b/.", "/a/b"),
+        ("/a/b/../c", "/a/c"),
+        ("/a/..", "/"),
+    ],
+)
+def test_normalize(raw: str, expected: str) -> None:
+    assert normalize(raw) == expected
+
+
+def test_relative_paths_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="mount path must be absolute, got 'data/x'"):
+        normalize("data/x", what="mount path")
+    with pytest.raises(InvalidArgument, match="path must be absolute, got ''"):
+        normalize("")
+
+
+@pytest.mark.parametrize("raw", ["/..", "/a/../..", "/../etc"])
+def test_dotdot_above_root_is_refused(raw: str) -> None:
+    with pytest.raises(InvalidArgument, match="climbs above /"):
+        normalize(raw)
+
+
+def test_is_under_and_overlaps_respect_component_boundaries() -> None:
+    assert is_under("/a/b", "/a") and is_under("/a", "/a") and is_under("/x", "/")
+    assert not is_under("/ab", "/a") and not is_under("/a", "/a/b")
+    assert overlaps("/a", "/a/b") and overlaps("/a/b", "/a") and overlaps("/a", "/a")
+    assert not overlaps("/a", "/ab") and not overlaps("/a/b", "/a/c")
+
+
+def test_relative_join_parent_name() -> None:
+    assert relative("/a/b/c", "/a") == "b/c"
+    assert relative("/a", "/a") == ""
+    assert relative("/a/b", "/") == "a/b"
+    with pytest.raises(InvalidArgument, match="is not under"):
+        relative("/b", "/a")
+    assert join("/a", "b/c") == "/a/b/c" and join("/a", "") == "/a" and join("/", "x") == "/x"
+    assert parent("/a/b") == "/a" and parent("/a") == "/" and parent("/") == "/"
+    assert name("/a/b") == "b" and name("/") == ""
