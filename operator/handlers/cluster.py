@@ -1,5 +1,5 @@
-"""CacheCluster handlers: on create/resume/spec change, and on a timer that re-applies the
-children and refreshes status from the master."""
+"""CacheCluster handlers: reconcile on create/resume/spec change and on a timer that
+re-applies the children and refreshes status from the master; say Terminating on delete."""
 
 from __future__ import annotations
 
@@ -8,31 +8,21 @@ from typing import Any
 import kopf
 
 from strata.operator import constants as c
-from strata.operator.handlers.common import deps_of, run_locked, settle
-from strata.operator.reconcile import reconcile_cluster
+from strata.operator.handlers.common import deps_of, register_reconciler, run_locked
+from strata.operator.reconcile import Deps, Outcome, reconcile_cluster
 from strata.operator.settings import OperatorSettings
 
 RESOURCE = (c.GROUP, c.VERSION, c.CACHE_CLUSTER_PLURAL)
 
 
+async def _reconcile(deps: Deps, body: kopf.Body, memo: kopf.Memo) -> Outcome:
+    return await reconcile_cluster(deps, body)
+
+
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
-    @kopf.on.resume(*RESOURCE, registry=registry)
-    @kopf.on.create(*RESOURCE, registry=registry)
-    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
-    async def cluster_changed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-        deps = deps_of(memo)
-        outcome = await run_locked(memo, lambda: reconcile_cluster(deps, body))
-        settle(outcome, retry_delay=settings.retry_delay, logger=logger)
+    register_reconciler(registry, settings, RESOURCE, "cluster", _reconcile)
 
-    @kopf.timer(*RESOURCE, interval=settings.reconcile_interval, initial_delay=settings.reconcile_interval,
-                registry=registry)
-    async def cluster_tick(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-        deps = deps_of(memo)
-        outcome = await run_locked(memo, lambda: reconcile_cluster(deps, body))
-        if not outcome.done:
-            logger.debug("not ready: %s", outcome.message)
-
-    @kopf.on.delete(*RESOURCE, registry=registry)
+    @kopf.on.delete(*RESOURCE, id="delete-cluster", registry=registry)
     async def cluster_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         """Say Terminating; the children go with the cluster (ownerReferences)."""
         deps = deps_of(memo)

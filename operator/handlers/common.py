@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import kopf
 
 from strata.operator.reconcile import Deps, ObjectState, Outcome
+from strata.operator.settings import OperatorSettings
 
 
 def deps_of(memo: kopf.Memo) -> Deps:
@@ -41,3 +43,33 @@ def settle(outcome: Outcome, *, retry_delay: float, logger: logging.Logger | log
         logger.warning("stalled: %s", outcome.message)
         return
     raise kopf.TemporaryError(outcome.message, delay=retry_delay)
+
+
+Step = Callable[[Deps, kopf.Body, kopf.Memo], Awaitable[Outcome]]
+
+
+def register_reconciler(
+    registry: kopf.OperatorRegistry,
+    settings: OperatorSettings,
+    resource: tuple[str, str, str],
+    name: str,
+    step: Step,
+) -> None:
+    """Run `step` on create, resume and spec change (retrying soon until done), and on a
+    timer that keeps children and status in line with the world."""
+
+    @kopf.on.resume(*resource, id=f"reconcile-{name}", registry=registry)
+    @kopf.on.create(*resource, id=f"reconcile-{name}", registry=registry)
+    @kopf.on.update(*resource, id=f"reconcile-{name}", field="spec", registry=registry)
+    async def changed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+        deps = deps_of(memo)
+        outcome = await run_locked(memo, lambda: step(deps, body, memo))
+        settle(outcome, retry_delay=settings.retry_delay, logger=logger)
+
+    @kopf.timer(*resource, id=f"refresh-{name}", interval=settings.reconcile_interval,
+                initial_delay=settings.reconcile_interval, registry=registry)
+    async def refresh(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+        deps = deps_of(memo)
+        outcome = await run_locked(memo, lambda: step(deps, body, memo))
+        if not outcome.done:
+            logger.debug("not done: %s", outcome.message)

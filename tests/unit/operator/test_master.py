@@ -1,0 +1,66 @@
+"""The master client over real gRPC: token, deadlines, status codes to errors, Report cache."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from strata.cacheserver.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.operator.master import MasterClient, Masters
+from tests.unit.operator.conftest import TOKEN, RunningMaster
+
+
+async def test_calls_carry_the_token(master: RunningMaster) -> None:
+    async with MasterClient(master.address, TOKEN, timeout=2) as client:
+        info = await client.mount(pb.MountRequest(path="/a", source="memory://a"))
+        assert info.mount_id == 1
+        report = await client.report()
+        assert [m.mount.path for m in report.mounts] == ["/a"]
+    async with MasterClient(master.address, "wrong", timeout=2) as client:
+        with pytest.raises(Unauthenticated, match="cluster token"):
+            await client.report()
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [(grpc.StatusCode.NOT_FOUND, NotFound), (grpc.StatusCode.PERMISSION_DENIED, PermissionDenied),
+     (grpc.StatusCode.UNAVAILABLE, Unavailable)],
+)
+async def test_status_codes_become_errors(master: RunningMaster, code: grpc.StatusCode, error: type) -> None:
+    master.state.mount_error = (code, "NoSuchBucket: bucket")
+    async with MasterClient(master.address, TOKEN, timeout=2) as client:
+        with pytest.raises(error, match="NoSuchBucket"):
+            await client.mount(pb.MountRequest(path="/a", source="s3://bucket"))
+
+
+async def test_unreachable_master_fails_within_the_deadline(master: RunningMaster) -> None:
+    address = master.address
+    await master.stop()
+    start = time.monotonic()
+    async with MasterClient(address, TOKEN, timeout=1) as client:
+        with pytest.raises(Unavailable, match=address):
+            await client.report()
+    assert time.monotonic() - start < 5
+
+
+async def test_start_load_returns_the_first_progress(master: RunningMaster) -> None:
+    async with MasterClient(master.address, TOKEN, timeout=2) as client:
+        progress = await client.start_load("/a/train")
+    assert progress is not None and progress.bytes_total == 100
+
+
+async def test_reports_are_shared_for_their_ttl(master: RunningMaster) -> None:
+    masters = Masters(timeout=2, report_ttl=60)
+    try:
+        await masters.report(master.address, TOKEN)
+        await masters.report(master.address, TOKEN)
+        assert master.state.count("Report") == 1
+        await masters.report(master.address, TOKEN, fresh=True)
+        masters.invalidate(master.address)
+        await masters.report(master.address, TOKEN)
+        assert master.state.count("Report") == 3
+    finally:
+        await masters.close()
