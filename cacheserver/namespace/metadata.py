@@ -29,7 +29,7 @@ from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFoun
 from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
-from .statefile import read_state, write_state
+from .statefile import StateFile
 
 STATE_FILE = "namespace.json"
 # Directory listings (recursive ones especially) are spread over at most this many
@@ -128,7 +128,7 @@ class Namespace:
         if block_size <= 0:
             raise InvalidArgument(f"block size must be positive, got {block_size}")
         self._mounts = mounts
-        self._file = state_dir / STATE_FILE if state_dir is not None else None
+        self._state = StateFile(state_dir, STATE_FILE)
         self._block_size = block_size
         self._caches: dict[int, _MountCache] = {}
         self._overlay: dict[str, OverlayEntry] = {}
@@ -140,19 +140,14 @@ class Namespace:
     # -- persistence ----------------------------------------------------------------------------
 
     def _load(self) -> None:
-        if self._file is None:
-            return
-        data = read_state(self._file)
+        data = self._state.load()
         if data is None:
             return
         self._overlay = {p: OverlayEntry(**e) for p, e in data.get("overlay", {}).items()}
         self._pins = {int(m): set(paths) for m, paths in data.get("pins", {}).items()}
 
     def _save(self) -> None:
-        if self._file is None:
-            return
-        write_state(
-            self._file,
+        self._state.save(
             {
                 "overlay": {p: asdict(e) for p, e in self._overlay.items()},
                 "pins": {str(m): sorted(paths) for m, paths in self._pins.items() if paths},

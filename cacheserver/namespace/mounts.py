@@ -20,7 +20,7 @@ from ..errors import AlreadyExists, InvalidArgument, NotFound
 from ..retry import RetrySettings
 from ..ufs import Store
 from .paths import is_under, normalize, overlaps, relative
-from .statefile import read_state, write_state
+from .statefile import StateFile
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class MountTable:
     """Mounts by path, saved in `state_dir` (None: in memory only, e.g. in tests)."""
 
     def __init__(self, state_dir: Path | None, *, retry: RetrySettings | None = None) -> None:
-        self._file = state_dir / STATE_FILE if state_dir is not None else None
+        self._state = StateFile(state_dir, STATE_FILE)
         self._retry = retry
         self._lock = threading.RLock()
         self._mounts: dict[str, Mount] = {}
@@ -129,22 +129,17 @@ class MountTable:
     # -- persistence ------------------------------------------------------------------------
 
     def _load(self) -> None:
-        if self._file is None:
-            return
-        data = read_state(self._file)
+        data = self._state.load()
         if data is None:
             return
         mounts = [Mount.from_json(m) for m in data.get("mounts", [])]
         self._mounts = {m.path: m for m in mounts}
         self._version = int(data.get("version", 0))
         self._next_id = max([int(data.get("next_id", 1))] + [m.mount_id + 1 for m in mounts])
-        log.info("loaded %d mounts from %s", len(mounts), self._file)
+        log.info("loaded %d mounts from %s", len(mounts), self._state.path)
 
     def _save(self) -> None:
-        if self._file is None:
-            return
-        write_state(
-            self._file,
+        self._state.save(
             {
                 "version": self._version,
                 "next_id": self._next_id,

@@ -46,3 +46,23 @@ def read_state(path: Path) -> Any | None:
         raise FailedPrecondition(
             f"state file {path} is not valid JSON ({exc}); restore it from a backup or move it away"
         ) from exc
+
+
+class StateFile:
+    """One named state file in the master's state directory; with no directory (tests,
+    throwaway masters) loading finds nothing and saving keeps nothing."""
+
+    def __init__(self, state_dir: Path | None, name: str) -> None:
+        self.path = state_dir / name if state_dir is not None else None
+
+    def load(self) -> dict[str, Any] | None:
+        if self.path is None:
+            return None
+        data = read_state(self.path)
+        if data is not None and not isinstance(data, dict):
+            raise FailedPrecondition(f"state file {self.path} does not hold a JSON object; move it away")
+        return data
+
+    def save(self, data: dict[str, Any]) -> None:
+        if self.path is not None:
+            write_state(self.path, data)
