@@ -27,6 +27,8 @@ def configure(kopf_settings: kopf.OperatorSettings) -> None:
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    operator_settings = settings  # kopf passes its own settings to startup as `settings`
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings)
@@ -41,5 +43,3 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         deps = memo.get("deps")
         if isinstance(deps, Deps):
             await deps.masters.close()
-
-    operator_settings = settings

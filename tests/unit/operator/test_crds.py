@@ -278,3 +278,19 @@ def test_schema_and_model_refuse_the_same_mount_paths() -> None:
         except ValueError:
             model_ok = False
         assert schema_ok == model_ok, path
+
+
+def test_strings_and_lists_under_cel_rules_are_bounded() -> None:
+    """The API server estimates each rule's cost from the largest value it may see, and
+    refuses a CRD whose rules could cost too much: bound every input of a rule."""
+    for crd in (CLUSTER, MOUNT):
+        for path, node in walk(schema_of(crd)):
+            if not node.get("x-kubernetes-validations") or path == "<root>":
+                continue
+            if node["type"] == "string":
+                assert "maxLength" in node or "enum" in node, path
+            if node["type"] == "array":
+                assert "maxItems" in node, path
+            if path.endswith("[]"):
+                parent = dict(walk(schema_of(crd)))[path[:-2]]
+                assert "maxItems" in parent, path
