@@ -1,0 +1,93 @@
+"""The files of a block in a tier directory, and how they are written without ever leaving
+a partial file under a final name.
+
+    <id>.blk                       the block's bytes
+    <id>.meta                      its sidecar (metadata.BlockMetadata)
+    .<id>.blk.<random>.tmp         being written; removed by the next scan if left behind
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import uuid
+from enum import Enum
+from pathlib import Path
+
+BLOCK_SUFFIX = ".blk"
+META_SUFFIX = ".meta"
+TEMP_SUFFIX = ".tmp"
+
+_OURS = re.compile(r"^(?:\.)?(?P<id>[0-9a-f]{32})(?P<kind>\.blk|\.meta)(?P<temp>\.[0-9a-f]{8}\.tmp)?$")
+
+
+class FileKind(Enum):
+    BLOCK = "block"
+    META = "meta"
+    TEMP = "temp"
+
+
+def block_file(directory: Path, block_id: str) -> Path:
+    return directory / f"{block_id}{BLOCK_SUFFIX}"
+
+
+def meta_file(directory: Path, block_id: str) -> Path:
+    return directory / f"{block_id}{META_SUFFIX}"
+
+
+def classify(name: str) -> tuple[str, FileKind] | None:
+    """(block id, kind) of a file name this module makes; None for anything else, which a
+    scan leaves alone."""
+    match = _OURS.match(name)
+    if match is None:
+        return None
+    hidden = name.startswith(".")
+    if bool(match["temp"]) != hidden:
+        return None
+    if match["temp"]:
+        return match["id"], FileKind.TEMP
+    return match["id"], FileKind.BLOCK if match["kind"] == BLOCK_SUFFIX else FileKind.META
+
+
+def _temp_for(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+
+
+def write_atomically(path: Path, data: bytes | memoryview) -> None:
+    """Write `data` to a temporary file next to `path`, then rename it over `path`.
+
+    No fsync: a cache may lose recent blocks in a power cut, and the checksums catch a
+    block whose bytes did not reach the disk."""
+    tmp = _temp_for(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def copy_atomically(src: Path, dst: Path) -> None:
+    """Make `dst` a copy of `src`: a hard link on the same file system, else a kernel-side
+    copy (sendfile) into a temporary file that is then renamed. `src` stays in place."""
+    tmp = _temp_for(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_block_files(directory: Path, block_id: str) -> None:
+    """Delete a block's bytes and sidecar; already missing is fine."""
+    block_file(directory, block_id).unlink(missing_ok=True)
+    meta_file(directory, block_id).unlink(missing_ok=True)

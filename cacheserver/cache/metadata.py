@@ -1,0 +1,158 @@
+"""What a worker knows about one cached block, kept on disk next to its bytes.
+
+Each block file `<id>.blk` has a sidecar `<id>.meta` (small JSON) with the block's key,
+length, tier, pin state, CRC32 checksums of each 1 MiB chunk and its times. Both files are
+written under a temporary name and renamed, the block first: after a crash a block without
+its sidecar is an orphan, never a valid-looking partial block.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..constants import MEDIA
+from ..errors import DataLoss, InvalidArgument
+from .files import write_atomically
+from .keys import BlockKey
+
+# Checksum granularity: a range read verifies only the chunks it touches, so a 4 KiB read
+# costs a 1 MiB CRC at most, while a 16 MiB block carries just 16 checksums.
+CHUNK_SIZE = 1024 * 1024
+METADATA_FORMAT = 1
+
+
+class BlockCorrupt(DataLoss):
+    """A cached block's bytes are missing or fail their checksum. The block has been dropped
+    from the cache; fetch it again from the store."""
+
+
+def compute_checksums(data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) -> tuple[int, ...]:
+    """CRC32 of each `chunk_size` piece of `data` (the last one may be shorter)."""
+    view = memoryview(data)
+    return tuple(zlib.crc32(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size))
+
+
+@dataclass(slots=True)
+class BlockMetadata:
+    """The sidecar of one block. `pinned` and `last_access` change while it is cached."""
+
+    key: BlockKey
+    length: int
+    medium: str
+    checksums: tuple[int, ...]
+    created: float
+    last_access: float
+    pinned: bool = False
+    chunk_size: int = CHUNK_SIZE
+    # last_access as last written to disk; not part of the file.
+    persisted_access: float = field(default=0.0, compare=False)
+
+    @classmethod
+    def for_data(
+        cls, key: BlockKey, data: bytes, *, medium: str, pinned: bool, now: float
+    ) -> BlockMetadata:
+        return cls(key, len(data), medium, compute_checksums(data), now, now, pinned)
+
+    def __post_init__(self) -> None:
+        if self.length < 0:
+            raise InvalidArgument(f"block {self.key}: length must be >= 0, got {self.length}")
+        if self.medium not in MEDIA:
+            raise InvalidArgument(f"block {self.key}: unknown medium {self.medium!r}")
+        if self.chunk_size <= 0:
+            raise InvalidArgument(f"block {self.key}: chunk size must be > 0, got {self.chunk_size}")
+        expected = -(-self.length // self.chunk_size)
+        if len(self.checksums) != expected:
+            raise InvalidArgument(
+                f"block {self.key}: {len(self.checksums)} checksums for {self.length} bytes, "
+                f"expected {expected}"
+            )
+
+    # -- checksums --------------------------------------------------------------------------
+
+    def chunk_span(self, offset: int, length: int) -> tuple[int, int]:
+        """The chunk-aligned byte range [start, stop) that covers [offset, offset+length)."""
+        if length <= 0:
+            return offset, offset
+        start = offset // self.chunk_size * self.chunk_size
+        stop = min(-(-(offset + length) // self.chunk_size) * self.chunk_size, self.length)
+        return start, stop
+
+    def bad_chunk(self, data: bytes | memoryview, start: int) -> int | None:
+        """Index of the first chunk of `data` (which begins at chunk-aligned offset `start`)
+        whose CRC32 is wrong, or None when all match."""
+        view = memoryview(data)
+        first = start // self.chunk_size
+        for i, pos in enumerate(range(0, len(view), self.chunk_size)):
+            if zlib.crc32(view[pos : pos + self.chunk_size]) != self.checksums[first + i]:
+                return first + i
+        return None
+
+    # -- the sidecar file -------------------------------------------------------------------
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "format": METADATA_FORMAT,
+                "key": self.key.to_dict(),
+                "length": self.length,
+                "medium": self.medium,
+                "pinned": self.pinned,
+                "chunk_size": self.chunk_size,
+                "checksums": list(self.checksums),
+                "created": self.created,
+                "last_access": self.last_access,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> BlockMetadata:
+        """Parse a sidecar; InvalidArgument says what is wrong with it."""
+        try:
+            data: Any = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"block metadata is not JSON: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != METADATA_FORMAT:
+            raise InvalidArgument(f"block metadata: unknown format {data!r:.80}")
+        try:
+            meta = cls(
+                key=BlockKey.from_dict(data["key"]),
+                length=_integer(data["length"]),
+                medium=str(data["medium"]),
+                checksums=tuple(_integer(c) for c in _sequence(data["checksums"])),
+                created=float(data["created"]),
+                last_access=float(data["last_access"]),
+                pinned=bool(data["pinned"]),
+                chunk_size=_integer(data["chunk_size"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidArgument):
+                raise
+            raise InvalidArgument(f"block metadata: bad or missing field {exc}") from exc
+        meta.persisted_access = meta.last_access
+        return meta
+
+    def write(self, path: Path) -> None:
+        write_atomically(path, self.to_json())
+        self.persisted_access = self.last_access
+
+    @classmethod
+    def read(cls, path: Path) -> BlockMetadata:
+        return cls.from_json(path.read_bytes())
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _sequence(value: Any) -> Sequence[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r:.40}")
+    return value

@@ -1,0 +1,193 @@
+"""Cache tiers: where block files live, how many bytes each tier holds, and what a restart
+finds in its directories."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..constants import ENV_HOSTNAME, MEDIA
+from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from ..units import format_size
+from .files import FileKind, block_file, classify, meta_file, remove_block_files
+from .metadata import BlockMetadata
+
+log = logging.getLogger(__name__)
+
+SHM_ROOT = Path("/dev/shm")
+
+
+def default_mem_dir() -> Path:
+    """A MEM tier folder no other worker process uses: /dev/shm/strata-<host>-<pid>.
+
+    It cannot be found again after a restart, so the store deletes it on close; deployments
+    that want MEM blocks to survive a restart give the tier a directory."""
+    host = os.environ.get(ENV_HOSTNAME) or socket.gethostname() or "worker"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)[:64]
+    return SHM_ROOT / f"strata-{safe}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One tier: its medium (MEM, SSD or HDD), quota in bytes and block directories.
+
+    A MEM tier without directories gets `default_mem_dir()`; SSD and HDD tiers need one."""
+
+    medium: str
+    quota: int
+    dirs: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.medium not in MEDIA:
+            raise InvalidArgument(
+                f"tier medium must be one of {', '.join(MEDIA)}, got {self.medium!r}"
+            )
+        if isinstance(self.quota, bool) or not isinstance(self.quota, int) or self.quota <= 0:
+            raise InvalidArgument(f"tier {self.medium}: quota must be > 0, got {self.quota!r}")
+        if isinstance(self.dirs, (str, Path)):
+            raise InvalidArgument(
+                f"tier {self.medium}: dirs must be a list of directories, got {self.dirs!r}"
+            )
+        dirs = tuple(Path(d) for d in self.dirs)
+        object.__setattr__(self, "dirs", dirs)
+        if not dirs and self.medium != "MEM":
+            raise InvalidArgument(
+                f"tier {self.medium}: give at least one directory to hold its block files"
+            )
+        for d in dirs:
+            if not d.is_absolute():
+                raise InvalidArgument(f"tier {self.medium}: directory {str(d)!r} must be an absolute path")
+        if len({d.resolve() for d in dirs}) != len(dirs):
+            raise InvalidArgument(f"tier {self.medium}: a directory is listed twice in {[str(d) for d in dirs]}")
+
+
+@dataclass(frozen=True)
+class ScannedBlock:
+    """A block found intact (sidecar parses, file has the right size) by a scan."""
+
+    directory: Path
+    meta: BlockMetadata
+
+
+class Tier:
+    """A tier at run time: its directories, the bytes it holds (or has promised to a write
+    in progress) and the ids of its blocks. The store keeps `used <= quota` by reserving
+    before it writes."""
+
+    def __init__(self, config: TierConfig) -> None:
+        self.config = config
+        self.medium = config.medium
+        self.quota = config.quota
+        self.dirs: tuple[Path, ...] = config.dirs or (default_mem_dir(),)
+        # A default MEM folder is ours alone and found by nobody after we exit.
+        self.owns_dirs = not config.dirs
+        self.used = 0
+        self.block_ids: set[str] = set()
+        self._dir_used = dict.fromkeys(self.dirs, 0)
+
+    def __repr__(self) -> str:
+        return f"<Tier {self.medium} {format_size(self.used)}/{format_size(self.quota)}>"
+
+    # -- placement and accounting -----------------------------------------------------------
+
+    def choose_dir(self) -> Path:
+        """The directory holding the fewest of our bytes (the first on a tie)."""
+        return min(self.dirs, key=self._dir_used.__getitem__)
+
+    def reserve(self, nbytes: int, directory: Path) -> None:
+        """Count `nbytes` as used before they are written. Never goes past the quota."""
+        if self.used + nbytes > self.quota:
+            raise ResourceExhausted(
+                f"tier {self.medium}: cannot hold {format_size(nbytes)} more "
+                f"(used {format_size(self.used)} of {format_size(self.quota)})"
+            )
+        self.used += nbytes
+        self._dir_used[directory] += nbytes
+
+    def release(self, nbytes: int, directory: Path) -> None:
+        self.used -= nbytes
+        self._dir_used[directory] -= nbytes
+
+    # -- directories ------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Create the directories (and parents)."""
+        for d in self.dirs:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise FailedPrecondition(
+                    f"tier {self.medium}: cannot create block directory {d}: "
+                    f"{exc.strerror or exc}; check the volume mount and its permissions"
+                ) from exc
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise FailedPrecondition(
+                    f"tier {self.medium}: block directory {d} is not writable by uid "
+                    f"{os.getuid()}; fix its owner or mode"
+                )
+
+    def scan(self) -> list[ScannedBlock]:
+        """Blocks whose sidecar parses and whose file has the recorded size. Deletes our
+        leftovers (temporary files, blocks without sidecar and the reverse, bad sidecars);
+        files we did not name are left alone. Checksums are not read here."""
+        found: list[ScannedBlock] = []
+        for d in self.dirs:
+            found.extend(self._scan_dir(d))
+        return found
+
+    def _scan_dir(self, directory: Path) -> Iterable[ScannedBlock]:
+        blocks: dict[str, int] = {}
+        metas: set[str] = set()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                named = classify(entry.name)
+                if named is None:
+                    continue
+                block_id, kind = named
+                if kind is FileKind.TEMP:
+                    Path(entry.path).unlink(missing_ok=True)
+                elif kind is FileKind.BLOCK:
+                    blocks[block_id] = entry.stat(follow_symlinks=False).st_size
+                else:
+                    metas.add(block_id)
+        for block_id in metas | blocks.keys():
+            meta = self._intact(directory, block_id, blocks.get(block_id), block_id in metas)
+            if meta is None:
+                remove_block_files(directory, block_id)
+                continue
+            meta.medium = self.medium
+            yield ScannedBlock(directory, meta)
+
+    def _intact(
+        self, directory: Path, block_id: str, size: int | None, has_meta: bool
+    ) -> BlockMetadata | None:
+        where = block_file(directory, block_id)
+        if size is None or not has_meta:
+            log.info("tier %s: removing %s: %s", self.medium, where,
+                     "sidecar without block file" if has_meta else "block file without sidecar")
+            return None
+        try:
+            meta = BlockMetadata.read(meta_file(directory, block_id))
+        except (OSError, InvalidArgument) as exc:
+            log.warning("tier %s: removing %s: unreadable sidecar: %s", self.medium, where, exc)
+            return None
+        if meta.key.block_id != block_id:
+            log.warning("tier %s: removing %s: sidecar names another block (%s)", self.medium, where, meta.key)
+            return None
+        if meta.length != size:
+            log.warning("tier %s: removing %s: %d bytes on disk, sidecar says %d",
+                        self.medium, where, size, meta.length)
+            return None
+        return meta
+
+    def remove_owned_dirs(self) -> None:
+        """Delete the default MEM folder (only that: given directories are left alone)."""
+        if self.owns_dirs:
+            for d in self.dirs:
+                shutil.rmtree(d, ignore_errors=True)
