@@ -1,0 +1,412 @@
+"""The `strata` command: servers, a local cluster, mounts, files, reports."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import constants, localcluster
+from .auth import load_token
+from .client import localstate
+from .errors import InvalidArgument, StrataError
+from .proto import strata_pb2 as pb
+from .units import format_size, parse_duration
+
+log = logging.getLogger("strata")
+
+
+def _setup_logging(level: str, json_logs: bool = False) -> None:
+    if json_logs:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_JsonFormatter())
+        logging.basicConfig(level=level.upper(), handlers=[handler])
+    else:
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from .client.core import StrataClient
+
+    return StrataClient(master=args.master, token=args.token)
+
+
+# -- servers -------------------------------------------------------------------------------
+
+def cmd_master(args: argparse.Namespace) -> int:
+    from .config import load_server_config
+    from .master.server import run_master
+
+    config = load_server_config(args.config)
+    token = load_token()
+    journal = args.journal_dir
+    asyncio.run(run_master(config, journal_dir=journal, token=token, bind=args.bind, port=args.port, http_port=args.http_port))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .config import load_server_config
+    from .worker.server import run_worker
+
+    config = load_server_config(args.config)
+    if args.master_address:
+        config = config.model_copy(update={"master_address": args.master_address})
+    token = load_token()
+    asyncio.run(run_worker(config, data_dir=args.data_dir, token=token, bind=args.bind, port=args.port, http_port=args.http_port))
+    return 0
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from strata.operator.main import run
+
+    run(namespaces=args.namespace or [], all_namespaces=args.all_namespaces,
+        liveness_endpoint=args.liveness, peering=args.peering, standalone=args.standalone)
+    return 0
+
+
+# -- local cluster -------------------------------------------------------------------------
+
+def cmd_local_up(args: argparse.Namespace) -> int:
+    spec = localcluster.LocalClusterSpec(
+        workers=args.workers, mem=args.mem, ssd=tuple(args.ssd or ()), hdd=tuple(args.hdd or ()),
+        block_size=args.block_size, master_port=args.master_port, worker_port=args.worker_port,
+    )
+    state = localcluster.up(spec)
+    print(f"Strata is up: master {state.master}, {len(state.workers)} worker(s) {' '.join(state.workers)}")
+    print(f"logs: {state.logs}")
+    print("next: strata mount add /data s3://bucket/prefix --option endpoint_url=...; strata fs ls /")
+    return 0
+
+
+def cmd_local_down(args: argparse.Namespace) -> int:
+    stopped = localcluster.down()
+    print(f"stopped {', '.join(stopped)}" if stopped else "no local cluster is running")
+    return 0
+
+
+def cmd_local_status(args: argparse.Namespace) -> int:
+    status = localcluster.status()
+    if status is None:
+        print("no local cluster (start one with `strata local up`)")
+        return 1
+    state = localstate.read_state()
+    assert state is not None
+    print(f"master {state.master}")
+    for name, alive in status.items():
+        print(f"  {name:<10} {'running' if alive else 'STOPPED'}")
+    return 0 if all(status.values()) else 1
+
+
+# -- mounts --------------------------------------------------------------------------------
+
+def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
+    result = {}
+    for value in values or ():
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"{what} {value!r}: write KEY=VALUE")
+        result[key] = val
+    return result
+
+
+def cmd_mount_add(args: argparse.Namespace) -> int:
+    options = pb.MountOptions(
+        options=_pairs(args.option, "--option"),
+        credentials=_pairs(args.credential, "--credential"),
+        read_only=args.read_only,
+        metadata_sync_interval=parse_duration(args.sync_interval, what="--sync-interval"),
+        read_type=pb.ReadType.Value(args.read_type) if args.read_type else 0,
+        write_type=pb.WriteType.Value(args.write_type) if args.write_type else 0,
+        pin=args.pin,
+        ttl_seconds=parse_duration(args.ttl, what="--ttl") if args.ttl else 0,
+    )
+    mount = _client(args).mount(args.path, args.source, options, replace=args.replace)
+    print(f"mounted {mount.path} -> {mount.source}")
+    return 0
+
+
+def cmd_mount_rm(args: argparse.Namespace) -> int:
+    _client(args).unmount(args.path, free=not args.keep_cache)
+    print(f"unmounted {args.path}")
+    return 0
+
+
+def cmd_mount_ls(args: argparse.Namespace) -> int:
+    mounts = _client(args).mounts()
+    if args.json:
+        print(json.dumps([{"path": m.path, "source": m.source, "readOnly": m.options.read_only} for m in mounts], indent=2))
+        return 0
+    rows = [("PATH", "SOURCE", "MODE")] + [(m.path, m.source, "ro" if m.options.read_only else "rw") for m in mounts]
+    _table(rows)
+    return 0
+
+
+# -- files ---------------------------------------------------------------------------------
+
+def _table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _file_row(f: pb.FileInfo) -> tuple[str, ...]:
+    if f.is_dir:
+        return ("d", "-", "-", f.path)
+    cached = f"{100 * f.cached_bytes // f.length if f.length else 100}%"
+    return ("-", format_size(f.length), cached, f.path + ("" if f.persisted else "  (not persisted)"))
+
+
+def cmd_fs_ls(args: argparse.Namespace) -> int:
+    client = _client(args)
+    info = client.stat(args.path)
+    files = [info] if not info.is_dir else client.ls(args.path, recursive=args.recursive)
+    if args.json:
+        print(json.dumps([_file_json(f) for f in files], indent=2))
+        return 0
+    _table([("T", "SIZE", "CACHED", "PATH")] + [_file_row(f) for f in files])
+    return 0
+
+
+def _file_json(f: pb.FileInfo) -> dict[str, Any]:
+    return {"path": f.path, "type": "directory" if f.is_dir else "file", "size": f.length,
+            "mtime": f.mtime_unix_ms, "version": f.version, "persisted": f.persisted,
+            "cachedBytes": f.cached_bytes, "pinned": f.pinned, "blockSize": f.block_size}
+
+
+def cmd_fs_stat(args: argparse.Namespace) -> int:
+    client = _client(args)
+    info = client.stat(args.path)
+    data = _file_json(info)
+    if not info.is_dir:
+        locations = client.block_locations(args.path)
+        data["blocks"] = [{"index": b.index, "offset": b.offset, "length": b.length, "hosts": list(b.hosts)} for b in locations.blocks]
+    print(json.dumps(data, indent=2))
+    return 0
+
+
+def cmd_fs_cat(args: argparse.Namespace) -> int:
+    from .client.fs import StrataFileSystem
+
+    fs = StrataFileSystem(master=args.master, token=args.token, skip_instance_cache=True)
+    out = sys.stdout.buffer
+    with fs.open(args.path, "rb") as f:
+        while chunk := f.read(4 * 1024 * 1024):
+            out.write(chunk)
+    out.flush()
+    return 0
+
+
+def cmd_fs_put(args: argparse.Namespace) -> int:
+    client = _client(args)
+    source = sys.stdin.buffer if args.local == "-" else open(args.local, "rb")  # noqa: SIM115
+    with source:
+        chunks = iter(lambda: source.read(constants.STREAM_CHUNK_SIZE), b"")
+        info = client.write_file(args.path, chunks, write_type=pb.WriteType.Value(args.write_type) if args.write_type else 0,
+                                 overwrite=not args.no_overwrite)
+    print(f"wrote {info.path} ({format_size(info.length)}, {'persisted' if info.persisted else 'cached, not persisted yet'})")
+    return 0
+
+
+def cmd_fs_rm(args: argparse.Namespace) -> int:
+    _client(args).rm(args.path, recursive=args.recursive)
+    return 0
+
+
+def cmd_fs_load(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    client = _client(args)
+    bar: Any = None
+    last = None
+    for progress in client.load(args.path):
+        last = progress
+        if bar is None and progress.bytes_total:
+            bar = tqdm(total=progress.bytes_total, unit="B", unit_scale=True, unit_divisor=1024,
+                       desc=f"load {args.path}", disable=args.quiet)
+        if bar is not None:
+            bar.update(progress.bytes_loaded - bar.n)
+    if bar is not None:
+        bar.close()
+    if last is not None:
+        print(f"loaded {last.files_loaded}/{last.files_total} files, {format_size(last.bytes_loaded)}")
+    return 0
+
+
+def cmd_fs_free(args: argparse.Namespace) -> int:
+    freed = _client(args).free(args.path)
+    print(f"freed {format_size(freed)}")
+    return 0
+
+
+def cmd_fs_pin(args: argparse.Namespace) -> int:
+    _client(args).set_pinned(args.path, True)
+    print(f"pinned {args.path}")
+    return 0
+
+
+def cmd_fs_unpin(args: argparse.Namespace) -> int:
+    _client(args).set_pinned(args.path, False)
+    print(f"unpinned {args.path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    report = _client(args).report()
+    total = report.hits + report.misses
+    ratio = report.hits / total if total else 0.0
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(report), indent=2))
+        return 0
+    print(f"capacity {format_size(report.capacity)}  used {format_size(report.used)}  "
+          f"hit ratio {ratio:.2%} ({report.hits} hits, {report.misses} misses)")
+    rows: list[tuple[str, ...]] = [("WORKER", "HOST", "STATE", "TIER", "USED", "CAPACITY", "BLOCKS", "HITS", "MISSES")]
+    for w in report.workers:
+        state = "live" if w.live else "lost"
+        if w.worker.decommissioning:
+            state += ",leaving"
+        for i, t in enumerate(w.stats.tiers or [pb.TierStats()]):
+            rows.append((w.worker.worker_id if i == 0 else "", w.worker.host if i == 0 else "", state if i == 0 else "",
+                         t.medium, format_size(t.used), format_size(t.capacity), str(t.blocks),
+                         str(w.stats.hits) if i == 0 else "", str(w.stats.misses) if i == 0 else ""))
+    _table(rows)
+    if report.mounts:
+        print()
+        mrows = [("MOUNT", "SOURCE", "CACHED", "STORE")]
+        for m in report.mounts:
+            store = f"{format_size(m.ufs_total_bytes)} in {m.ufs_files} files" if m.ufs_files else "-"
+            mrows.append((m.mount.path, m.mount.source, format_size(m.cached_bytes), store))
+        _table(mrows)
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata", description="Strata: a tiered data cache for Kubernetes.")
+    parser.add_argument("--master", default=None, help="master HOST:PORT (default: STRATA_MASTER, else the local cluster)")
+    parser.add_argument("--token", default=None, help="cluster token (default: STRATA_TOKEN / STRATA_TOKEN_FILE / local cluster)")
+    parser.add_argument("--log-level", default=os.environ.get("STRATA_LOG_LEVEL", "info"))
+    parser.add_argument("--log-json", action="store_true", default=os.environ.get("STRATA_LOG_JSON") == "1",
+                        help="log one JSON object per line")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(parent: Any, name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add(sub, "master", cmd_master, "run the master")
+    p.add_argument("--config", type=Path, default=None, help="strata.yaml")
+    p.add_argument("--journal-dir", type=Path, default=None, help="where the mount table is kept across restarts")
+    p.add_argument("--bind", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=constants.MASTER_RPC_PORT)
+    p.add_argument("--http-port", type=int, default=constants.MASTER_HTTP_PORT)
+
+    p = add(sub, "worker", cmd_worker, "run a worker")
+    p.add_argument("--config", type=Path, default=None, help="strata.yaml")
+    p.add_argument("--data-dir", type=Path, default=Path("/var/lib/strata"))
+    p.add_argument("--master-address", default=None, help="override masterAddress of the config")
+    p.add_argument("--bind", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=constants.WORKER_RPC_PORT)
+    p.add_argument("--http-port", type=int, default=constants.WORKER_HTTP_PORT)
+
+    p = add(sub, "operator", cmd_operator, "run the Kubernetes operator")
+    p.add_argument("--namespace", "-n", action="append", help="watch this namespace (repeatable)")
+    p.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
+    p.add_argument("--peering", default=None, help="peering object name for leader election")
+    p.add_argument("--standalone", action="store_true", help="no leader election (one replica only)")
+
+    local = sub.add_parser("local", help="a Strata cluster on this machine").add_subparsers(dest="local", required=True, metavar="ACTION")
+    p = add(local, "up", cmd_local_up, "start a master and workers on this machine")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--mem", default="1Gi", help="MEM tier quota per worker (0: none)")
+    p.add_argument("--ssd", action="append", metavar="DIR:SIZE", help="SSD tier directory and quota")
+    p.add_argument("--hdd", action="append", metavar="DIR:SIZE", help="HDD tier directory and quota")
+    p.add_argument("--block-size", default="16Mi")
+    p.add_argument("--master-port", type=int, default=constants.MASTER_RPC_PORT)
+    p.add_argument("--worker-port", type=int, default=constants.WORKER_RPC_PORT)
+    add(local, "down", cmd_local_down, "stop the local cluster")
+    add(local, "status", cmd_local_status, "show the local cluster's processes")
+
+    mount = sub.add_parser("mount", help="the mount table").add_subparsers(dest="mount", required=True, metavar="ACTION")
+    p = add(mount, "add", cmd_mount_add, "mount a store URL at a namespace path")
+    p.add_argument("path")
+    p.add_argument("source", help="fsspec URL: s3://bucket/prefix, file:///dir, gcs://..., memory://...")
+    p.add_argument("--option", "-o", action="append", metavar="KEY=VALUE", help="storage option (endpoint_url, region, ...)")
+    p.add_argument("--credential", "-c", action="append", metavar="KEY=VALUE", help="secret storage option (key, secret)")
+    p.add_argument("--read-only", action="store_true")
+    p.add_argument("--sync-interval", default="30s", help="metadata sync interval: 0s = every access, -1 = never")
+    p.add_argument("--read-type", choices=["CACHE", "CACHE_PROMOTE", "NO_CACHE"])
+    p.add_argument("--write-type", choices=["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"])
+    p.add_argument("--pin", action="store_true")
+    p.add_argument("--ttl", default="", help="free cached blocks unused this long, e.g. 24h")
+    p.add_argument("--replace", action="store_true", help="replace an existing mount at PATH")
+    p = add(mount, "rm", cmd_mount_rm, "unmount a path (frees its cached blocks)")
+    p.add_argument("path")
+    p.add_argument("--keep-cache", action="store_true")
+    p = add(mount, "ls", cmd_mount_ls, "list mounts")
+    p.add_argument("--json", action="store_true")
+
+    fs = sub.add_parser("fs", help="files in the namespace").add_subparsers(dest="fs", required=True, metavar="ACTION")
+    p = add(fs, "ls", cmd_fs_ls, "list a directory")
+    p.add_argument("path", nargs="?", default="/")
+    p.add_argument("-R", "--recursive", action="store_true")
+    p.add_argument("--json", action="store_true")
+    add(fs, "stat", cmd_fs_stat, "show a file's metadata and block locations").add_argument("path")
+    add(fs, "cat", cmd_fs_cat, "write a file to stdout").add_argument("path")
+    p = add(fs, "put", cmd_fs_put, "write a local file (or - for stdin) to PATH")
+    p.add_argument("local")
+    p.add_argument("path")
+    p.add_argument("--write-type", choices=["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"])
+    p.add_argument("--no-overwrite", action="store_true")
+    p = add(fs, "rm", cmd_fs_rm, "remove a file (or a directory with -r)")
+    p.add_argument("path")
+    p.add_argument("-r", "--recursive", action="store_true")
+    p = add(fs, "load", cmd_fs_load, "load a file or directory into the cache")
+    p.add_argument("path")
+    p.add_argument("-q", "--quiet", action="store_true")
+    add(fs, "free", cmd_fs_free, "free a path's cached blocks").add_argument("path")
+    add(fs, "pin", cmd_fs_pin, "never evict a path's blocks").add_argument("path")
+    add(fs, "unpin", cmd_fs_unpin, "let a path's blocks be evicted again").add_argument("path")
+
+    p = add(sub, "report", cmd_report, "capacity, use and hit ratio per worker and tier")
+    p.add_argument("--json", action="store_true")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level, args.log_json)
+    try:
+        return int(args.fn(args))
+    except StrataError as exc:
+        print(f"strata: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""The client library: metadata from the master, blocks from workers.
+
+A block is read from a worker on this host when there is one (by file descriptor when the
+worker allows short-circuit reads), else from the block's owner on the hash ring; when a
+worker is down the next one on the ring serves it. Reads are correct or raise a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from .. import constants, rpcutil
+from ..auth import load_token
+from ..blockrefs import block_count, key_of
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, StrataError, Unavailable
+from ..proto import strata_pb2 as pb
+from ..proto import strata_pb2_grpc as pb_grpc
+from ..placement import rank_workers
+from . import localstate
+from .shortcircuit import ShortCircuitReader
+
+log = logging.getLogger(__name__)
+
+# How long the worker list is reused before asking the master again.
+WORKERS_TTL = 2.0
+# Errors after which the next worker on the ring is tried.
+_FAILOVER = (Unavailable, FailedPrecondition)
+
+
+def resolve_master(master: str | None) -> str:
+    """Where the master is: the argument, STRATA_MASTER, or the local cluster."""
+    if master:
+        return master
+    if os.environ.get(constants.ENV_MASTER):
+        return os.environ[constants.ENV_MASTER]
+    state = localstate.read_state()
+    if state is not None:
+        return state.master
+    raise InvalidArgument(
+        "no master address: pass --master HOST:PORT, set STRATA_MASTER, or start a local "
+        "cluster with `strata local up`"
+    )
+
+
+def resolve_token(token: str | None) -> str:
+    if token:
+        return token
+    return load_token(localstate.token_file())
+
+
+def local_host() -> str:
+    """This host's name as workers report theirs (the node name in Kubernetes)."""
+    return os.environ.get("STRATA_NODE_NAME") or os.environ.get(constants.ENV_HOSTNAME) or socket.gethostname()
+
+
+@dataclass
+class _Workers:
+    at: float
+    all: list[pb.WorkerInfo]
+
+
+class StrataClient:
+    def __init__(self, master: str | None = None, token: str | None = None, host: str | None = None,
+                 short_circuit: bool = True) -> None:
+        self.master_address = resolve_master(master)
+        self.token = resolve_token(token)
+        self.host = host or local_host()
+        self.short_circuit = short_circuit
+        self._channel = rpcutil.sync_channel(self.master_address, self.token)
+        self.master = pb_grpc.MasterStub(self._channel)
+        self._workers: _Workers | None = None
+        self._worker_channels: dict[str, tuple[str, grpc.Channel]] = {}
+        self._sc_readers: dict[str, ShortCircuitReader] = {}
+        self._lock = threading.Lock()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def call(self, method: str, request: Any, *, what: str, timeout: float = 60) -> Any:
+        try:
+            return getattr(self.master, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"{what} (master {self.master_address})") from exc
+
+    def workers(self, refresh: bool = False) -> list[pb.WorkerInfo]:
+        cached = self._workers
+        if refresh or cached is None or time.monotonic() - cached.at > WORKERS_TTL:
+            response = self.call("ListWorkers", pb.ListWorkersRequest(), what="listing workers", timeout=10)
+            cached = _Workers(time.monotonic(), list(response.workers))
+            self._workers = cached
+        return cached.all
+
+    def worker_stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
+        with self._lock:
+            cached = self._worker_channels.get(info.worker_id)
+            if cached is None or cached[0] != info.address:
+                cached = (info.address, rpcutil.sync_channel(info.address, self.token))
+                self._worker_channels[info.worker_id] = cached
+        return pb_grpc.WorkerStub(cached[1])
+
+    def _sc_reader(self, info: pb.WorkerInfo) -> ShortCircuitReader | None:
+        if not (self.short_circuit and info.domain_socket and info.host == self.host):
+            return None
+        if not os.path.exists(info.domain_socket):
+            return None
+        with self._lock:
+            reader = self._sc_readers.get(info.domain_socket)
+            if reader is None:
+                reader = self._sc_readers[info.domain_socket] = ShortCircuitReader(info.domain_socket, self.token)
+        return reader
+
+    def close(self) -> None:
+        for reader in self._sc_readers.values():
+            reader.close()
+        for _, channel in self._worker_channels.values():
+            channel.close()
+        self._channel.close()
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def stat(self, path: str) -> pb.FileInfo:
+        return self.call("GetStatus", pb.GetStatusRequest(path=path), what=f"stat {path}")  # type: ignore[no-any-return]
+
+    def ls(self, path: str, recursive: bool = False) -> list[pb.FileInfo]:
+        response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive), what=f"ls {path}")
+        return list(response.files)
+
+    def rm(self, path: str, recursive: bool = False) -> None:
+        self.call("Delete", pb.DeleteRequest(path=path, recursive=recursive), what=f"rm {path}")
+
+    def mv(self, src: str, dst: str) -> None:
+        self.call("Rename", pb.RenameRequest(src=src, dst=dst), what=f"mv {src} {dst}")
+
+    def mount(self, path: str, source: str, options: pb.MountOptions | None = None, *,
+              replace: bool = False, check: bool = True) -> pb.MountInfo:
+        request = pb.MountRequest(path=path, source=source, options=options, replace=replace, check=check)
+        return self.call("Mount", request, what=f"mount {path}", timeout=120).mount  # type: ignore[no-any-return]
+
+    def unmount(self, path: str, free: bool = True) -> None:
+        self.call("Unmount", pb.UnmountRequest(path=path, free=free), what=f"unmount {path}")
+
+    def mounts(self) -> list[pb.MountInfo]:
+        return list(self.call("ListMounts", pb.ListMountsRequest(), what="listing mounts").mounts)
+
+    def load(self, path: str) -> Iterator[pb.LoadProgress]:
+        try:
+            yield from self.master.Load(pb.LoadRequest(path=path), timeout=24 * 3600)
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"load {path}") from exc
+
+    def free(self, path: str) -> int:
+        return int(self.call("Free", pb.FreeRequest(path=path), what=f"free {path}").bytes_freed)
+
+    def set_pinned(self, path: str, pinned: bool) -> None:
+        self.call("SetPinned", pb.SetPinnedRequest(path=path, pinned=pinned), what=f"pin {path}")
+
+    def report(self) -> pb.ReportResponse:
+        return self.call("Report", pb.ReportRequest(), what="report")  # type: ignore[no-any-return]
+
+    def block_locations(self, path: str) -> pb.GetBlockLocationsResponse:
+        return self.call("GetBlockLocations", pb.GetBlockLocationsRequest(path=path), what=f"block locations of {path}")  # type: ignore[no-any-return]
+
+    # -- blocks ------------------------------------------------------------------------------
+
+    def block_ref(self, info: pb.FileInfo, index: int) -> pb.BlockRef:
+        return pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=index,
+                           block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+
+    def candidates(self, ref: pb.BlockRef, holders: Iterable[str] = ()) -> list[pb.WorkerInfo]:
+        """Workers to try for a block, best first."""
+        workers = [w for w in self.workers() if not w.decommissioning] or self.workers()
+        if not workers:
+            raise Unavailable(f"no live workers to read {ref.path} from (master {self.master_address})")
+        by_id = {w.worker_id: w for w in workers}
+        ranked = rank_workers(key_of(ref).block_id, by_id)
+        held = [w for w in ranked if w in set(holders)]
+        local = [w for w in ranked if by_id[w].host == self.host]
+        order: list[str] = []
+        if ref.in_store:
+            order = local + held + ranked
+        else:  # only the holders have it
+            order = held + ranked
+        seen: set[str] = set()
+        return [by_id[w] for w in order if not (w in seen or seen.add(w))]  # type: ignore[func-returns-value]
+
+    def read_block(self, ref: pb.BlockRef, offset: int = 0, length: int = 0, *,
+                   readahead: int = 0, read_type: int = 0, holders: Iterable[str] = ()) -> bytes:
+        """Bytes of one block (length 0: to its end), failing over along the ring."""
+        errors: list[str] = []
+        for attempt in range(2):
+            for worker in self.candidates(ref, holders):
+                try:
+                    return self._read_from(worker, ref, offset, length, readahead, read_type)
+                except _FAILOVER as exc:
+                    errors.append(f"{worker.worker_id}: {exc}")
+                    log.debug("block %d of %s: worker %s failed: %s", ref.index, ref.path, worker.worker_id, exc)
+            self.workers(refresh=True)
+        raise Unavailable(f"cannot read block {ref.index} of {ref.path}: " + "; ".join(errors))
+
+    def _read_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, length: int,
+                   readahead: int, read_type: int) -> bytes:
+        full = max(0, min(ref.block_size, ref.file_length - ref.index * ref.block_size))
+        want = (length or full - offset)
+        reader = self._sc_reader(worker)
+        if reader is not None:
+            try:
+                return reader.read(ref, offset, want, read_type)
+            except Unavailable as exc:
+                log.debug("short-circuit to %s failed (%s); reading over gRPC", worker.worker_id, exc)
+        request = pb.ReadBlockRequest(block=ref, offset=offset, length=want, read_type=read_type,
+                                      readahead_blocks=readahead)
+        try:
+            chunks = [c.data for c in self.worker_stub(worker).ReadBlock(request, timeout=300)]
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"reading block {ref.index} of {ref.path} from worker {worker.worker_id}") from exc
+        data = b"".join(chunks)
+        if len(data) != want:
+            raise Unavailable(f"worker {worker.worker_id} sent {len(data)} bytes of block {ref.index} of {ref.path}, expected {want}")
+        return data
+
+    def read_file(self, path: str) -> bytes:
+        info = self.stat(path)
+        if info.is_dir:
+            raise InvalidArgument(f"{path} is a directory")
+        return b"".join(self.read_block(self.block_ref(info, i)) for i in range(block_count(info.length, info.block_size)))
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def writer_worker(self) -> pb.WorkerInfo:
+        workers = [w for w in self.workers() if not w.decommissioning]
+        if not workers:
+            raise Unavailable(f"no live workers to write through (master {self.master_address})")
+        local = [w for w in workers if w.host == self.host]
+        return (local or workers)[0]
+
+    def write_file(self, path: str, chunks: Iterable[bytes], *, write_type: int = 0, overwrite: bool = True) -> pb.FileInfo:
+        worker = self.writer_worker()
+
+        def messages() -> Iterator[pb.WriteFileChunk]:
+            first = True
+            for data in chunks:
+                for i in range(0, max(len(data), 1) if first else len(data), constants.STREAM_CHUNK_SIZE):
+                    piece = data[i:i + constants.STREAM_CHUNK_SIZE]
+                    if first:
+                        yield pb.WriteFileChunk(path=path, write_type=write_type, overwrite=overwrite, data=piece)
+                        first = False
+                    else:
+                        yield pb.WriteFileChunk(data=piece)
+            if first:
+                yield pb.WriteFileChunk(path=path, write_type=write_type, overwrite=overwrite)
+
+        try:
+            return self.worker_stub(worker).WriteFile(messages(), timeout=3600).file  # type: ignore[no-any-return]
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"writing {path} through worker {worker.worker_id}") from exc
+
+
+class StreamingUpload:
+    """A WriteFile call fed chunk by chunk from another thread (file objects opened for writing)."""
+
+    _END = object()
+
+    def __init__(self, client: StrataClient, path: str, write_type: int, overwrite: bool) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=8)
+        self._result: pb.FileInfo | None = None
+        self._error: BaseException | None = None
+
+        def chunks() -> Iterator[bytes]:
+            while (item := self._queue.get()) is not self._END:
+                yield item  # type: ignore[misc]
+
+        def run() -> None:
+            try:
+                self._result = client.write_file(path, chunks(), write_type=write_type, overwrite=overwrite)
+            except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread
+                self._error = exc
+                while True:  # unblock a producer waiting on a full queue
+                    try:
+                        self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+
+        self._thread = threading.Thread(target=run, name=f"strata-upload-{path}", daemon=True)
+        self._thread.start()
+
+    def send(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        while self._thread.is_alive():
+            try:
+                self._queue.put(data, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> pb.FileInfo:
+        if self._thread.is_alive():
+            self._queue.put(self._END)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise StrataError("write ended without a result")
+        return self._result
+
+
+def not_found(path: str) -> NotFound:
+    return NotFound(f"{path}: no such file or directory")

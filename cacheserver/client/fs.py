@@ -1,0 +1,245 @@
+"""fsspec filesystem for protocol `strata`, so pandas, pyarrow and dask read
+`strata:///datasets/x/part-0.parquet` unchanged.
+
+    fs = fsspec.filesystem("strata", master="host:19998")
+    pd.read_parquet("strata:///datasets/x/part-0.parquet")
+    pd.read_parquet("strata://host:19998/datasets/x/part-0.parquet")  # master in the URL
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.utils import infer_storage_options
+
+from ..errors import InvalidArgument, StrataError
+from ..proto import strata_pb2 as pb
+from .core import StrataClient, StreamingUpload
+
+# Blocks a sequential reader keeps fetching ahead of itself.
+DEFAULT_READAHEAD = 2
+# A read smaller than this that does not continue the previous one fetches just its range,
+# not the whole block (footers, indexes, random access).
+SMALL_READ = 1024 * 1024
+
+
+def _info_dict(info: pb.FileInfo) -> dict[str, Any]:
+    return {
+        "name": info.path,
+        "size": info.length,
+        "type": "directory" if info.is_dir else "file",
+        "mtime": info.mtime_unix_ms / 1000.0,
+        "version": info.version,
+        "persisted": info.persisted,
+        "cached_bytes": info.cached_bytes,
+        "pinned": info.pinned,
+        "block_size": info.block_size,
+    }
+
+
+class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
+    protocol = "strata"
+    root_marker = "/"
+
+    def __init__(self, master: str | None = None, token: str | None = None, *, host: str | None = None,
+                 short_circuit: bool = True, readahead: int = DEFAULT_READAHEAD, write_type: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit)
+        self.readahead = readahead
+        self.write_type = pb.WriteType.Value(write_type) if write_type else 0
+        self._pool = ThreadPoolExecutor(max_workers=max(2, readahead + 2), thread_name_prefix="strata-read")
+
+    # -- paths -------------------------------------------------------------------------------
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> str:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]  # type: ignore[return-value]
+        path = str(path)
+        if path.startswith("strata://"):
+            rest = path[len("strata://"):]
+            # strata:///a/b -> /a/b ; strata://host:port/a/b -> /a/b
+            path = rest if rest.startswith("/") else "/" + rest.partition("/")[2]
+        path = "/" + path.lstrip("/")
+        return path.rstrip("/") or "/"
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        options = infer_storage_options(path)
+        host = options.get("host")
+        if host:
+            port = options.get("port")
+            return {"master": f"{host}:{port}" if port else host}
+        return {}
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return _info_dict(self.client.stat(self._strip_protocol(path)))
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        path = self._strip_protocol(path)
+        info = self.client.stat(path)
+        entries = [info] if not info.is_dir else self.client.ls(path)
+        if detail:
+            return [_info_dict(e) for e in entries]
+        return [e.path for e in entries]
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any) -> Any:
+        if maxdepth is not None:
+            return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+        path = self._strip_protocol(path)
+        info = self.client.stat(path)
+        entries = [info] if not info.is_dir else self.client.ls(path, recursive=True)
+        found = {e.path: _info_dict(e) for e in entries if withdirs or not e.is_dir}
+        return found if detail else sorted(found)
+
+    def ukey(self, path: str) -> str:
+        return str(self.info(path)["version"])
+
+    def block_locations(self, path: str) -> list[dict[str, Any]]:
+        """Per block: offset, length and the hosts holding it (for locality-aware schedulers)."""
+        response = self.client.block_locations(self._strip_protocol(path))
+        return [{"index": b.index, "offset": b.offset, "length": b.length, "hosts": list(b.hosts)} for b in response.blocks]
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def _rm(self, path: str) -> None:
+        self.client.rm(self._strip_protocol(path))
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        for p in [path] if isinstance(path, str) else path:
+            self.client.rm(self._strip_protocol(p), recursive=recursive)
+
+    def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
+        self.client.mv(self._strip_protocol(path1), self._strip_protocol(path2))
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        """Directories exist when files are written below them (as in object stores)."""
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """See mkdir."""
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        self.client.write_file(self._strip_protocol(path), [value], write_type=self.write_type,
+                               overwrite=mode == "overwrite")
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        with self.open(path, "rb") as f:
+            if start is not None:
+                f.seek(start if start >= 0 else max(0, f.size + start))
+            if end is None:
+                return f.read()  # type: ignore[no-any-return]
+            end = end if end >= 0 else f.size + end
+            return f.read(max(0, end - f.tell()))  # type: ignore[no-any-return]
+
+    def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
+              cache_options: dict[str, Any] | None = None, **kwargs: Any) -> StrataFile:
+        if mode not in ("rb", "wb", "xb"):
+            raise InvalidArgument(f"strata files open with mode rb, wb or xb, not {mode!r}")
+        return StrataFile(self, self._strip_protocol(path), mode, write_type=kwargs.get("write_type"))
+
+
+class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
+    """Reads whole blocks, keeping the next ones in flight while the reader is sequential;
+    writes stream to a worker as they come."""
+
+    def __init__(self, fs: StrataFileSystem, path: str, mode: str, write_type: str | None = None) -> None:
+        self.fs = fs
+        self.client = fs.client
+        if mode == "rb":
+            self.file_info = self.client.stat(path)
+            if self.file_info.is_dir:
+                raise IsADirectoryError(f"{path} is a directory")
+            self._holders: dict[int, list[str]] = {}
+            if not self.file_info.persisted:
+                locations = self.client.block_locations(path)
+                self._holders = {b.index: list(b.worker_ids) for b in locations.blocks}
+            block = self.file_info.block_size or 1
+            super().__init__(fs, path, mode, block_size=block, cache_type="none", size=self.file_info.length)
+            self._blocks: OrderedDict[int, Future[bytes]] = OrderedDict()
+            self._last_index = -2
+            self._lock = threading.Lock()
+        else:
+            super().__init__(fs, path, mode, block_size=4 * 1024 * 1024, cache_type="none")
+            wt = pb.WriteType.Value(write_type) if write_type else fs.write_type
+            self._upload: StreamingUpload | None = None
+            self._write_type = wt
+            self.file_info = None
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _fetch_block(self, index: int) -> bytes:
+        ref = self.client.block_ref(self.file_info, index)
+        return self.client.read_block(ref, holders=self._holders.get(index, ()))
+
+    def _block_future(self, index: int) -> Future[bytes]:
+        future = self._blocks.get(index)
+        if future is None:
+            future = self.fs._pool.submit(self._fetch_block, index)
+            self._blocks[index] = future
+        self._blocks.move_to_end(index)
+        while len(self._blocks) > self.fs.readahead + 2:
+            old, fut = self._blocks.popitem(last=False)
+            fut.cancel()
+        return future
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        info = self.file_info
+        size = info.block_size
+        end = min(end, info.length)
+        if start >= end:
+            return b""
+        first, last = start // size, (end - 1) // size
+        sequential = first in (self._last_index, self._last_index + 1) or (start == 0 and end - start >= SMALL_READ)
+        if first == last and not sequential and end - start < SMALL_READ and first not in self._blocks:
+            ref = self.client.block_ref(info, first)
+            return self.client.read_block(ref, start - first * size, end - start, holders=self._holders.get(first, ()))
+        parts = []
+        blocks = (info.length + size - 1) // size
+        for i in range(first, last + 1):
+            with self._lock:
+                future = self._block_future(i)
+                # Keep the next blocks in flight while this one is consumed.
+                for ahead in range(i + 1, min(blocks, i + 1 + self.fs.readahead)):
+                    self._block_future(ahead)
+            try:
+                data = future.result()
+            except StrataError:
+                with self._lock:
+                    self._blocks.pop(i, None)
+                raise
+            lo = max(start - i * size, 0)
+            hi = min(end - i * size, len(data))
+            parts.append(data[lo:hi] if (lo, hi) != (0, len(data)) else data)
+        self._last_index = last
+        return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _initiate_upload(self) -> None:
+        self._upload = StreamingUpload(self.client, self.path, self._write_type, overwrite=self.mode == "wb")
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        if self._upload is None:
+            self._initiate_upload()
+        assert self._upload is not None
+        data = self.buffer.getvalue()
+        if data:
+            self._upload.send(data)
+        if final:
+            self._upload.finish()
+        return True
+
+    def close(self) -> None:
+        if self.mode == "rb" and not self.closed:
+            with self._lock:
+                for future in self._blocks.values():
+                    future.cancel()
+                self._blocks.clear()
+        super().close()

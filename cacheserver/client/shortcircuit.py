@@ -1,0 +1,90 @@
+"""The reader's side of short-circuit reads: ask the local worker for a block's file
+descriptor over its Unix socket, read the file directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from typing import Any
+
+from ..errors import StrataError, Unavailable
+from ..proto import strata_pb2 as pb
+
+_ERRORS_BY_NAME = {cls.code.name: cls for cls in StrataError.__subclasses__()}
+
+
+class ShortCircuitReader:
+    """One connection per thread to one worker's socket."""
+
+    def __init__(self, socket_path: str, token: str) -> None:
+        self.socket_path = socket_path
+        self._token = token
+        self._local = threading.local()
+
+    def _conn(self) -> tuple[socket.socket, Any]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.socket_path)
+            except OSError as exc:
+                sock.close()
+                raise Unavailable(f"short-circuit socket {self.socket_path}: {exc.strerror}") from exc
+            conn = (sock, bytearray())
+            self._local.conn = conn
+        return conn  # type: ignore[no-any-return]
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn[0].close()
+            self._local.conn = None
+
+    def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
+        """Bytes [offset, offset+length) of the block, from the worker's block file."""
+        request = {
+            "token": self._token,
+            "block": {
+                "mount_id": ref.mount_id, "path": ref.path, "version": ref.version, "index": ref.index,
+                "block_size": ref.block_size, "file_length": ref.file_length, "in_store": ref.in_store,
+            },
+            "read_type": read_type,
+        }
+        sock, pending = self._conn()
+        try:
+            sock.sendall((json.dumps(request) + "\n").encode())
+            fd = -1
+            while b"\n" not in pending:
+                data, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+                if not data:
+                    raise Unavailable(f"short-circuit socket {self.socket_path} closed by the worker")
+                pending.extend(data)
+                if fds:
+                    fd = fds[0]
+        except OSError as exc:
+            self._drop()
+            raise Unavailable(f"short-circuit read over {self.socket_path} failed: {exc}") from exc
+        line, _, rest = bytes(pending).partition(b"\n")
+        pending[:] = rest
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            if fd >= 0:
+                os.close(fd)
+            cls = _ERRORS_BY_NAME.get(reply.get("code", ""), StrataError)
+            raise cls(reply.get("message", "short-circuit read refused"))
+        try:
+            available = int(reply["length"])
+            if offset > available:
+                raise StrataError(f"offset {offset} is past the end of block {ref.index} ({available} bytes)")
+            want = min(length, available - offset)
+            data = os.pread(fd, want, offset)
+            if len(data) != want:
+                raise Unavailable(f"block {ref.index} of {ref.path}: short read from the worker's file")
+            return data
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self._drop()

@@ -1,0 +1,54 @@
+"""The HTTP side of each server: Prometheus `/metrics` and `/healthz`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+
+class HttpServer:
+    """A tiny HTTP/1.0 server on asyncio: GET /metrics, GET /healthz. Nothing else."""
+
+    def __init__(self, registry: CollectorRegistry, healthy: Callable[[], bool]) -> None:
+        self._registry = registry
+        self._healthy = healthy
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._handle, host, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), timeout=10)
+            while (await asyncio.wait_for(reader.readline(), timeout=10)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
+            if path == "/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._registry)
+            elif path in ("/healthz", "/readyz", "/livez"):
+                ok = self._healthy()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = "text/plain", (b"ok\n" if ok else b"not ready\n")
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found: try /metrics or /healthz\n"
+            writer.write(
+                f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode() + body
+            )
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError) as exc:
+            log.debug("http request failed: %s", exc)
+        finally:
+            writer.close()

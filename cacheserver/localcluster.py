@@ -1,0 +1,204 @@
+"""`strata local up/down/status`: a master and workers as processes on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from . import constants
+from .auth import generate_token
+from .client import localstate
+from .errors import FailedPrecondition, StrataError, Unavailable
+from .units import parse_size
+
+# How long `local up` waits for the servers to answer /healthz.
+STARTUP_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class LocalClusterSpec:
+    workers: int = 1
+    mem: str = "1Gi"
+    ssd: tuple[str, ...] = ()  # "DIR:SIZE"
+    hdd: tuple[str, ...] = ()
+    block_size: str = "16Mi"
+    master_port: int = constants.MASTER_RPC_PORT
+    worker_port: int = constants.WORKER_RPC_PORT
+    bind: str = "127.0.0.1"
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _disk_tier(medium: str, values: tuple[str, ...], worker: int) -> dict[str, object] | None:
+    if not values:
+        return None
+    dirs, quota = [], 0
+    for value in values:
+        folder, sep, size = value.rpartition(":")
+        if not sep or not folder:
+            raise StrataError(f"--{medium.lower()} {value!r}: write DIR:SIZE, e.g. /mnt/nvme/strata:100Gi")
+        quota += parse_size(size, what=f"--{medium.lower()} size")
+        dirs.append(str(Path(folder).resolve() / f"worker-{worker}"))
+    return {"medium": medium, "quota": quota, "dirs": dirs}
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-P", "-m", "strata.cacheserver", *args],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+
+
+def up(spec: LocalClusterSpec) -> localstate.LocalState:
+    if (state := localstate.read_state()) is not None and _healthy(state.master_http):
+        raise FailedPrecondition(f"a local cluster is already running (master {state.master}); stop it with `strata local down`")
+    base = localstate.local_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    ports = [spec.master_port, spec.master_port + 1] + [
+        p for i in range(spec.workers) for p in (spec.worker_port + 2 * i, spec.worker_port + 2 * i + 1)
+    ]
+    busy = [p for p in ports if not port_free(spec.bind, p)]
+    if busy:
+        raise FailedPrecondition(
+            f"ports {busy} on {spec.bind} are in use; stop what holds them (another cluster? `strata local down`) "
+            "or choose others with --master-port / --worker-port"
+        )
+    token_file = localstate.token_file()
+    token_file.write_text(generate_token())
+    token_file.chmod(0o600)
+    tag = hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:8]
+    env = {**os.environ, constants.ENV_TOKEN_FILE: str(token_file)}
+    env.pop(constants.ENV_TOKEN, None)
+    logs = base / "logs"
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    master = f"{spec.bind}:{spec.master_port}"
+    try:
+        master_cfg = base / "master.yaml"
+        master_cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master}))
+        procs["master"] = _spawn(
+            ["master", "--config", str(master_cfg), "--journal-dir", str(base / "journal"),
+             "--bind", spec.bind, "--port", str(spec.master_port), "--http-port", str(spec.master_port + 1)],
+            logs / "master.log", env,
+        )
+        _wait_healthy({"master": spec.master_port + 1}, procs, logs)
+        worker_http: dict[str, int] = {}
+        addresses = []
+        for i in range(spec.workers):
+            name = f"worker-{i}"
+            tiers = [{"medium": "MEM", "quota": spec.mem, "dirs": [f"/dev/shm/strata-{tag}-{name}"]}] if spec.mem not in ("", "0") else []
+            tiers += [t for t in (_disk_tier("SSD", spec.ssd, i), _disk_tier("HDD", spec.hdd, i)) if t]
+            cfg = base / f"{name}.yaml"
+            cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master, "tiers": tiers}))
+            port = spec.worker_port + 2 * i
+            worker_env = {**env, "STRATA_WORKER_ID": f"local-{name}", "STRATA_ADVERTISE_HOST": spec.bind}
+            procs[name] = _spawn(
+                ["worker", "--config", str(cfg), "--data-dir", str(base / name),
+                 "--bind", spec.bind, "--port", str(port), "--http-port", str(port + 1)],
+                logs / f"{name}.log", worker_env,
+            )
+            worker_http[name] = port + 1
+            addresses.append(f"{spec.bind}:{port}")
+        _wait_healthy(worker_http, procs, logs)
+    except BaseException:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        raise
+    state = localstate.LocalState(
+        master=master, master_http=spec.master_port + 1,
+        pids={name: p.pid for name, p in procs.items()}, workers=addresses, logs=str(logs),
+    )
+    localstate.write_state(state)
+    return state
+
+
+def _wait_healthy(ports: dict[str, int], procs: dict[str, subprocess.Popen[bytes]], logs: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    waiting = dict(ports)
+    while waiting:
+        for name in list(waiting):
+            if procs[name].poll() is not None:
+                tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
+                raise Unavailable(f"{name} exited with code {procs[name].returncode}:\n" + "\n".join(tail))
+            if _healthy(waiting[name]):
+                del waiting[name]
+        if waiting and time.monotonic() > deadline:
+            raise Unavailable(f"{', '.join(waiting)} did not become healthy within {STARTUP_TIMEOUT:.0f}s; see {logs}")
+        if waiting:
+            time.sleep(0.1)
+
+
+def down() -> list[str]:
+    """Stop the local cluster; returns the names of the processes stopped."""
+    state = localstate.read_state()
+    if state is None:
+        return []
+    stopped = []
+    for name, pid in state.pids.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+            stopped.append(name)
+    deadline = time.monotonic() + 10
+    for pid in state.pids.values():
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+    tag = hashlib.sha256(str(localstate.local_dir().resolve()).encode()).hexdigest()[:8]
+    for shm in Path("/dev/shm").glob(f"strata-{tag}-*"):
+        subprocess.run(["rm", "-rf", str(shm)], check=False)
+    localstate.clear_state()
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def status() -> dict[str, bool] | None:
+    state = localstate.read_state()
+    if state is None:
+        return None
+    return {name: _alive(pid) for name, pid in state.pids.items()}

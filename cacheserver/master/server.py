@@ -1,0 +1,123 @@
+"""Run the master: gRPC service, HTTP metrics/health, worker expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .. import rpcutil
+from ..auth import TokenInterceptor
+from ..config import ServerConfig
+from ..httpserver import HttpServer
+from ..namespace.metadata import Namespace
+from ..namespace.mounts import MountTable
+from ..proto import strata_pb2_grpc as pb_grpc
+from .service import MasterService
+
+log = logging.getLogger(__name__)
+
+
+class MasterCollector(Collector):
+    """Prometheus metrics read from the master's state at scrape time."""
+
+    def __init__(self, service: MasterService) -> None:
+        self._service = service
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        s = self._service
+        live = s.membership.live()
+        yield GaugeMetricFamily("strata_master_workers_live", "Workers heartbeating", value=len(live))
+        yield GaugeMetricFamily("strata_master_mounts", "Mounts in the namespace", value=len(s.mounts.list()))
+        capacity = GaugeMetricFamily("strata_cache_capacity_bytes", "Tier quota over live workers", labels=["medium"])
+        used = GaugeMetricFamily("strata_cache_used_bytes", "Bytes cached over live workers", labels=["medium"])
+        sums: dict[str, list[int]] = {}
+        for record in live:
+            for tier in record.stats.tiers:
+                pair = sums.setdefault(tier.medium, [0, 0])
+                pair[0] += tier.capacity
+                pair[1] += tier.used
+        for medium, (cap, use) in sorted(sums.items()):
+            capacity.add_metric([medium], cap)
+            used.add_metric([medium], use)
+        yield capacity
+        yield used
+        hits = sum(r.stats.hits for r in live)
+        misses = sum(r.stats.misses for r in live)
+        yield GaugeMetricFamily("strata_cache_hits", "Block reads served from cache (live workers)", value=hits)
+        yield GaugeMetricFamily("strata_cache_misses", "Block reads that went to the store (live workers)", value=misses)
+        cached = GaugeMetricFamily("strata_mount_cached_bytes", "Cached bytes per mount", labels=["mount"])
+        by_mount = s.blocks.cached_bytes_by_mount()
+        for mount in s.mounts.list():
+            cached.add_metric([mount.path], by_mount.get(mount.mount_id, 0))
+        yield cached
+
+
+@dataclass
+class MasterHandle:
+    service: MasterService
+    server: grpc.aio.Server
+    http: HttpServer
+    port: int
+    http_port: int
+    expiry: asyncio.Task[None]
+
+    async def stop(self, grace: float = 2.0) -> None:
+        self.expiry.cancel()
+        await self.service.close()
+        await self.http.stop()
+        await self.server.stop(grace)
+
+
+async def start_master(
+    config: ServerConfig,
+    *,
+    journal_dir: Path | None,
+    token: str,
+    bind: str = "0.0.0.0",
+    port: int,
+    http_port: int,
+) -> MasterHandle:
+    mounts = MountTable(journal_dir)
+    namespace = Namespace(mounts, journal_dir, block_size=config.block_size)
+    service = MasterService(config, mounts, namespace, token)
+    server = grpc.aio.server(interceptors=[TokenInterceptor(token)], options=rpcutil.CHANNEL_OPTIONS)
+    pb_grpc.add_MasterServicer_to_server(service, server)
+    bound = server.add_insecure_port(f"{bind}:{port}")
+    if bound == 0:
+        raise OSError(f"master: cannot listen on {bind}:{port} (port in use?)")
+    await server.start()
+    registry = CollectorRegistry()
+    registry.register(MasterCollector(service))
+    http = HttpServer(registry, healthy=lambda: True)
+    http_bound = await http.start(bind, http_port)
+
+    async def expire_loop() -> None:
+        while True:
+            await asyncio.sleep(config.heartbeat_interval)
+            service.expire_workers()
+
+    expiry = asyncio.ensure_future(expire_loop())
+    log.info("master serving gRPC on %s:%d, HTTP on %s:%d (%d mounts)", bind, bound, bind, http_bound, len(mounts.list()))
+    return MasterHandle(service, server, http, bound, http_bound, expiry)
+
+
+async def run_master(config: ServerConfig, **kwargs: object) -> None:
+    """Serve until SIGTERM/SIGINT."""
+    handle = await start_master(config, **kwargs)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("master stopping")
+    await handle.stop()

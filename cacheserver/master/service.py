@@ -1,0 +1,471 @@
+"""The master's gRPC service: mount table, metadata, membership, block locations, stats."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from .. import rpcutil
+from ..cache.keys import BlockKey
+from ..config import ServerConfig
+from ..errors import InvalidArgument, StrataError
+from ..namespace.metadata import FileEntry, Namespace
+from ..namespace.mounts import Mount, MountOptions, MountTable
+from ..namespace.paths import is_under, normalize
+from ..placement import rank_workers
+from ..proto import strata_pb2 as pb
+from ..proto import strata_pb2_grpc as pb_grpc
+from ..ufs import Store
+from .blocks import BlockIndex
+from .membership import Membership, WorkerRecord
+
+log = logging.getLogger(__name__)
+
+# How many CacheBlocks calls a load keeps in flight, and how many blocks each carries.
+LOAD_CONCURRENCY = 4
+LOAD_BATCH_BLOCKS = 2
+# How long store totals of a mount (bytes, files) are reused before walking the store again.
+UFS_TOTALS_MAX_AGE = 60.0
+
+
+@dataclass
+class LoadJob:
+    path: str
+    progress: pb.LoadProgress = field(default_factory=pb.LoadProgress)
+    error: StrataError | None = None
+    task: asyncio.Task[None] | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def update(self, **fields: int | bool) -> None:
+        for name, value in fields.items():
+            setattr(self.progress, name, value)
+        self.changed.set()
+
+
+@dataclass
+class UfsTotals:
+    total_bytes: int
+    files: int
+    at: float
+
+
+def read_type_name(value: int) -> str:
+    return "" if value == pb.READ_TYPE_UNSPECIFIED else pb.ReadType.Name(value)
+
+
+def write_type_name(value: int) -> str:
+    return "" if value == pb.WRITE_TYPE_UNSPECIFIED else pb.WriteType.Name(value)
+
+
+def options_from_proto(options: pb.MountOptions, has_options: bool) -> MountOptions:
+    if not has_options:
+        return MountOptions()
+    return MountOptions(
+        options=dict(options.options),
+        credentials=dict(options.credentials),
+        read_only=options.read_only,
+        metadata_sync_interval=options.metadata_sync_interval,
+        read_type=read_type_name(options.read_type),
+        write_type=write_type_name(options.write_type),
+        pin=options.pin,
+        ttl_seconds=options.ttl_seconds,
+    )
+
+
+def mount_to_proto(mount: Mount, *, with_credentials: bool, pinned: list[str]) -> pb.MountInfo:
+    o = mount.options
+    return pb.MountInfo(
+        path=mount.path,
+        source=mount.source,
+        mount_id=mount.mount_id,
+        created_unix_ms=mount.created_unix_ms,
+        pinned_prefixes=pinned,
+        options=pb.MountOptions(
+            options=o.options,
+            credentials=o.credentials if with_credentials else {},
+            read_only=o.read_only,
+            metadata_sync_interval=o.metadata_sync_interval,
+            read_type=pb.ReadType.Value(o.read_type) if o.read_type else 0,
+            write_type=pb.WriteType.Value(o.write_type) if o.write_type else 0,
+            pin=o.pin,
+            ttl_seconds=o.ttl_seconds,
+        ),
+    )
+
+
+class MasterService(pb_grpc.MasterServicer):
+    def __init__(self, config: ServerConfig, mounts: MountTable, namespace: Namespace, token: str) -> None:
+        self.config = config
+        self.mounts = mounts
+        self.namespace = namespace
+        self.token = token
+        self.membership = Membership(timeout=config.heartbeat_interval * config.heartbeat_misses)
+        self.blocks = BlockIndex()
+        self.loads: dict[str, LoadJob] = {}
+        self.ufs_totals: dict[int, UfsTotals] = {}
+        self._table_version = 1
+        self._worker_channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
+        self._background: set[asyncio.Task[object]] = set()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        task.set_name(name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _bump_table(self) -> None:
+        self._table_version += 1
+
+    def _worker_stub(self, record: WorkerRecord) -> pb_grpc.WorkerStub:
+        worker_id, address = record.info.worker_id, record.info.address
+        cached = self._worker_channels.get(worker_id)
+        if cached is None or cached[0] != address:
+            if cached is not None:
+                self._spawn(cached[1].close(), f"close-channel-{worker_id}")
+            cached = (address, rpcutil.aio_channel(address, self.token))
+            self._worker_channels[worker_id] = cached
+        return pb_grpc.WorkerStub(cached[1])
+
+    def _host_of(self, worker_id: str) -> str:
+        record = self.membership.get(worker_id)
+        return record.info.host if record else ""
+
+    def _file_info(self, entry: FileEntry) -> pb.FileInfo:
+        cached = 0 if entry.is_dir else self.blocks.cached_bytes_of_file(entry.mount_id, entry.path, entry.version)
+        return pb.FileInfo(
+            path=entry.path,
+            name=entry.name,
+            is_dir=entry.is_dir,
+            length=entry.length,
+            mtime_unix_ms=entry.mtime_unix_ms,
+            version=entry.version,
+            block_size=entry.block_size,
+            persisted=entry.persisted,
+            cached_bytes=cached,
+            pinned=entry.pinned,
+            mount_id=entry.mount_id,
+            read_only=entry.read_only,
+        )
+
+    def _pinned_prefixes(self, mount: Mount) -> list[str]:
+        prefixes = list(self.namespace.pinned_prefixes(mount.mount_id))
+        if mount.options.pin:
+            prefixes.append(mount.path)
+        return sorted(set(prefixes))
+
+    async def _broadcast(self, what: str, call: str, request: object) -> list[object]:
+        """Send one request to every live worker; a worker that fails is logged, not fatal."""
+        records = self.membership.live()
+
+        async def one(record: WorkerRecord) -> object | None:
+            try:
+                return await getattr(self._worker_stub(record), call)(request, timeout=60)
+            except grpc.RpcError as exc:
+                log.warning("%s on worker %s failed: %s", what, record.info.worker_id, exc.details() if hasattr(exc, "details") else exc)
+                return None
+
+        results = await asyncio.gather(*(one(r) for r in records))
+        return [r for r in results if r is not None]
+
+    async def _free_blocks(self, mount_id: int, prefix: str) -> int:
+        results = await self._broadcast("free", "FreeBlocks", pb.FreeBlocksRequest(mount_id=mount_id, path_prefix=prefix))
+        return sum(r.bytes_freed for r in results)  # type: ignore[attr-defined]
+
+    # -- mount table ---------------------------------------------------------------------------
+
+    @rpcutil.unary
+    async def Mount(self, request: pb.MountRequest, context: grpc.aio.ServicerContext) -> pb.MountResponse:
+        path = normalize(request.path)
+        options = options_from_proto(request.options, request.HasField("options"))
+        existing = self.mounts.get(path)
+        if existing is not None and existing.source == request.source and existing.options == options:
+            # Same mount again (the operator re-ensures mounts): keep its id and its cache.
+            return pb.MountResponse(mount=mount_to_proto(existing, with_credentials=False, pinned=self._pinned_prefixes(existing)))
+        if request.check:
+            await Store(request.source, {**options.options, **options.credentials}).check()
+        mount = self.mounts.add(path, request.source, options, replace=request.replace)
+        if existing is not None and existing.mount_id != mount.mount_id:
+            self._spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")
+        self._bump_table()
+        self._spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+        log.info("mounted %s -> %s (mount id %d)", mount.path, mount.source, mount.mount_id)
+        return pb.MountResponse(mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)))
+
+    @rpcutil.unary
+    async def Unmount(self, request: pb.UnmountRequest, context: grpc.aio.ServicerContext) -> pb.UnmountResponse:
+        mount = self.mounts.remove(normalize(request.path))
+        self._bump_table()
+        self.ufs_totals.pop(mount.mount_id, None)
+        self.loads.pop(mount.path, None)
+        if request.free:
+            await self._free_blocks(mount.mount_id, "")
+        log.info("unmounted %s", mount.path)
+        return pb.UnmountResponse()
+
+    @rpcutil.unary
+    async def ListMounts(self, request: pb.ListMountsRequest, context: grpc.aio.ServicerContext) -> pb.ListMountsResponse:
+        return pb.ListMountsResponse(
+            mounts=[mount_to_proto(m, with_credentials=False, pinned=self._pinned_prefixes(m)) for m in self.mounts.list()]
+        )
+
+    @rpcutil.unary
+    async def GetMountTable(self, request: pb.GetMountTableRequest, context: grpc.aio.ServicerContext) -> pb.GetMountTableResponse:
+        return pb.GetMountTableResponse(
+            version=self._table_version,
+            mounts=[mount_to_proto(m, with_credentials=True, pinned=self._pinned_prefixes(m)) for m in self.mounts.list()],
+        )
+
+    # -- metadata ------------------------------------------------------------------------------
+
+    @rpcutil.unary
+    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
+        return self._file_info(await self.namespace.get_status(normalize(request.path)))
+
+    @rpcutil.unary
+    async def ListStatus(self, request: pb.ListStatusRequest, context: grpc.aio.ServicerContext) -> pb.ListStatusResponse:
+        entries = await self.namespace.list_status(normalize(request.path), recursive=request.recursive)
+        return pb.ListStatusResponse(files=[self._file_info(e) for e in entries])
+
+    @rpcutil.unary
+    async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
+        path = normalize(request.path)
+        mount, _ = self.mounts.resolve(path)
+        await self.namespace.delete(path, request.recursive)
+        await self._free_blocks(mount.mount_id, path)
+        return pb.DeleteResponse()
+
+    @rpcutil.unary
+    async def Rename(self, request: pb.RenameRequest, context: grpc.aio.ServicerContext) -> pb.RenameResponse:
+        src, dst = normalize(request.src), normalize(request.dst)
+        mount, _ = self.mounts.resolve(src)
+        await self.namespace.rename(src, dst)
+        # Blocks are keyed by path: the old path's blocks can never be read again.
+        await self._free_blocks(mount.mount_id, src)
+        return pb.RenameResponse()
+
+    @rpcutil.unary
+    async def GetBlockLocations(
+        self, request: pb.GetBlockLocationsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetBlockLocationsResponse:
+        entry = await self.namespace.get_status(normalize(request.path))
+        if entry.is_dir:
+            raise InvalidArgument(f"{entry.path} is a directory; block locations exist for files only")
+        response = pb.GetBlockLocationsResponse(file=self._file_info(entry))
+        size = entry.block_size or self.config.block_size
+        for index in range((entry.length + size - 1) // size):
+            key = BlockKey(mount_id=entry.mount_id, path=entry.path, version=entry.version, index=index)
+            holders = sorted(self.blocks.holders(key))
+            offset = index * size
+            response.blocks.append(
+                pb.BlockLocation(
+                    index=index,
+                    offset=offset,
+                    length=min(size, entry.length - offset),
+                    worker_ids=holders,
+                    hosts=sorted({self._host_of(w) for w in holders} - {""}),
+                )
+            )
+        return response
+
+    @rpcutil.unary
+    async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.CommitFileResponse:
+        path = normalize(request.path)
+        self.namespace.commit_file(
+            path,
+            length=request.length,
+            version=request.version,
+            persisted=request.persisted,
+            ufs_version=request.ufs_version or None,
+        )
+        return pb.CommitFileResponse(file=self._file_info(await self.namespace.get_status(path)))
+
+    # -- cache management ------------------------------------------------------------------
+
+    @rpcutil.streaming
+    async def Load(self, request: pb.LoadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.LoadProgress]:
+        path = normalize(request.path)
+        await self.namespace.get_status(path)  # NotFound now rather than inside the job
+        job = self.loads.get(path)
+        if job is None or job.progress.done:
+            job = LoadJob(path=path)
+            self.loads[path] = job
+            job.task = asyncio.ensure_future(self._run_load(job))
+        while True:
+            job.changed.clear()
+            snapshot = pb.LoadProgress()
+            snapshot.CopyFrom(job.progress)
+            if snapshot.done and job.error is not None:
+                raise job.error
+            yield snapshot
+            if snapshot.done:
+                return
+            await job.changed.wait()
+
+    async def _run_load(self, job: LoadJob) -> None:
+        try:
+            entry = await self.namespace.get_status(job.path)
+            files = [entry] if not entry.is_dir else [
+                e for e in await self.namespace.list_status(job.path, recursive=True) if not e.is_dir
+            ]
+            job.update(bytes_total=sum(f.length for f in files), files_total=len(files))
+            semaphore = asyncio.Semaphore(LOAD_CONCURRENCY)
+            await asyncio.gather(*(self._load_file(job, f, semaphore) for f in files))
+        except StrataError as exc:
+            job.error = exc
+        except Exception as exc:  # noqa: BLE001 - the job reports every failure
+            log.exception("load of %s failed", job.path)
+            job.error = StrataError(f"load of {job.path} failed: {exc}")
+        finally:
+            job.update(done=True)
+
+    async def _load_file(self, job: LoadJob, entry: FileEntry, semaphore: asyncio.Semaphore) -> None:
+        size = entry.block_size or self.config.block_size
+        refs = [
+            pb.BlockRef(mount_id=entry.mount_id, path=entry.path, version=entry.version, index=i,
+                        block_size=size, file_length=entry.length, in_store=entry.persisted)
+            for i in range((entry.length + size - 1) // size)
+        ]
+        by_owner: dict[str, list[pb.BlockRef]] = {}
+        workers = {r.info.worker_id: r for r in self.membership.placement()}
+        if refs and not workers:
+            raise StrataError(f"cannot load {entry.path}: no live workers")
+        for ref in refs:
+            block_id = BlockKey(mount_id=ref.mount_id, path=ref.path, version=ref.version, index=ref.index).block_id
+            by_owner.setdefault(rank_workers(block_id, workers)[0], []).append(ref)
+
+        async def send(worker_id: str, batch: list[pb.BlockRef]) -> None:
+            async with semaphore:
+                try:
+                    await self._worker_stub(workers[worker_id]).CacheBlocks(pb.CacheBlocksRequest(blocks=batch), timeout=600)
+                except grpc.RpcError as exc:
+                    raise rpcutil.raise_from_rpc_error(exc, f"loading {entry.path} on worker {worker_id}") from exc
+            job.update(bytes_loaded=job.progress.bytes_loaded + sum(min(r.block_size, r.file_length - r.index * r.block_size) for r in batch))
+
+        await asyncio.gather(*(
+            send(worker_id, batch[i:i + LOAD_BATCH_BLOCKS])
+            for worker_id, batch in by_owner.items()
+            for i in range(0, len(batch), LOAD_BATCH_BLOCKS)
+        ))
+        job.update(files_loaded=job.progress.files_loaded + 1)
+
+    @rpcutil.unary
+    async def Free(self, request: pb.FreeRequest, context: grpc.aio.ServicerContext) -> pb.FreeResponse:
+        path = normalize(request.path)
+        mount, _ = self.mounts.resolve(path)
+        prefix = "" if path == mount.path else path
+        return pb.FreeResponse(bytes_freed=await self._free_blocks(mount.mount_id, prefix))
+
+    @rpcutil.unary
+    async def SetPinned(self, request: pb.SetPinnedRequest, context: grpc.aio.ServicerContext) -> pb.SetPinnedResponse:
+        path = normalize(request.path)
+        mount, _ = self.mounts.resolve(path)
+        self.namespace.set_pinned(path, request.pinned)
+        self._bump_table()
+        await self._broadcast(
+            "pin", "PinBlocks", pb.PinBlocksRequest(mount_id=mount.mount_id, path_prefix=path, pinned=request.pinned)
+        )
+        return pb.SetPinnedResponse()
+
+    # -- membership --------------------------------------------------------------------------
+
+    @rpcutil.unary
+    async def RegisterWorker(
+        self, request: pb.RegisterWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterWorkerResponse:
+        info = request.worker
+        if not info.worker_id or not info.address:
+            raise InvalidArgument("RegisterWorker: worker_id and address are required")
+        self.membership.register(info, request.stats)
+        self.blocks.drop_worker(info.worker_id)
+        self.blocks.add(info.worker_id, request.blocks)
+        log.info("worker %s registered at %s (host %s, %d blocks)", info.worker_id, info.address, info.host, len(request.blocks))
+        return pb.RegisterWorkerResponse(mount_table_version=self._table_version)
+
+    @rpcutil.unary
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
+        if not self.membership.heartbeat(request.worker_id, request.stats):
+            return pb.HeartbeatResponse(reregister=True, mount_table_version=self._table_version)
+        self.blocks.add(request.worker_id, request.added)
+        self.blocks.remove(request.worker_id, request.removed)
+        return pb.HeartbeatResponse(mount_table_version=self._table_version)
+
+    @rpcutil.unary
+    async def ListWorkers(self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext) -> pb.ListWorkersResponse:
+        return pb.ListWorkersResponse(workers=[self.membership.to_proto(r) for r in self.membership.live()])
+
+    @rpcutil.unary
+    async def DecommissionWorkers(
+        self, request: pb.DecommissionWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DecommissionWorkersResponse:
+        self.membership.decommission(list(request.worker_ids))
+        log.info("decommissioning workers %s", ", ".join(request.worker_ids))
+        return pb.DecommissionWorkersResponse()
+
+    def expire_workers(self) -> None:
+        for worker_id in self.membership.expire():
+            log.warning("worker %s stopped heartbeating; dropped from placement", worker_id)
+            self.blocks.drop_worker(worker_id)
+            cached = self._worker_channels.pop(worker_id, None)
+            if cached is not None:
+                self._spawn(cached[1].close(), f"close-channel-{worker_id}")
+
+    # -- report ------------------------------------------------------------------------------
+
+    async def _refresh_ufs_totals(self, mount: Mount) -> None:
+        try:
+            entries = await self.namespace.list_status(mount.path, recursive=True)
+        except StrataError as exc:
+            log.warning("cannot total the store of %s: %s", mount.path, exc)
+            return
+        files = [e for e in entries if not e.is_dir]
+        self.ufs_totals[mount.mount_id] = UfsTotals(sum(f.length for f in files), len(files), time.monotonic())
+
+    @rpcutil.unary
+    async def Report(self, request: pb.ReportRequest, context: grpc.aio.ServicerContext) -> pb.ReportResponse:
+        response = pb.ReportResponse()
+        for record in self.membership.records():
+            live = self.membership.is_live(record)
+            response.workers.append(pb.WorkerReport(worker=self.membership.to_proto(record), stats=record.stats, live=live))
+            if live:
+                response.capacity += sum(t.capacity for t in record.stats.tiers)
+                response.used += sum(t.used for t in record.stats.tiers)
+            response.hits += record.stats.hits
+            response.misses += record.stats.misses
+        by_mount = self.blocks.cached_bytes_by_mount()
+        for mount in self.mounts.list():
+            totals = self.ufs_totals.get(mount.mount_id)
+            if totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE:
+                self._spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+            by_host: dict[str, int] = {}
+            for worker_id, n in self.blocks.cached_bytes_by_worker(mount.mount_id).items():
+                host = self._host_of(worker_id) or worker_id
+                by_host[host] = by_host.get(host, 0) + n
+            job = self.loads.get(mount.path) or next(
+                (j for p, j in self.loads.items() if is_under(p, mount.path)), None
+            )
+            response.mounts.append(pb.MountReport(
+                mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)),
+                cached_bytes=by_mount.get(mount.mount_id, 0),
+                cached_bytes_by_host=by_host,
+                ufs_total_bytes=totals.total_bytes if totals else 0,
+                ufs_files=totals.files if totals else 0,
+                load=job.progress if job else None,
+            ))
+        return response
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        for job in self.loads.values():
+            if job.task is not None:
+                job.task.cancel()
+        for _, channel in self._worker_channels.values():
+            await channel.close()
+

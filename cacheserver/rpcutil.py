@@ -1,0 +1,153 @@
+"""gRPC plumbing shared by the servers and the clients: errors to status codes and back,
+channel options, authenticated channels."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from . import auth
+from .errors import StrataError, from_status
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Self = TypeVar("Self")
+
+# Blocks stream in 1 MiB chunks; allow some headroom for whole small messages.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.enable_retries", 0),
+]
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
+    if isinstance(exc, StrataError):
+        await context.abort(exc.code, str(exc))
+    log.exception("unexpected error in %s", method)
+    await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}")
+
+
+def unary(
+    fn: Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
+) -> Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
+    """Turn StrataErrors raised by a unary handler into the matching gRPC status."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Self, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await fn(self, request, context)
+        except (grpc.aio.AbortError, grpc.aio.UsageError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status
+            await _abort(context, exc, fn.__name__)
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def streaming(
+    fn: Callable[[Self, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]],
+) -> Callable[[Self, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]]:
+    """The same for handlers that stream responses."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Self, request: Req, context: grpc.aio.ServicerContext) -> AsyncIterator[Resp]:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except (grpc.aio.AbortError, grpc.aio.UsageError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            await _abort(context, exc, fn.__name__)
+
+    return wrapper
+
+
+def raise_from_rpc_error(exc: grpc.RpcError, what: str) -> StrataError:
+    """The StrataError a client raises for a failed call (`raise ... from exc`)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = f"{what}: {details}"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        details = f"{what}: timed out ({details})"
+    return from_status(code, details or f"{what} failed")
+
+
+def aio_channel(address: str, token: str) -> grpc.aio.Channel:
+    """An asyncio channel whose every call carries the token."""
+    return grpc.aio.insecure_channel(
+        address, options=CHANNEL_OPTIONS, interceptors=[_AioAuthInterceptor(token)]
+    )
+
+
+def sync_channel(address: str, token: str) -> grpc.Channel:
+    """A blocking channel whose every call carries the token (client library, CLI)."""
+    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.intercept_channel(channel, _SyncAuthInterceptor(token))
+
+
+def _with_token(details: Any, token: str, cls: Any) -> Any:
+    metadata = list(details.metadata or ()) + list(auth.call_metadata(token))
+    fields = {f: getattr(details, f, None) for f in cls._fields}
+    fields["metadata"] = metadata
+    return cls(**fields)
+
+
+class _AioAuthInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.aio.StreamUnaryClientInterceptor,  # type: ignore[misc]
+):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def _details(self, details: Any) -> Any:
+        return _with_token(details, self._token, grpc.aio.ClientCallDetails)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
+class _SyncCallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
+    _fields = ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+
+    def __init__(self, **fields: Any) -> None:
+        for name in self._fields:
+            setattr(self, name, fields.get(name))
+
+
+class _SyncAuthInterceptor(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+):
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def _details(self, details: Any) -> Any:
+        return _with_token(details, self._token, _SyncCallDetails)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return continuation(self._details(details), request_iterator)

@@ -1,0 +1,91 @@
+"""The worker's copy of the mount table: which store backs a mount, and what is pinned."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ..errors import NotFound, PermissionDenied
+from ..namespace.paths import is_under, relative
+from ..proto import strata_pb2 as pb
+from ..ufs import Store
+
+
+@dataclass(frozen=True)
+class MountView:
+    info: pb.MountInfo
+    store: Store
+
+    @property
+    def mount_id(self) -> int:
+        return self.info.mount_id
+
+    @property
+    def path(self) -> str:
+        return self.info.path
+
+    def rel(self, ns_path: str) -> str:
+        return relative(ns_path, self.info.path)
+
+    def is_pinned(self, ns_path: str) -> bool:
+        return any(is_under(ns_path, prefix) for prefix in self.info.pinned_prefixes)
+
+    def check_writable(self) -> None:
+        if self.info.options.read_only:
+            raise PermissionDenied(f"mount {self.path} is read-only; writes are refused")
+
+
+class WorkerMounts:
+    """Mounts by id, synced from the master's GetMountTable (with credentials)."""
+
+    def __init__(self, fetch_table: Callable[[], Awaitable[pb.GetMountTableResponse]]) -> None:
+        self._fetch_table = fetch_table
+        self._by_id: dict[int, MountView] = {}
+        self.version = 0
+
+    def apply(self, table: pb.GetMountTableResponse) -> None:
+        views: dict[int, MountView] = {}
+        for info in table.mounts:
+            old = self._by_id.get(info.mount_id)
+            same_store = old is not None and old.info.source == info.source and old.info.options == info.options
+            store = old.store if same_store and old is not None else Store(
+                info.source, {**info.options.options, **info.options.credentials}
+            )
+            views[info.mount_id] = MountView(info, store)
+        self._by_id = views
+        self.version = table.version
+
+    async def refresh(self) -> None:
+        self.apply(await self._fetch_table())
+
+    async def get(self, mount_id: int) -> MountView:
+        view = self._by_id.get(mount_id)
+        if view is None:
+            await self.refresh()
+            view = self._by_id.get(mount_id)
+        if view is None:
+            raise NotFound(
+                f"mount id {mount_id} is not in the mount table (unmounted or remounted); "
+                "stat the file again to get its current mount"
+            )
+        return view
+
+    async def resolve(self, ns_path: str) -> MountView:
+        view = self._longest_prefix(ns_path)
+        if view is None:
+            await self.refresh()
+            view = self._longest_prefix(ns_path)
+        if view is None:
+            known = ", ".join(sorted(v.path for v in self._by_id.values())) or "none"
+            raise NotFound(f"no mount covers {ns_path}; mounts: {known}")
+        return view
+
+    def _longest_prefix(self, ns_path: str) -> MountView | None:
+        best: MountView | None = None
+        for view in self._by_id.values():
+            if is_under(ns_path, view.path) and (best is None or len(view.path) > len(best.path)):
+                best = view
+        return best
+
+    def views(self) -> list[MountView]:
+        return list(self._by_id.values())

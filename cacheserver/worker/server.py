@@ -1,0 +1,303 @@
+"""Run a worker: tiered block store, gRPC service, short-circuit socket, master link."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .. import constants, rpcutil
+from ..auth import TokenInterceptor
+from ..cache.store import BlockStore
+from ..cache.tiers import TierConfig
+from ..config import ServerConfig
+from ..errors import StrataError
+from ..httpserver import HttpServer
+from ..proto import strata_pb2 as pb
+from ..proto import strata_pb2_grpc as pb_grpc
+from .mounts import WorkerMounts
+from ..blockrefs import key_of, ref_of
+from .service import BlockReports, WorkerService, remove_stale_staging
+from .shortcircuit import ShortCircuitServer
+
+log = logging.getLogger(__name__)
+
+# How often the worker refreshes its list of peers (for placing written blocks).
+PEER_REFRESH_SECONDS = 5.0
+# How often blocks unused longer than their mount's TTL are freed.
+TTL_SWEEP_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    worker_id: str  # stable name: the pod name in Kubernetes
+    host: str       # node name: what locality means
+    advertise: str  # host part of the address clients and peers dial
+
+
+def identity_from_env(port: int) -> WorkerIdentity:
+    host = os.environ.get("STRATA_NODE_NAME") or os.environ.get(constants.ENV_HOSTNAME) or socket.gethostname()
+    advertise = os.environ.get("STRATA_ADVERTISE_HOST") or os.environ.get("STRATA_POD_IP") or "127.0.0.1"
+    worker_id = os.environ.get("STRATA_WORKER_ID") or os.environ.get("STRATA_POD_NAME") or f"{host}:{port}"
+    return WorkerIdentity(worker_id=worker_id, host=host, advertise=advertise)
+
+
+def tier_configs(config: ServerConfig, data_dir: Path, worker_id: str) -> list[TierConfig]:
+    """Tiers from the config; a tier without dirs gets one under data_dir (MEM: /dev/shm)."""
+    tiers = []
+    settings = config.tiers or ()
+    for tier in settings:
+        dirs = tier.dirs
+        if not dirs:
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in worker_id)
+            dirs = (Path("/dev/shm") / f"strata-{safe}",) if tier.medium == "MEM" else (data_dir / "tiers" / tier.medium.lower(),)
+        tiers.append(TierConfig(medium=tier.medium, quota=tier.quota, dirs=tuple(dirs)))
+    return tiers
+
+
+class WorkerCollector(Collector):
+    def __init__(self, worker: WorkerHandle) -> None:
+        self._worker = worker
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        c = self._worker.service.counters
+        for name, value, text in (
+            ("strata_worker_cache_hits", c.hits, "Block reads served from the cache"),
+            ("strata_worker_cache_misses", c.misses, "Blocks fetched from the store"),
+            ("strata_worker_ufs_bytes_read", c.ufs_bytes_read, "Bytes read from the store"),
+            ("strata_worker_bytes_served", c.bytes_served, "Bytes served to readers"),
+            ("strata_worker_short_circuit_reads", c.short_circuit_reads, "Blocks handed out as file descriptors"),
+        ):
+            yield CounterMetricFamily(name, text, value=value)
+        capacity = GaugeMetricFamily("strata_worker_tier_capacity_bytes", "Tier quota", labels=["medium"])
+        used = GaugeMetricFamily("strata_worker_tier_used_bytes", "Bytes held in a tier", labels=["medium"])
+        blocks = GaugeMetricFamily("strata_worker_tier_blocks", "Blocks held in a tier", labels=["medium"])
+        for tier in self._worker.service.store.stats():
+            capacity.add_metric([tier.medium], tier.capacity)
+            used.add_metric([tier.medium], tier.used)
+            blocks.add_metric([tier.medium], tier.blocks)
+        yield capacity
+        yield used
+        yield blocks
+
+
+@dataclass
+class WorkerHandle:
+    config: ServerConfig
+    identity: WorkerIdentity
+    token: str
+    service: WorkerService
+    server: grpc.aio.Server
+    port: int
+    http: HttpServer
+    http_port: int
+    short_circuit: ShortCircuitServer | None
+    master_channel: grpc.aio.Channel
+    reports: BlockReports
+    peers: list[pb.WorkerInfo] = field(default_factory=list)
+    registered: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _peer_channels: dict[str, tuple[str, grpc.aio.Channel]] = field(default_factory=dict)
+
+    @property
+    def master(self) -> pb_grpc.MasterStub:
+        return pb_grpc.MasterStub(self.master_channel)
+
+    def info(self) -> pb.WorkerInfo:
+        return pb.WorkerInfo(
+            worker_id=self.identity.worker_id,
+            host=self.identity.host,
+            address=f"{self.identity.advertise}:{self.port}",
+            domain_socket=str(self.short_circuit.socket_path) if self.short_circuit else "",
+            http_port=self.http_port,
+        )
+
+    def stats(self) -> pb.WorkerStats:
+        c = self.service.counters
+        by_mount: dict[int, int] = {}
+        for block in self.service.store.blocks():
+            by_mount[block.key.mount_id] = by_mount.get(block.key.mount_id, 0) + block.length
+        return pb.WorkerStats(
+            tiers=[pb.TierStats(medium=t.medium, capacity=t.capacity, used=t.used, blocks=t.blocks) for t in self.service.store.stats()],
+            hits=c.hits, misses=c.misses, ufs_bytes_read=c.ufs_bytes_read, bytes_served=c.bytes_served,
+            short_circuit_reads=c.short_circuit_reads, cached_bytes_by_mount=by_mount,
+        )
+
+    def peer_stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
+        cached = self._peer_channels.get(info.worker_id)
+        if cached is None or cached[0] != info.address:
+            cached = (info.address, rpcutil.aio_channel(info.address, self.token))
+            self._peer_channels[info.worker_id] = cached
+        return pb_grpc.WorkerStub(cached[1])
+
+    async def register(self) -> None:
+        blocks = [ref_of(b.key, length=b.length) for b in self.service.store.blocks()]
+        self.reports.take()  # the full list supersedes pending deltas
+        response = await self.master.RegisterWorker(
+            pb.RegisterWorkerRequest(worker=self.info(), stats=self.stats(), blocks=blocks), timeout=30
+        )
+        self.registered = True
+        if response.mount_table_version != self.service.mounts.version:
+            await self.service.mounts.refresh()
+        log.info("registered with the master as %s (%d blocks)", self.identity.worker_id, len(blocks))
+
+    async def heartbeat_once(self) -> None:
+        if not self.registered:
+            await self.register()
+            return
+        added, removed = self.reports.take()
+        try:
+            response = await self.master.Heartbeat(pb.HeartbeatRequest(
+                worker_id=self.identity.worker_id, stats=self.stats(), added=added, removed=removed,
+                mount_table_version=self.service.mounts.version,
+            ), timeout=10)
+        except grpc.RpcError:
+            # Keep the deltas for the next try.
+            for ref in added:
+                self.reports.added.setdefault(key_of(ref).block_id, ref)
+            for ref in removed:
+                self.reports.removed.setdefault(key_of(ref).block_id, ref)
+            raise
+        if response.reregister:
+            await self.register()
+        elif response.mount_table_version != self.service.mounts.version:
+            await self.service.mounts.refresh()
+
+    async def heartbeat_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self.heartbeat_once()
+                if failures:
+                    log.info("master reachable again")
+                failures = 0
+            except (grpc.RpcError, StrataError) as exc:
+                failures += 1
+                if failures in (1, 10) or failures % 60 == 0:
+                    log.warning("heartbeat to master %s failed (%d in a row): %s", self.config.master_address, failures,
+                                exc.details() if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else exc)
+            await asyncio.sleep(self.config.heartbeat_interval)
+
+    async def peer_loop(self) -> None:
+        while True:
+            with contextlib.suppress(grpc.RpcError):
+                response = await self.master.ListWorkers(pb.ListWorkersRequest(), timeout=10)
+                self.peers = list(response.workers)
+            await asyncio.sleep(PEER_REFRESH_SECONDS)
+
+    async def ttl_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TTL_SWEEP_SECONDS)
+            self.sweep_ttl()
+
+    def sweep_ttl(self) -> int:
+        freed = 0
+        now = time.time()
+        for view in self.service.mounts.views():
+            ttl = view.info.options.ttl_seconds
+            if ttl > 0:
+                freed += self.service.store.free_unused_since(
+                    now - ttl, lambda key, mid=view.mount_id: key.mount_id == mid
+                )
+        return freed
+
+    async def stop(self, grace: float = 2.0) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.short_circuit:
+            self.short_circuit.stop()
+        await self.service.close()
+        await self.http.stop()
+        await self.server.stop(grace)
+        for _, channel in self._peer_channels.values():
+            await channel.close()
+        await self.master_channel.close()
+
+
+async def start_worker(
+    config: ServerConfig,
+    *,
+    data_dir: Path,
+    token: str,
+    bind: str = "0.0.0.0",
+    port: int,
+    http_port: int,
+    identity: WorkerIdentity | None = None,
+) -> WorkerHandle:
+    if not config.tiers:
+        raise StrataError("worker: no cache tiers configured; add at least one tier (e.g. MEM 1Gi) to the config")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = grpc.aio.server(interceptors=[TokenInterceptor(token)], options=rpcutil.CHANNEL_OPTIONS)
+    bound = server.add_insecure_port(f"{bind}:{port}")
+    if bound == 0:
+        raise OSError(f"worker: cannot listen on {bind}:{port} (port in use?)")
+    identity = identity or identity_from_env(bound)
+    reports = BlockReports()
+    store = BlockStore(
+        tier_configs(config, data_dir, identity.worker_id),
+        eviction=config.cache_policy.eviction,
+        high_watermark=config.cache_policy.high_watermark,
+        low_watermark=config.cache_policy.low_watermark,
+        on_change=reports.on_change,
+    )
+    await store.open()
+    reports.take()  # the registration carries the rescanned blocks
+    staging = data_dir / "staging"
+    remove_stale_staging(staging)
+    master_channel = rpcutil.aio_channel(config.master_address, token)
+    master_stub = pb_grpc.MasterStub(master_channel)
+    mounts = WorkerMounts(lambda: master_stub.GetMountTable(pb.GetMountTableRequest(), timeout=30))
+    handle: WorkerHandle | None = None
+    service = WorkerService(
+        config=config, worker_id=identity.worker_id, store=store, mounts=mounts,
+        master=lambda: master_stub,
+        peers=lambda: handle.peers if handle else [],
+        peer_stub=lambda info: handle.peer_stub(info) if handle else pb_grpc.WorkerStub(master_channel),
+        staging_dir=staging,
+    )
+    pb_grpc.add_WorkerServicer_to_server(service, server)
+    await server.start()
+    short_circuit = None
+    if config.short_circuit:
+        short_circuit = ShortCircuitServer(service, data_dir / "sc" / "worker.sock", token, asyncio.get_running_loop())
+        short_circuit.start()
+    registry = CollectorRegistry()
+    http = HttpServer(registry, healthy=lambda: handle is not None and handle.registered)
+    http_bound = await http.start(bind, http_port)
+    handle = WorkerHandle(
+        config=config, identity=identity, token=token, service=service, server=server, port=bound,
+        http=http, http_port=http_bound, short_circuit=short_circuit, master_channel=master_channel,
+        reports=reports,
+    )
+    registry.register(WorkerCollector(handle))
+    handle.tasks = [
+        asyncio.ensure_future(handle.heartbeat_loop()),
+        asyncio.ensure_future(handle.peer_loop()),
+        asyncio.ensure_future(handle.ttl_loop()),
+    ]
+    log.info("worker %s serving gRPC on %s:%d (host %s), HTTP on %d", identity.worker_id, bind, bound, identity.host, http_bound)
+    return handle
+
+
+async def run_worker(config: ServerConfig, **kwargs: object) -> None:
+    handle = await start_worker(config, **kwargs)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("worker stopping")
+    await handle.stop()

@@ -1,0 +1,424 @@
+"""The worker's gRPC service: serve blocks from the tiered store, fetch misses from the
+store (one request per block however many readers wait), take writes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from .. import constants, rpcutil
+from ..cache.keys import BlockKey
+from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
+from ..config import ServerConfig
+from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
+from ..blockrefs import block_length, key_of, ref_of
+from ..namespace.paths import is_under, normalize
+from ..placement import rank_workers
+from ..proto import strata_pb2 as pb
+from ..proto import strata_pb2_grpc as pb_grpc
+from .mounts import MountView, WorkerMounts
+
+log = logging.getLogger(__name__)
+
+# Background readahead fetches one worker runs at once.
+READAHEAD_CONCURRENCY = 4
+# Blocks one CacheBlocks call fetches at once (a load sends a few blocks per call).
+CACHE_BLOCKS_CONCURRENCY = 4
+
+
+@dataclass
+class Counters:
+    """What a worker counts; heartbeats carry it to the master, /metrics shows it."""
+
+    hits: int = 0
+    misses: int = 0
+    ufs_bytes_read: int = 0
+    bytes_served: int = 0
+    short_circuit_reads: int = 0
+
+
+@dataclass
+class BlockReports:
+    """Blocks added and removed since the last heartbeat."""
+
+    added: dict[str, pb.BlockRef] = field(default_factory=dict)
+    removed: dict[str, pb.BlockRef] = field(default_factory=dict)
+
+    def on_change(self, added: list[CachedBlock], removed: list[BlockKey]) -> None:
+        for block in added:
+            ref = ref_of(block.key, length=block.length)
+            self.removed.pop(block.key.block_id, None)
+            self.added[block.key.block_id] = ref
+        for key in removed:
+            self.added.pop(key.block_id, None)
+            self.removed[key.block_id] = ref_of(key)
+
+    def take(self) -> tuple[list[pb.BlockRef], list[pb.BlockRef]]:
+        added, removed = list(self.added.values()), list(self.removed.values())
+        self.added.clear()
+        self.removed.clear()
+        return added, removed
+
+
+def effective_read_type(request_type: int, mount: MountView, config: ServerConfig) -> int:
+    if request_type:
+        return request_type
+    if mount.info.options.read_type:
+        return mount.info.options.read_type
+    return int(pb.ReadType.Value(config.cache_policy.read_type))
+
+
+def effective_write_type(request_type: int, mount: MountView, config: ServerConfig) -> int:
+    if request_type:
+        return request_type
+    if mount.info.options.write_type:
+        return mount.info.options.write_type
+    return int(pb.WriteType.Value(config.cache_policy.write_type))
+
+
+class WorkerService(pb_grpc.WorkerServicer):
+    def __init__(
+        self,
+        *,
+        config: ServerConfig,
+        worker_id: str,
+        store: BlockStore,
+        mounts: WorkerMounts,
+        master: Callable[[], pb_grpc.MasterStub],
+        peers: Callable[[], list[pb.WorkerInfo]],
+        peer_stub: Callable[[pb.WorkerInfo], pb_grpc.WorkerStub],
+        staging_dir: Path,
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.store = store
+        self.mounts = mounts
+        self._master = master
+        self._peers = peers
+        self._peer_stub = peer_stub
+        self.staging_dir = staging_dir
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        self.counters = Counters()
+        self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
+        self._readahead_pending: set[str] = set()
+        self._background: set[asyncio.Task[object]] = set()
+        # Blocks whose checksums this process has verified end to end (fetched here, or
+        # read whole once); short-circuit readers get file descriptors only for these.
+        self.verified: set[str] = set()
+
+    # -- block cache -------------------------------------------------------------------------
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        task.set_name(name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def ensure_cached(self, ref: pb.BlockRef, *, promote: bool = False) -> tuple[CachedBlock, bool]:
+        """The block in the store, fetched from the mount's store on a miss."""
+        key = key_of(ref)
+        length = block_length(ref)
+        mount = await self.mounts.get(ref.mount_id)
+
+        async def fetch() -> bytes:
+            if not ref.in_store:
+                raise FailedPrecondition(
+                    f"block {ref.index} of {ref.path} is not cached on worker {self.worker_id} and "
+                    "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
+                )
+            start = ref.index * ref.block_size
+            data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
+            self.counters.misses += 1
+            self.counters.ufs_bytes_read += len(data)
+            return data
+
+        block, hit = await self.store.get_or_fetch(
+            key, length, fetch, promote=promote, pin=mount.is_pinned(ref.path)
+        )
+        if hit:
+            self.counters.hits += 1
+        else:
+            self.verified.add(key.block_id)
+        return block, hit
+
+    async def read_cached(self, ref: pb.BlockRef, offset: int, length: int, *, promote: bool) -> tuple[bytes, bool]:
+        """Bytes [offset, offset+length) of a block, refetching once if the cached copy is bad."""
+        for attempt in (1, 2):
+            block, hit = await self.ensure_cached(ref, promote=promote)
+            try:
+                data = await self.store.read(block.key, offset, length)
+            except BlockCorrupt as exc:
+                log.warning("dropped bad block %s of %s: %s", ref.index, ref.path, exc)
+                self.verified.discard(block.key.block_id)
+                if attempt == 2:
+                    raise
+                continue
+            if offset == 0 and length == block.length:
+                self.verified.add(block.key.block_id)
+            return data, hit
+        raise AssertionError("unreachable")
+
+    def _readahead_from(self, ref: pb.BlockRef, count: int, read_type: int) -> None:
+        if read_type == pb.NO_CACHE or count <= 0 or not ref.block_size:
+            return
+        blocks = (ref.file_length + ref.block_size - 1) // ref.block_size
+        for index in range(ref.index + 1, min(blocks, ref.index + 1 + count)):
+            nxt = pb.BlockRef()
+            nxt.CopyFrom(ref)
+            nxt.index = index
+            block_id = key_of(nxt).block_id
+            if block_id in self._readahead_pending or self.store.lookup(key_of(nxt)) is not None:
+                continue
+            self._readahead_pending.add(block_id)
+            self._spawn(self._prefetch(nxt, block_id), f"readahead-{block_id[:12]}")
+
+    async def _prefetch(self, ref: pb.BlockRef, block_id: str) -> None:
+        try:
+            async with self._readahead:
+                await self.ensure_cached(ref)
+        except StrataError as exc:
+            log.debug("readahead of block %d of %s failed: %s", ref.index, ref.path, exc)
+        finally:
+            self._readahead_pending.discard(block_id)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    @rpcutil.streaming
+    async def ReadBlock(self, request: pb.ReadBlockRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadBlockChunk]:
+        ref = request.block
+        total = block_length(ref)
+        if request.offset > total:
+            raise InvalidArgument(f"offset {request.offset} is past the end of block {ref.index} ({total} bytes)")
+        length = min(request.length or total, total - request.offset)
+        mount = await self.mounts.get(ref.mount_id)
+        read_type = effective_read_type(request.read_type, mount, self.config)
+        if read_type == pb.NO_CACHE and self.store.lookup(key_of(ref)) is None:
+            if not ref.in_store:
+                raise NotFound(f"block {ref.index} of {ref.path} is not cached here and not in the store")
+            start = ref.index * ref.block_size + request.offset
+            data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
+            self.counters.misses += 1
+            self.counters.ufs_bytes_read += len(data)
+            hit = False
+        else:
+            data, hit = await self.read_cached(ref, request.offset, length, promote=read_type == pb.CACHE_PROMOTE)
+        self._readahead_from(ref, request.readahead_blocks, read_type)
+        self.counters.bytes_served += len(data)
+        view = memoryview(data)
+        step = constants.STREAM_CHUNK_SIZE
+        for i in range(0, max(len(data), 1), step):
+            yield pb.ReadBlockChunk(data=bytes(view[i:i + step]), cache_hit=hit and i == 0)
+
+    @rpcutil.unary
+    async def CacheBlocks(self, request: pb.CacheBlocksRequest, context: grpc.aio.ServicerContext) -> pb.CacheBlocksResponse:
+        semaphore = asyncio.Semaphore(CACHE_BLOCKS_CONCURRENCY)
+        response = pb.CacheBlocksResponse()
+
+        async def one(ref: pb.BlockRef) -> None:
+            async with semaphore:
+                block, hit = await self.ensure_cached(ref)
+            response.bytes_cached += block.length
+            if not hit:
+                response.bytes_fetched += block.length
+
+        await asyncio.gather(*(one(ref) for ref in request.blocks))
+        return response
+
+    # -- writes ------------------------------------------------------------------------------
+
+    @rpcutil.unary
+    async def PutBlock(self, request_iterator: AsyncIterator[pb.PutBlockChunk], context: grpc.aio.ServicerContext) -> pb.PutBlockResponse:
+        ref: pb.BlockRef | None = None
+        pin = False
+        parts: list[bytes] = []
+        async for chunk in request_iterator:
+            if ref is None:
+                ref, pin = chunk.block, chunk.pin
+            parts.append(chunk.data)
+        if ref is None:
+            raise InvalidArgument("PutBlock: empty stream; the first message must name the block")
+        data = b"".join(parts)
+        expected = block_length(ref)
+        if len(data) != expected:
+            raise InvalidArgument(f"PutBlock: block {ref.index} of {ref.path} should have {expected} bytes, got {len(data)}")
+        await self.store.put(key_of(ref), data, pin=pin)
+        self.verified.add(key_of(ref).block_id)
+        return pb.PutBlockResponse()
+
+    async def _place_block(self, ref: pb.BlockRef, data: bytes, pin: bool) -> None:
+        """Put a written block on its owner (this worker or a peer)."""
+        peers = {p.worker_id: p for p in self._peers() if not p.decommissioning}
+        ranked = rank_workers(key_of(ref).block_id, peers or [self.worker_id])
+        target = ranked[0] if ranked else self.worker_id
+        if target == self.worker_id or target not in peers:
+            await self.store.put(key_of(ref), data, pin=pin)
+            self.verified.add(key_of(ref).block_id)
+            return
+
+        async def chunks() -> AsyncIterator[pb.PutBlockChunk]:
+            step = constants.STREAM_CHUNK_SIZE
+            view = memoryview(data)
+            for i in range(0, max(len(data), 1), step):
+                yield pb.PutBlockChunk(block=ref if i == 0 else None, pin=pin, data=bytes(view[i:i + step]))
+
+        try:
+            await self._peer_stub(peers[target]).PutBlock(chunks(), timeout=120)
+        except grpc.RpcError as exc:
+            log.warning("worker %s did not take block %d of %s (%s); keeping it here", target, ref.index, ref.path, exc.details() if hasattr(exc, "details") else exc)
+            await self.store.put(key_of(ref), data, pin=pin)
+
+    async def _cache_file(self, staged: Path, *, mount_id: int, path: str, version: str, length: int, pin: bool, in_store: bool) -> list[pb.BlockRef]:
+        size = self.config.block_size
+        refs = []
+        with staged.open("rb") as f:
+            for index in range((length + size - 1) // size):
+                data = await asyncio.to_thread(f.read, size)
+                ref = pb.BlockRef(mount_id=mount_id, path=path, version=version, index=index,
+                                  block_size=size, file_length=length, in_store=in_store)
+                await self._place_block(ref, data, pin)
+                refs.append(ref)
+        return refs
+
+    @rpcutil.unary
+    async def WriteFile(self, request_iterator: AsyncIterator[pb.WriteFileChunk], context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:
+        staged = self.staging_dir / f"{uuid.uuid4().hex}.part"
+        first: pb.WriteFileChunk | None = None
+        length = 0
+        keep_staged = False
+        try:
+            with staged.open("wb") as out:
+                async for chunk in request_iterator:
+                    if first is None:
+                        first = chunk
+                    out.write(chunk.data)
+                    length += len(chunk.data)
+            if first is None:
+                raise InvalidArgument("WriteFile: empty stream; the first message must name the path")
+            path = normalize(first.path)
+            mount = await self.mounts.resolve(path)
+            mount.check_writable()
+            if not first.overwrite:
+                await self._refuse_existing(path)
+            write_type = effective_write_type(first.write_type, mount, self.config)
+            file = await self._write(staged, mount, path, length, write_type)
+            keep_staged = write_type == pb.ASYNC_THROUGH
+            return pb.WriteFileResponse(file=file)
+        finally:
+            if not keep_staged:
+                staged.unlink(missing_ok=True)
+
+    async def _refuse_existing(self, path: str) -> None:
+        try:
+            await self._master().GetStatus(pb.GetStatusRequest(path=path), timeout=30)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return
+            raise rpcutil.raise_from_rpc_error(exc, f"checking {path}") from exc
+        raise AlreadyExists(f"{path} already exists; write with overwrite to replace it")
+
+    async def _commit(self, path: str, length: int, version: str, persisted: bool, ufs_version: str) -> pb.FileInfo:
+        try:
+            response = await self._master().CommitFile(pb.CommitFileRequest(
+                path=path, length=length, version=version, block_size=self.config.block_size,
+                persisted=persisted, worker_id=self.worker_id, ufs_version=ufs_version,
+            ), timeout=30)
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"committing {path} on the master") from exc
+        return response.file
+
+    async def _write(self, staged: Path, mount: MountView, path: str, length: int, write_type: int) -> pb.FileInfo:
+        rel = mount.rel(path)
+        if write_type in (pb.THROUGH, pb.CACHE_THROUGH):
+            status = await mount.store.write_file(rel, staged)
+            if write_type == pb.CACHE_THROUGH:
+                await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=status.version,
+                                       length=length, pin=False, in_store=True)
+            return await self._commit(path, length, status.version, True, status.version)
+        # MUST_CACHE and ASYNC_THROUGH: the cache holds the only copy, so its blocks are
+        # pinned (never evicted) until the file is in the store.
+        version = f"w-{uuid.uuid4().hex}"
+        refs = await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=version,
+                                      length=length, pin=True, in_store=False)
+        file = await self._commit(path, length, version, False, "")
+        if write_type == pb.ASYNC_THROUGH:
+            self._spawn(self._persist(staged, mount, path, length, version, refs), f"persist-{path}")
+        return file
+
+    async def _persist(self, staged: Path, mount: MountView, path: str, length: int, version: str, refs: list[pb.BlockRef]) -> None:
+        """ASYNC_THROUGH: upload the staged copy, record it persisted, unpin its blocks."""
+        try:
+            status = await mount.store.write_file(mount.rel(path), staged)
+            await self._commit(path, length, version, True, status.version)
+            for ref in refs:
+                ref.in_store = True
+            await self._unpin(refs, pinned=mount.is_pinned(path))
+            log.info("persisted %s (%d bytes) to %s", path, length, mount.info.source)
+        except (StrataError, OSError) as exc:
+            log.error("could not persist %s to the store: %s; its cached copy stays pinned", path, exc)
+        finally:
+            staged.unlink(missing_ok=True)
+
+    async def _unpin(self, refs: list[pb.BlockRef], *, pinned: bool) -> None:
+        if pinned:
+            return
+        by_target: dict[str, list[pb.BlockRef]] = {}
+        peers = {p.worker_id: p for p in self._peers()}
+        for ref in refs:
+            ranked = rank_workers(key_of(ref).block_id, peers or [self.worker_id])
+            by_target.setdefault(ranked[0], []).append(ref)
+        for target, batch in by_target.items():
+            request = pb.PinBlocksRequest(blocks=batch, pinned=False)
+            if target == self.worker_id or target not in peers:
+                self._pin(request)
+            else:
+                try:
+                    await self._peer_stub(peers[target]).PinBlocks(request, timeout=30)
+                except grpc.RpcError as exc:
+                    log.warning("could not unpin blocks on %s: %s", target, exc)
+        # A peer may have been down when the block was placed; unpin any local copies too.
+        self._pin(pb.PinBlocksRequest(blocks=refs, pinned=False))
+
+    # -- cache management --------------------------------------------------------------------
+
+    def _matcher(self, mount_id: int, prefix: str) -> Callable[[BlockKey], bool]:
+        return lambda key: key.mount_id == mount_id and (not prefix or is_under(key.path, prefix))
+
+    @rpcutil.unary
+    async def FreeBlocks(self, request: pb.FreeBlocksRequest, context: grpc.aio.ServicerContext) -> pb.FreeBlocksResponse:
+        freed = self.store.free(self._matcher(request.mount_id, request.path_prefix))
+        return pb.FreeBlocksResponse(bytes_freed=freed)
+
+    def _pin(self, request: pb.PinBlocksRequest) -> int:
+        if request.blocks:
+            ids = {key_of(ref).block_id for ref in request.blocks}
+            return self.store.set_pinned(lambda key: key.block_id in ids, request.pinned)
+        return self.store.set_pinned(self._matcher(request.mount_id, request.path_prefix), request.pinned)
+
+    @rpcutil.unary
+    async def PinBlocks(self, request: pb.PinBlocksRequest, context: grpc.aio.ServicerContext) -> pb.PinBlocksResponse:
+        return pb.PinBlocksResponse(blocks=self._pin(request))
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def staged_files(staging_dir: Path) -> list[Path]:
+    return sorted(p for p in staging_dir.glob("*.part") if p.is_file()) if staging_dir.is_dir() else []
+
+
+def remove_stale_staging(staging_dir: Path) -> None:
+    """Partial uploads from a previous run are useless: the writer got an error."""
+    for path in staged_files(staging_dir):
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            log.warning("cannot remove stale staging file %s: %s", path, exc)

@@ -1,0 +1,267 @@
+"""Real processes for the integration tests: a moto S3 server, `strata master`, `strata worker`s.
+
+Every server is a child process started the way a user starts it (`strata master ...`), on
+127.0.0.1 with free ports, and stopped when the test ends, also when it fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from strata.cacheserver.client.fs import StrataFileSystem
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "integration-test-token"
+BLOCK_SIZE = 4 * 1024 * 1024
+STARTUP_TIMEOUT = 60.0
+
+
+def _load_support(name: str) -> Any:
+    path = REPO / "tests" / "support" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"strata_test_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+s3server = _load_support("s3server")
+
+
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A port nothing listens on now and that this test session has not handed out before
+    (a stopped server's port may still be in use by a process that is shutting down)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out and port + 1 not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+def free_port_range(count: int) -> int:
+    """The first of `count` consecutive free ports (servers that take port, port+1, ...)."""
+    while True:
+        first = free_port()
+        candidates = range(first, first + count)
+        if all(p not in _handed_out or p == first for p in candidates) and all(_bindable(p) for p in candidates):
+            _handed_out.update(candidates)
+            return first
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    pattern = re.compile(rf"^{re.escape(name)}(?:_total)?{re.escape(labels)}\s+([0-9.e+-]+)$", re.M)
+    values = [float(m.group(1)) for m in pattern.finditer(text)]
+    if not values:
+        raise AssertionError(f"metric {name}{labels} not found")
+    return sum(values)
+
+
+@dataclass
+class Server:
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log: Path
+    http_port: int
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "strata.cacheserver", *self.args],
+                stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+            )
+
+    def wait_healthy(self) -> None:
+        def ready() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+            return http_get(self.http_port, "/healthz")[0] == 200
+
+        wait_until(ready, STARTUP_TIMEOUT, f"{self.name} to become healthy")
+
+    def metrics(self) -> str:
+        status, text = http_get(self.http_port, "/metrics")
+        assert status == 200, f"{self.name} /metrics answered {status}"
+        return text
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=15)
+        self.process = None
+
+
+@dataclass
+class Cluster:
+    root: Path
+    master: Server
+    workers: list[Server]
+    s3: Any
+    env: dict[str, str]
+    filesystems: list[StrataFileSystem] = field(default_factory=list)
+
+    @property
+    def master_address(self) -> str:
+        return f"127.0.0.1:{self.master.port}"
+
+    def fs(self, host: str = "test-client", **kwargs: Any) -> StrataFileSystem:
+        fs = StrataFileSystem(master=self.master_address, token=TOKEN, host=host, skip_instance_cache=True, **kwargs)
+        self.filesystems.append(fs)
+        return fs
+
+    def worker_metric(self, index: int, name: str) -> float:
+        return metric(self.workers[index].metrics(), name)
+
+    def total_metric(self, name: str) -> float:
+        return sum(metric(w.metrics(), name) for w in self.workers if w.process is not None)
+
+    def wait_workers(self, count: int) -> None:
+        fs = self.fs()
+        wait_until(lambda: len(fs.client.workers(refresh=True)) == count, 30, f"{count} live workers")
+
+    def mount_bucket(self, path: str, bucket: str, **options: Any) -> None:
+        from strata.cacheserver.proto import strata_pb2 as pb
+
+        self.fs().client.mount(path, f"s3://{bucket}", pb.MountOptions(options=self.s3.storage_options(), **options))
+
+    def stop(self) -> None:
+        for fs in self.filesystems:
+            fs.client.close()
+        for server in [*self.workers, self.master]:
+            server.stop()
+
+
+def make_worker(root: Path, index: int, master_port: int, env: dict[str, str], *, tiers: list[dict[str, Any]] | None = None,
+                host: str | None = None, extra: dict[str, Any] | None = None) -> Server:
+    name = f"worker-{index}"
+    config = {
+        "blockSize": BLOCK_SIZE,
+        "masterAddress": f"127.0.0.1:{master_port}",
+        "heartbeatInterval": 0.2, "heartbeatMisses": 10,
+        "tiers": tiers or [{"medium": "MEM", "quota": "64Mi", "dirs": [f"/dev/shm/strata-it-{os.getpid()}-{root.name}-{name}"]},
+                           {"medium": "SSD", "quota": "256Mi", "dirs": [str(root / name / "ssd")]}],
+        **(extra or {}),
+    }
+    cfg = root / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    port, http_port = free_port(), free_port()
+    worker_env = {**env, "STRATA_WORKER_ID": name, "STRATA_HOSTNAME": host or f"node-{index}",
+                  "STRATA_ADVERTISE_HOST": "127.0.0.1"}
+    return Server(
+        name=name,
+        args=["worker", "--config", str(cfg), "--data-dir", str(root / name), "--bind", "127.0.0.1",
+              "--port", str(port), "--http-port", str(http_port)],
+        env=worker_env, log=root / "logs" / f"{name}.log", http_port=http_port, port=port,
+    )
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[Any]:
+    server = s3server.start_moto_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3: Any, request: pytest.FixtureRequest) -> str:
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-")
+    s3.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def start_cluster(tmp_path: Path, s3: Any) -> Iterator[Any]:
+    """Start a master and N workers; `start_cluster(workers=2, tiers=...)`."""
+    clusters: list[Cluster] = []
+
+    def start(workers: int = 2, tiers: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> Cluster:
+        root = tmp_path / f"cluster-{len(clusters)}"
+        env = {**os.environ, "STRATA_TOKEN": TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info"}
+        env.pop("STRATA_MASTER", None)
+        port, http_port = free_port(), free_port()
+        master_cfg = root / "master.yaml"
+        root.mkdir(parents=True)
+        master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10}))
+        master = Server(
+            name="master",
+            args=["master", "--config", str(master_cfg), "--journal-dir", str(root / "journal"),
+                  "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http_port)],
+            env=env, log=root / "logs" / "master.log", http_port=http_port, port=port,
+        )
+        master.start()
+        cluster = Cluster(root=root, master=master, workers=[], s3=s3, env=env)
+        clusters.append(cluster)
+        master.wait_healthy()
+        for i in range(workers):
+            worker = make_worker(root, i, port, env, tiers=tiers, extra=extra)
+            worker.start()
+            cluster.workers.append(worker)
+        for worker in cluster.workers:
+            worker.wait_healthy()
+        cluster.wait_workers(workers)
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
+    for shm in Path("/dev/shm").glob(f"strata-it-{os.getpid()}-*"):
+        subprocess.run(["rm", "-rf", str(shm)], check=False)

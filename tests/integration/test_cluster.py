@@ -1,0 +1,318 @@
+"""A real master, real workers and a real S3 server: what a user of the cache relies on."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import grpc
+import pytest
+
+from strata.cacheserver import errors
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
+
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, http_get, metric, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def payload(n: int, seed: int = 0) -> bytes:
+    # Not compressible, different per seed, cheap to make.
+    return (os.urandom(min(n, 1 << 20)) * (n // (1 << 20) + 1))[:n] if n else b""
+
+
+def object_gets(recording: Any, bucket: str, key: str = "") -> int:
+    return len(recording.matching("GET", f"/{bucket}/{key}" if key else f"/{bucket}/"))
+
+
+@pytest.fixture
+def cluster(start_cluster: Any) -> Cluster:
+    return start_cluster(workers=2)  # type: ignore[no-any-return]
+
+
+SIZES = [0, 1, BLOCK_SIZE - 1, BLOCK_SIZE, BLOCK_SIZE + 1, 100 * 1024 * 1024]
+
+
+def test_bytes_read_through_the_cache_equal_the_store(cluster: Cluster, bucket: str) -> None:
+    files = {f"f-{n}": payload(n) for n in SIZES}
+    for name, data in files.items():
+        cluster.s3.put_object(bucket, f"dir/{name}", data)
+    cluster.mount_bucket("/data", bucket)
+    fs = cluster.fs()
+    for name, data in files.items():
+        assert fs.cat_file(f"/data/dir/{name}") == data, name
+        # warm, and through the fsspec URL a user would type
+        with fsspec.open(f"strata:///data/dir/{name}", "rb", master=cluster.master_address, token=TOKEN,
+                         skip_instance_cache=True) as f:
+            assert f.read() == data, name
+    assert sorted(fs.ls("/data/dir", detail=False)) == sorted(f"/data/dir/{n}" for n in files)
+    # ranged reads across block boundaries
+    big = files[f"f-{100 * 1024 * 1024}"]
+    for start, end in [(0, 10), (BLOCK_SIZE - 5, BLOCK_SIZE + 5), (3 * BLOCK_SIZE + 7, 9 * BLOCK_SIZE - 3)]:
+        assert fs.cat_file(f"/data/dir/f-{100 * 1024 * 1024}", start, end) == big[start:end]
+
+
+def test_second_read_makes_no_store_request(cluster: Cluster, bucket: str) -> None:
+    data = payload(3 * BLOCK_SIZE + 100)
+    cluster.s3.put_object(bucket, "x.bin", data)
+    cluster.mount_bucket("/d", bucket)
+    fs = cluster.fs()
+    assert fs.cat_file("/d/x.bin") == data
+    misses = cluster.total_metric("strata_worker_cache_misses")
+    assert misses == 4
+    with cluster.s3.recording() as rec:
+        assert fs.cat_file("/d/x.bin") == data
+    assert object_gets(rec, bucket, "x.bin") == 0
+    assert cluster.total_metric("strata_worker_cache_misses") == misses
+    assert cluster.total_metric("strata_worker_cache_hits") >= 4
+
+
+def test_ten_concurrent_readers_of_a_cold_block_make_one_store_request(cluster: Cluster, bucket: str) -> None:
+    data = payload(BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "hot.bin", data)
+    cluster.mount_bucket("/hot", bucket)
+    filesystems = [cluster.fs() for _ in range(10)]
+    with cluster.s3.recording() as rec:
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            results = list(pool.map(lambda fs: fs.cat_file("/hot/hot.bin"), filesystems))
+    assert all(r == data for r in results)
+    gets = rec.matching("GET", f"/{bucket}/hot.bin")
+    assert len(gets) == 1, [(g.url, g.range) for g in gets]
+
+
+def test_eviction_keeps_each_tier_under_quota(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    tiers = [{"medium": "MEM", "quota": "8Mi", "dirs": [f"/dev/shm/strata-it-{os.getpid()}-evict"]},
+             {"medium": "SSD", "quota": "16Mi", "dirs": [str(tmp_path / "ssd")]}]
+    cluster = start_cluster(workers=1, tiers=tiers)
+    files = {f"part-{i}": payload(BLOCK_SIZE, i) for i in range(10)}
+    for name, data in files.items():
+        cluster.s3.put_object(bucket, name, data)
+    cluster.mount_bucket("/e", bucket)
+    fs = cluster.fs()
+    for name, data in files.items():
+        assert fs.cat_file(f"/e/{name}") == data
+    def tiers_reported() -> Any:
+        report = fs.client.report()
+        return report if report.workers and report.workers[0].stats.tiers else None
+
+    report = wait_until(tiers_reported, 10, "a report with tiers")
+    for tier in report.workers[0].stats.tiers:
+        assert 0 < tier.used <= tier.capacity, tier
+    # evicted blocks are fetched again, correctly
+    for name, data in files.items():
+        assert fs.cat_file(f"/e/{name}") == data
+
+
+def test_restarted_worker_keeps_its_ssd_blocks(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "64Mi", "dirs": [str(tmp_path / "ssd")]}])
+    data = payload(2 * BLOCK_SIZE + 3)
+    cluster.s3.put_object(bucket, "keep.bin", data)
+    cluster.mount_bucket("/k", bucket)
+    fs = cluster.fs()
+    assert fs.cat_file("/k/keep.bin") == data
+    worker = cluster.workers[0]
+    worker.stop(signal.SIGKILL)
+    worker.start()
+    worker.wait_healthy()
+    cluster.wait_workers(1)
+    with cluster.s3.recording() as rec:
+        assert fs.cat_file("/k/keep.bin") == data
+    assert object_gets(rec, bucket, "keep.bin") == 0
+    assert fs.info("/k/keep.bin")["cached_bytes"] == len(data)
+
+
+@pytest.mark.parametrize("write_type", ["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"])
+def test_each_write_type_persists_as_promised(cluster: Cluster, bucket: str, write_type: str) -> None:
+    cluster.mount_bucket("/w", bucket)
+    fs = cluster.fs(write_type=write_type)
+    data = payload(2 * BLOCK_SIZE + 11)
+    with fs.open("/w/out/file.bin", "wb") as f:
+        f.write(data[:1000])
+        f.write(data[1000:])
+    info = fs.info("/w/out/file.bin")
+    assert info["size"] == len(data)
+    in_store = "out/file.bin" in [o["Key"] for o in cluster.s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    if write_type == "MUST_CACHE":
+        assert not info["persisted"] and not in_store
+    elif write_type in ("CACHE_THROUGH", "THROUGH"):
+        assert info["persisted"] and in_store
+        assert cluster.s3.get_object(bucket, "out/file.bin") == data
+    else:  # ASYNC_THROUGH: persisted in the background
+        wait_until(lambda: fs.info("/w/out/file.bin")["persisted"], 30, "the async write to be persisted")
+        assert cluster.s3.get_object(bucket, "out/file.bin") == data
+    expect_cached = 0 if write_type == "THROUGH" else len(data)
+    wait_until(lambda: fs.info("/w/out/file.bin")["cached_bytes"] == expect_cached, 10, f"{expect_cached} cached bytes")
+    assert fs.cat_file("/w/out/file.bin") == data
+    assert "/w/out/file.bin" in fs.find("/w")
+
+
+def test_read_only_mount_refuses_writes(cluster: Cluster, bucket: str) -> None:
+    cluster.mount_bucket("/ro", bucket, read_only=True)
+    fs = cluster.fs()
+    with pytest.raises(PermissionError, match="read-only"):
+        fs.pipe_file("/ro/x", b"data")
+
+
+def test_a_killed_worker_does_not_fail_a_read(cluster: Cluster, bucket: str) -> None:
+    data = payload(8 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "big.bin", data)
+    cluster.mount_bucket("/f", bucket)
+    fs = cluster.fs()
+    assert fs.cat_file("/f/big.bin") == data
+    cluster.workers[0].stop(signal.SIGKILL)
+    assert fs.cat_file("/f/big.bin") == data
+    assert cluster.worker_metric(1, "strata_worker_cache_misses") > 0
+
+
+def test_short_circuit_on_the_same_host_and_not_across(cluster: Cluster, bucket: str) -> None:
+    data = payload(2 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "sc.bin", data)
+    cluster.mount_bucket("/sc", bucket)
+    remote = cluster.fs(host="elsewhere")
+    assert remote.cat_file("/sc/sc.bin") == data
+    assert cluster.total_metric("strata_worker_short_circuit_reads") == 0
+    local = cluster.fs(host="node-0")  # worker-0's host
+    assert local.cat_file("/sc/sc.bin") == data
+    assert cluster.worker_metric(0, "strata_worker_short_circuit_reads") == 2
+    assert cluster.worker_metric(1, "strata_worker_short_circuit_reads") == 0
+
+
+def test_every_rpc_needs_the_token(cluster: Cluster) -> None:
+    for token in (None, "wrong-token"):
+        channel = grpc.insecure_channel(cluster.master_address)
+        stub = pb_grpc.MasterStub(channel)
+        metadata = [("authorization", f"Bearer {token}")] if token else None
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ListMounts(pb.ListMountsRequest(), metadata=metadata, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        channel.close()
+    worker = cluster.fs().client.workers()[0]
+    channel = grpc.insecure_channel(worker.address)
+    with pytest.raises(grpc.RpcError) as caught:
+        pb_grpc.WorkerStub(channel).FreeBlocks(pb.FreeBlocksRequest(mount_id=1), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    channel.close()
+
+
+def test_bad_input_gets_clear_errors_and_servers_keep_serving(cluster: Cluster, bucket: str) -> None:
+    cluster.s3.put_object(bucket, "ok.txt", b"still here")
+    cluster.mount_bucket("/data/a", bucket)
+    client = cluster.fs().client
+    opts = pb.MountOptions(options=cluster.s3.storage_options())
+    with pytest.raises(errors.StrataError, match="/data/a"):
+        client.mount("/data/a/inner", f"s3://{bucket}", opts)
+    with pytest.raises(errors.InvalidArgument, match="absolute"):
+        client.mount("relative/path", f"s3://{bucket}", opts)
+    with pytest.raises(errors.InvalidArgument, match="nosuchscheme"):
+        client.mount("/x", "nosuchscheme://b/c", opts)
+    with pytest.raises(errors.NotFound, match="no-such-bucket"):
+        client.mount("/missing", "s3://no-such-bucket", opts)
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        cluster.fs().cat_file("/data/a/nope.txt")
+    with pytest.raises(FileNotFoundError, match="no mount"):
+        cluster.fs().info("/not/mounted")
+    assert cluster.fs().cat_file("/data/a/ok.txt") == b"still here"
+
+
+def test_wrong_credentials_are_refused_by_name(start_cluster: Any, tmp_path: Path) -> None:
+    from .conftest import s3server
+
+    secure = s3server.start_moto_server(enforce_auth=True)
+    try:
+        secure.create_bucket("locked")
+        cluster = start_cluster(workers=1)
+        client = cluster.fs().client
+        bad = pb.MountOptions(options={**secure.storage_options(), "secret": "wrong-secret"})
+        with pytest.raises(errors.PermissionDenied, match="credentials"):
+            client.mount("/locked", "s3://locked", bad)
+        good = pb.MountOptions(options=secure.storage_options())
+        client.mount("/locked", "s3://locked", good)
+        assert [m.path for m in client.mounts()] == ["/locked"]
+    finally:
+        secure.stop()
+
+
+def test_a_deleted_block_file_is_fetched_again(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "64Mi", "dirs": [str(tmp_path / "ssd")]}])
+    data = payload(BLOCK_SIZE + 5)
+    cluster.s3.put_object(bucket, "del.bin", data)
+    cluster.mount_bucket("/del", bucket)
+    fs = cluster.fs()
+    assert fs.cat_file("/del/del.bin") == data
+    block_files = [p for p in (tmp_path / "ssd").rglob("*") if p.is_file() and not p.name.endswith(".meta")]
+    assert block_files
+    for p in block_files:
+        p.unlink()
+    assert fs.cat_file("/del/del.bin") == data
+    # and a corrupted one is never served
+    for p in [p for p in (tmp_path / "ssd").rglob("*") if p.is_file() and not p.name.endswith(".meta")]:
+        raw = bytearray(p.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        p.write_bytes(bytes(raw))
+    assert fs.cat_file("/del/del.bin") == data
+
+
+def test_metrics_and_health_endpoints(cluster: Cluster, bucket: str) -> None:
+    cluster.mount_bucket("/m", bucket)
+    status, text = http_get(cluster.master.http_port, "/metrics")
+    assert status == 200
+    assert metric(text, "strata_master_workers_live") == 2
+    assert metric(text, "strata_master_mounts") == 1
+    assert http_get(cluster.master.http_port, "/healthz")[0] == 200
+    assert http_get(cluster.workers[0].http_port, "/healthz")[0] == 200
+    assert "strata_worker_tier_capacity_bytes" in cluster.workers[0].metrics()
+
+
+def test_mount_table_survives_a_master_restart(cluster: Cluster, bucket: str) -> None:
+    cluster.s3.put_object(bucket, "a.txt", b"hello")
+    cluster.mount_bucket("/persist", bucket)
+    cluster.master.stop()
+    cluster.master.start()
+    cluster.master.wait_healthy()
+    cluster.wait_workers(2)
+    fs = cluster.fs()
+    assert [m.path for m in fs.client.mounts()] == ["/persist"]
+    assert fs.cat_file("/persist/a.txt") == b"hello"
+
+
+def test_load_free_pin_and_block_locations(cluster: Cluster, bucket: str) -> None:
+    data = payload(3 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "set/a.bin", data)
+    cluster.s3.put_object(bucket, "set/b.bin", data[:100])
+    cluster.mount_bucket("/l", bucket)
+    fs = cluster.fs()
+    progress = list(fs.client.load("/l/set"))
+    assert progress[-1].done and progress[-1].bytes_loaded == progress[-1].bytes_total == len(data) + 100
+    with cluster.s3.recording() as rec:
+        assert fs.cat_file("/l/set/a.bin") == data
+    assert object_gets(rec, bucket) == 0
+    locations = fs.block_locations("/l/set/a.bin")
+    assert [b["index"] for b in locations] == [0, 1, 2]
+    assert all(set(b["hosts"]) <= {"node-0", "node-1"} and b["hosts"] for b in locations)
+    fs.client.set_pinned("/l/set", True)
+    assert fs.info("/l/set/a.bin")["pinned"]
+    assert fs.client.free("/l/set/b.bin") == 100
+    wait_until(lambda: fs.info("/l/set/b.bin")["cached_bytes"] == 0, 10, "b.bin to be freed")
+    assert fs.info("/l/set/a.bin")["cached_bytes"] == len(data)
+
+
+def test_pandas_and_pyarrow_read_parquet_through_strata(cluster: Cluster, bucket: str) -> None:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"x": [float(i) for i in range(10_000)], "y": [2.0 * i for i in range(10_000)]})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    cluster.s3.put_object(bucket, "t/part-0.parquet", sink.getvalue().to_pybytes())
+    cluster.mount_bucket("/pq", bucket)
+    fs = cluster.fs()
+    assert pq.read_table("/pq/t/part-0.parquet", filesystem=fs).equals(table)
+    frame = pd.read_parquet("strata:///pq/t/part-0.parquet",
+                            storage_options={"master": cluster.master_address, "token": TOKEN})
+    assert frame["y"].sum() == 2.0 * sum(range(10_000))
