@@ -26,10 +26,11 @@ from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
-def _error(exc: grpc.aio.AioRpcError, endpoint: str) -> StrataError:
+def _error(exc: grpc.aio.AioRpcError) -> StrataError:
+    """The error for a failed call; callers name the master in what they tell people."""
     details = exc.details() or exc.code().name
     if exc.code() in _UNREACHABLE:
-        return Unavailable(f"master {endpoint}: {details}")
+        return Unavailable(details)
     return from_status(exc.code(), details)
 
 
@@ -56,7 +57,7 @@ class MasterClient:
         try:
             response = await self._stub.Mount(request, metadata=self._metadata, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, self.endpoint) from None
+            raise _error(exc) from None
         return cast(pb.MountInfo, response.mount)
 
     async def unmount(self, path: str, *, free: bool = True) -> None:
@@ -65,13 +66,13 @@ class MasterClient:
                 pb.UnmountRequest(path=path, free=free), metadata=self._metadata, timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, self.endpoint) from None
+            raise _error(exc) from None
 
     async def report(self) -> pb.ReportResponse:
         try:
             report = await self._stub.Report(pb.ReportRequest(), metadata=self._metadata, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, self.endpoint) from None
+            raise _error(exc) from None
         return cast(pb.ReportResponse, report)
 
     async def decommission(self, worker_ids: Sequence[str]) -> None:
@@ -82,7 +83,7 @@ class MasterClient:
                 timeout=self._timeout,
             )
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, self.endpoint) from None
+            raise _error(exc) from None
 
     async def start_load(self, path: str) -> pb.LoadProgress | None:
         """Start loading `path` into the cache and return its first progress message (None if
@@ -94,7 +95,7 @@ class MasterClient:
                 return cast(pb.LoadProgress, progress)
             return None
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, self.endpoint) from None
+            raise _error(exc) from None
         finally:
             call.cancel()
 

@@ -116,7 +116,7 @@ def _master_condition(obs: ClusterObservation) -> tuple[Condition, bool]:
     if obs.master_pods_ready and obs.report is not None:
         return Condition(c.MASTER_READY, True, Reason.AS_EXPECTED, "The master is ready."), True
     if obs.master_pods_ready:
-        message = f"The master pod is ready but does not answer at {obs.endpoint}: {obs.master_error}"
+        message = f"The master pod is ready but {obs.endpoint} does not answer: {obs.master_error}"
         return Condition(c.MASTER_READY, False, Reason.MASTER_UNREACHABLE, message), False
     message = "Waiting for the master pod to become ready."
     return Condition(c.MASTER_READY, False, Reason.WAITING_FOR_MASTER, message), False

@@ -33,16 +33,20 @@ async def run_locked(memo: kopf.Memo, step: Callable[[], Awaitable[Outcome]]) ->
         return await step()
 
 
-def settle(outcome: Outcome, *, retry_delay: float, logger: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
-    """For change handlers: done returns; waiting retries soon; stalled leaves it to the
-    timer (a person must change something first, maybe outside this object)."""
-    if outcome.done:
-        logger.debug("reconciled: %s", outcome.message)
-        return
+def log_outcome(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
+    """Waiting is normal progress (info); stalled needs a person (warning)."""
     if outcome.stalled:
         logger.warning("stalled: %s", outcome.message)
-        return
-    raise kopf.TemporaryError(outcome.message, delay=retry_delay)
+    elif not outcome.done:
+        logger.info("not ready yet: %s", outcome.message)
+
+
+def next_delay(outcome: Outcome, settings: OperatorSettings) -> float:
+    """Check again soon while progressing; otherwise at the regular interval (a stalled
+    object may be fixed outside itself, e.g. by creating a Secret)."""
+    if outcome.done or outcome.stalled:
+        return settings.reconcile_interval
+    return settings.retry_delay
 
 
 Step = Callable[[Deps, kopf.Body, kopf.Memo], Awaitable[Outcome]]
@@ -55,21 +59,28 @@ def register_reconciler(
     name: str,
     step: Step,
 ) -> None:
-    """Run `step` on create, resume and spec change (retrying soon until done), and on a
-    timer that keeps children and status in line with the world."""
+    """Run `step` once on create, resume and spec change, and keep running it from a
+    per-object daemon: every `retry_delay` seconds while the object progresses, every
+    `reconcile_interval` seconds once it is done, so children and status follow the world."""
 
     @kopf.on.resume(*resource, id=f"reconcile-{name}", registry=registry)
     @kopf.on.create(*resource, id=f"reconcile-{name}", registry=registry)
     @kopf.on.update(*resource, id=f"reconcile-{name}", field="spec", registry=registry)
     async def changed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         deps = deps_of(memo)
-        outcome = await run_locked(memo, lambda: step(deps, body, memo))
-        settle(outcome, retry_delay=settings.retry_delay, logger=logger)
+        log_outcome(await run_locked(memo, lambda: step(deps, body, memo)), logger)
 
-    @kopf.timer(*resource, id=f"refresh-{name}", interval=settings.reconcile_interval,
-                initial_delay=settings.reconcile_interval, registry=registry)
-    async def refresh(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    @kopf.daemon(*resource, id=f"refresh-{name}", initial_delay=settings.retry_delay,
+                 cancellation_timeout=settings.rpc_timeout, registry=registry)
+    async def refresh(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                      stopped: kopf.DaemonStopped, **_: Any) -> None:
         deps = deps_of(memo)
-        outcome = await run_locked(memo, lambda: step(deps, body, memo))
-        if not outcome.done:
-            logger.debug("not done: %s", outcome.message)
+        while not stopped:
+            try:
+                outcome = await run_locked(memo, lambda: step(deps, body, memo))
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive one failed pass
+                logger.exception("reconcile failed, retrying: %s", exc)
+                outcome = Outcome.waiting(str(exc))
+            else:
+                logger.debug("refreshed: done=%s %s", outcome.done, outcome.message)
+            await stopped.wait(next_delay(outcome, settings))

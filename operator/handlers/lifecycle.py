@@ -29,7 +29,12 @@ def configure(kopf_settings: kopf.OperatorSettings) -> None:
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     operator_settings = settings  # kopf passes its own settings to startup as `settings`
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """The same credentials the `kubernetes` client finds (service account or kubeconfig)."""
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(id="startup", registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings)
         memo["deps"] = Deps(
@@ -38,7 +43,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
             settings=operator_settings,
         )
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         deps = memo.get("deps")
         if isinstance(deps, Deps):

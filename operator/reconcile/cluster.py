@@ -65,7 +65,7 @@ async def _scale_in(deps: Deps, cluster: Cluster, endpoint: str, token: str) -> 
     try:
         await deps.masters.client(endpoint, token).decommission(leaving)
     except StrataError as exc:
-        message = (f"Cannot tell the master that workers {', '.join(leaving)} leave ({exc}); "
+        message = (f"Cannot tell the master at {endpoint} that workers {', '.join(leaving)} leave ({exc}); "
                    f"keeping {current} workers until it answers.")
         return _with_workers(cluster, current), Problem(Reason.DECOMMISSION_FAILED, message)
     log.info("decommissioned workers %s of %s/%s", leaving, cluster.ref.namespace, cluster.ref.name)

@@ -247,11 +247,12 @@ async def remove_mount(deps: Deps, body: Mapping[str, Any]) -> Outcome:
     except NotFound:
         return Outcome.ok(f"{spec.path} was not mounted")
     except Unavailable as exc:
-        waited = _seconds_since(key.deleting_since or "", deps.clock()) if key.deleting_since else 0.0
+        waited = _seconds_since(key.deleting_since, deps.clock()) if key.deleting_since else 0.0
+        why = f"the master at {target.endpoint} cannot be reached ({exc})"
         if waited < deps.settings.unmount_timeout:
-            return Outcome.waiting(f"cannot unmount {spec.path} yet: {exc}")
-        log.warning("gave up unmounting %s after %.0fs: %s", spec.path, waited, exc)
-        return Outcome.ok(f"gave up unmounting {spec.path} after {waited:.0f}s: {exc}")
+            return Outcome.waiting(f"cannot unmount {spec.path} yet: {why}")
+        log.warning("gave up unmounting %s after %.0fs: %s", spec.path, waited, why)
+        return Outcome.ok(f"gave up unmounting {spec.path} after {waited:.0f}s: {why}")
     except StrataError as exc:
         log.warning("unmounting %s failed, removing the Mount anyway: %s", spec.path, exc)
         return Outcome.ok(f"unmounting {spec.path} failed: {exc}")

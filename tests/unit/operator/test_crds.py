@@ -124,7 +124,10 @@ def test_every_field_has_a_type_and_a_description(crd: dict[str, Any]) -> None:
     assert len(nodes) > 40
     untyped = [p for p, n in nodes if "type" not in n]
     assert untyped == []
-    undocumented = [p for p, n in nodes if not n.get("description") and not p.endswith(("[]", "{}"))]
+    # metadata may carry nothing but its type (the API server refuses more).
+    assert schema_of(crd)["properties"]["metadata"] == {"type": "object"}
+    undocumented = [p for p, n in nodes
+                    if not n.get("description") and not p.endswith(("[]", "{}")) and p != ".metadata"]
     assert undocumented == []
 
 
@@ -294,3 +297,12 @@ def test_strings_and_lists_under_cel_rules_are_bounded() -> None:
             if path.endswith("[]"):
                 parent = dict(walk(schema_of(crd)))[path[:-2]]
                 assert "maxItems" in parent, path
+
+
+@pytest.mark.parametrize("crd", [CLUSTER, MOUNT], ids=["CacheCluster", "Mount"])
+def test_defaults_pass_their_own_schema(crd: dict[str, Any]) -> None:
+    """The API server validates each default as written, before nested defaults apply."""
+    for path, node in walk(schema_of(crd)):
+        if "default" in node:
+            jsonschema.Draft4Validator(node).validate(node["default"])
+            check_rules(node, node["default"], None, path)

@@ -10,7 +10,7 @@ import pytest
 
 from strata.operator import main
 from strata.operator.handlers import register
-from strata.operator.handlers.common import run_locked, settle, state_of
+from strata.operator.handlers.common import log_outcome, next_delay, run_locked, state_of
 from strata.operator.handlers.lifecycle import configure
 from strata.operator.reconcile import Outcome
 from strata.operator.settings import OperatorSettings
@@ -27,9 +27,9 @@ def test_kopf_keeps_its_bookkeeping_out_of_status() -> None:
     assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
 
 
-def test_every_resource_gets_change_timer_and_delete_handlers() -> None:
+def test_every_resource_gets_change_refresh_and_delete_handlers() -> None:
     registry = kopf.OperatorRegistry()
-    register(registry, OperatorSettings(reconcile_interval=7))
+    register(registry, OperatorSettings())
     changing = registry._changing.get_all_handlers()
     spawning = registry._spawning.get_all_handlers()
     for plural in ("cacheclusters", "mounts"):
@@ -37,16 +37,20 @@ def test_every_resource_gets_change_timer_and_delete_handlers() -> None:
         kinds = {h.reason.value if h.reason else "resume" for h in mine}
         assert kinds == {"create", "update", "delete", "resume"}
         assert all(":" not in h.id and "<" not in h.id for h in mine)  # ids become annotation keys
-        (timer,) = [h for h in spawning if h.selector and h.selector.any_name == plural]
-        assert timer.interval == 7
+        (daemon,) = [h for h in spawning if h.selector and h.selector.any_name == plural]
+        assert daemon.id == f"refresh-{plural.removesuffix('s').replace('cachecluster', 'cluster')}"
 
 
-def test_settle() -> None:
-    settle(Outcome.ok("fine"), retry_delay=3, logger=log)
-    settle(Outcome.stuck("fix the bucket"), retry_delay=3, logger=log)  # left to the timer
-    with pytest.raises(kopf.TemporaryError) as info:
-        settle(Outcome.waiting("master not ready"), retry_delay=3, logger=log)
-    assert info.value.delay == 3 and "master not ready" in str(info.value)
+def test_pacing_and_logging(caplog: pytest.LogCaptureFixture) -> None:
+    settings = OperatorSettings(reconcile_interval=30, retry_delay=3)
+    assert next_delay(Outcome.ok("fine"), settings) == 30
+    assert next_delay(Outcome.waiting("master not ready"), settings) == 3
+    assert next_delay(Outcome.stuck("fix the bucket"), settings) == 30  # maybe fixed elsewhere
+    with caplog.at_level(logging.INFO):
+        log_outcome(Outcome.waiting("master not ready"), log)
+        log_outcome(Outcome.stuck("fix the bucket"), log)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "not ready yet: master not ready"), ("WARNING", "stalled: fix the bucket")]
 
 
 async def test_one_reconcile_of_an_object_at_a_time() -> None:

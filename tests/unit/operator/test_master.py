@@ -41,7 +41,7 @@ async def test_unreachable_master_fails_within_the_deadline(master: RunningMaste
     await master.stop()
     start = time.monotonic()
     async with MasterClient(address, TOKEN, timeout=1) as client:
-        with pytest.raises(Unavailable, match=address):
+        with pytest.raises(Unavailable, match="Connection refused|failed to connect"):
             await client.report()
     assert time.monotonic() - start < 5
 
