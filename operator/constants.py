@@ -80,6 +80,7 @@ class PreloadPhase:
     PENDING: Final = "Pending"
     RUNNING: Final = "Running"
     SUCCEEDED: Final = "Succeeded"
+    FAILED: Final = "Failed"
 
 
 class Reason:
@@ -110,3 +111,4 @@ class Reason:
     UNMOUNTING: Final = "Unmounting"
     PRELOADING: Final = "Preloading"
     PRELOADED: Final = "Preloaded"
+    PRELOAD_FAILED: Final = "PreloadFailed"

@@ -229,9 +229,12 @@ class MountObservation:
     report: pb.MountReport | None = None      # the master's view of this mount
     synced_at: datetime | None = None         # when the mount RPC last succeeded
     preload_requested: bool = False
+    preload_problem: Problem | None = None    # the preload could not be started
 
 
-def _preload(report: pb.MountReport | None) -> tuple[Status, Condition]:
+def _preload(report: pb.MountReport | None, problem: Problem | None) -> tuple[Status, Condition]:
+    if problem is not None:
+        return {"phase": PreloadPhase.FAILED}, Condition(c.PRELOADED, False, problem.reason, problem.message)
     load = report.load if report is not None and report.HasField("load") else None
     if load is None or (not load.done and load.bytes_total == 0 and load.files_total == 0):
         status = {"phase": PreloadPhase.PENDING}
@@ -273,7 +276,7 @@ def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: dateti
             cache["cachedPercentage"] = round(100.0 * report.cached_bytes / report.ufs_total_bytes, 1)
         status["cache"] = cache
     if obs.preload_requested and mounted:
-        status["preload"], preloaded = _preload(report)
+        status["preload"], preloaded = _preload(report, obs.preload_problem)
         conditions.append(preloaded)
     status["conditions"] = merge_conditions(
         previous.get("conditions", []), conditions, now=now, generation=obs.generation

@@ -142,18 +142,24 @@ async def _credentials(deps: Deps, namespace: str, spec: MountSpec) -> dict[str,
 
 
 async def _preload(deps: Deps, target: _Target, spec: MountSpec, state: ObjectState,
-                   report: pb.MountReport) -> None:
-    """Start the preload once per mount id; the master keeps loading after we hang up."""
+                   report: pb.MountReport) -> Problem | None:
+    """Start the preload once per mount id; the master keeps loading after we hang up.
+    A preload that cannot start (e.g. a listed path does not exist) does not fail the mount."""
     mount_id = report.mount.mount_id
     if state.preloaded_mount_id == mount_id:
-        return
+        return None
     if not _has_load(report):
         client = deps.masters.client(target.endpoint, target.token)
         for path in spec.preload_paths():
-            await client.start_load(path)
+            try:
+                await client.start_load(path)
+            except (NotFound, InvalidArgument) as exc:
+                return Problem(Reason.PRELOAD_FAILED,
+                               f"Cannot preload {path}: {exc}. Fix spec.preload.paths (paths inside the mount).")
         deps.masters.invalidate(target.endpoint)
         log.info("started preload of %s on %s", spec.preload_paths(), target.endpoint)
     state.preloaded_mount_id = mount_id
+    return None
 
 
 async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: ObjectState,
@@ -178,6 +184,7 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
     request = build_mount_request(spec, credentials)
     fingerprint = request_fingerprint(request)
     synced_at: datetime | None = None
+    preload_problem: Problem | None = None
     try:
         report = await deps.masters.report(target.endpoint, target.token)
         mounted = _find(report, spec.path)
@@ -192,13 +199,13 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
             deps.masters.invalidate(target.endpoint)
             mounted = _find(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)
         if mounted is not None and spec.preload_paths():
-            await _preload(deps, target, spec, state, mounted)
+            preload_problem = await _preload(deps, target, spec, state, mounted)
     except StrataError as exc:
         state.fingerprint = None
         phase, problem = mount_problem(exc, spec, target.endpoint)
         return MountObservation(generation, phase, problem)
     return MountObservation(generation, MountPhase.MOUNTED, None, mounted, synced_at,
-                            preload_requested=bool(spec.preload_paths()))
+                            preload_requested=bool(spec.preload_paths()), preload_problem=preload_problem)
 
 
 async def reconcile_mount(deps: Deps, body: Mapping[str, Any], state: ObjectState) -> Outcome:

@@ -1,0 +1,125 @@
+"""The Mount reconcile and the master client against the real master service (in this
+process, on 127.0.0.1) with file:// stores: the contract the operator relies on."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strata.cacheserver.config import ServerConfig
+from strata.cacheserver.master.server import MasterHandle, start_master
+from strata.operator.master import MasterClient
+from strata.operator.reconcile import Deps, ObjectState, reconcile_cluster, reconcile_mount, remove_mount
+from strata.operator.settings import OperatorSettings
+from tests.unit.operator.conftest import Clock, FakeKube, LocalMasters, cluster_body, mount_body
+
+TOKEN = "real-master-token"
+
+
+@pytest.fixture
+async def real_master(tmp_path: Path) -> AsyncIterator[MasterHandle]:
+    config = ServerConfig.model_validate({"blockSize": "1Mi", "heartbeatInterval": 0.2})
+    handle = await start_master(config, journal_dir=tmp_path / "journal", token=TOKEN, bind="127.0.0.1",
+                                port=0, http_port=0)
+    yield handle
+    await handle.stop(grace=0)
+
+
+@pytest.fixture
+async def deps(real_master: MasterHandle) -> AsyncIterator[Deps]:
+    settings = OperatorSettings(server_image="strata-server:test", rpc_timeout=5.0, report_ttl=0, unmount_timeout=0)
+    masters = LocalMasters(f"127.0.0.1:{real_master.port}", timeout=5.0, report_ttl=0)
+    kube = FakeKube()
+    kube.put({"apiVersion": "strata.dev/v1alpha1", "kind": "CacheCluster", "metadata": {"name": "demo"},
+              "spec": {}, "status": {"master": {"ready": True}}})
+    kube.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-auth"},
+              "data": {"token": base64.b64encode(TOKEN.encode()).decode()}})
+    yield Deps(kube=kube, masters=masters, settings=settings, clock=Clock())
+    await masters.close()
+
+
+def store(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    (root / "train").mkdir(parents=True)
+    (root / "train" / "a.bin").write_bytes(b"x" * 3000)
+    (root / "b.bin").write_bytes(b"y" * 1000)
+    return root
+
+
+def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+async def test_mount_report_and_unmount(deps: Deps, tmp_path: Path) -> None:
+    kube = deps.kube
+    assert isinstance(kube, FakeKube)
+    kube.put(mount_body(source=f"file://{store(tmp_path)}", path="/data/x"))
+    state = ObjectState()
+    out = await reconcile_mount(deps, kube.obj("Mount", "data"), state)
+    assert out.done, out.message
+    mount_id = state.mount_id
+    # The master totals the store in the background: wait for it, then status shows it.
+    deadline = time.monotonic() + 10
+    while True:
+        await reconcile_mount(deps, kube.obj("Mount", "data"), state)
+        status = kube.obj("Mount", "data")["status"]
+        if "ufs" in status or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert status["ufs"] == {"totalBytes": "3.9Ki", "files": 2}
+    assert status["cache"]["cachedBytes"] == "0" and status["cache"]["cachedPercentage"] == 0.0
+    assert state.mount_id == mount_id  # the same mount: no remount, the cache is kept
+
+    body = kube.obj("Mount", "data")
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    assert (await remove_mount(deps, body)).done
+    assert isinstance(deps.masters, LocalMasters)
+    async with MasterClient(deps.masters.address, TOKEN, timeout=5) as client:
+        assert [m.mount.path for m in (await client.report()).mounts] == []
+    assert (await remove_mount(deps, body)).done  # already gone: NotFound is fine
+
+
+async def test_missing_source_fails_with_a_reason(deps: Deps, tmp_path: Path) -> None:
+    kube = deps.kube
+    assert isinstance(kube, FakeKube)
+    kube.put(mount_body(source=f"file://{tmp_path}/no-such-dir"))
+    out = await reconcile_mount(deps, kube.obj("Mount", "data"), ObjectState())
+    assert out.stalled
+    stalled = cond(kube.obj("Mount", "data")["status"], "Stalled")
+    assert stalled["reason"] == "SourceNotFound", stalled
+    assert "no-such-dir" in stalled["message"]
+
+
+async def test_missing_preload_path_does_not_fail_the_mount(deps: Deps, tmp_path: Path) -> None:
+    kube = deps.kube
+    assert isinstance(kube, FakeKube)
+    kube.put(mount_body(source=f"file://{store(tmp_path)}", preload={"paths": ["/nope"]}))
+    out = await reconcile_mount(deps, kube.obj("Mount", "data"), ObjectState())
+    assert out.done, out.message
+    status = kube.obj("Mount", "data")["status"]
+    assert status["phase"] == "Mounted"
+    assert status["preload"] == {"phase": "Failed"}
+    preloaded = cond(status, "Preloaded")
+    assert preloaded["reason"] == "PreloadFailed"
+    assert "/datasets/a/nope" in preloaded["message"]
+
+
+async def test_cluster_status_from_a_real_report(deps: Deps) -> None:
+    kube = deps.kube
+    assert isinstance(kube, FakeKube)
+    del kube.objects[("CacheCluster", "ns", "demo")]
+    kube.put(cluster_body())
+    await reconcile_cluster(deps, kube.obj("CacheCluster", "demo"))  # keeps the existing token Secret
+    kube.obj("StatefulSet", "demo-master")["status"] = {"readyReplicas": 1}
+    await reconcile_cluster(deps, kube.obj("CacheCluster", "demo"))
+    status = kube.obj("CacheCluster", "demo")["status"]
+    assert cond(status, "MasterReady")["status"] == "True"
+    assert status["workers"]["registered"] == 0
+    assert status["capacity"] == {"total": "0", "used": "0", "tiers": []}
+    assert cond(status, "WorkersReady")["reason"] == "WaitingForWorkers"
