@@ -138,6 +138,12 @@ class Masters:
         for key in [k for k in self._reports if k[0] == endpoint]:
             del self._reports[key]
 
+    async def forget(self, endpoint: str) -> None:
+        """Close the channels to a master that is gone (its cluster was deleted)."""
+        self.invalidate(endpoint)
+        for key in [k for k in self._clients if k[0] == endpoint]:
+            await self._clients.pop(key).close()
+
     async def close(self) -> None:
         clients, self._clients = self._clients, {}
         self._reports.clear()

@@ -33,14 +33,14 @@ def build_master_children(cluster: Cluster, settings: OperatorSettings, token: s
         build_config_map(cluster, settings),
         build_auth_secret(cluster, token),
         build_master_service(cluster),
-        build_master_statefulset(cluster, settings),
+        build_master_statefulset(cluster, settings, token),
     ]
 
 
-def build_worker_children(cluster: Cluster, settings: OperatorSettings) -> list[Manifest]:
+def build_worker_children(cluster: Cluster, settings: OperatorSettings, token: str) -> list[Manifest]:
     """Everything the worker step applies, in apply order."""
     return [
         build_worker_service(cluster),
-        build_worker_statefulset(cluster, settings),
+        build_worker_statefulset(cluster, settings, token),
         build_worker_pdb(cluster),
     ]

@@ -47,9 +47,12 @@ def config_text(cluster: Cluster, settings: OperatorSettings) -> str:
     return server_config(cluster, settings).to_yaml()
 
 
-def config_hash(text: str) -> str:
-    """A short digest of strata.yaml for the pod template, so a changed config rolls the pods."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def config_hash(cluster: Cluster, settings: OperatorSettings, token: str) -> str:
+    """A short digest of strata.yaml and the token for the pod template: a changed config,
+    or a new token (its Secret was deleted), rolls the pods so servers and clients agree."""
+    digest = hashlib.sha256(config_text(cluster, settings).encode())
+    digest.update(b"\0" + token.encode())
+    return digest.hexdigest()[:16]
 
 
 def build_config_map(cluster: Cluster, settings: OperatorSettings) -> Manifest:

@@ -17,7 +17,7 @@ def build_master_service(cluster: Cluster) -> Manifest:
     )
 
 
-def build_master_statefulset(cluster: Cluster, settings: OperatorSettings) -> Manifest:
+def build_master_statefulset(cluster: Cluster, settings: OperatorSettings, token: str) -> Manifest:
     """The journal lives in an emptyDir: a restarted master gets its mount table back from
     the Mount objects, which the operator re-applies on its timer."""
     master = cluster.spec.master
@@ -37,4 +37,5 @@ def build_master_statefulset(cluster: Cluster, settings: OperatorSettings) -> Ma
         container=container,
         volumes=[{"name": JOURNAL_VOLUME, "emptyDir": {}}],
         affinity=master.affinity,
+        token=token,
     )

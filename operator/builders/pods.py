@@ -15,7 +15,7 @@ from strata.operator.builders.common import (
     metadata,
     selector_labels,
 )
-from strata.operator.builders.config import config_hash, config_text
+from strata.operator.builders.config import config_hash
 from strata.operator.models import Cluster, PodSettings
 from strata.operator.settings import OperatorSettings
 
@@ -121,6 +121,7 @@ def server_statefulset(
     container: dict[str, Any],
     volumes: list[dict[str, Any]],
     affinity: dict[str, Any],
+    token: str,
     extra_spec: dict[str, Any] | None = None,
 ) -> Manifest:
     """A StatefulSet running one server container with the shared config, env and probes."""
@@ -157,7 +158,7 @@ def server_statefulset(
                 "metadata": {
                     "labels": labels(cluster.ref.name, component),
                     "annotations": {
-                        c.CONFIG_HASH_ANNOTATION: config_hash(config_text(cluster, settings))
+                        c.CONFIG_HASH_ANNOTATION: config_hash(cluster, settings, token)
                     },
                 },
                 "spec": pod_spec,

@@ -87,7 +87,7 @@ def build_worker_service(cluster: Cluster) -> Manifest:
     )
 
 
-def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings) -> Manifest:
+def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token: str) -> Manifest:
     spec = cluster.spec
     volumes = [tier_volume(t) for t in spec.tiers]
     mounts = [tier_mount(t) for t in spec.tiers]
@@ -115,6 +115,7 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings) -> Ma
         container=container,
         volumes=volumes,
         affinity=worker_affinity(cluster),
+        token=token,
         # Workers do not depend on each other: start and stop them all at once.
         extra_spec={"podManagementPolicy": "Parallel"},
     )

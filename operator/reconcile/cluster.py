@@ -91,7 +91,7 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
         except StrataError as exc:
             master_error = str(exc)
         sized, scaling = await _scale_in(deps, cluster, endpoint, token)
-        for manifest in build_worker_children(sized, deps.settings):
+        for manifest in build_worker_children(sized, deps.settings, token):
             await deps.kube.apply(manifest)
         workers = await deps.kube.get("apps/v1", "StatefulSet", ns, worker_name(name))
     except KubeError as exc:
@@ -129,6 +129,7 @@ async def reconcile_cluster(deps: Deps, body: Mapping[str, Any]) -> Outcome:
         obs = ClusterObservation(key.generation, spec.worker.replicas, endpoint, terminating=True, applied=True)
         await write_status(deps, c.CACHE_CLUSTER_KIND, key,
                            previous, cluster_status(key.name, obs, previous, deps.clock()))
+        await deps.masters.forget(endpoint)
         return Outcome.ok("terminating: children are garbage-collected with the cluster")
 
     ref = ObjectRef(c.API_VERSION, c.CACHE_CLUSTER_KIND, key.name, key.namespace, key.uid)

@@ -24,6 +24,7 @@ from strata.operator.settings import OperatorSettings
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("STRATA_UPDATE_GOLDEN") == "1"
 SETTINGS = OperatorSettings(server_image="strata-server:test")
+TOKEN = "s3cr3t-token"
 REF = ObjectRef("strata.dev/v1alpha1", "CacheCluster", "demo", "team-a", "0b1c-uid")
 
 FULL_SPEC = {
@@ -74,7 +75,7 @@ def check_golden(name: str, manifests: list[dict[str, Any]]) -> None:
 
 def all_children(cluster: Cluster) -> list[dict[str, Any]]:
     return builders.build_master_children(cluster, SETTINGS, token="s3cr3t-token") + builders.build_worker_children(
-        cluster, SETTINGS
+        cluster, SETTINGS, token="s3cr3t-token"
     )
 
 
@@ -118,7 +119,7 @@ def test_config_map_is_the_server_config() -> None:
 
 
 def test_tier_volumes_match_their_media() -> None:
-    sts = builders.build_worker_statefulset(make_cluster(FULL_SPEC), SETTINGS)
+    sts = builders.build_worker_statefulset(make_cluster(FULL_SPEC), SETTINGS, TOKEN)
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tier-mem"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert volumes["tier-ssd"]["hostPath"] == {"path": "/mnt/nvme/strata", "type": "DirectoryOrCreate"}
@@ -127,41 +128,43 @@ def test_tier_volumes_match_their_media() -> None:
     assert claim["resources"]["requests"]["storage"] == "1Ti"
     assert volumes["short-circuit"]["hostPath"]["path"] == "/var/run/strata/team-a/demo"
     default_ssd = make_cluster({"tiers": [{"medium": "SSD", "quota": "10G"}]})
-    sts = builders.build_worker_statefulset(default_ssd, SETTINGS)
+    sts = builders.build_worker_statefulset(default_ssd, SETTINGS, TOKEN)
     (tier,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tier-ssd"]
     assert tier == {"name": "tier-ssd", "emptyDir": {"sizeLimit": "10G"}}
 
 
 def test_short_circuit_off_has_no_host_socket_dir() -> None:
-    sts = builders.build_worker_statefulset(make_cluster({"shortCircuit": False}), SETTINGS)
+    sts = builders.build_worker_statefulset(make_cluster({"shortCircuit": False}), SETTINGS, TOKEN)
     names = [v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]]
     assert "short-circuit" not in names
 
 
 def test_config_change_changes_the_pod_template_hash() -> None:
-    a = builders.build_worker_statefulset(make_cluster({}), SETTINGS)
-    b = builders.build_worker_statefulset(make_cluster({"blockSize": "8Mi"}), SETTINGS)
-    c = builders.build_worker_statefulset(make_cluster({"worker": {"replicas": 5}}), SETTINGS)
+    a = builders.build_worker_statefulset(make_cluster({}), SETTINGS, TOKEN)
+    b = builders.build_worker_statefulset(make_cluster({"blockSize": "8Mi"}), SETTINGS, TOKEN)
+    c = builders.build_worker_statefulset(make_cluster({"worker": {"replicas": 5}}), SETTINGS, TOKEN)
+    d = builders.build_worker_statefulset(make_cluster({}), SETTINGS, "a-new-token")
     key = "strata.dev/config-hash"
-    ha, hb, hc = (s["spec"]["template"]["metadata"]["annotations"][key] for s in (a, b, c))
+    ha, hb, hc, hd = (s["spec"]["template"]["metadata"]["annotations"][key] for s in (a, b, c, d))
     assert ha != hb
     assert ha == hc  # scaling does not restart pods
+    assert ha != hd  # a new token restarts them, so servers read it
 
 
 def test_user_anti_affinity_replaces_the_default_spread() -> None:
     mine = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}
-    sts = builders.build_worker_statefulset(make_cluster({"worker": {"affinity": mine}}), SETTINGS)
+    sts = builders.build_worker_statefulset(make_cluster({"worker": {"affinity": mine}}), SETTINGS, TOKEN)
     assert sts["spec"]["template"]["spec"]["affinity"] == mine
-    sts = builders.build_worker_statefulset(make_cluster({}), SETTINGS)
+    sts = builders.build_worker_statefulset(make_cluster({}), SETTINGS, TOKEN)
     spread = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
 
 
 def test_image_defaults_to_the_operator_setting() -> None:
-    sts = builders.build_master_statefulset(make_cluster({}), SETTINGS)
+    sts = builders.build_master_statefulset(make_cluster({}), SETTINGS, TOKEN)
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "strata-server:test"
-    sts = builders.build_master_statefulset(make_cluster({"image": "mine:1"}), SETTINGS)
+    sts = builders.build_master_statefulset(make_cluster({"image": "mine:1"}), SETTINGS, TOKEN)
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "mine:1"
 
 

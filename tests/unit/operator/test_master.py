@@ -62,5 +62,8 @@ async def test_reports_are_shared_for_their_ttl(master: RunningMaster) -> None:
         masters.invalidate(master.address)
         await masters.report(master.address, TOKEN)
         assert master.state.count("Report") == 3
+        await masters.forget(master.address)
+        await masters.report(master.address, TOKEN)  # a new channel after forget
+        assert master.state.count("Report") == 4
     finally:
         await masters.close()
