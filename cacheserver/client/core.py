@@ -22,7 +22,7 @@ import grpc
 from .. import constants, rpcutil
 from ..auth import load_token
 from ..blockrefs import block_count, key_of
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, StrataError, Unavailable
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError, Unavailable
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
@@ -214,7 +214,7 @@ class StrataClient:
         if reader is not None:
             try:
                 return reader.read(ref, offset, want, read_type)
-            except Unavailable as exc:
+            except (Unavailable, ResourceExhausted) as exc:
                 log.debug("short-circuit to %s failed (%s); reading over gRPC", worker.worker_id, exc)
         request = pb.ReadBlockRequest(block=ref, offset=offset, length=want, read_type=read_type,
                                       readahead_blocks=readahead)

@@ -189,7 +189,8 @@ class MasterService(pb_grpc.MasterServicer):
             # Same mount again (the operator re-ensures mounts): keep its id and its cache.
             return pb.MountResponse(mount=mount_to_proto(existing, with_credentials=False, pinned=self._pinned_prefixes(existing)))
         if request.check:
-            await Store(request.source, {**options.options, **options.credentials}).check()
+            async with Store(request.source, options.store_options()) as store:
+                await store.check()
         mount = self.mounts.add(path, request.source, options, replace=request.replace)
         if existing is not None and existing.mount_id != mount.mount_id:
             self._spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")

@@ -43,7 +43,8 @@ class WorkerMounts:
         self._by_id: dict[int, MountView] = {}
         self.version = 0
 
-    def apply(self, table: pb.GetMountTableResponse) -> None:
+    def apply(self, table: pb.GetMountTableResponse) -> list[Store]:
+        """Take a new table; returns the stores no mount uses any more (to be closed)."""
         views: dict[int, MountView] = {}
         for info in table.mounts:
             old = self._by_id.get(info.mount_id)
@@ -52,11 +53,20 @@ class WorkerMounts:
                 info.source, {**info.options.options, **info.options.credentials}
             )
             views[info.mount_id] = MountView(info, store)
+        kept = {id(v.store) for v in views.values()}
+        retired = [v.store for v in self._by_id.values() if id(v.store) not in kept]
         self._by_id = views
         self.version = table.version
+        return retired
 
     async def refresh(self) -> None:
-        self.apply(await self._fetch_table())
+        for store in self.apply(await self._fetch_table()):
+            await store.close()
+
+    async def close(self) -> None:
+        for view in self._by_id.values():
+            await view.store.close()
+        self._by_id = {}
 
     async def get(self, mount_id: int) -> MountView:
         view = self._by_id.get(mount_id)

@@ -17,7 +17,7 @@ from .. import constants, rpcutil
 from ..cache.keys import BlockKey
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..config import ServerConfig
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
+from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError
 from ..blockrefs import block_length, key_of, ref_of
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
@@ -148,6 +148,17 @@ class WorkerService(pb_grpc.WorkerServicer):
             self.verified.add(key.block_id)
         return block, hit
 
+    async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
+        """Bytes straight from the store, when the cache cannot take the block."""
+        if not ref.in_store:
+            raise NotFound(f"block {ref.index} of {ref.path} is not cached here and not in the store")
+        mount = await self.mounts.get(ref.mount_id)
+        start = ref.index * ref.block_size + offset
+        data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
+        self.counters.misses += 1
+        self.counters.ufs_bytes_read += len(data)
+        return data
+
     async def read_cached(self, ref: pb.BlockRef, offset: int, length: int, *, promote: bool) -> tuple[bytes, bool]:
         """Bytes [offset, offset+length) of a block, refetching once if the cached copy is bad."""
         for attempt in (1, 2):
@@ -199,16 +210,16 @@ class WorkerService(pb_grpc.WorkerServicer):
         length = min(request.length or total, total - request.offset)
         mount = await self.mounts.get(ref.mount_id)
         read_type = effective_read_type(request.read_type, mount, self.config)
+        hit = False
         if read_type == pb.NO_CACHE and self.store.lookup(key_of(ref)) is None:
-            if not ref.in_store:
-                raise NotFound(f"block {ref.index} of {ref.path} is not cached here and not in the store")
-            start = ref.index * ref.block_size + request.offset
-            data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
-            self.counters.misses += 1
-            self.counters.ufs_bytes_read += len(data)
-            hit = False
+            data = await self.read_uncached(ref, request.offset, length)
         else:
-            data, hit = await self.read_cached(ref, request.offset, length, promote=read_type == pb.CACHE_PROMOTE)
+            try:
+                data, hit = await self.read_cached(ref, request.offset, length, promote=read_type == pb.CACHE_PROMOTE)
+            except ResourceExhausted as exc:
+                # Every tier is full of pinned blocks: serve the reader, cache nothing.
+                log.warning("serving block %d of %s uncached: %s", ref.index, ref.path, exc)
+                data = await self.read_uncached(ref, request.offset, length)
         self._readahead_from(ref, request.readahead_blocks, read_type)
         self.counters.bytes_served += len(data)
         view = memoryview(data)
@@ -409,6 +420,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self.mounts.close()
+        await self.store.close()
 
 
 def staged_files(staging_dir: Path) -> list[Path]:

@@ -291,9 +291,14 @@ def test_load_free_pin_and_block_locations(cluster: Cluster, bucket: str) -> Non
     with cluster.s3.recording() as rec:
         assert fs.cat_file("/l/set/a.bin") == data
     assert object_gets(rec, bucket) == 0
-    locations = fs.block_locations("/l/set/a.bin")
+    # block reports reach the master with the next heartbeat
+    def reported() -> list[dict[str, Any]] | None:
+        locations = fs.block_locations("/l/set/a.bin")
+        return locations if all(b["hosts"] for b in locations) else None
+
+    locations = wait_until(reported, 10, "block reports")
     assert [b["index"] for b in locations] == [0, 1, 2]
-    assert all(set(b["hosts"]) <= {"node-0", "node-1"} and b["hosts"] for b in locations)
+    assert all(set(b["hosts"]) <= {"node-0", "node-1"} for b in locations)
     fs.client.set_pinned("/l/set", True)
     assert fs.info("/l/set/a.bin")["pinned"]
     assert fs.client.free("/l/set/b.bin") == 100

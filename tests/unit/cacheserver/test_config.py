@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from strata.cacheserver.config import ServerConfig, load_server_config
+from strata.cacheserver.errors import InvalidArgument
+
+
+def test_yaml_round_trip_with_quantities(tmp_path: Path) -> None:
+    path = tmp_path / "strata.yaml"
+    path.write_text("blockSize: 8Mi\ntiers:\n- {medium: MEM, quota: 1Gi}\n- {medium: SSD, quota: 10Gi, dirs: [/ssd]}\n"
+                    "cachePolicy: {eviction: LRFU, readType: CACHE_PROMOTE}\n")
+    config = load_server_config(path)
+    assert config.block_size == 8 << 20
+    assert [(t.medium, t.quota) for t in config.tiers] == [("MEM", 1 << 30), ("SSD", 10 << 30)]
+    assert config.cache_policy.eviction == "LRFU"
+    again = tmp_path / "again.yaml"
+    again.write_text(config.to_yaml())
+    assert load_server_config(again) == config
+
+
+@pytest.mark.parametrize("body,message", [
+    ("tiers: [{medium: MEM, quota: 0}]", "quota"),
+    ("tiers: [{medium: SSD, quota: 1Gi}, {medium: MEM, quota: 1Gi}]", "fastest first"),
+    ("tiers: [{medium: MEM, quota: 1Gi}, {medium: MEM, quota: 1Gi}]", "one tier of each medium"),
+    ("tiers: [{medium: TAPE, quota: 1Gi}]", "TAPE"),
+    ("cachePolicy: {highWatermark: 0.5, lowWatermark: 0.7}", "lowWatermark"),
+    ("blockSize: huge", "blockSize"),
+    ("[1, 2]", "mapping"),
+    ("tiers: [", "not valid YAML"),
+])
+def test_bad_config_names_the_problem(tmp_path: Path, body: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    with pytest.raises(InvalidArgument, match=message):
+        load_server_config(path)
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_MASTER", "m:1")
+    monkeypatch.setenv("STRATA_BLOCK_SIZE", "1Mi")
+    config = load_server_config(None)
+    assert (config.master_address, config.block_size) == ("m:1", 1 << 20)
+    assert ServerConfig().master_address.endswith(":19998")
