@@ -15,11 +15,12 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from strata.cacheserver import constants as server
 from strata.cacheserver.config import (
     CachePolicySettings,
     Medium,
     ReadTypeName,
+    ServerConfig,
+    TierSettings,
     WriteTypeName,
 )
 from strata.cacheserver.errors import InvalidArgument
@@ -133,11 +134,11 @@ class CacheClusterSpec(_Spec):
     @field_validator("tiers")
     @classmethod
     def _tiers(cls, tiers: tuple[TierSpec, ...]) -> tuple[TierSpec, ...]:
-        media = [t.medium for t in tiers]
-        if len(set(media)) != len(media):
-            raise ValueError(f"at most one tier of each medium, got {media}")
-        if [server.MEDIA.index(m) for m in media] != sorted(server.MEDIA.index(m) for m in media):
-            raise ValueError(f"list tiers fastest first (MEM, SSD, HDD), got {media}")
+        # The servers' own rule (one tier per medium, fastest first): the two never disagree.
+        try:
+            ServerConfig.model_validate({"tiers": [TierSettings(medium=t.medium, quota=t.quota) for t in tiers]})
+        except ValidationError as exc:
+            raise ValueError("; ".join(_message(e["msg"]).removeprefix("tiers: ") for e in exc.errors())) from None
         return tiers
 
 
