@@ -6,12 +6,12 @@ PY := $(VENV)/bin/python
 # standard library's `operator` module.
 export PYTHONSAFEPATH := 1
 
-.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools lint typecheck demo clean
+.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools lint demo clean
 
 $(VENV)/.installed: pyproject.toml setup.py cacheserver/proto/strata.proto
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet grpcio-tools
+	$(PY) -m pip install --quiet grpcio-tools mypy-protobuf
 	PYTHON=$(PY) scripts/gen_protos.sh
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
@@ -25,9 +25,14 @@ protos: venv
 deps-system:
 	scripts/install-system-deps.sh
 
-test: venv deps-system protos
+test: venv deps-system protos lint
 	$(VENV)/bin/pytest tests/unit tests/integration
 	$(MAKE) test-e2e
+
+# mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
+lint: venv protos
+	PYTHON=$(abspath $(PY)) scripts/typecheck.sh
+	cd /tmp && $(abspath $(VENV))/bin/lint-imports --config $(abspath pyproject.toml)
 
 test-unit: venv protos
 	$(VENV)/bin/pytest tests/unit

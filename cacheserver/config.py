@@ -75,7 +75,9 @@ class ServerConfig(_Model):
     # Where workers and clients find the master (host:port).
     master_address: str = Field(f"127.0.0.1:{constants.MASTER_RPC_PORT}", alias="masterAddress")
     tiers: tuple[TierSettings, ...] = ()
-    cache_policy: CachePolicySettings = Field(default_factory=CachePolicySettings, alias="cachePolicy")
+    cache_policy: CachePolicySettings = Field(
+        default_factory=lambda: CachePolicySettings.model_validate({}), alias="cachePolicy"
+    )
     # Clients on a worker's host read block files through a passed file descriptor.
     short_circuit: bool = Field(True, alias="shortCircuit")
     # Seconds between worker heartbeats, and how many missed ones drop a worker from placement.

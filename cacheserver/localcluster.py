@@ -115,7 +115,7 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
         addresses = []
         for i in range(spec.workers):
             name = f"worker-{i}"
-            tiers = [{"medium": "MEM", "quota": spec.mem, "dirs": [f"/dev/shm/strata-{tag}-{name}"]}] if spec.mem not in ("", "0") else []
+            tiers: list[dict[str, object]] = [{"medium": "MEM", "quota": spec.mem, "dirs": [f"/dev/shm/strata-{tag}-{name}"]}] if spec.mem not in ("", "0") else []
             tiers += [t for t in (_disk_tier("SSD", spec.ssd, i), _disk_tier("HDD", spec.hdd, i)) if t]
             cfg = base / f"{name}.yaml"
             cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master, "tiers": tiers}))

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-import botocore.exceptions  # type: ignore[import-untyped]
-from botocore.parsers import ResponseParserError  # type: ignore[import-untyped]
+import botocore.exceptions
+from botocore.parsers import ResponseParserError
 import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.core import split_protocol

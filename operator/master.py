@@ -42,7 +42,7 @@ class MasterClient:
         self._timeout = timeout
         self._metadata = ((server.AUTH_METADATA_KEY, f"{server.AUTH_SCHEME} {token}"),)
         self._channel = grpc.aio.insecure_channel(endpoint)
-        self._stub = pb_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = pb_grpc.MasterStub(self._channel)
 
     async def __aenter__(self) -> MasterClient:
         return self

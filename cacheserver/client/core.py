@@ -193,7 +193,7 @@ class StrataClient:
         return [by_id[w] for w in order if not (w in seen or seen.add(w))]  # type: ignore[func-returns-value]
 
     def read_block(self, ref: pb.BlockRef, offset: int = 0, length: int = 0, *,
-                   readahead: int = 0, read_type: int = 0, holders: Iterable[str] = ()) -> bytes:
+                   readahead: int = 0, read_type: pb.ReadType.ValueType = pb.READ_TYPE_UNSPECIFIED, holders: Iterable[str] = ()) -> bytes:
         """Bytes of one block (length 0: to its end), failing over along the ring."""
         errors: list[str] = []
         for attempt in range(2):
@@ -207,7 +207,7 @@ class StrataClient:
         raise Unavailable(f"cannot read block {ref.index} of {ref.path}: " + "; ".join(errors))
 
     def _read_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, length: int,
-                   readahead: int, read_type: int) -> bytes:
+                   readahead: int, read_type: pb.ReadType.ValueType) -> bytes:
         full = max(0, min(ref.block_size, ref.file_length - ref.index * ref.block_size))
         want = (length or full - offset)
         reader = self._sc_reader(worker)
@@ -242,7 +242,8 @@ class StrataClient:
         local = [w for w in workers if w.host == self.host]
         return (local or workers)[0]
 
-    def write_file(self, path: str, chunks: Iterable[bytes], *, write_type: int = 0, overwrite: bool = True) -> pb.FileInfo:
+    def write_file(self, path: str, chunks: Iterable[bytes], *,
+                   write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED, overwrite: bool = True) -> pb.FileInfo:
         worker = self.writer_worker()
 
         def messages() -> Iterator[pb.WriteFileChunk]:
@@ -269,7 +270,7 @@ class StreamingUpload:
 
     _END = object()
 
-    def __init__(self, client: StrataClient, path: str, write_type: int, overwrite: bool) -> None:
+    def __init__(self, client: StrataClient, path: str, write_type: pb.WriteType.ValueType, overwrite: bool) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=8)
         self._result: pb.FileInfo | None = None
         self._error: BaseException | None = None

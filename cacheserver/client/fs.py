@@ -51,7 +51,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         super().__init__(**kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit)
         self.readahead = readahead
-        self.write_type = pb.WriteType.Value(write_type) if write_type else 0
+        self.write_type = pb.WriteType.Value(write_type) if write_type else pb.WRITE_TYPE_UNSPECIFIED
         self._pool = ThreadPoolExecutor(max_workers=max(2, readahead + 2), thread_name_prefix="strata-read")
 
     # -- paths -------------------------------------------------------------------------------
@@ -170,7 +170,6 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             wt = pb.WriteType.Value(write_type) if write_type else fs.write_type
             self._upload: StreamingUpload | None = None
             self._write_type = wt
-            self.file_info = None
 
     # -- reading -----------------------------------------------------------------------------
 

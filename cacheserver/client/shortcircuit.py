@@ -34,7 +34,7 @@ class ShortCircuitReader:
                 raise Unavailable(f"short-circuit socket {self.socket_path}: {exc.strerror}") from exc
             conn = (sock, bytearray())
             self._local.conn = conn
-        return conn  # type: ignore[no-any-return]
+        return conn
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)

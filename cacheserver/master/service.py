@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -15,7 +16,8 @@ from ..cache.keys import BlockKey
 from ..config import ServerConfig
 from ..errors import InvalidArgument, StrataError
 from ..namespace.metadata import FileEntry, Namespace
-from ..namespace.mounts import Mount, MountOptions, MountTable
+from ..namespace.mounts import Mount as NsMount
+from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
@@ -54,11 +56,11 @@ class UfsTotals:
     at: float
 
 
-def read_type_name(value: int) -> str:
+def read_type_name(value: pb.ReadType.ValueType) -> str:
     return "" if value == pb.READ_TYPE_UNSPECIFIED else pb.ReadType.Name(value)
 
 
-def write_type_name(value: int) -> str:
+def write_type_name(value: pb.WriteType.ValueType) -> str:
     return "" if value == pb.WRITE_TYPE_UNSPECIFIED else pb.WriteType.Name(value)
 
 
@@ -77,7 +79,7 @@ def options_from_proto(options: pb.MountOptions, has_options: bool) -> MountOpti
     )
 
 
-def mount_to_proto(mount: Mount, *, with_credentials: bool, pinned: list[str]) -> pb.MountInfo:
+def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str]) -> pb.MountInfo:
     o = mount.options
     return pb.MountInfo(
         path=mount.path,
@@ -90,8 +92,8 @@ def mount_to_proto(mount: Mount, *, with_credentials: bool, pinned: list[str]) -
             credentials=o.credentials if with_credentials else {},
             read_only=o.read_only,
             metadata_sync_interval=o.metadata_sync_interval,
-            read_type=pb.ReadType.Value(o.read_type) if o.read_type else 0,
-            write_type=pb.WriteType.Value(o.write_type) if o.write_type else 0,
+            read_type=pb.ReadType.Value(o.read_type) if o.read_type else pb.READ_TYPE_UNSPECIFIED,
+            write_type=pb.WriteType.Value(o.write_type) if o.write_type else pb.WRITE_TYPE_UNSPECIFIED,
             pin=o.pin,
             ttl_seconds=o.ttl_seconds,
         ),
@@ -114,8 +116,8 @@ class MasterService(pb_grpc.MasterServicer):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _spawn(self, coro: object, name: str) -> None:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
         task.set_name(name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -154,7 +156,7 @@ class MasterService(pb_grpc.MasterServicer):
             read_only=entry.read_only,
         )
 
-    def _pinned_prefixes(self, mount: Mount) -> list[str]:
+    def _pinned_prefixes(self, mount: NsMount) -> list[str]:
         prefixes = list(self.namespace.pinned_prefixes(mount.mount_id))
         if mount.options.pin:
             prefixes.append(mount.path)
@@ -166,7 +168,8 @@ class MasterService(pb_grpc.MasterServicer):
 
         async def one(record: WorkerRecord) -> object | None:
             try:
-                return await getattr(self._worker_stub(record), call)(request, timeout=60)
+                result: object = await getattr(self._worker_stub(record), call)(request, timeout=60)
+                return result
             except grpc.RpcError as exc:
                 log.warning("%s on worker %s failed: %s", what, record.info.worker_id, exc.details() if hasattr(exc, "details") else exc)
                 return None
@@ -419,7 +422,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     # -- report ------------------------------------------------------------------------------
 
-    async def _refresh_ufs_totals(self, mount: Mount) -> None:
+    async def _refresh_ufs_totals(self, mount: NsMount) -> None:
         try:
             entries = await self.namespace.list_status(mount.path, recursive=True)
         except StrataError as exc:

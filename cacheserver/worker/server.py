@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from .. import constants, rpcutil
 from ..auth import TokenInterceptor
+from ..cache.keys import BlockKey
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
 from ..config import ServerConfig
@@ -207,9 +209,7 @@ class WorkerHandle:
         for view in self.service.mounts.views():
             ttl = view.info.options.ttl_seconds
             if ttl > 0:
-                freed += self.service.store.free_unused_since(
-                    now - ttl, lambda key, mid=view.mount_id: key.mount_id == mid
-                )
+                freed += self.service.store.free_unused_since(now - ttl, mount_matcher(view.mount_id))
         return freed
 
     async def stop(self, grace: float = 2.0) -> None:
@@ -224,6 +224,10 @@ class WorkerHandle:
         for _, channel in self._peer_channels.values():
             await channel.close()
         await self.master_channel.close()
+
+
+def mount_matcher(mount_id: int) -> Callable[[BlockKey], bool]:
+    return lambda key: key.mount_id == mount_id
 
 
 async def start_worker(

@@ -7,9 +7,10 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -67,20 +68,22 @@ class BlockReports:
         return added, removed
 
 
-def effective_read_type(request_type: int, mount: MountView, config: ServerConfig) -> int:
+def effective_read_type(request_type: pb.ReadType.ValueType, mount: MountView, config: ServerConfig) -> pb.ReadType.ValueType:
+    """The request's read type, else the mount's, else the cluster's."""
     if request_type:
         return request_type
     if mount.info.options.read_type:
         return mount.info.options.read_type
-    return int(pb.ReadType.Value(config.cache_policy.read_type))
+    return pb.ReadType.Value(config.cache_policy.read_type)
 
 
-def effective_write_type(request_type: int, mount: MountView, config: ServerConfig) -> int:
+def effective_write_type(request_type: pb.WriteType.ValueType, mount: MountView, config: ServerConfig) -> pb.WriteType.ValueType:
+    """The request's write type, else the mount's, else the cluster's."""
     if request_type:
         return request_type
     if mount.info.options.write_type:
         return mount.info.options.write_type
-    return int(pb.WriteType.Value(config.cache_policy.write_type))
+    return pb.WriteType.Value(config.cache_policy.write_type)
 
 
 class WorkerService(pb_grpc.WorkerServicer):
@@ -115,8 +118,8 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     # -- block cache -------------------------------------------------------------------------
 
-    def _spawn(self, coro: object, name: str) -> None:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
         task.set_name(name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -342,9 +345,10 @@ class WorkerService(pb_grpc.WorkerServicer):
             ), timeout=30)
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"committing {path} on the master") from exc
-        return response.file
+        file: pb.FileInfo = response.file
+        return file
 
-    async def _write(self, staged: Path, mount: MountView, path: str, length: int, write_type: int) -> pb.FileInfo:
+    async def _write(self, staged: Path, mount: MountView, path: str, length: int, write_type: pb.WriteType.ValueType) -> pb.FileInfo:
         rel = mount.rel(path)
         if write_type in (pb.THROUGH, pb.CACHE_THROUGH):
             status = await mount.store.write_file(rel, staged)

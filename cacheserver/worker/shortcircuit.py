@@ -107,11 +107,11 @@ class ShortCircuitServer:
         if not hmac.compare_digest(str(request.get("token", "")).encode(), self._token.encode()):
             return {"ok": False, "code": "UNAUTHENTICATED", "message": "missing or wrong cluster token"}, -1
         ref = pb.BlockRef(**request["block"])
-        read_type = int(request.get("read_type", 0))
+        read_type = pb.ReadType.ValueType(int(request.get("read_type", 0)))
         future = asyncio.run_coroutine_threadsafe(self._open(ref, read_type), self._loop)
         return future.result()
 
-    async def _open(self, ref: pb.BlockRef, read_type: int) -> tuple[dict[str, Any], int]:
+    async def _open(self, ref: pb.BlockRef, read_type: pb.ReadType.ValueType) -> tuple[dict[str, Any], int]:
         service = self._service
         mount = await service.mounts.get(ref.mount_id)
         promote = effective_read_type(read_type, mount, service.config) == pb.CACHE_PROMOTE

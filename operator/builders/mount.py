@@ -17,8 +17,8 @@ def build_mount_request(spec: MountSpec, credentials: Mapping[str, str]) -> pb.M
         credentials=dict(credentials),
         read_only=spec.read_only,
         metadata_sync_interval=spec.metadata_sync.interval,
-        read_type=spec.read_type or "READ_TYPE_UNSPECIFIED",
-        write_type=spec.write_type or "WRITE_TYPE_UNSPECIFIED",
+        read_type=pb.ReadType.Value(spec.read_type or "READ_TYPE_UNSPECIFIED"),
+        write_type=pb.WriteType.Value(spec.write_type or "WRITE_TYPE_UNSPECIFIED"),
         pin=spec.pin,
         ttl_seconds=spec.ttl,
     )
