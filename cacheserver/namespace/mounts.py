@@ -151,7 +151,8 @@ class MountTable:
 
     def add(self, path: str, source: str, options: MountOptions | None = None, *, replace: bool = False) -> Mount:
         """Mount `source` at `path`. With `replace`, an existing mount at the same path is
-        swapped for the new one (which gets a new mount id)."""
+        swapped for the new one: it keeps its mount id (and so its cached blocks) when only
+        credentials or cache settings changed, and gets a new one when the data may differ."""
         options = options or MountOptions()
         path = normalize(path, what="mount path")
         if path == "/":
@@ -169,14 +170,22 @@ class MountTable:
                     raise InvalidArgument(
                         f"mount path {path} overlaps the existing mount {other.path}; mount points cannot nest"
                     )
+            # Same store, same storage options (only credentials or cache policy changed):
+            # the data is the same, so the mount keeps its id and its cached blocks.
+            same_data = (
+                existing is not None
+                and existing.source == source
+                and existing.options.options == options.options
+            )
             mount = Mount(
                 path=path,
                 source=source,
                 options=options,
-                mount_id=self._next_id,
-                created_unix_ms=int(time.time() * 1000),
+                mount_id=existing.mount_id if same_data and existing is not None else self._next_id,
+                created_unix_ms=existing.created_unix_ms if same_data and existing is not None else int(time.time() * 1000),
             )
-            self._next_id += 1
+            if not same_data:
+                self._next_id += 1
             self._mounts[path] = mount
             self._version += 1
             if existing is not None:

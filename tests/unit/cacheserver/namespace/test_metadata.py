@@ -353,8 +353,9 @@ async def test_unmounting_forgets_the_mounts_writes_and_pins(tmp_path: Path) -> 
     env = Env(tmp_path)
     env.ns.commit_file("/m/staged", length=4, version="w9", persisted=False)
     env.ns.set_pinned("/m", True)
-    env.mounts.add("/m", f"gatedmem://{env.root}", replace=True)
+    env.mounts.add("/m", f"gatedmem://{env.root}-other", replace=True)
     new_id = env.mounts.get("/m").mount_id  # type: ignore[union-attr]
+    assert new_id != env.mount.mount_id
     with pytest.raises(NotFound):
         await env.ns.get_status("/m/staged")
     assert env.ns.pinned_prefixes(env.mount.mount_id) == []
@@ -362,6 +363,17 @@ async def test_unmounting_forgets_the_mounts_writes_and_pins(tmp_path: Path) -> 
     again = Namespace(MountTable(tmp_path), tmp_path, block_size=BLOCK)
     with pytest.raises(NotFound):
         await again.get_status("/m/staged")
+
+
+async def test_remounting_the_same_data_keeps_the_mount_id_writes_and_pins(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    env.ns.commit_file("/m/staged", length=4, version="w9", persisted=False)
+    env.ns.set_pinned("/m", True)
+    options = MountOptions(credentials={"token": "rotated"}, pin=True)
+    env.mounts.add("/m", f"gatedmem://{env.root}", options, replace=True)
+    assert env.mounts.get("/m").mount_id == env.mount.mount_id  # type: ignore[union-attr]
+    assert (await env.ns.get_status("/m/staged")).length == 4
+    assert env.ns.pinned_prefixes(env.mount.mount_id) == ["/m"]
 
 
 # -- delete and rename ---------------------------------------------------------------------------------
