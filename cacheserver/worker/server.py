@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 
 # How often the worker refreshes its list of peers (for placing written blocks).
 PEER_REFRESH_SECONDS = 5.0
-# How often blocks unused longer than their mount's TTL are freed.
+# How often blocks unused longer than their mount's TTL are freed (at most), and how often
+# the worker checks whether a sweep is due.
 TTL_SWEEP_SECONDS = 30.0
+TTL_TICK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -199,9 +201,14 @@ class WorkerHandle:
             await asyncio.sleep(PEER_REFRESH_SECONDS)
 
     async def ttl_loop(self) -> None:
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(TTL_SWEEP_SECONDS)
-            self.sweep_ttl()
+            await asyncio.sleep(TTL_TICK_SECONDS)
+            # Sweep at least twice per TTL, so a block outlives its TTL by at most half of it.
+            ttls = [v.info.options.ttl_seconds for v in self.service.mounts.views() if v.info.options.ttl_seconds > 0]
+            if ttls and time.monotonic() - last >= min(TTL_SWEEP_SECONDS, min(ttls) / 2):
+                last = time.monotonic()
+                self.sweep_ttl()
 
     def sweep_ttl(self) -> int:
         freed = 0

@@ -75,3 +75,18 @@ def test_errors_are_one_clear_line(local_env: dict[str, str]) -> None:
     result = strata(local_env, "fs", "ls", "/", check=False)
     assert result.returncode == 1
     assert b"strata local up" in result.stderr and b"Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("config,message", [
+    ("tiers: [{medium: MEM, quota: 0}]", b"quota"),
+    ("tiers: []", b"no cache tiers"),
+    ("tiers: [{medium: SSD, quota: 1Gi}, {medium: MEM, quota: 1Gi}]", b"fastest first"),
+])
+def test_a_worker_with_a_bad_config_says_why_and_exits(local_env: dict[str, str], tmp_path: Path, config: str,
+                                                       message: bytes) -> None:
+    path = tmp_path / "worker.yaml"
+    path.write_text(config)
+    result = strata({**local_env, "STRATA_TOKEN": "t"}, "worker", "--config", str(path), "--data-dir", str(tmp_path / "w"),
+                    "--port", "0", "--http-port", "0", check=False)
+    assert result.returncode == 1
+    assert message in result.stderr and b"Traceback" not in result.stderr

@@ -321,3 +321,42 @@ def test_pandas_and_pyarrow_read_parquet_through_strata(cluster: Cluster, bucket
     frame = pd.read_parquet("strata:///pq/t/part-0.parquet",
                             storage_options={"master": cluster.master_address, "token": TOKEN})
     assert frame["y"].sum() == 2.0 * sum(range(10_000))
+
+
+def test_read_types_no_cache_and_cache_promote(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    tiers = [{"medium": "MEM", "quota": "8Mi", "dirs": [f"/dev/shm/strata-it-{os.getpid()}-promote"]},
+             {"medium": "SSD", "quota": "64Mi", "dirs": [str(tmp_path / "ssd")]}]
+    cluster = start_cluster(workers=1, tiers=tiers)
+    data = payload(BLOCK_SIZE)
+    for name in ("nocache.bin", "a.bin", "b.bin", "c.bin"):
+        cluster.s3.put_object(bucket, name, data)
+    cluster.mount_bucket("/nc", bucket, read_type=pb.NO_CACHE)
+    fs = cluster.fs()
+    assert fs.cat_file("/nc/nocache.bin") == data
+    assert fs.info("/nc/nocache.bin")["cached_bytes"] == 0
+    assert cluster.worker_metric(0, "strata_worker_cache_misses") == 1
+    # a.bin lands in MEM, then b.bin and c.bin push it down to SSD
+    cluster.fs().client.mount("/p", f"s3://{bucket}", pb.MountOptions(options=cluster.s3.storage_options(),
+                                                                      read_type=pb.CACHE_PROMOTE))
+    for name in ("a.bin", "b.bin", "c.bin"):
+        assert fs.cat_file(f"/p/{name}") == data
+
+    def mem_blocks() -> int:
+        return int(metric(cluster.workers[0].metrics(), "strata_worker_tier_blocks", '{medium="MEM"}'))
+
+    assert fs.cat_file("/p/a.bin") == data  # a hit in SSD, promoted to MEM
+    assert mem_blocks() >= 1
+    with cluster.s3.recording() as rec:
+        assert fs.cat_file("/p/a.bin") == data
+    assert object_gets(rec, bucket) == 0
+
+
+def test_ttl_frees_blocks_unused_that_long(cluster: Cluster, bucket: str) -> None:
+    data = payload(BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "old.bin", data)
+    cluster.mount_bucket("/ttl", bucket, ttl_seconds=3.0)
+    fs = cluster.fs()
+    assert fs.cat_file("/ttl/old.bin") == data
+    wait_until(lambda: fs.info("/ttl/old.bin")["cached_bytes"] == len(data), 2, "the block report")
+    wait_until(lambda: fs.info("/ttl/old.bin")["cached_bytes"] == 0, 15, "the TTL to free the block")
+    assert fs.cat_file("/ttl/old.bin") == data
