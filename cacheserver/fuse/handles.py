@@ -1,0 +1,149 @@
+"""Open files of a FUSE mount.
+
+Reading goes through the client library's file object (whole blocks, the next ones fetched
+ahead while the reader is sequential, short-circuit reads on a worker's host).
+
+Writing is buffered: the bytes go to an unlinked local spool file, and the whole file is
+written through a worker (`write_file`, with the mount's write type) when the application
+flushes, fsyncs or closes it and something changed. So any write pattern works (seeks back,
+rewrites, truncates, reading back what was written) and a failed upload is reported by
+close(2) or fsync(2). The price: the spool needs local disk space for the file, and the
+upload starts when the file is closed, not while it is written.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+from ..client.fs import StrataFile
+from ..proto import strata_pb2 as pb
+
+# Bytes read from the spool per piece of an upload.
+UPLOAD_CHUNK = 4 * 1024 * 1024
+
+T = TypeVar("T")
+
+
+class ReadHandle:
+    """A file opened for reading.
+
+    The kernel asks for at most 1 MiB at a time. A reader that goes on where it left off (or
+    starts at 0) gets whole blocks, kept here while it reads them and fetched ahead by the
+    client; any other read fetches just the bytes asked for (footers, indexes, random access).
+    """
+
+    def __init__(self, file: StrataFile) -> None:
+        self._file = file
+        self._lock = threading.Lock()
+        self._next = 0  # where the previous read ended
+        self._block: tuple[int, bytes] | None = None  # (index, bytes) of the block being read
+
+    @property
+    def info(self) -> pb.FileInfo:
+        return self._file.file_info
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        self._file.seek(start)
+        return self._file.read(end - start)  # type: ignore[no-any-return]
+
+    def read(self, size: int, offset: int) -> bytes:
+        # The kernel may send reads of one handle concurrently (readahead): one at a time keeps
+        # the sequential detection here and the client's prefetching intact.
+        with self._lock:
+            length, block_size = self.info.length, self.info.block_size or 1
+            end = min(offset + size, length)
+            if offset >= end:
+                return b""
+            held = self._block is not None and self._block[0] == offset // block_size
+            if not (offset in (0, self._next) or held):
+                self._next = end
+                return self._fetch(offset, end)
+            parts, pos = [], offset
+            while pos < end:
+                index = pos // block_size
+                if self._block is None or self._block[0] != index:
+                    start = index * block_size
+                    self._block = (index, self._fetch(start, min(start + block_size, length)))
+                data = self._block[1]
+                lo, hi = pos - index * block_size, min(end - index * block_size, len(data))
+                parts.append(data[lo:hi] if (lo, hi) != (0, len(data)) else data)
+                pos = index * block_size + hi
+            self._next = end
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        with self._lock:
+            self._block = None
+            self._file.close()
+
+
+class WriteHandle:
+    """A file opened for writing (see the module docstring)."""
+
+    def __init__(self, path: str, spool_dir: str | None = None, *, dirty: bool = False) -> None:
+        self.path = path  # namespace path; follows renames of the open file
+        self._spool = tempfile.TemporaryFile(dir=spool_dir, prefix="strata-fuse-")
+        self._fd = self._spool.fileno()
+        self.size = 0
+        self.dirty = dirty  # uploaded on the next commit (a created or truncated file is, even empty)
+        self.discarded = False  # unlinked while open: never uploaded
+        self.mtime_ns = time.time_ns()
+        self._lock = threading.RLock()
+
+    def fill(self, chunks: Iterable[bytes]) -> None:
+        """Start from existing content (a file opened for writing without O_TRUNC)."""
+        with self._lock:
+            for data in chunks:
+                os.pwrite(self._fd, data, self.size)
+                self.size += len(data)
+
+    def write(self, data: bytes, offset: int) -> int:
+        with self._lock:
+            written = os.pwrite(self._fd, data, offset)
+            self.size = max(self.size, offset + written)
+            self.dirty = True
+            self.mtime_ns = time.time_ns()
+            return written
+
+    def read(self, size: int, offset: int) -> bytes:
+        with self._lock:
+            return os.pread(self._fd, max(0, min(size, self.size - offset)), offset)
+
+    def truncate(self, length: int) -> None:
+        with self._lock:
+            os.ftruncate(self._fd, length)
+            self.size = length
+            self.dirty = True
+            self.mtime_ns = time.time_ns()
+
+    def _chunks(self) -> Iterator[bytes]:
+        offset = 0
+        while offset < self.size:
+            data = os.pread(self._fd, min(UPLOAD_CHUNK, self.size - offset), offset)
+            if not data:
+                break
+            offset += len(data)
+            yield data
+
+    def commit(self, upload: Callable[[str, Iterator[bytes]], T]) -> T | None:
+        """Upload the whole file if it changed since the last commit; `upload(path, chunks)`
+        returns what this returns (None when there was nothing to upload)."""
+        with self._lock:
+            if not self.dirty or self.discarded:
+                return None
+            result = upload(self.path, self._chunks())
+            self.dirty = False
+            return result
+
+    def discard(self) -> None:
+        with self._lock:
+            self.discarded = True
+
+    def close(self) -> None:
+        with self._lock:
+            self._spool.close()

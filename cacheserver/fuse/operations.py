@@ -1,0 +1,602 @@
+"""The Strata namespace (or one subtree of it) as a POSIX file system: the callbacks libfuse3
+calls (through mfusepy), answered with the client library.
+
+- Metadata: the kernel keeps attributes and directory entries for `attr_timeout` seconds
+  (see `attr_timeout_for`); this process keeps what a listing returned for as long, so
+  `ls -l` costs one listing, not one call per file.
+- Reads: one client file object per open file. The kernel's page cache of a file is kept
+  across opens while the file's version (its content identity) stays the one seen at the
+  previous open; a changed file starts cold.
+- Writes: buffered in a local spool file and written as a whole through a worker, with the
+  mount's write type (or the one given), on flush/fsync/close (see handles.py).
+- mkdir makes a directory that exists in this process until a file is written below it
+  (stores such as S3 have no empty directories). chmod, chown and utimens are accepted and
+  change nothing: modes, owners and times come from the store.
+- `user.strata.locations` lists the hosts holding each block (see locations.py).
+- A read-only mount (`--read-only`, or a Strata mount with readOnly) refuses changes with EROFS.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import mfusepy
+
+from ..client.fs import StrataFileSystem
+from ..constants import XATTR_LOCATIONS
+from ..errors import (
+    AlreadyExists,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    StrataError,
+    Unauthenticated,
+    Unavailable,
+)
+from ..namespace.paths import is_under, join, parent
+from ..proto import strata_pb2 as pb
+from .handles import ReadHandle, WriteHandle
+from .locations import format_locations
+
+log = logging.getLogger("strata.fuse")
+
+# Largest read and write request the kernel sends (and the readahead it may do): 1 MiB, the
+# most libfuse3 buffers per request.
+MAX_IO = 1024 * 1024
+# Metadata is reused at most this long, whatever the mounts' sync intervals say: changes made
+# through other Strata clients show up in the master at once, but not in this kernel's cache.
+MAX_ATTR_TIMEOUT = 60.0
+# A mount point over no Strata mount (yet): check again after this long.
+DEFAULT_ATTR_TIMEOUT = 1.0
+# Capacity and use shown by statfs (df) are refreshed at most this often.
+STATFS_TTL = 5.0
+# Versions remembered for keeping the page cache across opens.
+VERSIONS_KEPT = 100_000
+STATFS_BLOCK = 4096
+ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+
+_ERRNO = {
+    NotFound: errno.ENOENT,
+    AlreadyExists: errno.EEXIST,
+    PermissionDenied: errno.EACCES,
+    Unauthenticated: errno.EACCES,
+    InvalidArgument: errno.EINVAL,
+    ResourceExhausted: errno.ENOSPC,
+    Unavailable: errno.EIO,
+    DataLoss: errno.EIO,
+    FailedPrecondition: errno.EIO,
+}
+
+
+def errno_of(exc: StrataError) -> int:
+    for cls, code in _ERRNO.items():
+        if isinstance(exc, cls):
+            return code
+    return errno.EIO
+
+
+def attr_timeout_for(mounts: Iterable[pb.MountInfo], root: str) -> float:
+    """How long metadata of a FUSE mount of `root` may be reused: the shortest metadata sync
+    interval of the Strata mounts it shows (0: never reuse), never more than MAX_ATTR_TIMEOUT
+    (-1, "never sync", counts as that)."""
+    intervals = [m.options.metadata_sync_interval for m in mounts if is_under(m.path, root) or is_under(root, m.path)]
+    if not intervals:
+        return DEFAULT_ATTR_TIMEOUT
+    return min(MAX_ATTR_TIMEOUT if i < 0 else min(float(i), MAX_ATTR_TIMEOUT) for i in intervals)
+
+
+@dataclass(frozen=True)
+class FuseSettings:
+    root: str = "/"             # namespace path shown at the mount point
+    read_only: bool = False     # refuse every change with EROFS
+    write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED  # of files written; unspecified: the mount's
+    attr_timeout: float = DEFAULT_ATTR_TIMEOUT  # seconds metadata is reused (kernel and here)
+    spool_dir: str | None = None  # where written files are buffered; None: the temp directory
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _errors(fn: F) -> F:
+    """Turn the client's errors into the errno the caller of the system call sees."""
+
+    @functools.wraps(fn)
+    def wrapper(self: StrataOperations, *args: Any) -> Any:
+        try:
+            return fn(self, *args)
+        except mfusepy.FuseOSError:
+            raise
+        except StrataError as exc:
+            code = errno_of(exc)
+            (log.debug if code == errno.ENOENT else log.warning)("%s%r: %s", fn.__name__, args[:1], exc)
+            raise mfusepy.FuseOSError(code) from exc
+        except IsADirectoryError as exc:
+            raise mfusepy.FuseOSError(errno.EISDIR) from exc
+        except OSError as exc:
+            if exc.errno:
+                raise
+            log.exception("%s%r failed", fn.__name__, args[:1])
+            raise mfusepy.FuseOSError(errno.EIO) from exc
+        except Exception as exc:
+            log.exception("%s%r failed", fn.__name__, args[:1])
+            raise mfusepy.FuseOSError(errno.EIO) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _AttrCache:
+    """FileInfo by namespace path for `ttl` seconds, dropped when this mount changes the path."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._entries: dict[str, tuple[float, pb.FileInfo]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> pb.FileInfo | None:
+        with self._lock:
+            hit = self._entries.get(path)
+            if hit is None:
+                return None
+            if time.monotonic() > hit[0]:
+                del self._entries[path]
+                return None
+            return hit[1]
+
+    def put(self, info: pb.FileInfo) -> None:
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) > VERSIONS_KEPT:
+                self._entries.clear()
+            self._entries[info.path] = (time.monotonic() + self.ttl, info)
+
+    def drop(self, path: str) -> None:
+        """Forget `path` and everything below it."""
+        with self._lock:
+            for key in [k for k in self._entries if is_under(k, path)]:
+                del self._entries[key]
+
+
+class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
+    use_ns = True  # times in nanoseconds
+
+    def __init__(self, fs: StrataFileSystem, settings: FuseSettings) -> None:
+        self.fs = fs
+        self.client = fs.client
+        self.settings = settings
+        self.root = settings.root
+        self._attrs = _AttrCache(settings.attr_timeout)
+        self._handles: dict[int, ReadHandle | WriteHandle] = {}
+        self._ids = itertools.count(1)
+        self._versions: OrderedDict[str, str] = OrderedDict()
+        self._new_dirs: set[str] = set()  # made by mkdir, not (yet) known to the master
+        self._lock = threading.Lock()
+        self._statfs: tuple[float, dict[str, int]] | None = None
+        self._uid, self._gid = os.getuid(), os.getgid()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _ns(self, path: str) -> str:
+        """The namespace path of a path below the mount point."""
+        return join(self.root, path.lstrip("/")) if path != "/" else self.root
+
+    def _info(self, ns: str) -> pb.FileInfo:
+        info = self._attrs.get(ns)
+        if info is None:
+            info = self.client.stat(ns)
+            self._attrs.put(info)
+        return info
+
+    def _stat(self, *, is_dir: bool, size: int = 0, mtime_ns: int = 0, read_only: bool = False) -> dict[str, Any]:
+        mode = (stat.S_IFDIR | 0o755) if is_dir else (stat.S_IFREG | 0o644)
+        if read_only or self.settings.read_only:
+            mode &= ~0o222
+        return {
+            "st_mode": mode, "st_nlink": 2 if is_dir else 1, "st_size": size,
+            "st_uid": self._uid, "st_gid": self._gid,
+            "st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns,
+            "st_blocks": (size + 511) // 512,
+            # Tools size their buffers by this (cp, Python's shutil): large reads and writes.
+            "st_blksize": MAX_IO,
+        }
+
+    def _info_stat(self, info: pb.FileInfo) -> dict[str, Any]:
+        return self._stat(is_dir=info.is_dir, size=info.length, mtime_ns=info.mtime_unix_ms * 1_000_000,
+                          read_only=info.read_only)
+
+    def _writers(self, ns: str) -> list[WriteHandle]:
+        with self._lock:
+            return [h for h in self._handles.values() if isinstance(h, WriteHandle) and h.path == ns and not h.discarded]
+
+    def _add(self, handle: ReadHandle | WriteHandle) -> int:
+        with self._lock:
+            fh = next(self._ids)
+            self._handles[fh] = handle
+            return fh
+
+    def _handle(self, fi: Any) -> ReadHandle | WriteHandle:
+        handle = self._handles.get(fi.fh)
+        if handle is None:
+            raise mfusepy.FuseOSError(errno.EBADF)
+        return handle
+
+    def _check_writable(self, ns: str) -> None:
+        """EROFS unless a file may be written at `ns` (checked on the closest existing parent)."""
+        if self.settings.read_only:
+            raise mfusepy.FuseOSError(errno.EROFS)
+        path = ns
+        while True:
+            try:
+                info = self._info(path)
+            except NotFound:
+                if path in self._new_dirs or path == "/":
+                    return
+                path = parent(path)
+                continue
+            if info.read_only:
+                raise mfusepy.FuseOSError(errno.EROFS)
+            return
+
+    def _upload(self, ns: str, chunks: Iterator[bytes]) -> pb.FileInfo:
+        info = self.client.write_file(ns, chunks, write_type=self.settings.write_type)
+        self._attrs.drop(ns)
+        self._remember_version(ns, info.version)
+        return info
+
+    def _remember_version(self, ns: str, version: str) -> bool:
+        """Record the version seen at an open; True if it is the one seen before."""
+        with self._lock:
+            same = self._versions.get(ns) == version
+            self._versions[ns] = version
+            self._versions.move_to_end(ns)
+            while len(self._versions) > VERSIONS_KEPT:
+                self._versions.popitem(last=False)
+            return same
+
+    def _forget(self, ns: str) -> None:
+        self._attrs.drop(ns)
+        with self._lock:
+            for key in [k for k in self._versions if is_under(k, ns)]:
+                del self._versions[key]
+
+    def commit_all(self) -> None:
+        """Upload every changed open file (before unmounting)."""
+        with self._lock:
+            writers = [h for h in self._handles.values() if isinstance(h, WriteHandle)]
+        for writer in writers:
+            try:
+                writer.commit(self._upload)
+            except StrataError as exc:
+                log.error("could not write %s: %s", writer.path, exc)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        if config is not None:
+            timeout = self.settings.attr_timeout
+            config.entry_timeout = timeout
+            config.attr_timeout = timeout
+            config.negative_timeout = 0.0  # a file created elsewhere shows up at once
+            config.hard_remove = 1         # unlink of an open file: no .fuse_hidden renames in the store
+            config.kernel_cache = 0        # page cache kept per open, by version (see open)
+            config.auto_cache = 0
+        if conn is not None:
+            conn.max_write = MAX_IO
+            conn.max_read = MAX_IO  # must equal the max_read mount option
+            conn.max_readahead = MAX_IO
+        log.info("strata fuse: %s ready (metadata timeout %.1fs%s)", self.root, self.settings.attr_timeout,
+                 ", read-only" if self.settings.read_only else "")
+
+    def destroy(self, path: str) -> None:
+        self.commit_all()
+
+    # -- metadata --------------------------------------------------------------------------------
+
+    @_errors
+    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+        handle = self._handles.get(fh.fh) if fh is not None else None
+        if isinstance(handle, ReadHandle):
+            return self._info_stat(handle.info)
+        ns = self._ns(path)
+        writers = [handle] if isinstance(handle, WriteHandle) else self._writers(ns)
+        if writers:
+            w = writers[-1]
+            return self._stat(is_dir=False, size=w.size, mtime_ns=w.mtime_ns)
+        try:
+            return self._info_stat(self._info(ns))
+        except NotFound:
+            if ns in self._new_dirs:
+                return self._stat(is_dir=True, mtime_ns=time.time_ns())
+            raise
+
+    @_errors
+    def readdir(self, path: str, fh: Any) -> list[Any]:
+        ns = self._ns(path)
+        try:
+            entries = self.client.ls(ns)
+        except NotFound:
+            if ns not in self._new_dirs:
+                raise
+            entries = []
+        if len(entries) == 1 and entries[0].path == ns and not entries[0].is_dir:
+            raise mfusepy.FuseOSError(errno.ENOTDIR)
+        names: dict[str, int] = {}
+        for entry in entries:
+            self._attrs.put(entry)
+            names[entry.name] = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
+        with self._lock:
+            for d in self._new_dirs:
+                if parent(d) == ns:
+                    names.setdefault(d.rsplit("/", 1)[1], stat.S_IFDIR)
+            for h in self._handles.values():
+                if isinstance(h, WriteHandle) and not h.discarded and parent(h.path) == ns:
+                    names.setdefault(h.path.rsplit("/", 1)[1], stat.S_IFREG)
+        return [(".", stat.S_IFDIR, 0), ("..", stat.S_IFDIR, 0)] + [(n, mode, 0) for n, mode in sorted(names.items())]
+
+    @_errors
+    def statfs(self, path: str) -> dict[str, int]:
+        cached = self._statfs
+        if cached is not None and time.monotonic() - cached[0] < STATFS_TTL:
+            return cached[1]
+        try:
+            report = self.client.report()
+            total, used = report.capacity, min(report.used, report.capacity)
+        except StrataError as exc:  # df must not fail because the master is busy
+            log.warning("statfs: %s", exc)
+            total = used = 0
+        free = (total - used) // STATFS_BLOCK
+        result = {"f_bsize": STATFS_BLOCK, "f_frsize": STATFS_BLOCK, "f_blocks": total // STATFS_BLOCK,
+                  "f_bfree": free, "f_bavail": free, "f_namemax": 255}
+        self._statfs = (time.monotonic(), result)
+        return result
+
+    @_errors
+    def listxattr(self, path: str) -> list[str]:
+        ns = self._ns(path)
+        if self._writers(ns) or not self._info(ns).is_dir:
+            return [XATTR_LOCATIONS]
+        return []
+
+    @_errors
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        ns = self._ns(path)
+        if name != XATTR_LOCATIONS:
+            raise mfusepy.FuseOSError(ENOATTR)
+        if self._writers(ns):
+            return b""  # not written to the cache yet
+        if self._info(ns).is_dir:
+            raise mfusepy.FuseOSError(ENOATTR)
+        return format_locations(self.client.block_locations(ns).blocks).encode()
+
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        raise mfusepy.FuseOSError(errno.ENOTSUP)
+
+    def removexattr(self, path: str, name: str) -> int:
+        raise mfusepy.FuseOSError(errno.ENOTSUP)
+
+    def chmod(self, path: str, mode: int) -> int:
+        return 0
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        return 0
+
+    def utimens(self, path: str, times: Any = None) -> int:
+        return 0
+
+    # -- files -----------------------------------------------------------------------------------
+
+    @_errors
+    def open(self, path: str, fi: Any) -> int:
+        ns = self._ns(path)
+        if fi.flags & os.O_ACCMODE == os.O_RDONLY:
+            file = self.fs.open(ns, "rb")
+            handle: ReadHandle | WriteHandle = ReadHandle(file)
+            assert isinstance(handle, ReadHandle)
+            self._attrs.put(handle.info)
+            # Same content as at the last open: what the kernel cached is still right.
+            fi.keep_cache = 1 if self._remember_version(ns, handle.info.version) else 0
+        else:
+            self._check_writable(ns)
+            handle = WriteHandle(ns, self.settings.spool_dir, dirty=bool(fi.flags & os.O_TRUNC))
+            if not fi.flags & os.O_TRUNC:
+                existing = [w for w in self._writers(ns) if w is not handle]
+                try:
+                    if existing:  # another open writer holds the newest bytes
+                        handle.fill([existing[-1].read(existing[-1].size, 0)])
+                    elif self._info(ns).length:
+                        handle.fill(self._read_all(ns))
+                except BaseException:
+                    handle.close()
+                    raise
+        fi.fh = self._add(handle)
+        return 0
+
+    def _read_all(self, ns: str) -> Iterator[bytes]:
+        with self.fs.open(ns, "rb") as f:
+            while data := f.read(MAX_IO * 4):
+                yield data
+
+    @_errors
+    def create(self, path: str, mode: int, fi: Any) -> int:
+        ns = self._ns(path)
+        self._check_writable(ns)
+        fi.fh = self._add(WriteHandle(ns, self.settings.spool_dir, dirty=True))
+        self._forget(ns)
+        return 0
+
+    @_errors
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        return self._handle(fi).read(size, offset)
+
+    @_errors
+    def write(self, path: str, data: bytes, offset: int, fi: Any) -> int:
+        handle = self._handle(fi)
+        if not isinstance(handle, WriteHandle):
+            raise mfusepy.FuseOSError(errno.EBADF)
+        return handle.write(data, offset)
+
+    @_errors
+    def truncate(self, path: str, length: int, fh: Any = None) -> int:
+        ns = self._ns(path)
+        handle = self._handles.get(fh.fh) if fh is not None else None
+        writers = [handle] if isinstance(handle, WriteHandle) else self._writers(ns)
+        if writers:
+            for writer in writers:
+                writer.truncate(length)
+            return 0
+        self._check_writable(ns)
+        writer = WriteHandle(ns, self.settings.spool_dir)
+        try:
+            if length:
+                writer.fill(self._read_all(ns))
+            writer.truncate(length)
+            writer.commit(self._upload)
+        finally:
+            writer.close()
+        return 0
+
+    def _commit(self, fi: Any) -> int:
+        handle = self._handle(fi)
+        if isinstance(handle, WriteHandle):
+            try:
+                handle.commit(self._upload)
+            except StrataError as exc:
+                log.error("could not write %s: %s", handle.path, exc)
+                raise mfusepy.FuseOSError(errno_of(exc) if isinstance(exc, ResourceExhausted) else errno.EIO) from exc
+        return 0
+
+    @_errors
+    def flush(self, path: str, fi: Any) -> int:
+        return self._commit(fi)
+
+    @_errors
+    def fsync(self, path: str, datasync: int, fi: Any) -> int:
+        return self._commit(fi)
+
+    @_errors
+    def release(self, path: str, fi: Any) -> int:
+        with self._lock:
+            handle = self._handles.pop(fi.fh, None)
+        if handle is None:
+            return 0
+        try:
+            if isinstance(handle, WriteHandle):
+                handle.commit(self._upload)  # normally done by flush already
+        finally:
+            handle.close()
+        return 0
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    @_errors
+    def unlink(self, path: str) -> int:
+        ns = self._ns(path)
+        self._check_writable(ns)
+        writers = self._writers(ns)
+        for writer in writers:
+            writer.discard()
+        try:
+            self.client.rm(ns)
+        except NotFound:
+            if not writers:
+                raise
+        finally:
+            self._forget(ns)
+        return 0
+
+    @_errors
+    def mkdir(self, path: str, mode: int) -> int:
+        ns = self._ns(path)
+        self._check_writable(ns)
+        try:
+            self._info(ns)
+        except NotFound:
+            with self._lock:
+                if ns in self._new_dirs:
+                    raise mfusepy.FuseOSError(errno.EEXIST) from None
+                self._new_dirs.add(ns)
+            return 0
+        raise mfusepy.FuseOSError(errno.EEXIST)
+
+    def _children(self, ns: str) -> bool:
+        """True if this process holds something below `ns` the master does not know yet."""
+        with self._lock:
+            return any(d != ns and is_under(d, ns) for d in self._new_dirs) or any(
+                isinstance(h, WriteHandle) and not h.discarded and is_under(h.path, ns) for h in self._handles.values())
+
+    @_errors
+    def rmdir(self, path: str) -> int:
+        ns = self._ns(path)
+        self._check_writable(ns)
+        if self._children(ns):
+            raise mfusepy.FuseOSError(errno.ENOTEMPTY)
+        try:
+            if self.client.ls(ns):
+                raise mfusepy.FuseOSError(errno.ENOTEMPTY)
+            self.client.rm(ns)
+        except NotFound:
+            if ns not in self._new_dirs:
+                raise
+        except FailedPrecondition as exc:  # not empty after all (a race with another client)
+            raise mfusepy.FuseOSError(errno.ENOTEMPTY) from exc
+        finally:
+            with self._lock:
+                self._new_dirs.discard(ns)
+            self._forget(ns)
+        return 0
+
+    @_errors
+    def rename(self, old: str, new: str) -> int:
+        src, dst = self._ns(old), self._ns(new)
+        self._check_writable(src)
+        self._check_writable(dst)
+        for writer in self._writers(src):  # the store must hold what is being moved
+            writer.commit(self._upload)
+        with self._lock:
+            only_here = src in self._new_dirs
+        try:
+            self._move(src, dst)
+        except NotFound:
+            if not only_here:
+                raise
+        finally:
+            self._forget(src)
+            self._forget(dst)
+        with self._lock:
+            for d in [d for d in self._new_dirs if is_under(d, src)]:
+                self._new_dirs.discard(d)
+                self._new_dirs.add(dst + d[len(src):])
+            for h in self._handles.values():
+                if isinstance(h, WriteHandle) and is_under(h.path, src):
+                    h.path = dst + h.path[len(src):]
+        return 0
+
+    def _move(self, src: str, dst: str) -> None:
+        """rename(2): replaces an existing file, or an empty directory with a directory."""
+        try:
+            self.client.mv(src, dst)
+            return
+        except AlreadyExists:
+            source, target = self.client.stat(src), self.client.stat(dst)
+            if target.is_dir and not source.is_dir:
+                raise mfusepy.FuseOSError(errno.EISDIR) from None
+            if source.is_dir and not target.is_dir:
+                raise mfusepy.FuseOSError(errno.ENOTDIR) from None
+            if target.is_dir and self.client.ls(dst):
+                raise mfusepy.FuseOSError(errno.ENOTEMPTY) from None
+        self.client.rm(dst)
+        self.client.mv(src, dst)

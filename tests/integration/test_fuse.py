@@ -1,0 +1,363 @@
+"""`strata fuse` on real FUSE mounts over a real master, workers and S3 store: what programs
+that read and write files see."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strata.cacheserver.fuse.locations import parse_locations
+from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state, wait_mounted, wait_unmounted
+from strata.cacheserver.proto import strata_pb2 as pb
+
+from .conftest import BLOCK_SIZE, Cluster, wait_until
+from .test_cluster import payload
+
+FSTYPE = "fuse.strata"
+WRITE_TYPES = ["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"]
+
+
+def fuse_skip_reason() -> str | None:
+    """Why FUSE cannot be mounted here, or None."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist (no FUSE in this kernel or container)"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not readable and writable by this user"
+    if os.geteuid() != 0 and not shutil.which("fusermount3"):
+        return "not root and no fusermount3 (install fuse3)"
+    try:
+        import mfusepy  # noqa: F401 - loads libfuse3
+    except (OSError, EnvironmentError) as exc:
+        return f"libfuse3 cannot be loaded: {exc}"
+    return None
+
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240),
+              pytest.mark.skipif(fuse_skip_reason() is not None, reason=str(fuse_skip_reason()))]
+
+
+@dataclass
+class FuseProcess:
+    path: Path
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float = 20) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"strata fuse at {self.path} did not exit:\n{self.output()[-3000:]}") from None
+
+
+def start_fuse(cluster: Cluster, mountpoint: Path, *args: str, host: str = "fuse-client",
+               wait: bool = True) -> FuseProcess:
+    """`strata fuse MOUNTPOINT ARGS` as a user runs it (in its own session, as a daemon would be)."""
+    try:
+        mountpoint.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:  # a dead mount point is for strata fuse to replace
+            raise
+    log = mountpoint.parent / f"{mountpoint.name}.{time.monotonic_ns()}.log"
+    env = {**cluster.env, "STRATA_MASTER": cluster.master_address, "STRATA_HOSTNAME": host}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "strata.cacheserver", "fuse", str(mountpoint), *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    fuse = FuseProcess(mountpoint, proc, log)
+    if wait:
+        try:
+            wait_mounted(mountpoint, 30, fstype=FSTYPE, alive=fuse.alive, what="strata fuse")
+        except Exception as exc:
+            raise AssertionError(f"{exc}\n{fuse.output()[-3000:]}") from exc
+    return fuse
+
+
+def stop_fuse(fuse: FuseProcess) -> None:
+    """Clean up whatever a test left (never raises)."""
+    if fuse.alive():
+        os.killpg(fuse.process.pid, signal.SIGTERM)
+        try:
+            fuse.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(fuse.process.pid, signal.SIGKILL)
+            fuse.process.wait(timeout=15)
+    if find_mount(fuse.path) is not None:
+        subprocess.run(["fusermount3", "-uz", str(fuse.path)], check=False, capture_output=True)
+
+
+@pytest.fixture
+def mount_fuse(tmp_path: Path) -> Iterator[Callable[..., FuseProcess]]:
+    started: list[FuseProcess] = []
+
+    def start(cluster: Cluster, *args: str, name: str = "mnt", **kwargs: Any) -> FuseProcess:
+        fuse = start_fuse(cluster, tmp_path / name, *args, **kwargs)
+        started.append(fuse)
+        return fuse
+
+    yield start
+    for fuse in reversed(started):
+        stop_fuse(fuse)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def store_keys(cluster: Cluster, bucket: str) -> set[str]:
+    return {o["Key"] for o in cluster.s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+
+def test_reads_give_the_stores_bytes_and_keep_the_page_cache_of_unchanged_files(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    sizes = [0, 1, BLOCK_SIZE - 1, BLOCK_SIZE, BLOCK_SIZE + 1, 3 * BLOCK_SIZE + 5]
+    files = {f"f-{n}": payload(n) for n in sizes}
+    for name, data in files.items():
+        cluster.s3.put_object(bucket, f"dir/{name}", data)
+    cluster.mount_bucket("/data", bucket, metadata_sync_interval=0)
+    mnt = mount_fuse(cluster).path
+    assert sorted(os.listdir(mnt)) == ["data"]
+    assert sorted(os.listdir(mnt / "data" / "dir")) == sorted(files)
+    for name, data in files.items():
+        path = mnt / "data" / "dir" / name
+        assert path.stat().st_size == len(data)
+        assert path.read_bytes() == data, name
+    big = files[f"f-{3 * BLOCK_SIZE + 5}"]
+    with open(mnt / "data" / "dir" / f"f-{3 * BLOCK_SIZE + 5}", "rb") as f:
+        for start, end in [(BLOCK_SIZE - 5, BLOCK_SIZE + 5), (3 * BLOCK_SIZE, 3 * BLOCK_SIZE + 5), (7, 70_000)]:
+            f.seek(start)
+            assert f.read(end - start) == big[start:end]
+    with pytest.raises(FileNotFoundError):
+        (mnt / "data" / "missing").read_bytes()
+    with pytest.raises(IsADirectoryError):
+        (mnt / "data" / "dir").read_bytes()
+    with pytest.raises(NotADirectoryError):
+        os.listdir(mnt / "data" / "dir" / "f-1")
+
+    # Opened again unchanged: the kernel's page cache answers, no worker is asked.
+    served = cluster.total_metric("strata_worker_bytes_served")
+    assert (mnt / "data" / "dir" / f"f-{3 * BLOCK_SIZE + 5}").read_bytes() == big
+    assert cluster.total_metric("strata_worker_bytes_served") == served
+    # Changed in the store: the next open sees the new bytes, not the cached pages.
+    new = payload(len(big) - 3, seed=1)
+    cluster.s3.put_object(bucket, f"dir/f-{3 * BLOCK_SIZE + 5}", new)
+    assert (mnt / "data" / "dir" / f"f-{3 * BLOCK_SIZE + 5}").read_bytes() == new
+
+
+def test_a_subtree_mount_on_a_workers_host_reads_by_short_circuit(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    data = payload(2 * BLOCK_SIZE + 3)
+    cluster.s3.put_object(bucket, "train/part-0", data)
+    cluster.mount_bucket("/datasets/x", bucket)
+    mnt = mount_fuse(cluster, "--root", "/datasets/x/train", host="node-0").path
+    assert os.listdir(mnt) == ["part-0"]
+    before = cluster.total_metric("strata_worker_short_circuit_reads")
+    assert (mnt / "part-0").read_bytes() == data
+    assert cluster.total_metric("strata_worker_short_circuit_reads") >= before + 3
+
+
+def test_files_written_through_the_mount_use_its_write_type(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/w", bucket, write_type=pb.THROUGH)
+    fs = cluster.fs()
+    data = payload(2 * BLOCK_SIZE + 11)
+    for write_type in [*WRITE_TYPES, ""]:
+        mnt = mount_fuse(cluster, *(["--write-type", write_type] if write_type else []),
+                         name=f"mnt-{write_type or 'default'}").path
+        name = f"out-{write_type or 'default'}.bin"
+        with open(mnt / "w" / name, "wb") as f:
+            f.write(data[:1000])
+            f.write(b"x" * (len(data) - 1000))
+            f.seek(1000)  # seek back and rewrite: the buffered write takes any pattern
+            f.write(data[1000:])
+        info = fs.info(f"/w/{name}")
+        assert info["size"] == len(data)
+        effective = write_type or "THROUGH"  # the Strata mount's write type
+        if effective == "MUST_CACHE":
+            assert not info["persisted"] and name not in store_keys(cluster, bucket)
+        elif effective == "ASYNC_THROUGH":
+            wait_until(lambda: fs.info(f"/w/{name}")["persisted"], 30, "the async write to be persisted")
+        else:
+            assert info["persisted"]
+        if effective != "MUST_CACHE":
+            assert cluster.s3.get_object(bucket, name) == data
+        expect_cached = 0 if effective == "THROUGH" else len(data)
+        wait_until(lambda: fs.info(f"/w/{name}")["cached_bytes"] == expect_cached, 10,
+                   f"{expect_cached} cached bytes of a {write_type or 'default'} write")
+        assert (mnt / "w" / name).read_bytes() == data
+        assert fs.cat_file(f"/w/{name}") == data
+
+
+def test_directories_renames_truncation_and_deletion(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "keep/old.txt", b"old contents")
+    cluster.mount_bucket("/d", bucket, write_type=pb.CACHE_THROUGH)
+    root = mount_fuse(cluster).path / "d"
+    (root / "new" / "deeper").mkdir(parents=True)  # exists here until a file lands below it
+    assert (root / "new" / "deeper").is_dir() and "new" in os.listdir(root)
+    with pytest.raises(FileExistsError):
+        (root / "new").mkdir()
+    (root / "new" / "deeper" / "a.txt").write_bytes(b"A")
+    subprocess.run(["cp", str(root / "keep" / "old.txt"), str(root / "new" / "copy.txt")], check=True)
+    assert store_keys(cluster, bucket) >= {"new/deeper/a.txt", "new/copy.txt"}
+
+    os.rename(root / "new" / "copy.txt", root / "new" / "moved.txt")
+    assert not (root / "new" / "copy.txt").exists() and (root / "new" / "moved.txt").read_bytes() == b"old contents"
+    (root / "new" / "other.txt").write_bytes(b"other")
+    os.replace(root / "new" / "other.txt", root / "new" / "moved.txt")  # rename(2) over an existing file
+    assert (root / "new" / "moved.txt").read_bytes() == b"other"
+    assert cluster.s3.get_object(bucket, "new/moved.txt") == b"other"
+
+    with open(root / "keep" / "old.txt", "ab") as f:  # append: the rest of the file is kept
+        f.write(b" and more")
+    assert cluster.s3.get_object(bucket, "keep/old.txt") == b"old contents and more"
+    os.truncate(root / "keep" / "old.txt", 3)
+    assert (root / "keep" / "old.txt").read_bytes() == b"old"
+    assert cluster.s3.get_object(bucket, "keep/old.txt") == b"old"
+
+    with pytest.raises(OSError) as busy:
+        (root / "new").rmdir()
+    assert busy.value.errno == errno.ENOTEMPTY
+    (root / "empty").mkdir()
+    (root / "empty").rmdir()
+    assert not (root / "empty").exists()
+    os.unlink(root / "new" / "moved.txt")
+    assert not (root / "new" / "moved.txt").exists()
+    assert "new/moved.txt" not in store_keys(cluster, bucket)
+    # Modes, owners and times come from the store; setting them is accepted and changes nothing.
+    subprocess.run(["touch", str(root / "keep" / "old.txt")], check=True)
+    os.chmod(root / "keep" / "old.txt", 0o600)
+
+
+def test_read_only_mounts_refuse_changes_with_erofs(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "ro/file", b"data")
+    cluster.s3.put_object(bucket, "rw/file", b"data")
+    cluster.mount_bucket("/ro", bucket, read_only=True)  # read-only in Strata
+    cluster.fs().client.mount("/rw", f"s3://{bucket}/rw", pb.MountOptions(options=cluster.s3.storage_options()))
+    flagged = mount_fuse(cluster, "--read-only", name="flagged").path  # read-only by the flag
+    plain = mount_fuse(cluster, name="plain").path
+    assert find_mount(flagged).read_only  # type: ignore[union-attr]
+    for target in (flagged / "rw", plain / "ro" / "ro"):
+        assert (target / "file").read_bytes() == b"data"
+        changes: list[Callable[[], object]] = [
+            lambda: (target / "file").write_bytes(b"x"),
+            lambda: (target / "new").write_bytes(b"x"),
+            lambda: os.unlink(target / "file"),
+            lambda: os.mkdir(target / "dir"),
+            lambda: os.rename(target / "file", target / "moved"),
+            lambda: os.truncate(target / "file", 0),
+        ]
+        for change in changes:
+            with pytest.raises(OSError) as refused:
+                change()
+            assert refused.value.errno == errno.EROFS, (target, refused.value)
+    assert cluster.s3.get_object(bucket, "ro/file") == b"data"
+    (plain / "rw" / "new").write_bytes(b"writable")  # the same process writes where it may
+    assert cluster.s3.get_object(bucket, "rw/new") == b"writable"
+
+
+def test_block_locations_are_an_extended_attribute(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=2)
+    data = payload(3 * BLOCK_SIZE + 100)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/x", bucket)
+    mnt = mount_fuse(cluster).path
+    path = mnt / "x" / "f.bin"
+    assert path.read_bytes() == data
+    fs = cluster.fs()
+
+    def all_cached() -> bool:
+        return all(b["hosts"] for b in fs.block_locations("/x/f.bin"))
+
+    wait_until(all_cached, 10, "every block to be reported cached")
+    value = subprocess.run(["getfattr", "--only-values", "-n", "user.strata.locations", str(path)],
+                           check=True, capture_output=True, text=True).stdout
+    blocks = parse_locations(value)
+    assert [(b.offset, b.length, sorted(b.hosts)) for b in blocks] == [
+        (b["offset"], b["length"], sorted(b["hosts"])) for b in fs.block_locations("/x/f.bin")]
+    assert len(blocks) == 4 and {h for b in blocks for h in b.hosts} <= {"node-0", "node-1"}
+    assert "user.strata.locations" in os.listxattr(path)
+    assert os.listxattr(mnt / "x") == []
+    with pytest.raises(OSError) as missing:
+        os.getxattr(path, "user.other")
+    assert missing.value.errno == errno.ENODATA
+
+
+def test_sigterm_writes_open_files_and_unmounts(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/t", bucket, write_type=pb.CACHE_THROUGH)
+    fuse = mount_fuse(cluster)
+    f = open(fuse.path / "t" / "open.txt", "wb")  # noqa: SIM115 - held open across the signal
+    f.write(b"written before SIGTERM")
+    f.flush()
+    os.kill(fuse.process.pid, signal.SIGTERM)
+    wait_until(lambda: "open.txt" in store_keys(cluster, bucket), 20, "the open file to be written")
+    assert cluster.s3.get_object(bucket, "open.txt") == b"written before SIGTERM"
+    f.close()  # the mount was detached lazily while busy; the last close lets the process end
+    assert fuse.wait() == 0
+    assert find_mount(fuse.path) is None
+    assert "unmounted" in fuse.output()
+
+    idle = mount_fuse(cluster, name="idle")
+    started = time.monotonic()
+    os.kill(idle.process.pid, signal.SIGTERM)
+    assert idle.wait() == 0
+    assert find_mount(idle.path) is None and time.monotonic() - started < 5
+
+
+def test_a_crashed_mounts_point_is_replaced_by_the_next_mount(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "f", b"still here")
+    cluster.mount_bucket("/c", bucket)
+    first = mount_fuse(cluster)
+    second = start_fuse(cluster, first.path, wait=False)  # the mount point is taken
+    assert second.wait() == 1 and "already a Strata mount" in second.output()
+
+    # fusermount3's auto-unmount helper dies first, then the FUSE process (as when a container
+    # is killed): the mount point is left dead.
+    for helper in children(first.process.pid):
+        os.kill(helper, signal.SIGKILL)
+        wait_until(lambda: not Path(f"/proc/{helper}/cmdline").exists() or not Path(f"/proc/{helper}/cmdline").read_bytes(),
+                   10, "the auto-unmount helper to die")
+    os.kill(first.process.pid, signal.SIGKILL)
+    first.wait()
+    assert mount_state(first.path) is MountState.STALE
+    with pytest.raises(OSError) as dead:
+        os.listdir(first.path)
+    assert dead.value.errno == errno.ENOTCONN
+    replacement = mount_fuse(cluster)
+    assert (replacement.path / "c" / "f").read_bytes() == b"still here"
+    assert "stale mount point" in replacement.output()
+
+    # Only the FUSE process dies: auto_unmount takes the mount point away by itself.
+    os.kill(replacement.process.pid, signal.SIGKILL)
+    replacement.wait()
+    assert wait_unmounted(replacement.path, 10)
+    assert (mount_fuse(cluster).path / "c" / "f").read_bytes() == b"still here"
