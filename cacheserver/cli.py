@@ -79,6 +79,23 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fuse(args: argparse.Namespace) -> int:
+    from .fuse.daemon import FuseOptions, run_fuse
+
+    options = FuseOptions(
+        mountpoint=Path(args.mountpoint), root=args.root, read_only=args.read_only, allow_other=args.allow_other,
+        write_type=args.write_type or "", attr_timeout=args.attr_timeout, readahead=args.readahead,
+        spool_dir=args.spool_dir,
+    )
+    return run_fuse(options, master=args.master, token=args.token)
+
+
+def cmd_csi(args: argparse.Namespace) -> int:
+    from .csi.server import run_csi
+
+    return run_csi(endpoint=args.endpoint, node_id=args.node_id, state_dir=args.state_dir, kubeconfig=args.kubeconfig)
+
+
 # -- local cluster -------------------------------------------------------------------------
 
 def cmd_local_up(args: argparse.Namespace) -> int:
@@ -130,8 +147,8 @@ def cmd_mount_add(args: argparse.Namespace) -> int:
         credentials=_pairs(args.credential, "--credential"),
         read_only=args.read_only,
         metadata_sync_interval=parse_duration(args.sync_interval, what="--sync-interval"),
-        read_type=pb.ReadType.Value(args.read_type) if args.read_type else 0,
-        write_type=pb.WriteType.Value(args.write_type) if args.write_type else 0,
+        read_type=pb.ReadType.Value(args.read_type) if args.read_type else pb.READ_TYPE_UNSPECIFIED,
+        write_type=pb.WriteType.Value(args.write_type) if args.write_type else pb.WRITE_TYPE_UNSPECIFIED,
         pin=args.pin,
         ttl_seconds=parse_duration(args.ttl, what="--ttl") if args.ttl else 0,
     )
@@ -216,7 +233,7 @@ def cmd_fs_put(args: argparse.Namespace) -> int:
     source = sys.stdin.buffer if args.local == "-" else open(args.local, "rb")  # noqa: SIM115
     with source:
         chunks = iter(lambda: source.read(constants.STREAM_CHUNK_SIZE), b"")
-        info = client.write_file(args.path, chunks, write_type=pb.WriteType.Value(args.write_type) if args.write_type else 0,
+        info = client.write_file(args.path, chunks, write_type=pb.WriteType.Value(args.write_type) if args.write_type else pb.WRITE_TYPE_UNSPECIFIED,
                                  overwrite=not args.no_overwrite)
     print(f"wrote {info.path} ({format_size(info.length)}, {'persisted' if info.persisted else 'cached, not persisted yet'})")
     return 0
@@ -333,6 +350,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
     p.add_argument("--peering", default=None, help="peering object name for leader election")
     p.add_argument("--standalone", action="store_true", help="no leader election (one replica only)")
+
+    p = add(sub, "fuse", cmd_fuse, "mount the namespace (or a subtree) as POSIX files; runs until unmounted or SIGTERM")
+    p.add_argument("mountpoint", help="an existing directory")
+    p.add_argument("--root", default="/", help="namespace path to show at the mount point (default /)")
+    p.add_argument("--read-only", action="store_true", help="refuse every change (EROFS)")
+    p.add_argument("--allow-other", action="store_true", help="let other users in (needs user_allow_other in "
+                   "/etc/fuse.conf unless root)")
+    p.add_argument("--write-type", choices=["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"],
+                   help="write type of files written (default: the Strata mount's)")
+    p.add_argument("--attr-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long metadata is reused (default: the mounts' metadata sync interval, at most 60)")
+    p.add_argument("--readahead", type=int, default=2, metavar="BLOCKS", help="blocks fetched ahead of sequential readers")
+    p.add_argument("--spool-dir", default=None, help="where files being written are buffered (default: the temp dir)")
+
+    p = add(sub, "csi", cmd_csi, "run the CSI plugin (identity, node and controller services) of driver csi.strata.dev")
+    p.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+                   help="unix:///path/to/csi.sock (default: CSI_ENDPOINT)")
+    p.add_argument("--node-id", default=os.environ.get("STRATA_NODE_NAME") or os.environ.get("NODE_NAME"),
+                   help="this node's name (default: STRATA_NODE_NAME)")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="where published volumes are recorded (default: volumes/ next to the socket)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig for reading Mounts (default: in-cluster, "
+                   "else KUBECONFIG / ~/.kube/config)")
 
     local = sub.add_parser("local", help="a Strata cluster on this machine").add_subparsers(dest="local", required=True, metavar="ACTION")
     p = add(local, "up", cmd_local_up, "start a master and workers on this machine")

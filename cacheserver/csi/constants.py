@@ -1,0 +1,33 @@
+"""Names of the CSI driver that Kubernetes objects and users rely on."""
+
+from typing import Final
+
+DRIVER_NAME: Final = "csi.strata.dev"
+# NodeGetInfo reports the node under this topology key (kubelet labels the Node with it).
+TOPOLOGY_KEY: Final = "topology.strata.dev/node"
+
+# Volume attributes (inline volumes, PVs) and StorageClass parameters.
+ATTR_MOUNT: Final = "mount"              # name of a Mount (strata.dev/v1alpha1)
+ATTR_NAMESPACE: Final = "namespace"      # the Mount's namespace (default: the pod's / PVC's)
+ATTR_SUBPATH: Final = "subPath"          # a directory below the Mount's path
+ATTR_MASTER: Final = "masterAddress"     # without a Mount: the master's HOST:PORT ...
+ATTR_PATH: Final = "path"                # ... and the namespace path to show
+ATTR_READ_ONLY: Final = "readOnly"       # "true": mount read-only
+ATTR_WRITE_TYPE: Final = "writeType"     # MUST_CACHE | CACHE_THROUGH | THROUGH | ASYNC_THROUGH
+# Secrets (nodePublishSecretRef, provisioner secrets): the cluster token under this key.
+SECRET_TOKEN: Final = "token"
+# Set by kubelet when the CSIDriver has podInfoOnMount, and by the external-provisioner
+# with --extra-create-metadata.
+POD_NAMESPACE: Final = "csi.storage.k8s.io/pod.namespace"
+PVC_NAMESPACE: Final = "csi.storage.k8s.io/pvc/namespace"
+RESERVED_PREFIX: Final = "csi.storage.k8s.io/"
+
+# Volumes made by CreateVolume have ids with this prefix.
+VOLUME_ID_PREFIX: Final = "strata-"
+
+# The Kubernetes objects the plugin reads (see kube.py).
+API_GROUP_VERSION: Final = "strata.dev/v1alpha1"
+MOUNT_PLURAL: Final = "mounts"
+CACHE_CLUSTER_PLURAL: Final = "cacheclusters"
+AUTH_SECRET_SUFFIX: Final = "-auth"      # CacheCluster demo -> Secret demo-auth
+MOUNTED_PHASE: Final = "Mounted"

@@ -1,0 +1,149 @@
+"""The one module of the CSI plugin that talks to the Kubernetes API: it finds what a Mount
+volume shows.
+
+For the Mount NAME in namespace NS it reads
+- the Mount (`strata.dev/v1alpha1`): `spec.cluster`, `spec.path`, `spec.readOnly`, and
+  `status.phase`, which must be Mounted;
+- its CacheCluster (same namespace): `status.master.endpoint`, the master's HOST:PORT;
+- the token: from the volume's secrets (`token`, e.g. nodePublishSecretRef to `<cluster>-auth`)
+  when given, else from the Secret `<cluster>-auth`, key `token`.
+
+The plugin's ServiceAccount needs get on mounts.strata.dev and cacheclusters.strata.dev, and
+on secrets unless every volume passes the token as a secret. Reads go through an
+`ObjectReader`, so tests give it objects without an API server.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ..errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
+from . import constants as c
+from .volumes import VolumeSource
+
+Obj = dict[str, Any]
+
+
+class ObjectReader(Protocol):
+    """GET of a REST path of the API server; None when the object does not exist (404)."""
+
+    def get(self, path: str) -> Obj | None: ...
+
+
+class ApiReader:
+    """ObjectReader over the `kubernetes` client, configured on first use (in-cluster, else the
+    kubeconfig), so the plugin starts and serves attribute-only volumes without an API server."""
+
+    def __init__(self, kubeconfig: str | None = None, timeout: float = 15.0) -> None:
+        self._kubeconfig = kubeconfig
+        self._timeout = timeout
+        self._api: Any = None
+        self._lock = threading.Lock()
+
+    def _client(self) -> Any:
+        with self._lock:
+            if self._api is None:
+                from kubernetes import client, config
+                from kubernetes.config.config_exception import ConfigException
+
+                try:
+                    if self._kubeconfig:
+                        config.load_kube_config(config_file=self._kubeconfig)  # type: ignore[no-untyped-call]
+                    else:
+                        try:
+                            config.load_incluster_config()  # type: ignore[no-untyped-call]
+                        except ConfigException:
+                            config.load_kube_config()  # type: ignore[no-untyped-call]
+                except (ConfigException, OSError) as exc:
+                    raise FailedPrecondition(
+                        f"the CSI plugin has no Kubernetes API access ({exc}), which volumes naming a Mount need: "
+                        "run it in a pod with a ServiceAccount, pass --kubeconfig, or give the volume "
+                        f"`{c.ATTR_MASTER}` and `{c.ATTR_PATH}` attributes instead") from exc
+                self._api = client.ApiClient()
+            return self._api
+
+    def get(self, path: str) -> Obj | None:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        api = self._client()
+        _, url, headers, _, _ = api.param_serialize("GET", path, header_params={"Accept": "application/json"},
+                                                    auth_settings=["BearerToken"])
+        try:
+            response = api.call_api("GET", url, header_params=headers, _request_timeout=self._timeout)
+            data = response.read()
+            status, reason = response.status, response.reason
+        except ApiException as exc:
+            status, reason, data = exc.status or 0, exc.reason, b""
+        except (OSError, HTTPError) as exc:
+            raise Unavailable(f"the Kubernetes API cannot be reached for {path}: {exc}") from exc
+        if status == 404:
+            return None
+        if status in (401, 403):
+            raise PermissionDenied(
+                f"the CSI plugin may not read {path} ({status} {reason}): grant its ServiceAccount get on "
+                "mounts.strata.dev, cacheclusters.strata.dev and secrets")
+        if not 200 <= status < 300:
+            raise Unavailable(f"the Kubernetes API answered {status} {reason} for {path}")
+        return json.loads(data)  # type: ignore[no-any-return]
+
+
+def _path(namespace: str, plural: str, name: str) -> str:
+    return f"/apis/{c.API_GROUP_VERSION}/namespaces/{namespace}/{plural}/{name}"
+
+
+def _status_message(obj: Obj) -> str:
+    for condition in obj.get("status", {}).get("conditions", []) or []:
+        if condition.get("status") != "True" and condition.get("type") == "Ready" and condition.get("message"):
+            return f": {condition['message']}"
+    return ""
+
+
+class KubeResolver:
+    """MountResolver reading Mounts, CacheClusters and auth Secrets (see the module docstring)."""
+
+    def __init__(self, reader: ObjectReader) -> None:
+        self._reader = reader
+
+    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str]) -> VolumeSource:
+        what = f"Mount {namespace}/{name}"
+        mount = self._reader.get(_path(namespace, c.MOUNT_PLURAL, name))
+        if mount is None:
+            raise NotFound(f"{what} does not exist: create it, or fix the volume's `{c.ATTR_MOUNT}` attribute")
+        spec = mount.get("spec", {})
+        cluster_name, path = spec.get("cluster"), spec.get("path")
+        if not cluster_name or not path:
+            raise FailedPrecondition(f"{what} has no spec.cluster or spec.path")
+        phase = mount.get("status", {}).get("phase")
+        if phase != c.MOUNTED_PHASE:
+            raise FailedPrecondition(f"{what} is {phase or 'not reconciled yet'}{_status_message(mount)}; "
+                                     f"the volume is mounted once its phase is {c.MOUNTED_PHASE} "
+                                     f"(kubectl get mounts.strata.dev -n {namespace} {name})")
+        cluster = self._reader.get(_path(namespace, c.CACHE_CLUSTER_PLURAL, cluster_name))
+        if cluster is None:
+            raise NotFound(f"CacheCluster {namespace}/{cluster_name} of {what} does not exist")
+        endpoint = (cluster.get("status", {}).get("master") or {}).get("endpoint")
+        if not endpoint:
+            raise FailedPrecondition(f"CacheCluster {namespace}/{cluster_name} has no master endpoint yet "
+                                     "(status.master.endpoint); wait until it is Ready")
+        token = secrets.get(c.SECRET_TOKEN) or self._token(namespace, cluster_name)
+        return VolumeSource(master=endpoint, token=token, path=path, read_only=bool(spec.get("readOnly")), name=what)
+
+    def _token(self, namespace: str, cluster: str) -> str:
+        name = cluster + c.AUTH_SECRET_SUFFIX
+        secret = self._reader.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if secret is None:
+            raise NotFound(f"Secret {namespace}/{name} with the token of CacheCluster {cluster} does not exist")
+        encoded = (secret.get("data") or {}).get(c.SECRET_TOKEN)
+        try:
+            token = base64.b64decode(encoded or "", validate=True).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            token = ""
+        if not token:
+            raise FailedPrecondition(f"Secret {namespace}/{name} has no `{c.SECRET_TOKEN}`")
+        return token

@@ -1,0 +1,354 @@
+"""The CSI plugin over its Unix socket, called as kubelet and the external-provisioner call it,
+with a real master, worker and S3 store behind it and real FUSE mounts at the targets."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from strata.cacheserver.csi import constants as c
+from strata.cacheserver.csi.kube import KubeResolver
+from strata.cacheserver.csi.proto import csi_pb2 as csi
+from strata.cacheserver.csi.proto import csi_pb2_grpc as csi_grpc
+from strata.cacheserver.csi.publisher import Publisher
+from strata.cacheserver.csi.server import serve
+from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state
+from strata.cacheserver.proto import strata_pb2 as pb
+
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, wait_until
+from .test_cluster import payload
+from .test_fuse import fuse_skip_reason
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300),
+              pytest.mark.skipif(fuse_skip_reason() is not None, reason=str(fuse_skip_reason()))]
+
+Mode = csi.VolumeCapability.AccessMode
+API = "/apis/strata.dev/v1alpha1/namespaces/team"
+
+
+def capability(mode: int = Mode.SINGLE_NODE_WRITER) -> csi.VolumeCapability:
+    return csi.VolumeCapability(mount=csi.VolumeCapability.MountVolume(), access_mode=Mode(mode=mode))
+
+
+class Objects:
+    """The Kubernetes objects the plugin reads (an ObjectReader without an API server)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    def add_cluster(self, name: str, endpoint: str, token: str) -> None:
+        self.objects[f"{API}/cacheclusters/{name}"] = {"status": {"master": {"endpoint": endpoint}}}
+        self.objects[f"/api/v1/namespaces/team/secrets/{name}-auth"] = {
+            "data": {"token": base64.b64encode(token.encode()).decode()}}
+
+    def add_mount(self, name: str, cluster: str, path: str, *, phase: str = "Mounted", read_only: bool = False) -> None:
+        self.objects[f"{API}/mounts/{name}"] = {"spec": {"cluster": cluster, "path": path, "readOnly": read_only},
+                                                "status": {"phase": phase}}
+
+
+class Plugin:
+    """`serve()` in a thread of this process, with the Kubernetes objects given by the test."""
+
+    def __init__(self, root: Path, objects: Objects) -> None:
+        self.socket = root / "plugin" / "csi.sock"
+        self.publisher = Publisher(root / "state")
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        ready = threading.Event()
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            ready.set()
+            await serve(self.socket, "node-0", self.publisher, KubeResolver(objects), self._stop)
+
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(main(),), daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        self.channel = grpc.insecure_channel(f"unix://{self.socket}")
+        grpc.channel_ready_future(self.channel).result(timeout=10)
+        self.node = csi_grpc.NodeStub(self.channel)
+        self.controller = csi_grpc.ControllerStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)
+
+
+def unpublish_all(publisher: Publisher, node: csi_grpc.NodeStub) -> None:
+    for record in publisher.records():
+        try:
+            node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(volume_id=record.volume_id, target_path=record.target))
+        except grpc.RpcError:
+            subprocess.run(["fusermount3", "-uz", record.target], check=False, capture_output=True)
+
+
+@pytest.fixture
+def cluster(start_cluster: Any, bucket: str) -> Cluster:
+    cluster: Cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/datasets/x", bucket, write_type=pb.CACHE_THROUGH)
+    return cluster
+
+
+@pytest.fixture
+def objects(cluster: Cluster) -> Objects:
+    found = Objects()
+    found.add_cluster("demo", cluster.master_address, TOKEN)
+    found.add_mount("data", "demo", "/datasets/x")
+    return found
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, objects: Objects) -> Iterator[Plugin]:
+    p = Plugin(tmp_path, objects)
+    yield p
+    unpublish_all(p.publisher, p.node)
+    p.close()
+
+
+def inline(mount: str = "data", **extra: str) -> dict[str, str]:
+    """Volume context kubelet sends for an inline volume `{mount: NAME}` (podInfoOnMount)."""
+    return {c.ATTR_MOUNT: mount, c.POD_NAMESPACE: "team", "csi.storage.k8s.io/pod.name": "reader",
+            "csi.storage.k8s.io/ephemeral": "true", **extra}
+
+
+def publish(node: csi_grpc.NodeStub, target: Path, context: dict[str, str], *, volume_id: str = "vol-1",
+            readonly: bool = False, secrets: dict[str, str] | None = None, mode: int = Mode.SINGLE_NODE_WRITER) -> None:
+    node.NodePublishVolume(csi.NodePublishVolumeRequest(
+        volume_id=volume_id, target_path=str(target), volume_capability=capability(mode), readonly=readonly,
+        volume_context=context, secrets=secrets or {}), timeout=60)
+
+
+def code_of(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details()  # type: ignore[attr-defined]
+
+
+def pod_target(tmp_path: Path, pod: str = "pod-1") -> Path:
+    target = tmp_path / "kubelet" / "pods" / pod / "volumes" / "kubernetes.io~csi" / "data" / "mount"
+    target.parent.mkdir(parents=True, exist_ok=True)  # kubelet makes the parent; the plugin the target
+    return target
+
+
+def test_an_inline_volume_shows_its_mounts_files_read_only(
+        cluster: Cluster, bucket: str, plugin: Plugin, tmp_path: Path) -> None:
+    files = {"train/a.bin": payload(BLOCK_SIZE + 7), "train/b.bin": payload(10, seed=2), "labels.csv": b"x,y\n"}
+    for key, data in files.items():
+        cluster.s3.put_object(bucket, key, data)
+    target = pod_target(tmp_path)
+    publish(plugin.node, target, inline(), readonly=True)
+    for key, data in files.items():
+        assert (target / key).read_bytes() == data
+    assert sorted(os.listdir(target / "train")) == ["a.bin", "b.bin"]
+    assert "user.strata.locations" in os.listxattr(target / "train" / "a.bin")
+    with pytest.raises(OSError) as refused:
+        (target / "new").write_bytes(b"x")
+    assert refused.value.errno == errno.EROFS
+
+    stats = plugin.node.NodeGetVolumeStats(csi.NodeGetVolumeStatsRequest(volume_id="vol-1", volume_path=str(target)))
+    assert stats.usage[0].total > 0 and stats.usage[0].unit == csi.VolumeUsage.BYTES
+    assert not stats.volume_condition.abnormal
+
+    publish(plugin.node, target, inline(), readonly=True)  # kubelet retries: nothing changes
+    code, details = code_of(lambda: publish(plugin.node, target, inline(), readonly=False))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "unpublish" in details
+    (record,) = plugin.publisher.records()
+
+    request = csi.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=str(target))
+    plugin.node.NodeUnpublishVolume(request)
+    assert not target.exists() and find_mount(target) is None
+    assert not Path(f"/proc/{record.pid}").exists() or b"fuse" not in Path(f"/proc/{record.pid}/cmdline").read_bytes()
+    assert plugin.publisher.records() == []
+    plugin.node.NodeUnpublishVolume(request)  # idempotent
+    code, _ = code_of(lambda: plugin.node.NodeGetVolumeStats(
+        csi.NodeGetVolumeStatsRequest(volume_id="vol-1", volume_path=str(target))))
+    assert code == grpc.StatusCode.NOT_FOUND
+
+
+def test_errors_say_which_mount_or_cluster_is_wrong(
+        cluster: Cluster, plugin: Plugin, objects: Objects, tmp_path: Path) -> None:
+    objects.add_mount("pending", "demo", "/datasets/x", phase="Pending")
+    objects.add_mount("elsewhere", "demo", "/not/mounted")
+    objects.add_cluster("wrong", cluster.master_address, "not-the-token")
+    objects.add_mount("badtoken", "wrong", "/datasets/x")
+    cases = [
+        (inline("nope"), grpc.StatusCode.NOT_FOUND, "Mount team/nope does not exist"),
+        (inline("pending"), grpc.StatusCode.FAILED_PRECONDITION, "Pending"),
+        (inline("elsewhere"), grpc.StatusCode.NOT_FOUND, "/not/mounted"),
+        (inline("badtoken"), grpc.StatusCode.UNAUTHENTICATED, "token"),
+        ({c.ATTR_MOUNT: "data"}, grpc.StatusCode.INVALID_ARGUMENT, "podInfoOnMount"),
+    ]
+    for i, (context, expected, message) in enumerate(cases):
+        target = pod_target(tmp_path, f"pod-{i}")
+        code, details = code_of(lambda: publish(plugin.node, target, context))
+        assert code == expected and message in details, (context, code, details)
+        assert find_mount(target) is None
+    assert plugin.publisher.records() == []
+
+
+def test_provisioned_and_static_volumes_are_writable_with_the_mounts_write_type(
+        cluster: Cluster, bucket: str, plugin: Plugin, tmp_path: Path) -> None:
+    cluster.s3.put_object(bucket, "team/in.txt", b"input")
+    parameters = {c.ATTR_MOUNT: "data", c.ATTR_SUBPATH: "team", c.PVC_NAMESPACE: "team",
+                  "csi.storage.k8s.io/pvc/name": "claim", "csi.storage.k8s.io/pv/name": "pvc-123"}
+    created = plugin.controller.CreateVolume(csi.CreateVolumeRequest(
+        name="pvc-123", volume_capabilities=[capability(Mode.MULTI_NODE_MULTI_WRITER)], parameters=parameters))
+    volume = created.volume
+    assert dict(volume.volume_context) == {c.ATTR_MOUNT: "data", c.ATTR_SUBPATH: "team", c.ATTR_NAMESPACE: "team"}
+    confirmed = plugin.controller.ValidateVolumeCapabilities(csi.ValidateVolumeCapabilitiesRequest(
+        volume_id=volume.volume_id, volume_context=volume.volume_context, volume_capabilities=[capability()]))
+    assert confirmed.HasField("confirmed")
+
+    target = pod_target(tmp_path)
+    publish(plugin.node, target, dict(volume.volume_context), volume_id=volume.volume_id,
+            mode=Mode.MULTI_NODE_MULTI_WRITER)
+    assert (target / "in.txt").read_bytes() == b"input"  # the subPath is the volume's root
+    (target / "out").mkdir()
+    (target / "out" / "result.txt").write_bytes(b"result")
+    assert cluster.s3.get_object(bucket, "team/out/result.txt") == b"result"  # CACHE_THROUGH: in the store at close
+
+    # A reader-only access mode mounts read-only even when the request does not say so.
+    reader = pod_target(tmp_path, "pod-2")
+    publish(plugin.node, reader, dict(volume.volume_context), volume_id=volume.volume_id,
+            mode=Mode.MULTI_NODE_READER_ONLY)
+    assert find_mount(reader).read_only  # type: ignore[union-attr]
+    plugin.controller.DeleteVolume(csi.DeleteVolumeRequest(volume_id=volume.volume_id))
+    assert cluster.s3.get_object(bucket, "team/in.txt") == b"input"  # deleting a volume deletes no data
+
+
+# -- the plugin as `strata csi` runs it ----------------------------------------------------------
+
+
+class CliPlugin:
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.socket = root / "plugins" / "csi.strata.dev" / "csi.sock"
+        self.state = root / "state"
+        root.mkdir(parents=True, exist_ok=True)
+        self.log = root / "csi.log"
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "strata.cacheserver", "csi", "--endpoint", f"unix://{self.socket}",
+                 "--node-id", "node-0", "--state-dir", str(self.state)],
+                stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        wait_until(lambda: self.socket.exists() or self.process.poll() is not None, 30,  # type: ignore[union-attr]
+                   "the plugin's socket")
+        assert self.process.poll() is None, self.log.read_text()
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=15)
+
+    def node(self) -> tuple[grpc.Channel, csi_grpc.NodeStub]:
+        channel = grpc.insecure_channel(f"unix://{self.socket}")
+        grpc.channel_ready_future(channel).result(timeout=10)
+        return channel, csi_grpc.NodeStub(channel)
+
+
+@pytest.fixture
+def cli_plugin(cluster: Cluster, tmp_path: Path) -> Iterator[CliPlugin]:
+    env = {k: v for k, v in cluster.env.items() if k not in ("STRATA_TOKEN", "STRATA_MASTER")}
+    plugin = CliPlugin(tmp_path / "node", {**env, "STRATA_NODE_NAME": "csi-node"})
+    plugin.start()
+    yield plugin
+    if plugin.process is not None and plugin.process.poll() is None:
+        channel, node = plugin.node()
+        unpublish_all(Publisher(plugin.state), node)
+        channel.close()
+    plugin.stop()
+
+
+def direct(cluster: Cluster) -> dict[str, str]:
+    return {c.ATTR_MASTER: cluster.master_address, c.ATTR_PATH: "/datasets/x"}
+
+
+def test_the_cli_plugin_keeps_volumes_across_its_restarts(
+        cluster: Cluster, bucket: str, cli_plugin: CliPlugin, tmp_path: Path) -> None:
+    cluster.s3.put_object(bucket, "f.txt", b"survives")
+    target = pod_target(tmp_path)
+    channel, node = cli_plugin.node()
+    publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})
+    channel.close()
+    assert (target / "f.txt").read_bytes() == b"survives"
+
+    cli_plugin.kill()  # a crashed or upgraded plugin: the FUSE process lives on
+    assert (target / "f.txt").read_bytes() == b"survives"
+    cli_plugin.start()
+    channel, node = cli_plugin.node()
+    publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})  # known, live: nothing to do
+    channel.close()
+
+    (record,) = Publisher(cli_plugin.state).records()
+    os.kill(record.pid, signal.SIGKILL)  # the volume's FUSE process dies
+    wait_until(lambda: mount_state(target) is not MountState.LIVE, 10, "the dead mount to go")
+    cli_plugin.stop()
+    cli_plugin.start()  # mounts it again
+    wait_until(lambda: mount_state(target) is MountState.LIVE, 30, "the volume to be mounted again")
+    assert (target / "f.txt").read_bytes() == b"survives"
+    channel, node = cli_plugin.node()
+    node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=str(target)))
+    channel.close()
+    assert not target.exists() and Publisher(cli_plugin.state).records() == []
+
+
+def find_csi_sanity() -> str | None:
+    folder = Path(os.environ.get("STRATA_E2E_BIN") or Path.home() / ".cache" / "strata" / "e2e-bin")
+    candidate = folder / "csi-sanity"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    return shutil.which("csi-sanity")
+
+
+# Skipped specs, and why:
+# - none of the Controller or Node specs that apply: the plugin serves CreateVolume/DeleteVolume/
+#   ValidateVolumeCapabilities and the node RPCs. csi-sanity itself skips what the plugin does not
+#   advertise (snapshots, listing, capacity, expansion, controller publishing, staging) and the
+#   duplicate-name-different-capacity check (volumes report capacity 0: the data has no size limit).
+def test_csi_sanity(cluster: Cluster, bucket: str, cli_plugin: CliPlugin, tmp_path: Path) -> None:
+    sanity = find_csi_sanity()
+    if sanity is None:
+        pytest.skip("csi-sanity is not built: run tests/e2e/tools/build.sh (or set STRATA_E2E_BIN)")
+    (tmp_path / "sanity").mkdir()
+    parameters = tmp_path / "parameters.yaml"
+    parameters.write_text(yaml.safe_dump(direct(cluster)))
+    secrets = tmp_path / "secrets.yaml"
+    token = {c.SECRET_TOKEN: TOKEN}
+    secrets.write_text(yaml.safe_dump({name: token for name in (
+        "CreateVolumeSecret", "DeleteVolumeSecret", "NodePublishVolumeSecret",
+        "ControllerValidateVolumeCapabilitiesSecret")}))
+    proc = subprocess.run(
+        [sanity, f"--csi.endpoint=unix://{cli_plugin.socket}", f"--csi.mountdir={tmp_path / 'sanity' / 'mnt'}",
+         f"--csi.stagingdir={tmp_path / 'sanity' / 'stage'}", f"--csi.testvolumeparameters={parameters}",
+         f"--csi.secrets={secrets}", "--ginkgo.no-color", "--ginkgo.v"],
+        capture_output=True, text=True, timeout=240)
+    summary = [line for line in proc.stdout.splitlines() if "Passed" in line or "Ran " in line]
+    print("\n".join(summary))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:] + cli_plugin.log.read_text()[-3000:]

@@ -1,0 +1,85 @@
+"""What a Mount volume shows, read from Kubernetes objects (given without an API server)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strata.cacheserver.csi.kube import ApiReader, KubeResolver
+from strata.cacheserver.errors import FailedPrecondition, NotFound
+
+API = "/apis/strata.dev/v1alpha1/namespaces/team"
+
+
+class Objects:
+    """An ObjectReader over a dict of REST paths."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
+        self.objects = objects
+        self.read: list[str] = []
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        self.read.append(path)
+        return self.objects.get(path)
+
+
+def objects(*, phase: str = "Mounted", endpoint: str = "demo-master-0.demo-master.team.svc:19998",
+            token: str | None = "s3cret", read_only: bool = True) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {
+        f"{API}/mounts/data": {"spec": {"cluster": "demo", "path": "/datasets/x", "readOnly": read_only},
+                               "status": {"phase": phase, "conditions": [
+                                   {"type": "Ready", "status": "False", "message": "bucket e2e does not exist"}]}},
+        f"{API}/cacheclusters/demo": {"status": {"master": {"endpoint": endpoint}}},
+    }
+    if token is not None:
+        found["/api/v1/namespaces/team/secrets/demo-auth"] = {"data": {"token": base64.b64encode(token.encode()).decode()}}
+    return found
+
+
+def test_a_mounted_mount_gives_master_token_and_path() -> None:
+    reader = Objects(objects())
+    source = KubeResolver(reader).resolve("team", "data", {})
+    assert (source.master, source.token, source.path, source.read_only) == (
+        "demo-master-0.demo-master.team.svc:19998", "s3cret", "/datasets/x", True)
+    assert "s3cret" not in repr(source)
+
+
+def test_a_token_in_the_volume_secrets_is_used_without_reading_the_secret() -> None:
+    reader = Objects(objects(token=None))
+    source = KubeResolver(reader).resolve("team", "data", {"token": "from-node-publish-secret"})
+    assert source.token == "from-node-publish-secret"
+    assert not any("/secrets/" in p for p in reader.read)
+
+
+def test_a_missing_mount_is_not_found() -> None:
+    with pytest.raises(NotFound, match="Mount team/other does not exist"):
+        KubeResolver(Objects(objects())).resolve("team", "other", {})
+
+
+def test_a_mount_that_is_not_mounted_yet_says_why_and_what_to_wait_for() -> None:
+    with pytest.raises(FailedPrecondition, match="Failed: bucket e2e does not exist.*phase is Mounted"):
+        KubeResolver(Objects(objects(phase="Failed"))).resolve("team", "data", {})
+
+
+def test_a_cluster_without_a_master_endpoint_is_not_ready() -> None:
+    with pytest.raises(FailedPrecondition, match="no master endpoint"):
+        KubeResolver(Objects(objects(endpoint=""))).resolve("team", "data", {})
+
+
+def test_a_missing_cluster_or_secret_is_not_found() -> None:
+    found = objects()
+    del found[f"{API}/cacheclusters/demo"]
+    with pytest.raises(NotFound, match="CacheCluster team/demo"):
+        KubeResolver(Objects(found)).resolve("team", "data", {})
+    with pytest.raises(NotFound, match="Secret team/demo-auth"):
+        KubeResolver(Objects(objects(token=None))).resolve("team", "data", {})
+
+
+def test_without_api_access_a_mount_volume_fails_with_advice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    reader = ApiReader(kubeconfig=str(tmp_path / "no-such-kubeconfig"))
+    with pytest.raises(FailedPrecondition, match="masterAddress"):
+        KubeResolver(reader).resolve("team", "data", {})
