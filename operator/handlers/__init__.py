@@ -1,19 +1,29 @@
 """kopf handlers: thin functions that parse nothing themselves and call the reconcile steps.
 
 `register(registry, settings)` adds them all to a kopf registry. One module per concern:
-lifecycle (startup, cleanup, kopf settings), cluster, mount; the locality admission webhook
-(issue 5) will be one more module registered here.
+lifecycle (startup, cleanup, kopf settings), cluster, mount, admission (the locality webhook,
+on when STRATA_OPERATOR_WEBHOOK_ENABLED) and metrics (/metrics, on when
+STRATA_OPERATOR_METRICS_PORT is set).
 """
 
 from __future__ import annotations
 
 import kopf
 
-from strata.operator.handlers import cluster, lifecycle, mount
+from strata.operator.handlers import admission, cluster, lifecycle, metrics, mount
 from strata.operator.settings import OperatorSettings
 
 
-def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+def register(
+    registry: kopf.OperatorRegistry,
+    settings: OperatorSettings,
+    webhook: admission.WebhookSettings | None = None,
+    metrics_settings: metrics.MetricsSettings | None = None,
+) -> None:
+    """Add every handler; the webhook and metrics settings default to the environment's."""
+    collectors = metrics.metrics_registry()
     lifecycle.register(registry, settings)
     cluster.register(registry, settings)
     mount.register(registry, settings)
+    admission.register(registry, webhook or admission.WebhookSettings(), admission.AdmissionMetrics(collectors))
+    metrics.register(registry, metrics_settings or metrics.MetricsSettings(), collectors)

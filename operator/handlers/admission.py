@@ -1,0 +1,167 @@
+"""The locality admission webhook: kopf serves it, strata.operator.locality decides.
+
+The chart owns the MutatingWebhookConfiguration (path `/locality`, failurePolicy Ignore) and
+the TLS Secret mounted at `cert_dir`. The handler never fails a pod: every error, slow API
+read or missing object ends in "no change" (a denial from here would block the pod, which
+failurePolicy Ignore does not cover). A pod without a Strata volume costs no API call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import kopf
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from strata.operator import constants as c
+from strata.operator.handlers.common import deps_of
+from strata.operator.kube import KubeAPI, KubeError
+from strata.operator.locality import (
+    APPLIED_ANNOTATION,
+    Decision,
+    MountRef,
+    Source,
+    cluster_of,
+    decide,
+    mounts_of,
+)
+
+log = logging.getLogger(__name__)
+
+# kopf serves a handler at /<id>: the chart's webhook clientConfig.service.path is "/locality".
+HANDLER_ID: Final = "locality"
+CERT_FILE: Final = "tls.crt"
+KEY_FILE: Final = "tls.key"
+
+
+class WebhookSettings(BaseSettings):
+    """How the operator serves the webhook, from `STRATA_OPERATOR_WEBHOOK_*`."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_OPERATOR_WEBHOOK_", frozen=True)
+
+    # Off unless asked for: serving needs the certificate the chart makes, and an operator
+    # run from a laptop (`kopf run`) has no webhook configuration pointing at it.
+    enabled: bool = False
+    # TCP port of the HTTPS server (the chart's Service maps 443 to it); above 1024 so the
+    # operator runs as non-root.
+    port: int = Field(default=9443, gt=0, lt=65536)
+    # Folder with tls.crt and tls.key (the chart mounts its webhook Secret here).
+    cert_dir: Path = Path("/etc/strata/webhook")
+    # Seconds for reading a pod's Mounts and CacheClusters; kept under the webhook's
+    # timeoutSeconds (chart default 5) so a slow API server ends in "no change" from us,
+    # logged, instead of a timeout at the API server.
+    lookup_timeout: float = Field(default=2.0, gt=0)
+
+
+class AdmissionMetrics:
+    """What the webhook counts, on the operator's metrics registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.reviews = Counter(
+            "strata_operator_locality_reviews", "Pod admissions reviewed by the locality webhook, by result "
+            "(placed, unchanged: Strata volumes but nothing to add, skipped: no Strata volume, failed).",
+            ["result"], registry=registry,
+        )
+        self.seconds = Histogram(
+            "strata_operator_locality_review_seconds", "Time to review a pod that uses Strata volumes.",
+            registry=registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+
+
+async def read_sources(kube: KubeAPI, refs: Sequence[MountRef]) -> list[Source]:
+    """Each Mount and its CacheCluster (None where absent or not readable, e.g. a namespace
+    the operator may not read)."""
+
+    async def get(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await kube.get(c.API_VERSION, kind, namespace, name)
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            log.info("cannot read %s %s/%s for locality: %s", kind, namespace, name, exc)
+            return None
+
+    mounts = await asyncio.gather(*(get(c.MOUNT_KIND, r.namespace, r.name) for r in refs))
+    wanted = {(r.namespace, name) for r, m in zip(refs, mounts) if m is not None and (name := cluster_of(m))}
+    keys = sorted(wanted)
+    found = await asyncio.gather(*(get(c.CACHE_CLUSTER_KIND, ns, name) for ns, name in keys))
+    clusters: Mapping[tuple[str, str], dict[str, Any] | None] = dict(zip(keys, found))
+    return [
+        Source(ref, mount, clusters.get((ref.namespace, cluster_of(mount) or "")) if mount is not None else None)
+        for ref, mount in zip(refs, mounts)
+    ]
+
+
+async def review(kube: KubeAPI, pod: Mapping[str, Any], timeout: float) -> Decision:
+    """The decision for one pod: read what its Strata volumes name, then decide."""
+    refs = mounts_of(pod)
+    if not refs:
+        return Decision()
+    async with asyncio.timeout(timeout):
+        sources = await read_sources(kube, refs)
+    return decide(pod, sources)
+
+
+def apply_decision(decision: Decision, patch: kopf.Patch) -> None:
+    """Record the decision in kopf's patch (kopf turns it into the JSON patch it answers)."""
+    if decision.affinity is None:
+        return
+    patch.spec["affinity"] = decision.affinity
+    patch.metadata.annotations[APPLIED_ANNOTATION] = decision.mode
+
+
+def register(registry: kopf.OperatorRegistry, settings: WebhookSettings, metrics: AdmissionMetrics) -> None:
+    """Serve the webhook (when enabled) and register the pod handler."""
+    webhook_settings = settings  # kopf passes its own settings to startup as `settings`
+    if not webhook_settings.enabled:
+        return
+
+    @kopf.on.startup(id="webhook-server", registry=registry)
+    def serve(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.admission.server = webhook_server(webhook_settings)
+
+    @kopf.on.mutate("", "v1", "pods", id=HANDLER_ID, operations=["CREATE"], ignore_failures=True,
+                    side_effects=False, registry=registry)
+    async def locality(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, warnings: list[str],
+                       operation: str | None = None, **_: Any) -> None:
+        """Add affinity to the nodes holding the pod's data; never refuse the pod."""
+        # kopf filters by `operations` only in webhook configurations it manages itself.
+        if operation != "CREATE" or not mounts_of(body):
+            metrics.reviews.labels("skipped").inc()
+            return
+        started = time.monotonic()
+        name = body.metadata.name or body.metadata.get("generateName", "")
+        try:
+            decision = await review(deps_of(memo).kube, body, webhook_settings.lookup_timeout)
+        except Exception as exc:  # noqa: BLE001 - a failed lookup must not block the pod
+            log.warning("locality of pod %s/%s not set: %s", body.metadata.namespace, name, exc or type(exc).__name__)
+            metrics.reviews.labels("failed").inc()
+            return
+        finally:
+            metrics.seconds.observe(time.monotonic() - started)
+        warnings.extend(decision.notes)
+        apply_decision(decision, patch)
+        if decision.affinity is None:
+            metrics.reviews.labels("unchanged").inc()
+            return
+        metrics.reviews.labels("placed").inc()
+        log.info("pod %s/%s: locality %s, nodes %s", body.metadata.namespace, name, decision.mode,
+                 ", ".join(decision.nodes) or "(the cluster's workers)")
+
+
+def webhook_server(settings: WebhookSettings) -> kopf.WebhookServer:
+    """kopf's HTTPS server on all interfaces with the chart's certificate."""
+    certfile, keyfile = settings.cert_dir / CERT_FILE, settings.cert_dir / KEY_FILE
+    for path in (certfile, keyfile):
+        if not path.is_file():
+            raise kopf.PermanentError(
+                f"webhook certificate file {path} is missing: mount the webhook TLS Secret at "
+                f"{settings.cert_dir} or set STRATA_OPERATOR_WEBHOOK_ENABLED=false")
+    return kopf.WebhookServer(port=settings.port, certfile=str(certfile), pkeyfile=str(keyfile))
