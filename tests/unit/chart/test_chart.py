@@ -1,0 +1,336 @@
+"""charts/strata rendered by helm: lint, what users rely on in the manifests, and that the
+chart and the code agree (CLI flags, settings, webhook path and port, CSI socket layout)."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from strata.cacheserver.cli import build_parser
+from strata.cacheserver.csi import constants as csi
+from strata.operator.handlers.admission import CERT_FILE, HANDLER_ID, KEY_FILE, WebhookSettings
+from strata.operator.handlers.metrics import MetricsSettings
+from strata.operator.settings import OperatorSettings
+from tests.unit.chart.conftest import CHART, NAMESPACE, Obj, Render, kinds, one, render_text, run_helm
+
+APP_VERSION = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+
+
+def container(pod_owner: Obj, name: str) -> Obj:
+    spec = pod_owner["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == name)
+
+
+def env_of(c: Obj) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def volume(pod_owner: Obj, name: str) -> Obj:
+    return next(v for v in pod_owner["spec"]["template"]["spec"]["volumes"] if v["name"] == name)
+
+
+def mount_of(c: Obj, name: str) -> Obj:
+    return next(m for m in c["volumeMounts"] if m["name"] == name)
+
+
+def port_of(c: Obj, name: str) -> int:
+    return int(next(p["containerPort"] for p in c["ports"] if p["name"] == name))
+
+
+# -- the chart as a package ----------------------------------------------------------------
+
+def test_helm_lint_is_clean(helm: str) -> None:
+    for values in ([], ["--set", "operator.watchAllNamespaces=false", "--set", "webhook.certificate.mode=certManager"]):
+        proc = run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", "1.34.0", *values)
+        assert "0 chart(s) failed" in proc.stdout, proc.stdout
+
+
+def test_every_value_is_documented() -> None:
+    """Each value in values.yaml has a `# --` comment. A documented block (resources:,
+    objectSelector:) is one value; an undocumented block (operator:) is a group whose keys
+    need their own comments."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented: list[str] = []
+    skip_below: int | None = None  # inside a documented block: its keys are its content
+    for i, line in enumerate(lines):
+        match = re.match(r"^(\s*)([A-Za-z]\w*):(.*)$", line)
+        if not match:
+            continue
+        indent, key, rest = len(match.group(1)), match.group(2), match.group(3)
+        if skip_below is not None and indent > skip_below:
+            continue
+        skip_below = None
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --"):
+            j -= 1
+        documented = j >= 0 and lines[j].strip().startswith("# --")
+        is_block = rest.strip() == "" and i + 1 < len(lines) and lines[i + 1].startswith(" " * (indent + 2))
+        if documented and is_block:
+            skip_below = indent
+        elif not documented and not is_block:
+            undocumented.append(key)
+    assert not undocumented, f"values without a `# --` comment: {undocumented}"
+
+
+def test_the_schema_refuses_mistakes(helm: str) -> None:
+    for bad in ("operator.replica=2", "webhook.certificate.mode=selfsigned", "csi.kubeletDir=var/lib",
+                "image.pullPolicy=Sometimes", "webhook.timeoutSeconds=60"):
+        proc = run_helm(helm, "template", "strata", str(CHART), "--kube-version", "1.34.0", "--set", bad, check=False)
+        assert proc.returncode != 0 and "values don't meet the specifications of the schema" in proc.stderr, bad
+
+
+def test_crds_are_the_repositorys() -> None:
+    """Helm installs the chart's crds/ folder: it must hold exactly /crds."""
+    repo_crds = {p.name: p.read_bytes() for p in (CHART.parents[1] / "crds").glob("*.yaml")}
+    chart_crds = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert chart_crds == repo_crds, "charts/strata/crds differs from crds/: cp crds/*.yaml charts/strata/crds/"
+
+
+# -- the operator -------------------------------------------------------------------------
+
+def test_operator_deployment(render: Render) -> None:
+    objs = render()
+    deployment = one(objs, "Deployment", "strata-operator")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"  # the e2e suite finds it so
+    operator = container(deployment, "operator")
+    assert operator["image"] == f"ghcr.io/strata-dev/strata-operator:{APP_VERSION}"
+    # The arguments are what `strata operator` accepts.
+    args = build_parser().parse_args(operator["args"])
+    assert args.all_namespaces and not args.namespace and not args.standalone
+    peering = one(objs, "ClusterKopfPeering")
+    assert args.peering == peering["metadata"]["name"] == "strata"
+    # Liveness probe on kopf's liveness endpoint.
+    health = port_of(operator, "health")
+    assert args.liveness == f"http://0.0.0.0:{health}/healthz"
+    probe = operator["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and probe["port"] == "health"
+    # Non-root, nothing writable.
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert operator["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not [v for v in pod["spec"].get("volumes", []) if "emptyDir" in v]
+    assert pod["spec"]["serviceAccountName"] == one(objs, "ServiceAccount", "strata-operator")["metadata"]["name"]
+
+
+def test_operator_settings_from_the_chart_are_real_settings(render: Render) -> None:
+    env = env_of(container(one(render(), "Deployment", "strata-operator"), "operator"))
+    known = {(str(model.model_config.get("env_prefix", "")) + field).upper()
+             for model in (OperatorSettings, WebhookSettings, MetricsSettings) for field in model.model_fields}
+    unknown = {k for k in env if k.startswith("STRATA_") and k not in known}
+    assert not unknown, f"the chart sets settings the operator does not have: {unknown}"
+    assert env["STRATA_OPERATOR_SERVER_IMAGE"] == f"ghcr.io/strata-dev/strata-server:{APP_VERSION}"
+    assert OperatorSettings(server_image=env["STRATA_OPERATOR_SERVER_IMAGE"],
+                            image_pull_policy=env["STRATA_OPERATOR_IMAGE_PULL_POLICY"],
+                            reconcile_interval=env["STRATA_OPERATOR_RECONCILE_INTERVAL"])
+
+
+def test_images_follow_the_values(render: Render) -> None:
+    objs = render({"image.repository": "registry.example:5000/team/", "image.tag": "1.2.3"})
+    operator = container(one(objs, "Deployment"), "operator")
+    assert operator["image"] == "registry.example:5000/team/strata-operator:1.2.3"
+    assert env_of(operator)["STRATA_OPERATOR_SERVER_IMAGE"] == "registry.example:5000/team/strata-server:1.2.3"
+    assert container(one(objs, "DaemonSet"), "node-plugin")["image"] == "registry.example:5000/team/strata-server:1.2.3"
+
+
+def test_namespaced_mode(render: Render) -> None:
+    objs = render({"operator.watchAllNamespaces": "false", "operator.watchNamespaces": "{team-a,team-b}"})
+    args = build_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"])
+    assert not args.all_namespaces and args.namespace == ["team-a", "team-b"]
+    peerings = [o for o in objs if o["kind"] == "KopfPeering"]
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert {p["metadata"]["name"] for p in peerings} == {args.peering}
+    assert "ClusterKopfPeering" not in kinds(objs)
+    roles = [o for o in objs if o["kind"] == "Role"]
+    assert sorted((r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles) == [
+        ("team-a", "strata-csi-node"), ("team-a", "strata-operator"),
+        ("team-b", "strata-csi-node"), ("team-b", "strata-operator")]
+    # Only the read-only discovery rules stay cluster-wide.
+    (cluster_role,) = [o for o in objs if o["kind"] == "ClusterRole"]
+    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cluster_role["rules"])
+    # Default: the release namespace.
+    objs = render({"operator.watchAllNamespaces": "false"})
+    assert build_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"]).namespace == [NAMESPACE]
+
+
+def test_names_fit_63_characters(render: Render) -> None:
+    release = "a-very-long-release-name-for-strata-cache-deployments"  # 53, helm's limit
+    objs = render(release=release)
+    for obj in objs:
+        assert len(obj["metadata"]["name"]) <= 63, obj["metadata"]["name"]
+    assert one(objs, "Deployment")["metadata"]["name"].endswith("-operator")
+    objs = render({"fullnameOverride": "x" * 63})
+    assert {len(o["metadata"]["name"]) for o in objs if o["kind"] != "CSIDriver"} <= set(range(64))
+    assert one(objs, "Service", "x" * 55 + "-webhook")
+
+
+def test_labels_and_selectors(render: Render) -> None:
+    objs = render()
+    for obj in objs:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "strata" and labels["app.kubernetes.io/instance"] == "strata"
+        assert labels["helm.sh/chart"] == "strata-0.1.0", obj["metadata"]["name"]
+    for kind in ("Deployment", "DaemonSet"):
+        workload = one(objs, kind)
+        selector = workload["spec"]["selector"]["matchLabels"]
+        # Selectors hold no version or chart label, which change on upgrade (selectors are immutable).
+        assert not {"helm.sh/chart", "app.kubernetes.io/version"} & set(selector)
+        assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+
+
+# -- metrics ------------------------------------------------------------------------------
+
+def test_metrics_service_reaches_the_operators_metrics_port(render: Render) -> None:
+    objs = render()
+    operator = container(one(objs, "Deployment"), "operator")
+    service = one(objs, "Service", "strata-operator-metrics")
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "metrics"
+    assert int(env_of(operator)["STRATA_OPERATOR_METRICS_PORT"]) == port_of(operator, "metrics") == port["port"]
+    assert service["spec"]["selector"].items() <= one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    objs = render({"metrics.enabled": "false"})
+    assert env_of(container(one(objs, "Deployment"), "operator"))["STRATA_OPERATOR_METRICS_PORT"] == "0"
+    assert not [o for o in objs if o["metadata"]["name"] == "strata-operator-metrics"]
+
+
+# -- the webhook --------------------------------------------------------------------------
+
+def test_webhook_configuration_matches_the_operator(render: Render) -> None:
+    objs = render()
+    config = one(objs, "MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert WebhookSettings().lookup_timeout < hook["timeoutSeconds"] <= 10
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]
+    assert excluded["key"] == "kubernetes.io/metadata.name" and excluded["operator"] == "NotIn"
+    assert {"kube-system", NAMESPACE} <= set(excluded["values"])
+    assert hook["objectSelector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/managed-by", "operator": "NotIn", "values": ["strata-operator"]}]
+    # Service reference (the API server reaches it at the ready pods' addresses), kopf's path.
+    ref = hook["clientConfig"]["service"]
+    assert "url" not in hook["clientConfig"]
+    assert ref["path"] == f"/{HANDLER_ID}" and ref["namespace"] == NAMESPACE
+    service = one(objs, "Service", ref["name"])
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == ref["port"] == 443 and port["targetPort"] == "webhook"
+    deployment = one(objs, "Deployment")
+    operator = container(deployment, "operator")
+    env = env_of(operator)
+    assert env["STRATA_OPERATOR_WEBHOOK_ENABLED"] == "true"
+    assert int(env["STRATA_OPERATOR_WEBHOOK_PORT"]) == port_of(operator, "webhook")
+    assert operator["readinessProbe"]["tcpSocket"]["port"] == "webhook"
+    # The certificate Secret is mounted where the operator looks for tls.crt and tls.key.
+    mount = mount_of(operator, "webhook-tls")
+    assert mount["mountPath"] == env["STRATA_OPERATOR_WEBHOOK_CERT_DIR"] and mount["readOnly"]
+    secret_volume = volume(deployment, "webhook-tls")["secret"]
+    assert {i["path"] for i in secret_volume["items"]} == {CERT_FILE, KEY_FILE}
+    assert one(objs, "Secret", secret_volume["secretName"])
+
+
+def test_webhook_certificate_is_signed_by_the_ca_bundle(render: Render) -> None:
+    objs = render()
+    hook = one(objs, "MutatingWebhookConfiguration")["webhooks"][0]
+    secret = one(objs, "Secret", "strata-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    ca = x509.load_pem_x509_certificate(base64.b64decode(hook["clientConfig"]["caBundle"]))
+    assert base64.b64decode(secret["data"]["ca.crt"]) == base64.b64decode(hook["clientConfig"]["caBundle"])
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"strata-webhook.{NAMESPACE}.svc" in names
+    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days >= 3649
+    assert b"PRIVATE KEY" in base64.b64decode(secret["data"]["tls.key"])
+
+
+def test_webhook_certificate_from_cert_manager(render: Render) -> None:
+    objs = render({"webhook.certificate.mode": "certManager"})
+    assert "Secret" not in kinds(objs)
+    config = one(objs, "MutatingWebhookConfiguration")
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    certificate = one(objs, "Certificate")
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+        f"{NAMESPACE}/{certificate['metadata']['name']}"
+    assert certificate["spec"]["secretName"] == "strata-webhook-tls"
+    assert f"strata-webhook.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    issuer = one(objs, "Issuer")
+    assert issuer["spec"] == {"selfSigned": {}} and certificate["spec"]["issuerRef"]["name"] == issuer["metadata"]["name"]
+    objs = render({"webhook.certificate.mode": "certManager", "webhook.certificate.certManager.issuerRef.kind": "ClusterIssuer",
+                   "webhook.certificate.certManager.issuerRef.name": "corp-ca"})
+    assert "Issuer" not in kinds(objs)
+    assert one(objs, "Certificate")["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "corp-ca"}
+
+
+def test_webhook_disabled(render: Render) -> None:
+    objs = render({"webhook.enabled": "false"})
+    assert not {"MutatingWebhookConfiguration", "Secret"} & set(kinds(objs))
+    operator = container(one(objs, "Deployment"), "operator")
+    assert env_of(operator)["STRATA_OPERATOR_WEBHOOK_ENABLED"] == "false"
+    assert operator["readinessProbe"]["httpGet"]["port"] == "health"
+    assert "volumeMounts" not in operator
+
+
+# -- the CSI driver -----------------------------------------------------------------------
+
+def test_csi_driver_object(render: Render) -> None:
+    driver = one(render(), "CSIDriver")
+    assert driver["metadata"]["name"] == csi.DRIVER_NAME
+    spec = driver["spec"]
+    assert spec["podInfoOnMount"] is True and spec["attachRequired"] is False
+    assert spec["volumeLifecycleModes"] == ["Persistent", "Ephemeral"]
+
+
+@pytest.mark.parametrize("kubelet", ["/var/lib/kubelet", "/var/snap/microk8s/common/var/lib/kubelet/"])
+def test_csi_node_plugin_layout(render: Render, kubelet: str) -> None:
+    """Socket where the registrar and kubelet expect it, pods' folders shared both ways."""
+    daemonset = one(render({"csi.kubeletDir": kubelet}), "DaemonSet")
+    root = kubelet.rstrip("/")
+    plugin, registrar = container(daemonset, "node-plugin"), container(daemonset, "node-driver-registrar")
+    assert plugin["image"] == f"ghcr.io/strata-dev/strata-server:{APP_VERSION}"
+    args = build_parser().parse_args(plugin["args"])
+    assert args.node_id == "$(STRATA_NODE_NAME)"
+    assert env_of(plugin)["STRATA_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    socket_dir = mount_of(plugin, "plugin-dir")["mountPath"]
+    assert args.endpoint == f"unix://{socket_dir}/csi.sock"
+    host_dir = volume(daemonset, "plugin-dir")["hostPath"]["path"]
+    assert host_dir == f"{root}/plugins/{csi.DRIVER_NAME}"
+    assert f"--kubelet-registration-path={host_dir}/csi.sock" in registrar["args"]
+    assert f"--csi-address={mount_of(registrar, 'plugin-dir')['mountPath']}/csi.sock" in registrar["args"]
+    assert volume(daemonset, "registration-dir")["hostPath"]["path"] == f"{root}/plugins_registry"
+    assert mount_of(registrar, "registration-dir")["mountPath"] == "/registration"
+    pods = mount_of(plugin, "pods-dir")
+    assert pods["mountPath"] == volume(daemonset, "pods-dir")["hostPath"]["path"] == f"{root}/pods"
+    assert pods["mountPropagation"] == "Bidirectional"
+    assert plugin["securityContext"]["privileged"] is True
+    assert registrar["image"].startswith("registry.k8s.io/sig-storage/csi-node-driver-registrar:")
+    assert daemonset["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]
+
+
+def test_csi_disabled(render: Render) -> None:
+    objs = render({"csi.enabled": "false"})
+    assert not {"CSIDriver", "DaemonSet"} & set(kinds(objs))
+    assert not [o for o in objs if "csi" in o["metadata"]["name"]]
+
+
+# -- notes --------------------------------------------------------------------------------
+
+def test_notes_say_how_crds_are_upgraded() -> None:
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert "never upgrades" in notes and "kubectl apply --server-side -f strata/crds/" in notes
+    readme = (CHART / "README.md").read_text()
+    assert "## Upgrading, and the CRDs" in readme and "never upgrades" in readme.replace("**", "")
+
+
+def test_render_output_is_plain_yaml(helm: str, tmp_path: Path) -> None:
+    """Every document parses and has apiVersion, kind and a name."""
+    text = render_text(helm, {"operator.watchAllNamespaces": "false", "webhook.certificate.mode": "certManager"})
+    for doc in yaml.safe_load_all(text):
+        if doc:
+            assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], doc

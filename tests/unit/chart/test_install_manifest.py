@@ -1,0 +1,65 @@
+"""manifests/install.yaml is the chart rendered by scripts/render-install.sh, and current."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.unit.chart.conftest import NAMESPACE, REPO, Obj, load_all, one
+
+INSTALL = REPO / "manifests" / "install.yaml"
+SCRIPT = REPO / "scripts" / "render-install.sh"
+# Helm generates the webhook certificate anew on every render: compare everything else.
+_GENERATED = re.compile(r"^(\s*(?:tls\.crt|tls\.key|ca\.crt|caBundle):\s*)\S+$", re.MULTILINE)
+
+
+def normalise(text: str) -> str:
+    return _GENERATED.sub(r"\1<generated>", text)
+
+
+def render_install(helm: str, out: Path) -> str:
+    proc = subprocess.run([str(SCRIPT), str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HELM": helm})
+    assert proc.returncode == 0, proc.stderr
+    return out.read_text()
+
+
+def test_install_yaml_is_current(helm: str, tmp_path: Path) -> None:
+    fresh = render_install(helm, tmp_path / "install.yaml")
+    assert INSTALL.is_file(), "manifests/install.yaml is missing: run scripts/render-install.sh"
+    assert normalise(INSTALL.read_text()) == normalise(fresh), (
+        "manifests/install.yaml is stale: run scripts/render-install.sh and commit the result")
+
+
+def test_install_yaml_installs_everything(helm: str) -> None:
+    objs: list[Obj] = load_all(INSTALL.read_text())
+    assert objs[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": {
+        "app.kubernetes.io/part-of": "strata", "pod-security.kubernetes.io/enforce": "privileged"}}}
+    crds = sorted(o["metadata"]["name"] for o in objs if o["kind"] == "CustomResourceDefinition")
+    assert crds == ["cacheclusters.strata.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev",
+                    "mounts.strata.dev"]
+    # CRDs come before anything that needs them.
+    kinds = [o["kind"] for o in objs]
+    assert max(i for i, k in enumerate(kinds) if k == "CustomResourceDefinition") < kinds.index("ClusterKopfPeering")
+    for obj in objs:
+        if obj["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+                               "CSIDriver", "ClusterKopfPeering", "MutatingWebhookConfiguration"):
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+    assert one(objs, "Deployment", "strata-operator")["spec"]["replicas"] == 2
+    assert one(objs, "CSIDriver")["metadata"]["name"] == "csi.strata.dev"
+    hook = one(objs, "MutatingWebhookConfiguration")["webhooks"][0]
+    secret = one(objs, "Secret", "strata-webhook-tls")
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == base64.b64decode(secret["data"]["ca.crt"])
+
+
+def test_normalising_keeps_everything_but_the_certificate() -> None:
+    a = "data:\n  tls.crt: AAAA\n  tls.key: BBBB\n  ca.crt: CCCC\nhook:\n  caBundle: DDDD\nreplicas: 2\n"
+    b = "data:\n  tls.crt: EEEE\n  tls.key: FFFF\n  ca.crt: GGGG\nhook:\n  caBundle: HHHH\nreplicas: 2\n"
+    assert normalise(a) == normalise(b)
+    assert normalise(a) != normalise(a.replace("replicas: 2", "replicas: 3"))
+    assert yaml.safe_load(normalise(a))["replicas"] == 2
