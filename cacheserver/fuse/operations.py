@@ -8,7 +8,8 @@ calls (through mfusepy), answered with the client library.
   across opens while the file's version (its content identity) stays the one seen at the
   previous open; a changed file starts cold.
 - Writes: buffered in a local spool file and written as a whole through a worker, with the
-  mount's write type (or the one given), on flush/fsync/close (see handles.py).
+  mount's write type (or the one given), on flush/fsync/close (see handles.py). Opening an
+  existing file for writing without O_TRUNC first copies it into the spool.
 - mkdir makes a directory that exists in this process until a file is written below it
   (stores such as S3 have no empty directories). chmod, chown and utimens are accepted and
   change nothing: modes, owners and times come from the store.
@@ -64,8 +65,8 @@ MAX_ATTR_TIMEOUT = 60.0
 DEFAULT_ATTR_TIMEOUT = 1.0
 # Capacity and use shown by statfs (df) are refreshed at most this often.
 STATFS_TTL = 5.0
-# Versions remembered for keeping the page cache across opens.
-VERSIONS_KEPT = 100_000
+# Paths whose attributes or last-open version are remembered, at most.
+REMEMBERED = 100_000
 STATFS_BLOCK = 4096
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
 
@@ -160,7 +161,7 @@ class _AttrCache:
         if self.ttl <= 0:
             return
         with self._lock:
-            if len(self._entries) > VERSIONS_KEPT:
+            if len(self._entries) > REMEMBERED:
                 self._entries.clear()
             self._entries[info.path] = (time.monotonic() + self.ttl, info)
 
@@ -263,7 +264,7 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
             same = self._versions.get(ns) == version
             self._versions[ns] = version
             self._versions.move_to_end(ns)
-            while len(self._versions) > VERSIONS_KEPT:
+            while len(self._versions) > REMEMBERED:
                 self._versions.popitem(last=False)
             return same
 
