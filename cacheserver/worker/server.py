@@ -123,7 +123,7 @@ class WorkerHandle:
             worker_id=self.identity.worker_id,
             host=self.identity.host,
             address=f"{self.identity.advertise}:{self.port}",
-            domain_socket=str(self.short_circuit.socket_path) if self.short_circuit else "",
+            domain_socket=str(self.short_circuit.advertised_path) if self.short_circuit else "",
             http_port=self.http_port,
         )
 
@@ -282,7 +282,13 @@ async def start_worker(
     await server.start()
     short_circuit = None
     if config.short_circuit:
-        short_circuit = ShortCircuitServer(service, data_dir / "sc" / "worker.sock", token, asyncio.get_running_loop())
+        # One socket per worker: several workers of a cluster may share a node's folder.
+        name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in identity.worker_id) + ".sock"
+        advertised_dir = os.environ.get("STRATA_SHORT_CIRCUIT_DIR")
+        short_circuit = ShortCircuitServer(
+            service, data_dir / "sc" / name, token, asyncio.get_running_loop(),
+            advertised_path=Path(advertised_dir) / name if advertised_dir else None,
+        )
         short_circuit.start()
     registry = CollectorRegistry()
     http = HttpServer(registry, healthy=lambda: handle is not None and handle.registered)

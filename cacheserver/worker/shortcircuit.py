@@ -34,9 +34,13 @@ MAX_REQUEST_BYTES = 64 * 1024
 class ShortCircuitServer:
     """A thread per connection; each request runs the block lookup on the worker's loop."""
 
-    def __init__(self, service: WorkerService, socket_path: Path, token: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, service: WorkerService, socket_path: Path, token: str, loop: asyncio.AbstractEventLoop,
+                 advertised_path: Path | None = None) -> None:
         self._service = service
         self.socket_path = socket_path
+        # Where readers on this host find the socket (its host path when the worker runs in a
+        # container that mounts the folder from the node).
+        self.advertised_path = advertised_path or socket_path
         self._token = token
         self._loop = loop
         self._sock: socket.socket | None = None

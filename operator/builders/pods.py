@@ -130,7 +130,7 @@ def server_statefulset(
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         **container,
-        "env": server_env(),
+        "env": [*server_env(), *container.get("env", [])],
         "resources": pod.resources,
     }
     full_container["volumeMounts"] = [config_mount(), *container.get("volumeMounts", [])]

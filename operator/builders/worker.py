@@ -99,11 +99,14 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token
             }
         )
         mounts.append({"name": SHORT_CIRCUIT_VOLUME, "mountPath": c.SHORT_CIRCUIT_DIR})
+    # Readers on the node (client pods, the CSI plugin) see the socket folder at its host path.
+    env = [{"name": "STRATA_SHORT_CIRCUIT_DIR", "value": short_circuit_host_path(cluster)}] if spec.short_circuit else []
     container = {
         "name": c.COMPONENT_WORKER,
         "args": ["worker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}", "--data-dir", c.DATA_DIR],
         "ports": ports(c.WORKER_RPC_PORT, c.WORKER_HTTP_PORT),
         "volumeMounts": mounts,
+        "env": env,
         **http_probes("http"),
     }
     return server_statefulset(
