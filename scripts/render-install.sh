@@ -53,6 +53,13 @@ metadata:
 HEADER
   "$helm" template "$release" charts/strata --namespace "$namespace" --include-crds --kube-version "$kube_version"
 } > "$tmp"
+# Keep the file as it is when only the freshly generated certificate differs: rendering
+# twice without a chart change changes nothing.
+generated() { sed -E 's/^([[:space:]]*(tls\.crt|tls\.key|ca\.crt|caBundle):[[:space:]]*)[^[:space:]]+$/\1<generated>/' "$1"; }
+if [[ -f "$out" ]] && cmp -s <(generated "$out") <(generated "$tmp"); then
+  echo "$out is current (chart $chart_version, app $app_version)"
+  exit 0
+fi
 mv "$tmp" "$out"
 trap - EXIT
 echo "rendered $out (chart $chart_version, app $app_version)"

@@ -63,3 +63,14 @@ def test_normalising_keeps_everything_but_the_certificate() -> None:
     assert normalise(a) == normalise(b)
     assert normalise(a) != normalise(a.replace("replicas: 2", "replicas: 3"))
     assert yaml.safe_load(normalise(a))["replicas"] == 2
+
+
+def test_rendering_again_without_a_chart_change_keeps_the_file(helm: str, tmp_path: Path) -> None:
+    """Only the certificate differs between two renders: the script leaves a current file
+    alone, so re-rendering makes no diff."""
+    copy = tmp_path / "install.yaml"
+    copy.write_bytes(INSTALL.read_bytes())
+    assert render_install(helm, copy) == INSTALL.read_text()
+    copy.write_text(INSTALL.read_text().replace("replicas: 2", "replicas: 7"))
+    assert normalise(render_install(helm, copy)) == normalise(INSTALL.read_text())
+    assert not list(tmp_path.glob("install.yaml.*")), "the script left a temporary file"
