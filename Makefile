@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # standard library's `operator` module.
 export PYTHONSAFEPATH := 1
 
-.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools lint demo clean
+.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools lint install-yaml demo clean
 
 $(VENV)/.installed: pyproject.toml setup.py cacheserver/proto/strata.proto
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,12 +43,26 @@ test-integration: venv protos
 e2e-tools:
 	tests/e2e/tools/build.sh
 
+# manifests/install.yaml from the chart (a unit test fails when it is stale).
+install-yaml: e2e-tools
+	scripts/render-install.sh
+
 test-e2e: venv protos
 	@if [ -x tests/e2e/tools/build.sh ]; then tests/e2e/tools/build.sh; fi
 	@if [ -d tests/e2e ] && ls tests/e2e/test_*.py >/dev/null 2>&1; then $(VENV)/bin/pytest tests/e2e; fi
 
 demo: venv deps-system protos
-	$(PY) -m strata.cacheserver.demo
+	$(PY) -P scripts/demo.py $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# Benchmarks (bench/README.md): as root, needs network namespaces and tc. BENCH_ARGS passes flags.
+.PHONY: bench bench-quick
+bench: venv protos
+	$(VENV)/bin/pip install --quiet -e '.[bench]'
+	$(PY) -P bench/run.py $(BENCH_ARGS)
+
+bench-quick: venv protos
+	$(VENV)/bin/pip install --quiet -e '.[bench]'
+	$(PY) -P bench/run.py --quick $(BENCH_ARGS)
