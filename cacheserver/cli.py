@@ -436,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level, args.log_json)
+    if args.command != "operator":  # kopf sets up the operator's (JSON) logging itself
+        _setup_logging(args.log_level, args.log_json)
     try:
         return int(args.fn(args))
     except StrataError as exc:

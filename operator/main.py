@@ -46,6 +46,8 @@ def run(
     if not standalone and not peering:
         raise ValueError("name a peering object for leader election, or run standalone")
     kopf.configure(log_format=kopf.LogFormat.JSON, log_prefix=False)
+    # Probes hit the liveness endpoint every few seconds: keep them out of the log.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     settings = OperatorSettings()
     log.info("starting strata operator: namespaces=%s all=%s peering=%s", namespaces, all_namespaces, peering)
     asyncio.run(
