@@ -9,8 +9,10 @@ harness even with $KUBECONFIG set.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +48,13 @@ def _use_existing() -> Path | None:
     return Path(kubeconfig) if kubeconfig else None
 
 
+def _term_with_parent() -> None:
+    """In the harness child: own session, and SIGTERM (a clean teardown) if
+    pytest dies without stopping it."""
+    os.setsid()
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def _start_harness(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, object], Path]:
     missing = binaries.missing()
     if missing:
@@ -62,7 +71,7 @@ def _start_harness(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, object
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "harness", "up", "--ready-file", str(ready),
              *(["--keep-state"] if os.environ.get("STRATA_E2E_KEEP") else [])],
-            cwd=str(HERE), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=str(HERE), env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent,
         )
 
     def started() -> dict[str, object] | None:
@@ -110,6 +119,8 @@ def cluster() -> Iterator[Cluster]:
         yield Cluster(kubeconfig=Path(str(info["kubeconfig"])), harness=info)
     finally:
         _stop_harness(proc)
+        if not os.environ.get("STRATA_E2E_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

@@ -136,8 +136,24 @@ class Cluster:
             states = "; ".join(f"{c['name']}:{json.dumps(c.get('state'))}" for c in st.get("containerStatuses", []))
             lines.append(f"{pod['metadata']['name']} node={pod['spec'].get('nodeName')} phase={st.get('phase')} "
                          f"ip={st.get('podIP')} [{conds}] {states}")
+            if not pod_ready(pod):
+                lines.extend(self.container_logs(pod))
         events = self.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)
         return "pods:\n  " + "\n  ".join(lines) + "\nevents:\n" + events[-3000:]
+
+    def container_logs(self, pod: Obj, lines: int = 15) -> list[str]:
+        """The last lines each container printed. On the harness they are files
+        in its state folder; elsewhere `kubectl logs`."""
+        out = []
+        for c in pod["spec"].get("containers", []):
+            if self.harness:
+                log = Path(str(self.harness["state"])) / "pods" / pod["metadata"]["uid"] / "logs" / f"{c['name']}.log"
+                text = log.read_text(errors="replace") if log.exists() else ""
+            else:
+                text = self.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
+                                    "-c", c["name"], f"--tail={lines}", check=False)
+            out += [f"    {c['name']}| {line}" for line in text.splitlines()[-lines:]]
+        return out
 
 
 def pod_ready(pod: Obj | None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -76,10 +77,10 @@ def service(name: str, *, app: str | None = None, headless: bool = False, port: 
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec}
 
 
-def run_to_completion(cluster: Cluster, namespace: str, pod: dict[str, object], timeout: float = 90) -> dict[str, object]:
+def run_to_completion(cluster: Cluster, namespace: str, pod: dict[str, Any], timeout: float = 90) -> dict[str, object]:
     """Create a restartPolicy=Never pod and return its terminated state."""
     cluster.apply(pod, namespace)
-    name = pod["metadata"]["name"]  # type: ignore[index]
+    name = pod["metadata"]["name"]
 
     def finished() -> dict[str, object] | None:
         p = cluster.get("pod", name, namespace)
@@ -96,7 +97,7 @@ def test_nodes_are_ready_with_zones(cluster: Cluster) -> None:
     ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])]
     assert ready, f"no Ready node among {[n['metadata']['name'] for n in nodes]}"
     if cluster.harness:
-        assert len(ready) == len(cluster.harness["nodes"])  # type: ignore[arg-type]
+        assert len(ready) == len(cluster.harness["nodes"])
         zones = {n["metadata"]["labels"].get("topology.kubernetes.io/zone") for n in ready}
         assert len(zones) >= 2, f"nodes should span zones, got {zones}"
 
@@ -226,7 +227,7 @@ def test_crashing_container_is_restarted_and_deleted_pod_replaced(cluster: Clust
     def restarted() -> bool:
         st = cluster.get("pod", "crash", namespace)["status"].get("containerStatuses", [{}])[0]
         last = st.get("lastState", {}).get("terminated", {})
-        return st.get("restartCount", 0) >= 1 and last.get("exitCode") == 3
+        return bool(st.get("restartCount", 0) >= 1 and last.get("exitCode") == 3)
 
     wait_until(restarted, timeout=60, what="the crashing container to be restarted",
                diagnose=lambda: cluster.describe_pods(namespace))

@@ -16,12 +16,13 @@ def test_dockerfile_entrypoint_and_cmd_combine_like_a_runtime(tmp_path: Path) ->
     df = tmp_path / "Dockerfile"
     df.write_text(
         'FROM python:3.11 AS build\nENTRYPOINT ["nope"]\n'
-        'FROM python:3.11-slim\nENV PATH=/opt/venv/bin:$PATH STRATA_LOG_LEVEL=info\n'
+        'FROM python:3.11-slim\nENV PATH=/opt/venv/bin:$PATH STRATA_LOG_LEVEL=info\nWORKDIR /var/lib\nWORKDIR strata\n'
         'ENTRYPOINT ["strata"]\nCMD ["--help"]\n'
     )
     cfg = images.parse_dockerfile(df)
     assert cfg.entrypoint == ("strata",) and cfg.cmd == ("--help",)
     assert dict(cfg.env) == {"STRATA_LOG_LEVEL": "info"}  # PATH points into the image: dropped
+    assert cfg.workdir == "/var/lib/strata"
     assert images.container_argv(cfg, None, None) == ["strata", "--help"]
     assert images.container_argv(cfg, None, ["master"]) == ["strata", "master"]
     assert images.container_argv(cfg, ["python"], ["-V"]) == ["python", "-V"]

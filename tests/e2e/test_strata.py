@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import boto3  # type: ignore[import-untyped]
 import pytest
 
 from kit import REPO, Cluster, CommandError, condition, find_tool, pod_ready, python_pod, wait_until
@@ -39,11 +41,12 @@ def strata(cluster: Cluster, chart_dir: Path) -> Iterator[Cluster]:
         pytest.skip("helm is not built: run tests/e2e/tools/build.sh")
     extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", ""))
     cluster.run("helm", "upgrade", "--install", RELEASE, str(chart_dir), "-n", RELEASE_NS, "--create-namespace",
-                "--wait", "--timeout", "5m", *extra, timeout=400)
+                *extra, timeout=120)
     try:
-        wait_until(lambda: cluster.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=operator")
-                   and all(pod_ready(p) for p in cluster.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=operator")),
-                   timeout=120, what="the operator pod to be Ready", diagnose=lambda: cluster.describe_pods(RELEASE_NS))
+        # Not `helm --wait`: this wait names the pods that are not ready, and why.
+        wait_until(lambda: _operator_pods(cluster) and all(pod_ready(p) for p in cluster.items("pods", RELEASE_NS)),
+                   timeout=180, what=f"the pods of release {RELEASE} to be Ready",
+                   diagnose=lambda: cluster.describe_pods(RELEASE_NS))
         yield cluster
     finally:
         cluster.run("helm", "uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False, timeout=300)
@@ -62,9 +65,6 @@ def s3(cluster: Cluster) -> Iterator[dict[str, str]]:
         return
     if not cluster.harness:
         pytest.skip("no S3 store for the cluster: set STRATA_E2E_S3_ENDPOINT")
-    import boto3
-    import socket
-
     host = urlparse(str(cluster.harness["server"])).hostname or "127.0.0.1"
     with socket.socket() as s:
         s.bind((host, 0))
@@ -89,8 +89,6 @@ def s3(cluster: Cluster) -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="module")
 def dataset(s3: dict[str, str]) -> dict[str, bytes]:
     """A bucket `e2e-data` with a few objects; returns {key: bytes}."""
-    import boto3
-
     client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
                           aws_access_key_id=s3["key"], aws_secret_access_key=s3["secret"])
     client.create_bucket(Bucket="e2e-data")
@@ -242,11 +240,13 @@ def test_operator_restart_changes_nothing(strata: Cluster, namespace: str) -> No
     ready_cluster(strata, namespace)
     before = {k: o["metadata"]["resourceVersion"] for k, o in children(strata, namespace).items()}
     cc_before = strata.get("cachecluster", "demo", namespace)
-    (old,) = _operator_pods(strata)
-    strata.kubectl("delete", "pod", old["metadata"]["name"], "-n", RELEASE_NS, "--wait=true", "--timeout=120s")
-    wait_until(lambda: (pods := _operator_pods(strata)) and len(pods) == 1 and pod_ready(pods[0])
-               and pods[0]["metadata"]["uid"] != old["metadata"]["uid"],
-               timeout=120, what="a new operator pod to be Ready", diagnose=lambda: strata.describe_pods(RELEASE_NS))
+    old = {p["metadata"]["uid"] for p in _operator_pods(strata)}
+    assert old, "no operator pod"
+    strata.kubectl("delete", "pod", "-n", RELEASE_NS, "-l", "app.kubernetes.io/component=operator",
+                   "--wait=true", "--timeout=120s")
+    wait_until(lambda: (pods := _operator_pods(strata)) and len(pods) == len(old)
+               and all(pod_ready(p) and p["metadata"]["uid"] not in old for p in pods),
+               timeout=120, what="new operator pods to be Ready", diagnose=lambda: strata.describe_pods(RELEASE_NS))
     # The new operator resumes every CacheCluster at start; give it a window in
     # which any change it (wrongly) makes would show, checking all along.
     deadline = time.monotonic() + 20
@@ -312,13 +312,14 @@ def test_csi_sanity(strata: Cluster) -> None:
         pytest.skip("CSIDriver csi.strata.dev is not installed (the CSI plugin is issue 5)")
     if not strata.harness:
         pytest.skip("csi-sanity needs the plugin's socket on this machine (harness only)")
-    nodes: dict[str, Any] = strata.harness["nodes"]  # type: ignore[assignment]
+    nodes: dict[str, Any] = strata.harness["nodes"]
     root = Path(next(iter(nodes.values()))["root"])
     socket = root / "var/lib/kubelet/plugins/csi.strata.dev/csi.sock"
     wait_until(socket.exists, timeout=120, what=f"the CSI node plugin socket {socket}")
     # Under the node's root, which is a shared mount: what the plugin mounts in
     # its own mount namespace shows here too.
     work = root / "csi-sanity"
+    work.mkdir(exist_ok=True)
     proc = subprocess.run(
         [sanity, f"--csi.endpoint=unix://{socket}", f"--csi.mountdir={work / 'mnt'}",
          f"--csi.stagingdir={work / 'stage'}", f"--ginkgo.skip={CSI_SANITY_SKIP}", "--ginkgo.v"],

@@ -18,6 +18,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class Agent:
         self.mountpoints: list[Path] = []
         self.csi_published: dict[str, list[tuple[Path, str, str]]] = {}  # pod uid -> (socket, volume id, target)
         self.hosts_dirty = threading.Event()
+        self.hosts_lock = threading.Lock()
         self.proxy = ServiceProxy()
         self.log_file = open(state / "logs" / "agent.log", "a", buffering=1)
         self.threads: list[threading.Thread] = []
@@ -103,7 +105,10 @@ class Agent:
             self.network.add_namespace(node.netns, node.ip)
             self._register(node)
         self.proxy.start()
-        ref = lambda path, cb, **kw: Reflector(self.kube, path, cb, self.stopping, **kw)  # noqa: E731
+
+        def ref(path: str, cb: Callable[[Obj, bool], None], **params: str) -> Reflector:
+            return Reflector(self.kube, path, cb, self.stopping, **params)
+
         self.reflectors = {
             "services": ref("/api/v1/services", self._on_network_change),
             "slices": ref("/apis/discovery.k8s.io/v1/endpointslices", self._on_network_change),
@@ -337,14 +342,15 @@ class Agent:
             namespace=runner.namespace, services=services, endpoints=endpoints,
         )
         path = runner.hosts_file
-        try:
-            if path.exists() and path.read_text() == text:
-                return
-            # Rewrite in place: the pod's /etc/hosts is a bind mount of this inode.
-            with open(path, "w") as f:
-                f.write(text)
-        except OSError:
-            pass
+        with self.hosts_lock:
+            try:
+                if path.exists() and path.read_text() == text:
+                    return
+                # Rewrite in place: the pod's /etc/hosts is a bind mount of this inode.
+                with open(path, "w") as f:
+                    f.write(text)
+            except OSError:
+                pass
 
     def _hosts_loop(self) -> None:
         while not self.stopping.is_set():

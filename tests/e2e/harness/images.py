@@ -12,6 +12,7 @@ will install) with no CMD.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class ImageConfig:
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    workdir: str  # the container's default working directory
     source: str  # the Dockerfile, or a note that the fallback is used
 
 
@@ -65,11 +67,14 @@ def parse_dockerfile(path: Path) -> ImageConfig:
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
     env: dict[str, str] = {}
+    workdir = "/"
     for line in _logical_lines(path.read_text()):
         word, _, rest = line.partition(" ")
         word = word.upper()
         if word == "FROM":
-            entrypoint, cmd, env = (), (), {}
+            entrypoint, cmd, env, workdir = (), (), {}, "/"
+        elif word == "WORKDIR":
+            workdir = os.path.normpath(os.path.join(workdir, rest.strip()))
         elif word == "ENTRYPOINT":
             entrypoint, cmd = _instruction_value(rest), ()  # ENTRYPOINT resets an inherited CMD
         elif word == "CMD":
@@ -84,14 +89,14 @@ def parse_dockerfile(path: Path) -> ImageConfig:
                 # image's filesystem, which a local process does not have.
                 if sep and key.startswith("STRATA_"):
                     env[key] = value
-    return ImageConfig(entrypoint, cmd, tuple(env.items()), str(path))
+    return ImageConfig(entrypoint, cmd, tuple(env.items()), workdir, str(path))
 
 
 def image_config(kind: str) -> ImageConfig:
     path = DOCKERFILES[kind]
     if path.is_file():
         return parse_dockerfile(path)
-    return ImageConfig(FALLBACK_ENTRYPOINT, (), (), f"{path.name} missing: fallback entrypoint strata")
+    return ImageConfig(FALLBACK_ENTRYPOINT, (), (), "/", f"{path.name} missing: fallback entrypoint strata")
 
 
 def container_argv(image: ImageConfig, command: list[str] | None, args: list[str] | None) -> list[str]:

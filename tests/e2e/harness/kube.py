@@ -41,6 +41,8 @@ class Kube:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            # No proxies, and no REQUESTS_CA_BUNDLE taking over from our CA.
+            session.trust_env = False
             session.verify = self._ca
             session.cert = self._cert
             self._local.session = session
@@ -95,7 +97,7 @@ class Kube:
             raise
 
     def watch(
-        self, path: str, resource_version: str, timeout_seconds: int = 60, **params: str
+        self, path: str, resource_version: str, params: dict[str, str], timeout_seconds: int = 60
     ) -> Iterator[Obj]:
         """Yield watch events until the server closes the stream."""
         query = {
@@ -162,7 +164,7 @@ class Reflector:
                 self.synced.set()
                 rv = listing["metadata"]["resourceVersion"]
                 while not self.stop.is_set():
-                    for event in self.kube.watch(self.path, rv, **self.params):
+                    for event in self.kube.watch(self.path, rv, self.params):
                         kind, obj = event["type"], event["object"]
                         if kind == "ERROR":
                             raise ApiError(obj.get("code", 500), "WATCH", self.path, json.dumps(obj))

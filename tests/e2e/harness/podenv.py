@@ -121,8 +121,8 @@ def container_env(
                     if ref.get("optional"):
                         continue
                     raise EnvError(f"{kind} {ref['name']!r} (envFrom) not found")
-                for key, value in _data(obj, kind).items():
-                    env[prefix + key] = value
+                for key, data in _data(obj, kind).items():
+                    env[prefix + key] = data
     for var in container.get("env", []):
         name = var["name"]
         if "valueFrom" not in var:

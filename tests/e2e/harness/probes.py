@@ -76,7 +76,7 @@ def run_probe(
 
 def _grpc_health(ip: str, port: int, service: str, timeout: float) -> bool:
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-not-found]
+    from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     with grpc.insecure_channel(f"{ip}:{port}") as channel:
         try:

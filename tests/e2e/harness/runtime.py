@@ -6,8 +6,13 @@ Volume mounts use a per-container mount namespace (`unshare --mount`) with
 bind mounts, not path rewriting: the program sees the paths its manifest names
 (/etc/strata/..., /var/run/secrets/..., /etc/hosts), with no knowledge of the
 harness, and nothing it mounts leaks out (the root mount here is private; any
-shared mount outside the harness' own folder is made a slave first). Mount
-points that do not exist on this machine are created (and removed at teardown).
+shared mount outside the harness' own folder is made a slave first). Why not
+rewrite paths: programs, config files and libraries name absolute paths the
+harness cannot see. A folder the container needs that this machine lacks
+(/var/lib/strata, /etc/app) becomes the container's own private folder (a bind
+of <pod>/rootfs/<container>/...), so what it writes there stays with the pod;
+only an empty mount point is made here, and removed at teardown. Folders this
+machine has (/tmp) are shared with it, as with a hostPath.
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ class PodRunner:
         self.uid: str = meta["uid"]
         self.namespace: str = meta["namespace"]
         self.name: str = meta["name"]
-        self.dir = agent.state / "pods" / self.uid
+        self.dir: Path = agent.state / "pods" / self.uid
         self.wake = threading.Event()
         self.gone = False  # the object was removed from the API
         self.ip = ""
@@ -304,6 +309,7 @@ class PodRunner:
 
     def _termination_message(self, c: Container) -> str:
         path = self.dir / "termination" / c.name
+        text: str
         try:
             text = path.read_text(errors="replace")[:4096]
         except OSError:
@@ -347,8 +353,9 @@ class PodRunner:
     def _argv(self, c: Container) -> list[str]:
         kind = images.project_image(c.spec.get("image", ""))
         assert kind is not None
+        image = images.image_config(kind)
         cmd = images.container_argv(
-            images.image_config(kind),
+            image,
             [expand(a, c.env) for a in c.spec.get("command") or []] or None,
             [expand(a, c.env) for a in c.spec.get("args") or []] or None,
         )
@@ -360,7 +367,8 @@ class PodRunner:
                 raise ValueError(f"container {c.name}: executable {cmd[0]!r} not found in PATH {c.env.get('PATH')}")
             cmd[0] = found
         mounts = self._mounts(c)
-        script = self._script(c, mounts)
+        workdir = os.path.normpath(c.spec.get("workingDir") or image.workdir)
+        script = self._script(c, mounts, workdir, self._scratch_roots(mounts, workdir))
         return [
             "nsenter", f"--net={netns_path(self.netns)}", "--",
             "unshare", "--mount", "--uts", "--propagation", "unchanged", "--",
@@ -384,14 +392,29 @@ class PodRunner:
         term.write_bytes(b"")
         out.append((term, c.spec.get("terminationMessagePath", "/dev/termination-log"), False))
         out.sort(key=lambda m: m[1].count("/"))
-        targets = [t for _, t, _ in out]
-        for src, target, _ in out:
-            nested = any(target != o and target.startswith(o.rstrip("/") + "/") for o in targets)
-            if not nested:
-                self.agent.make_mountpoint(Path(target), directory=src.is_dir())
         return out
 
-    def _script(self, c: Container, mounts: list[tuple[Path, str, bool]]) -> str:
+    def _scratch_roots(self, mounts: list[tuple[Path, str, bool]], workdir: str) -> list[str]:
+        """Folders missing on this machine that the container needs (mount
+        targets' parents, its working directory). Each becomes a private,
+        writable folder of the container, like a container's own root file
+        system: only its empty mount point is made here."""
+        roots: set[str] = set()
+        for src, target, _ in [*mounts, (Path("/"), workdir, False)]:
+            path = Path(target)
+            if path.exists():
+                continue
+            first = next((p for p in reversed(path.parents) if not p.exists()), path)
+            if first == path and not src.is_dir():
+                self.agent.make_mountpoint(path, directory=False)  # a file target, e.g. /dev/termination-log
+            else:
+                roots.add(str(first))
+        kept = sorted(r for r in roots if not any(r.startswith(o + "/") for o in roots))
+        for root in kept:
+            self.agent.make_mountpoint(Path(root), directory=True)
+        return kept
+
+    def _script(self, c: Container, mounts: list[tuple[Path, str, bool]], workdir: str, scratch: list[str]) -> str:
         q = shlex.quote
         base = str(self.agent.state)
         lines = [
@@ -403,6 +426,10 @@ class PodRunner:
             f"mount --bind {q(str(self.hosts_file))} /etc/hosts",
             f"mount --bind {q(str(self.dir / 'etc' / 'resolv.conf'))} /etc/resolv.conf",
         ]
+        for root in scratch:
+            private = self.dir / "rootfs" / c.name / root.lstrip("/")
+            private.mkdir(parents=True, exist_ok=True)
+            lines.append(f"mount --bind {q(str(private))} {q(root)}")
         for src, target, ro in mounts:
             make = f"mkdir -p {q(target)}" if src.is_dir() else f"[ -e {q(target)} ] || {{ mkdir -p {q(os.path.dirname(target))}; : > {q(target)}; }}"
             lines.append(make)
@@ -410,7 +437,6 @@ class PodRunner:
             if ro:
                 lines.append(f"mount -o remount,bind,ro {q(target)}")
         lines.append(f"hostname {q(self.hostname)}")
-        workdir = c.spec.get("workingDir") or "/"
         lines.append(f"mkdir -p {q(workdir)} && cd {q(workdir)}")
         lines.append('exec "$@"')
         return "\n".join(lines)

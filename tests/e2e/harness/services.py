@@ -13,6 +13,7 @@ loopback), so pods cannot send traffic off the machine by name.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 from collections import defaultdict
@@ -151,7 +152,7 @@ class ServiceProxy:
             if key not in self.servers:
                 try:
                     self.servers[key] = await asyncio.start_server(
-                        lambda r, w, k=key: self._relay(k, r, w), host=key[0], port=key[1]
+                        functools.partial(self._relay, key), host=key[0], port=key[1]
                     )
                 except OSError:
                     continue  # retried on the next sync

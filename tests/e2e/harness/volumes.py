@@ -118,7 +118,7 @@ class PodVolumes:
         raise VolumeError(f"volume {name!r}: type {sorted(set(volume) - {'name'})} not supported by the e2e agent")
 
     def _host_path(self, src: Obj) -> Path:
-        path = self.node_root / src["path"].lstrip("/")
+        path: Path = self.node_root / str(src["path"]).lstrip("/")
         kind = src.get("type", "")
         if kind in ("", "DirectoryOrCreate", "Directory"):
             if kind == "Directory" and not path.is_dir():

@@ -77,6 +77,7 @@ for t in "${targets[@]}"; do
   if "$go" build -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg" >"$log" 2>&1; then
     mv -f "$bin/$name.tmp" "$bin/$name"
     echo "$stamp" >"$bin/$name.stamp"
+    rm -f "$log"
     echo "   built in $(elapsed "$ts")s"
   else
     rm -f "$bin/$name.tmp" "$bin/$name.stamp"
