@@ -1,0 +1,41 @@
+"""One reader process of the sharing workload.
+
+    python -P bench/reader.py '{"access": {...}, "op": "aggregate", "paths": [...]}'
+
+It builds its filesystem, prints READY, waits for a line on stdin (so several readers start
+together and their import time is not measured), runs the operation and prints one JSON
+line: {"seconds": ..., "result": ...} (one per run with "repeat": N; "full_paths" instead of
+"paths" gives paths not under the access's root).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from contestants import Access, close_filesystem, open_filesystem  # noqa: E402
+from ops import run_op  # noqa: E402
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    access = Access.from_json(job["access"])
+    fs = open_filesystem(access)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    paths = job.get("full_paths") or [access.path(p) for p in job["paths"]]
+    for _ in range(int(job.get("repeat", 1))):
+        start = time.perf_counter()
+        result = run_op(job["op"], fs, paths)
+        seconds = time.perf_counter() - start
+        print(json.dumps({"seconds": seconds, "result": result}), flush=True)
+    if fs is not None:
+        close_filesystem(fs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Run the Strata benchmarks (issue 6): `.venv/bin/python -P bench/run.py [--quick]`.
+
+Starts the slow store (moto behind a shaped veth pair and a delaying proxy), a Strata master
+and worker, and FUSE where available; makes the data (kept between runs in --workdir);
+runs the workloads; writes bench/results/<name>.{json,md,png} and, for a full run, the
+results section of bench/README.md. Everything started is stopped on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import datasets  # noqa: E402
+import report  # noqa: E402
+from contestants import build  # noqa: E402
+from stack import BUCKET, MOUNT, NODE, OTHER_HOST, TOKEN, Stack, StackSettings  # noqa: E402
+from workloads import Runner  # noqa: E402
+
+META_MOUNT = "/bench-meta"
+WORKLOADS = ("aggregate", "linecount", "write", "sharing", "metadata")
+
+QUICK: dict[str, str | int] = {"agg": "64Mi,128Mi", "text": "128Mi", "write": "64Mi", "share": "64Mi", "files": 1000, "reps": 3}
+FULL: dict[str, str | int] = {"agg": "256Mi,1Gi", "text": "1Gi", "write": "256Mi", "share": "256Mi", "files": 10000, "reps": 7}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Strata benchmarks against s3fs, fsspec caches and the machine's limits")
+    p.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions (a few minutes)")
+    p.add_argument("--name", help="results name (default: quick or full)")
+    p.add_argument("--reps", type=int, help="repetitions (default 7, quick 3)")
+    p.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    p.add_argument("--agg-sizes", help="aggregation dataset sizes, e.g. 256Mi,1Gi,4Gi")
+    p.add_argument("--text-size", help="line-count file size")
+    p.add_argument("--write-size", help="size of the dataset written per write type")
+    p.add_argument("--share-size", help="dataset the sharing workload reads")
+    p.add_argument("--files", type=int, help="small files for the metadata workload")
+    p.add_argument("--rate-mbit", type=float, default=1000.0, help="store link bandwidth, Mbit/s (default 1000)")
+    p.add_argument("--ttfb-ms", type=float, default=20.0, help="time to first byte added per store request (default 20)")
+    p.add_argument("--mem", default="4Gi", help="the Strata worker's MEM tier quota (default 4Gi)")
+    p.add_argument("--workdir", type=Path, default=BENCH / ".scratch", help="data, caches and logs (default bench/.scratch)")
+    p.add_argument("--out", type=Path, default=BENCH / "results")
+    p.add_argument("--no-readme", action="store_true", help="do not update bench/README.md's results section")
+    return p.parse_args(argv)
+
+
+def parse_sizes(text: str) -> list[int]:
+    from strata.cacheserver.units import parse_size
+
+    return [parse_size(part, what="benchmark size") for part in text.split(",") if part.strip()]
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+def link_check(stack: Stack, dataset: datasets.Dataset) -> str:
+    """Time to first byte of a 1-byte GET and the speed of one plain GET of a dataset file."""
+    client = stack.s3_client()
+    key = dataset.files[0]
+    ttfb = []
+    for _ in range(5):
+        start = time.perf_counter()
+        client.get_object(Bucket=BUCKET, Key=key, Range="bytes=0-0")["Body"].read()
+        ttfb.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    size = len(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    seconds = time.perf_counter() - start
+    return (f"1-byte GET median {statistics.median(ttfb) * 1000:.1f} ms; one GET of {size / 2**20:.0f} MiB "
+            f"{size / seconds / 1e6:.0f} MB/s (boto3)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    name = args.name or ("quick" if args.quick else "full")
+    reps = args.reps or int(preset["reps"])
+    only = {w.strip() for w in args.only.split(",") if w.strip()}
+    unknown = only - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"--only: unknown workloads {sorted(unknown)}; choose from {','.join(WORKLOADS)}")
+    agg_sizes = parse_sizes(args.agg_sizes or str(preset["agg"]))
+    text_size, = parse_sizes(args.text_size or str(preset["text"]))
+    write_size, = parse_sizes(args.write_size or str(preset["write"]))
+    share_size, = parse_sizes(args.share_size or str(preset["share"]))
+    files = args.files or int(preset["files"])
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.monotonic()
+    load_start = os.getloadavg()[0]
+    local = args.workdir / "data"
+    log("making the data (reused from earlier runs when the sizes match)")
+    agg = [datasets.parquet_dataset(local, f"agg-{datasets.size_label(s)}", s) for s in agg_sizes]
+    text = datasets.text_dataset(local, f"text-{datasets.size_label(text_size)}", text_size)
+    write = datasets.parquet_dataset(local, f"write-{datasets.size_label(write_size)}", write_size, seed=3)
+    share = next((d for d in agg if d.bytes == share_size), None) or datasets.parquet_dataset(
+        local, f"agg-{datasets.size_label(share_size)}", share_size)
+    meta = datasets.small_files_dataset(local, f"meta-{files}", files)
+
+    settings = StackSettings(rate_mbit=args.rate_mbit, ttfb_ms=args.ttfb_ms, mem_quota=args.mem)
+    workloads = []
+    with Stack(settings, args.workdir / "run") as stack:
+        log(f"store at {stack.endpoint_url} ({stack.link.describe()['mode']}); Strata master {stack.master_address}")
+        s3 = stack.s3fs()
+        wanted = {"aggregate": agg, "linecount": [text], "sharing": [share], "metadata": [meta]}
+        needed = {d.name: d for w, ds in wanted.items() if w in only for d in ds}
+        needed.setdefault(agg[0].name, agg[0])  # the link check reads it
+        for d in needed.values():
+            log(f"uploading {d.name} ({d.bytes / 2**20:.0f} MiB, {len(d.files)} files)")
+            datasets.upload(d, local, s3, BUCKET)
+        checked = link_check(stack, agg[0])
+        log(f"link check: {checked}")
+        stack.mount(MOUNT, f"s3://{BUCKET}")
+        stack.mount(META_MOUNT, f"s3://{BUCKET}/{meta.name}")
+        contestants = build(stack, local, args.workdir / "run", bucket=BUCKET, mount=MOUNT, node=NODE,
+                            other_host=OTHER_HOST, token=TOKEN)
+        for c in contestants:
+            if c.unavailable:
+                log(f"{c.id}: {c.unavailable}")
+        runner = Runner(stack, contestants, local, reps, BUCKET, MOUNT, log=log)
+        try:
+            if "aggregate" in only:
+                workloads += [runner.aggregation(d) for d in agg]
+            if "linecount" in only:
+                workloads.append(runner.line_count(text))
+            if "write" in only:
+                workloads.append(runner.writes(write))
+            if "sharing" in only:
+                workloads.append(runner.sharing(share))
+            if "metadata" in only:
+                workloads.append(runner.metadata(meta, META_MOUNT))
+        finally:
+            for c in contestants:
+                c.close()
+        network = stack.link.describe()
+
+    run = {
+        "name": name, "started": started.isoformat(timespec="seconds"), "duration_s": time.monotonic() - t0,
+        "quick": args.quick, "reps": reps, "network": network, "link_check": checked,
+        "settings": {"rate_mbit": args.rate_mbit, "ttfb_ms": args.ttfb_ms, "mem_quota": args.mem,
+                     "block_size": settings.block_size, "readahead_blocks": settings.readahead_blocks},
+        "machine": {"cpus": os.cpu_count(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+                    "load_start": load_start, "load_end": os.getloadavg()[0], "python": sys.version.split()[0]},
+        "sizes": {"aggregate": agg_sizes, "text": text_size, "write": write_size, "share": share_size, "files": files},
+    }
+    targets = report.judge(workloads)
+    paths = report.write(args.out, name, run, workloads, targets)
+    if not args.quick and not args.no_readme and only == set(WORKLOADS):
+        report.update_readme(BENCH / "README.md", name, run, targets)
+    for t in targets:
+        log(f"{t.verdict:4s} {t.text}  {'' if t.value is None else f'{t.value:.2f}'} {t.detail}")
+    log("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; everything started was stopped", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,335 @@
+"""Everything the benchmark runs against, started and stopped as one:
+
+- the store: moto (bench/s3store.py) and the delaying proxy (bench/delayproxy.py), both
+  inside the link's network namespace; the proxy listens on the namespace's veth address and
+  forwards to moto on the namespace's loopback, so every byte between a reader and the store
+  crosses the shaped veth pair and every request waits the proxy's time to first byte;
+- Strata: one master and one worker as processes on this host (`python -P -m
+  strata.cacheserver master|worker`, as tests/integration/conftest.py starts them), the
+  worker's MEM tier in /dev/shm, the bucket mounted at /bench;
+- `strata fuse` at a mount point, when this checkout has it.
+
+Children are started in their own sessions and stopped by process group on close.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from netlab import Link, LinkSettings
+
+BENCH = Path(__file__).resolve().parent
+TOKEN = "strata-bench-token"
+BUCKET = "bench"
+MOUNT = "/bench"
+NODE = "bench-node"          # the worker's host name: a client that says it is here reads short-circuit
+OTHER_HOST = "bench-client"  # a client elsewhere: it reads over gRPC from the worker
+STARTUP_TIMEOUT = 90.0
+REGION = "us-east-1"
+KEY, SECRET = "bench", "bench-secret"
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    rate_mbit: float = 1000.0
+    ttfb_ms: float = 20.0
+    mem_quota: str = "4Gi"
+    block_size: str = "16Mi"
+    readahead_blocks: int = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+    return result
+
+
+def healthy(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def tail(self) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=15)
+            except ProcessLookupError:
+                pass
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def spawn(name: str, argv: list[str], log: Path, env: dict[str, str], *, port_line: bool = False) -> tuple[Child, int]:
+    """Start argv; with `port_line`, wait for it to print `PORT <n>` and return n."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE if port_line else out, stderr=out,
+                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    child = Child(name, process, log)
+    if not port_line:
+        return child, 0
+    assert process.stdout is not None
+    line = b""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not line.endswith(b"\n"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            child.stop()
+            raise RuntimeError(f"{name} did not start (exit code {process.poll()}):\n{child.tail()}")
+        ready, _, _ = select.select([process.stdout], [], [], 1.0)
+        if ready:
+            line += os.read(process.stdout.fileno(), 1)
+    match = re.match(rb"PORT (\d+)", line)
+    if not match:
+        child.stop()
+        raise RuntimeError(f"{name} printed {line!r} instead of its port")
+    return child, int(match.group(1))
+
+
+@dataclass
+class Stack:
+    settings: StackSettings
+    workdir: Path
+    link: Link = field(init=False)
+    children: list[Child] = field(default_factory=list)
+    endpoint_url: str = ""
+    master_address: str = ""
+    worker_http: int = 0
+    fuse_mountpoint: Path | None = None
+    fuse_unavailable: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Stack:
+        self.link = Link(LinkSettings(rate_mbit=self.settings.rate_mbit))
+        self.link.__enter__()
+        try:
+            self._start_store()
+            self._start_strata()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stop_fuse()
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+        self.link.close()
+        shm = Path(f"/dev/shm/strata-bench-{os.getpid()}")
+        if shm.exists():
+            shutil.rmtree(shm, ignore_errors=True)
+
+    def _python(self) -> list[str]:
+        return [sys.executable, "-P"]
+
+    def _start_store(self) -> None:
+        env = {**os.environ, "PYTHONSAFEPATH": "1", "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(8 * 1024 * 1024)}
+        logs = self.workdir / "logs"
+        moto, moto_port = spawn("moto", [*self.link.exec_prefix, *self._python(), str(BENCH / "s3store.py")],
+                                logs / "moto.log", env, port_line=True)
+        self.children.append(moto)
+        proxy_argv = [*self.link.exec_prefix, *self._python(), str(BENCH / "delayproxy.py"),
+                      "--listen", self.link.remote_address, "--target", f"127.0.0.1:{moto_port}",
+                      "--ttfb-ms", str(self.settings.ttfb_ms)]
+        if self.link.fallback:
+            proxy_argv += ["--rate-mbit", str(self.settings.rate_mbit)]
+        proxy, proxy_port = spawn("proxy", proxy_argv, logs / "proxy.log", env, port_line=True)
+        self.children.append(proxy)
+        self.endpoint_url = f"http://{self.link.remote_address}:{proxy_port}"
+        self.s3_client().create_bucket(Bucket=BUCKET)
+
+    def _start_strata(self) -> None:
+        root = self.workdir / "strata"
+        root.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "STRATA_TOKEN": TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "warning"}
+        env.pop("STRATA_MASTER", None)
+        self.env = env
+        port, http = free_port(), free_port()
+        (root / "master.yaml").write_text(yaml.safe_dump({"blockSize": self.settings.block_size}))
+        master, _ = spawn("master", [*self._python(), "-m", "strata.cacheserver", "master",
+                                     "--config", str(root / "master.yaml"), "--journal-dir", str(root / "journal"),
+                                     "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http)],
+                          self.workdir / "logs" / "master.log", env)
+        self.children.append(master)
+        self.master_address = f"127.0.0.1:{port}"
+        wait_until(lambda: self._check(master) and healthy(http), STARTUP_TIMEOUT, "the master")
+        wport, self.worker_http = free_port(), free_port()
+        shm = Path(f"/dev/shm/strata-bench-{os.getpid()}")
+        config = {
+            "blockSize": self.settings.block_size,
+            "masterAddress": self.master_address,
+            "tiers": [{"medium": "MEM", "quota": self.settings.mem_quota, "dirs": [str(shm)]}],
+            "cachePolicy": {"readaheadBlocks": self.settings.readahead_blocks},
+        }
+        (root / "worker.yaml").write_text(yaml.safe_dump(config))
+        worker_env = {**env, "STRATA_WORKER_ID": "bench-worker", "STRATA_HOSTNAME": NODE,
+                      "STRATA_ADVERTISE_HOST": "127.0.0.1"}
+        worker, _ = spawn("worker", [*self._python(), "-m", "strata.cacheserver", "worker",
+                                     "--config", str(root / "worker.yaml"), "--data-dir", str(root / "worker"),
+                                     "--bind", "127.0.0.1", "--port", str(wport), "--http-port", str(self.worker_http)],
+                          self.workdir / "logs" / "worker.log", worker_env)
+        self.children.append(worker)
+        wait_until(lambda: self._check(worker) and healthy(self.worker_http), STARTUP_TIMEOUT, "the worker")
+        fs = self.strata_fs()
+        wait_until(lambda: len(fs.client.workers(refresh=True)) == 1, STARTUP_TIMEOUT, "the worker to register")
+        fs.client.close()
+
+    @staticmethod
+    def _check(child: Child) -> bool:
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited with {child.process.returncode}:\n{child.tail()}")
+        return True
+
+    # -- the store ---------------------------------------------------------------------------
+
+    def storage_options(self) -> dict[str, Any]:
+        """s3fs options that reach the store through the link."""
+        return {"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": REGION}}
+
+    def s3_client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION,
+                            aws_access_key_id=KEY, aws_secret_access_key=SECRET)
+
+    def s3fs(self, **kwargs: Any) -> Any:
+        """A fresh s3fs instance (no listing or block caches carried over)."""
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options(), **kwargs)
+
+    # -- Strata ------------------------------------------------------------------------------
+
+    def strata_fs(self, host: str = OTHER_HOST, **kwargs: Any) -> Any:
+        from strata.cacheserver.client.fs import StrataFileSystem
+
+        return StrataFileSystem(master=self.master_address, token=TOKEN, host=host, skip_instance_cache=True, **kwargs)
+
+    def mount(self, path: str, source: str, *, sync_interval: float = 300.0) -> None:
+        from strata.cacheserver.proto import strata_pb2 as pb
+
+        options = pb.MountOptions(options={"endpoint_url": self.endpoint_url, "region": REGION,
+                                           "key": KEY, "secret": SECRET},
+                                  metadata_sync_interval=sync_interval)
+        fs = self.strata_fs()
+        try:
+            fs.client.mount(path, source, options, replace=True)
+        finally:
+            fs.client.close()
+
+    def unmount(self, path: str) -> None:
+        """Unmount `path` if it is mounted (its cached blocks and metadata go with it)."""
+        fs = self.strata_fs()
+        try:
+            if any(m.path == path for m in fs.client.mounts()):
+                fs.client.unmount(path)
+        finally:
+            fs.client.close()
+
+    def worker_counters(self) -> dict[str, float]:
+        """The worker's counters from /metrics (hits, misses, ufs_bytes_read, ...)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.worker_http}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        found: dict[str, float] = {}
+        for m in re.finditer(r"^strata_worker_(\w+?)(?:_total)?\s+([0-9.e+-]+)$", text, re.M):
+            found[m.group(1)] = found.get(m.group(1), 0.0) + float(m.group(2))
+        return found
+
+    # -- FUSE --------------------------------------------------------------------------------
+
+    def start_fuse(self) -> Path | None:
+        """Mount the namespace with `strata fuse`; None (and `fuse_unavailable` says why)
+        when this checkout has no FUSE command or it cannot mount."""
+        if self.fuse_mountpoint is not None:
+            return self.fuse_mountpoint
+        if self.fuse_unavailable:
+            return None
+        strata = [*self._python(), "-m", "strata.cacheserver"]
+        help_text = subprocess.run([*strata, "fuse", "--help"], capture_output=True, text=True, env=self.env)
+        if help_text.returncode != 0:
+            self.fuse_unavailable = "not available: `strata fuse` is not in this checkout"
+            return None
+        if not os.path.exists("/dev/fuse"):
+            self.fuse_unavailable = "not available: /dev/fuse is missing"
+            return None
+        mountpoint = self.workdir / "fuse"
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        # The FUSE process runs on the worker's node, as the CSI node plugin would.
+        env = {**self.env, "STRATA_HOSTNAME": NODE}
+        child, _ = spawn("fuse", [*strata, "--master", self.master_address, "--token", TOKEN, "fuse", str(mountpoint)],
+                         self.workdir / "logs" / "fuse.log", env)
+        try:
+            wait_until(lambda: self._check(child) and _is_mounted(mountpoint), 60, "the FUSE mount")
+        except (RuntimeError, TimeoutError) as exc:
+            child.stop()
+            self.fuse_unavailable = f"not available: `strata fuse` did not mount: {exc}"
+            return None
+        self.children.append(child)
+        self.fuse_mountpoint = mountpoint
+        return mountpoint
+
+    def stop_fuse(self) -> None:
+        if self.fuse_mountpoint is None:
+            return
+        for child in [c for c in self.children if c.name == "fuse"]:
+            child.stop()
+            self.children.remove(child)
+        if _is_mounted(self.fuse_mountpoint):
+            subprocess.run(["fusermount3", "-uz", str(self.fuse_mountpoint)], capture_output=True)
+        self.fuse_mountpoint = None
+
+
+def _is_mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target for line in f if len(line.split()) > 1)

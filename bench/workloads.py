@@ -1,0 +1,346 @@
+"""The five workloads of issue 6. Repetitions are interleaved (rep 1 of every contestant,
+then rep 2, ...) so a change in the machine's load hits all contestants alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contestants import Access, Contestant, LoopbackSender, close_filesystem, open_filesystem
+from datasets import Dataset, human, size_label
+from ops import READ_CHUNK, aggregate, check, count_lines, list_and_stat
+from results import Series, Workload
+
+BENCH = Path(__file__).resolve().parent
+READER_TIMEOUT = 600.0
+PERSIST_TIMEOUT = 300.0
+WRITE_TYPES = ("MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH")
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+@dataclass
+class Runner:
+    stack: Any
+    contestants: list[Contestant]
+    local_root: Path
+    reps: int
+    bucket: str
+    mount: str
+    log: Callable[[str], None] = print
+    by_id: dict[str, Contestant] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_id = {c.id: c for c in self.contestants}
+
+    def timed(self, fn: Callable[[], float], expected: float, op: str, who: str) -> float:
+        start = time.perf_counter()
+        got = fn()
+        seconds = time.perf_counter() - start
+        check(op, got, expected, who)
+        return seconds
+
+    def attempt(self, series: Series, rep: int, fn: Callable[[], float]) -> float | None:
+        """Seconds of fn, added to the series; a failure (an error, wrong bytes) is recorded
+        in the series instead, and the run goes on with the other contestants."""
+        try:
+            seconds = fn()
+        except Exception as exc:  # noqa: BLE001 - any failure of a contestant is a result
+            message = f"rep {rep + 1}: {type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
+            series.failures.append(message)
+            self.log(f"FAILED {series.contestant} {series.phase}: {message}")
+            return None
+        series.times.append(seconds)
+        return seconds
+
+    def skip_unavailable(self, workload: Workload, contestants: Sequence[Contestant], phases: Sequence[str]) -> None:
+        for c in contestants:
+            if c.unavailable:
+                for phase in phases:
+                    workload.series_for(c.id, c.label, phase).skipped = c.unavailable
+
+    # -- 1 and 2: reads, cold and warm --------------------------------------------------------
+
+    def reads(self, workload: Workload, dataset: Dataset, op: str, contestants: Sequence[str],
+              extra_limit: Callable[[Workload], None] | None = None) -> Workload:
+        chosen = [self.by_id[c] for c in contestants if c in self.by_id]
+        self.skip_unavailable(workload, chosen, ("cold", "warm"))
+        workload.load = (load1(), 0.0)
+        for rep in range(self.reps):
+            for c in chosen:
+                if c.unavailable:
+                    continue
+                phases = ("cold", "warm") if c.cached else ("cold",)
+                c.cold([dataset.name])
+                for phase in phases:
+                    paths = [c.access.path(f) for f in dataset.files]
+                    with c.filesystem() as fs:
+                        fn = (lambda: aggregate(fs, paths)) if op == "aggregate" else (lambda: count_lines(fs, paths[0]))
+                        seconds = self.attempt(workload.series_for(c.id, c.label, phase), rep,
+                                               lambda: self.timed(fn, dataset.expected, op, c.id))
+                    if seconds is None:
+                        continue
+                    self.log(f"[{workload.id}] rep {rep + 1}/{self.reps} {c.id:14s} {phase:5s} {seconds:7.3f} s"
+                             f"  ({dataset.bytes / seconds / 1e6:8.1f} MB/s)  load {load1():.1f}")
+            if extra_limit is not None:
+                extra_limit(workload)
+        for c in chosen:
+            if not c.cached and not c.unavailable:
+                cold = workload.series_for(c.id, c.label, "cold")
+                warm = workload.series_for(c.id, c.label, "warm")
+                warm.times, warm.failures = list(cold.times), list(cold.failures)
+                warm.note = cold.note = "no cache: every read is a first read (one series, shown as both)"
+        workload.load = (workload.load[0], load1())
+        for c in chosen:
+            if c.cached and not c.unavailable:
+                c.cold([dataset.name])  # leave no cached copies behind for the next workload
+        return workload
+
+    def aggregation(self, dataset: Dataset) -> Workload:
+        w = Workload(f"aggregate-{size_label(dataset.nominal)}", f"Parquet aggregation, {human(dataset.nominal)}",
+                     f"pyarrow reads columns a and b of {len(dataset.files)} Parquet files "
+                     f"({dataset.bytes / 2**20:.0f} MiB, uncompressed float64) and sums them",
+                     dataset.bytes)
+        return self.reads(w, dataset, "aggregate", [c.id for c in self.contestants])
+
+    def line_count(self, dataset: Dataset) -> Workload:
+        w = Workload(f"linecount-{size_label(dataset.nominal)}", f"Line count, {human(dataset.nominal)} text file",
+                     f"one thread reads the file front to back in {READ_CHUNK // 2**20} MiB reads and counts newlines",
+                     dataset.bytes)
+        local = Path(self.local_root) / dataset.files[0]
+        sender = LoopbackSender(local)
+
+        def tcp(workload: Workload) -> None:
+            lines = [0]
+
+            def consume(data: bytes) -> None:
+                lines[0] += data.count(b"\n")
+
+            def fn() -> float:
+                lines[0] = 0
+                sender.read(READ_CHUNK, consume)
+                return float(lines[0])
+
+            s = workload.series_for("loopback-tcp", "loopback TCP from another process (sendfile from page cache)", "warm")
+            seconds = self.attempt(s, len(s.times), lambda: self.timed(fn, dataset.expected, "count_lines", "loopback-tcp"))
+            if seconds is None:
+                return
+            self.log(f"[{workload.id}] loopback-tcp warm {seconds:7.3f} s ({dataset.bytes / seconds / 1e6:8.1f} MB/s)")
+
+        try:
+            return self.reads(w, dataset, "count_lines", [c.id for c in self.contestants], extra_limit=tcp)
+        finally:
+            sender.close()
+
+    # -- 3: writes ----------------------------------------------------------------------------
+
+    def writes(self, dataset: Dataset) -> Workload:
+        """Write the dataset's tables as Parquet and read them back, per write type, against
+        writing straight to the store with s3fs and to local disk."""
+        import pyarrow.parquet as pq
+
+        tables = [pq.read_table(self.local_root / f) for f in dataset.files]
+        w = Workload(f"write-{size_label(dataset.nominal)}", f"Write a Parquet dataset and read it back, {human(dataset.nominal)}",
+                     f"pyarrow writes {len(tables)} Parquet files through the filesystem, then the aggregation reads them back "
+                     "(Strata: the fsspec client on another host, one write type each)", dataset.bytes)
+        strata = self.by_id["strata-remote"].access
+        modes: list[tuple[str, str, Access]] = [("s3fs", "s3fs, direct to the store", self.by_id["s3fs"].access)]
+        for wt in WRITE_TYPES:
+            modes.append((f"strata-{wt}", f"Strata, write type {wt}",
+                          Access("strata", strata.root, {**strata.options, "write_type": wt})))
+        scratch = self.local_root.parent / "writes"
+        modes.append(("local", "local disk", Access("posix", str(scratch))))
+        w.load = (load1(), 0.0)
+        for rep in range(self.reps):
+            for mid, label, access in modes:
+                folder = f"writes/{mid}-{rep}"
+                paths = [access.path(f"{folder}/part-{i:04d}.parquet") for i in range(len(tables))]
+                fs = open_filesystem(access)
+                if fs is None:
+                    (scratch / folder).mkdir(parents=True, exist_ok=True)
+                    paths = [str(scratch / folder / f"part-{i:04d}.parquet") for i in range(len(tables))]
+                write_series, read_series = w.series_for(mid, label, "write"), w.series_for(mid, label, "read-back")
+                start = time.perf_counter()
+
+                def write_all() -> float:
+                    for table, path in zip(tables, paths):
+                        pq.write_table(table, path, filesystem=fs, compression="none")
+                    if fs is None:
+                        for path in paths:  # a local write is done when it is on disk
+                            fd = os.open(path, os.O_RDONLY)
+                            os.fsync(fd)
+                            os.close(fd)
+                    return time.perf_counter() - start
+
+                try:
+                    written = self.attempt(write_series, rep, write_all)
+                    if written is None:
+                        continue
+                    read = self.attempt(read_series, rep,
+                                        lambda: self.timed(lambda: aggregate(fs, paths), dataset.expected, "aggregate", mid))
+                    msg = f"[{w.id}] rep {rep + 1}/{self.reps} {mid:20s} write {written:7.3f} s  read-back {read or 0:7.3f} s"
+                    if mid == "strata-ASYNC_THROUGH":
+                        persisted = self._wait_persisted(fs, paths) - start
+                        write_series.extra.setdefault("persisted_after_s", []).append(persisted)
+                        msg += f"  persisted after {persisted:.3f} s"
+                    self.log(msg)
+                finally:
+                    self._remove(fs, access, folder, scratch)
+        w.load = (w.load[0], load1())
+        return w
+
+    def _wait_persisted(self, fs: Any, paths: Sequence[str]) -> float:
+        deadline = time.monotonic() + PERSIST_TIMEOUT
+        while not all(fs.info(p)["persisted"] for p in paths):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ASYNC_THROUGH files not persisted after {PERSIST_TIMEOUT:.0f}s")
+            time.sleep(0.05)
+        return time.perf_counter()
+
+    def _remove(self, fs: Any, access: Access, folder: str, scratch: Path) -> None:
+        if fs is None:
+            subprocess.run(["rm", "-rf", str(scratch / folder)], check=False)
+            return
+        try:
+            fs.rm(access.path(folder), recursive=True)
+        finally:
+            close_filesystem(fs)
+
+    # -- 4: sharing ---------------------------------------------------------------------------
+
+    def sharing(self, dataset: Dataset, readers: int = 4) -> Workload:
+        """`readers` processes aggregate the dataset at once, then one more process does."""
+        w = Workload(f"sharing-{size_label(dataset.nominal)}", f"Sharing: {readers} processes at once, then a fifth, {human(dataset.nominal)}",
+                     f"{readers} new processes run the aggregation on the same dataset at the same moment (time until the "
+                     "last one is done), then one more new process runs it (its time); each cold before the four",
+                     dataset.bytes)
+        ids = ["s3fs", "simplecache", "strata-remote", "strata-fuse", "strata-sc"]
+        chosen = [self.by_id[c] for c in ids if c in self.by_id]
+        first, fifth = f"{readers} at once", "fifth"
+        self.skip_unavailable(w, chosen, (first, fifth))
+        w.load = (load1(), 0.0)
+        for rep in range(self.reps):
+            for c in chosen:
+                if c.unavailable:
+                    continue
+                c.cold([dataset.name])
+                s1, s5 = w.series_for(c.id, c.label, first), w.series_for(c.id, c.label, fifth)
+                before = self.stack.worker_counters()
+                together = self.attempt(s1, rep, lambda: self._readers(c, dataset, readers))
+                middle = self.stack.worker_counters()
+                alone = self.attempt(s5, rep, lambda: self._readers(c, dataset, 1))
+                after = self.stack.worker_counters()
+                if together is None or alone is None:
+                    continue
+                if c.id.startswith("strata"):
+                    s1.extra.setdefault("store_bytes", []).append(middle["ufs_bytes_read"] - before["ufs_bytes_read"])
+                    s5.extra.setdefault("store_bytes", []).append(after["ufs_bytes_read"] - middle["ufs_bytes_read"])
+                    s5.extra.setdefault("cache_hits", []).append(after["cache_hits"] - middle["cache_hits"])
+                self.log(f"[{w.id}] rep {rep + 1}/{self.reps} {c.id:14s} {readers} at once {together:7.3f} s  fifth {alone:7.3f} s")
+        for c in chosen:
+            if c.id == "simplecache":
+                for phase in (first, fifth):
+                    w.series_for(c.id, c.label, phase).note = "each process has its own cache folder"
+            if c.cached and not c.unavailable:
+                c.cold([dataset.name])
+        w.load = (w.load[0], load1())
+        return w
+
+    def _readers(self, c: Contestant, dataset: Dataset, count: int) -> float:
+        """Start `count` reader processes, let them go at once; seconds until the last is done."""
+        procs = []
+        for _ in range(count):
+            access = c.access
+            if c.id == "simplecache":  # a per-process cache: every process starts with its own
+                access = Access(access.kind, access.root, {**access.options, "cache_storage": str(self._fresh_cache(c))})
+            job = {"access": access.to_json(), "op": "aggregate", "paths": list(dataset.files)}
+            procs.append(subprocess.Popen([sys.executable, "-P", str(BENCH / "reader.py"), json.dumps(job)],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy()))
+        try:
+            for p in procs:
+                self._expect_line(p, "READY")
+            start = time.perf_counter()
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            for p in procs:
+                line = self._expect_line(p, "{")
+                check("aggregate", float(json.loads(line)["result"]), dataset.expected, f"{c.id} reader")
+            return time.perf_counter() - start
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(timeout=30)
+                for stream in (p.stdin, p.stdout):
+                    if stream is not None:
+                        stream.close()
+
+    def _fresh_cache(self, c: Contestant) -> Path:
+        folder = Path(c.access.options["cache_storage"]).parent / f"reader-{time.monotonic_ns()}"
+        folder.mkdir(parents=True)
+        return folder
+
+    @staticmethod
+    def _expect_line(p: subprocess.Popen[str], prefix: str) -> str:
+        assert p.stdout is not None
+        ready, _, _ = select.select([p.stdout], [], [], READER_TIMEOUT)
+        line = p.stdout.readline() if ready else ""
+        if not line.startswith(prefix):
+            raise RuntimeError(f"reader process said {line!r} (exit code {p.poll()}), expected {prefix}...")
+        return line
+
+    # -- 5: metadata --------------------------------------------------------------------------
+
+    def metadata(self, dataset: Dataset, meta_mount: str) -> Workload:
+        """List a folder of small files and stat each one."""
+        w = Workload(f"metadata-{len(dataset.files)}", f"Metadata: list and stat {len(dataset.files):,} small files",
+                     "list the folder, then stat every file in it (fsspec ls + info; os.scandir + os.stat through FUSE "
+                     "and on local disk); Strata cold: the folder's mount is mounted anew, so the master lists the store",
+                     0)
+        fuse = self.stack.fuse_mountpoint
+        roots: dict[str, str] = {
+            "s3fs": f"{self.bucket}/{dataset.name}",
+            "strata-remote": meta_mount,
+            "strata-fuse": f"{fuse}{meta_mount}" if fuse is not None else "",
+            "local": str(self.local_root / dataset.name),
+        }
+        chosen = [self.by_id[c] for c in roots if c in self.by_id]
+        self.skip_unavailable(w, chosen, ("cold", "warm"))
+        source = f"s3://{self.bucket}/{dataset.name}"
+        w.load = (load1(), 0.0)
+        for rep in range(self.reps):
+            for c in chosen:
+                if c.unavailable:
+                    continue
+                strata = c.id.startswith("strata")
+                if strata:
+                    self.stack.unmount(meta_mount)
+                    self.stack.mount(meta_mount, source)
+                phases = ("cold", "warm") if strata else ("cold",)
+                for phase in phases:
+                    with c.filesystem() as fs:
+                        seconds = self.attempt(w.series_for(c.id, c.label, phase), rep, lambda: self.timed(
+                            lambda: list_and_stat(fs, roots[c.id]), dataset.expected, "list_and_stat", c.id))
+                    if seconds is None:
+                        continue
+                    self.log(f"[{w.id}] rep {rep + 1}/{self.reps} {c.id:14s} {phase:5s} {seconds:7.3f} s")
+        for c in chosen:
+            if not c.id.startswith("strata") and not c.unavailable:
+                cold, warm = w.series_for(c.id, c.label, "cold"), w.series_for(c.id, c.label, "warm")
+                warm.times, warm.failures = list(cold.times), list(cold.failures)
+                cold.note = warm.note = ("one series: a new s3fs lists the store, then stats from its listing cache"
+                                         if c.id == "s3fs" else "one series: local metadata is always cached")
+        w.load = (w.load[0], load1())
+        return w
