@@ -1,7 +1,7 @@
 """Helpers for the e2e tests: kubectl, the API, waiting with deadlines.
 
-Cluster-agnostic on purpose: everything goes through a kubeconfig (kubectl and
-the official client), never through the harness, so the same tests run on kind.
+Cluster-agnostic on purpose: everything goes through a kubeconfig (kubectl,
+helm), never through the harness, so the same tests run on kind.
 """
 
 from __future__ import annotations
@@ -10,57 +10,27 @@ import json
 import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
-T = TypeVar("T")
+from harness.processes import wait_for
+
 Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SERVER_IMAGE = os.environ.get("STRATA_E2E_SERVER_IMAGE", "localhost/strata-server:e2e")
-OPERATOR_IMAGE = os.environ.get("STRATA_E2E_OPERATOR_IMAGE", "localhost/strata-operator:e2e")
+wait_until = wait_for  # one polling helper for the harness and the tests
 
 
 class CommandError(RuntimeError):
     def __init__(self, argv: Sequence[str], proc: subprocess.CompletedProcess[str]) -> None:
         self.returncode, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
         super().__init__(f"`{' '.join(argv)}` exited {proc.returncode}:\n{proc.stderr.strip() or proc.stdout.strip()}")
-
-
-def wait_until(
-    check: Callable[[], T | None],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.25,
-    diagnose: Callable[[], str] | None = None,
-) -> T:
-    """Poll until `check()` is truthy; TimeoutError (with the last error and
-    `diagnose()`) at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - reported at the deadline
-            last = exc
-        if time.monotonic() > deadline:
-            extra = f"\nlast error: {last}" if last else ""
-            if diagnose is not None:
-                try:
-                    extra += "\n" + diagnose()
-                except Exception as exc:  # noqa: BLE001
-                    extra += f"\n(diagnose failed: {exc})"
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
-        time.sleep(interval)
 
 
 def find_tool(name: str) -> str | None:
@@ -78,7 +48,6 @@ class Cluster:
 
     kubeconfig: Path
     harness: dict[str, Any] | None = None  # the harness' description, when it runs one
-    _api: Any = field(default=None, repr=False)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}

@@ -73,27 +73,31 @@ def wait_for(
     *,
     timeout: float,
     what: str,
-    interval: float = 0.1,
+    interval: float = 0.2,
     diagnose: Callable[[], str] | None = None,
 ) -> T:
-    """Poll `check` until it returns something other than None/False.
+    """Poll `check` until it returns something truthy, and return that.
 
-    Raises TimeoutError naming `what` (plus `diagnose()` output) at the deadline.
-    Exceptions from `check` count as "not yet" and the last one is reported.
+    Exceptions from `check` count as "not yet". At the deadline: TimeoutError
+    naming `what`, the last exception and the output of `diagnose()`.
     """
     deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
+    last: BaseException | None = None
     while True:
         try:
-            result = check()
-            if result is not None and result is not False:
-                return result
+            value = check()
+            if value:
+                return value
         except Exception as exc:  # noqa: BLE001 - reported at the deadline
-            last_error = exc
-        if time.monotonic() >= deadline:
-            detail = f"; last error: {last_error!r}" if last_error else ""
-            extra = f"\n{diagnose()}" if diagnose else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{extra}")
+            last = exc
+        if time.monotonic() > deadline:
+            extra = f"\nlast error: {last!r}" if last else ""
+            if diagnose is not None:
+                try:
+                    extra += "\n" + diagnose()
+                except Exception as exc:  # noqa: BLE001
+                    extra += f"\n(diagnose failed: {exc!r})"
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
         time.sleep(interval)
 
 
