@@ -1,0 +1,259 @@
+"""Dockerfile.server and Dockerfile.operator, read the way docker and the e2e harness read them.
+
+There is no Docker engine on the development machines, so nothing here builds an image. What
+is checked: a pinned base (exact Python version and a digest), a build stage that makes the
+stubs and the wheels and a final stage that only installs wheels (no build tools), a numeric
+non-root USER, fuse3 in the server image, the ENTRYPOINT the harness runs and a CMD the CLI
+accepts, the ports the servers use, and a build context (.dockerignore) that holds what the
+build stage copies and nothing of the venv or the tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from strata.cacheserver import constants
+from strata.cacheserver.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = {"server": REPO / "Dockerfile.server", "operator": REPO / "Dockerfile.operator"}
+PINNED_BASE = re.compile(r"^python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}$")
+BUILD_TOOLS = ("grpcio-tools", "gcc", "build-essential", "setuptools", "pip wheel", "gen_protos")
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def values(self, word: str) -> list[str]:
+        return [rest for w, rest in self.instructions if w == word]
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, rest) per logical line: continuations joined, comments dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    result = []
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        result.append((word.upper(), rest.strip()))
+    return result
+
+
+def stages(text: str) -> list[Stage]:
+    """The stages of a Dockerfile, with global ARG defaults substituted into FROM."""
+    args: dict[str, str] = {}
+    found: list[Stage] = []
+    for word, rest in instructions(text):
+        if word == "ARG" and not found:
+            key, _, default = rest.partition("=")
+            args[key] = default
+        elif word == "FROM":
+            parts = rest.split()
+            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), ""), parts[0])
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else ""
+            found.append(Stage(base, name))
+        elif found:
+            found[-1].instructions.append((word, rest))
+    return found
+
+
+def _load_harness_images() -> ModuleType:
+    path = REPO / "tests" / "e2e" / "harness" / "images.py"
+    spec = importlib.util.spec_from_file_location("strata_e2e_images_for_unit_tests", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(params=sorted(IMAGES), scope="module")
+def image(request: pytest.FixtureRequest) -> tuple[str, list[Stage], str]:
+    text = IMAGES[request.param].read_text()
+    return request.param, stages(text), text
+
+
+def test_base_is_pinned_and_shared(image: tuple[str, list[Stage], str]) -> None:
+    kind, found, _ = image
+    assert len(found) >= 2, f"{kind}: not a multi-stage build"
+    for stage in found:
+        assert PINNED_BASE.match(stage.base), f"{kind}: base {stage.base!r} is not python:3.11.X-slim-bookworm@sha256:..."
+    assert len({s.base for s in found}) == 1, f"{kind}: stages on different bases"
+
+
+def test_both_images_use_the_same_base() -> None:
+    bases = {kind: stages(path.read_text())[-1].base for kind, path in IMAGES.items()}
+    assert len(set(bases.values())) == 1, bases
+
+
+def test_build_stage_makes_stubs_and_wheels(image: tuple[str, list[Stage], str]) -> None:
+    kind, found, _ = image
+    build = found[0]
+    assert build.name == "build"
+    runs = " ".join(build.values("RUN"))
+    assert "grpcio-tools" in runs and "scripts/gen_protos.sh" in runs and "pip wheel" in runs
+    # The stubs must not be newer than the grpcio/protobuf the wheels pin.
+    assert "--constraint" in runs and "grpcio|protobuf" in runs
+    copied = [shlex.split(c)[:-1] for c in build.values("COPY")]
+    sources = {s for c in copied for s in c if not s.startswith("--")}
+    assert {"pyproject.toml", "setup.py", "README.md", "cacheserver/", "operator/", "scripts/gen_protos.sh"} <= sources
+
+
+def test_final_stage_installs_wheels_only(image: tuple[str, list[Stage], str]) -> None:
+    kind, found, _ = image
+    final = found[-1]
+    runs = final.values("RUN")
+    install = [r for r in runs if "pip install" in r]
+    assert len(install) == 1, f"{kind}: one pip install of the built wheels expected"
+    assert "--no-index" in install[0] and "from=build" in install[0] and "/wheels" in install[0]
+    assert not final.values("COPY") and not final.values("ADD"), f"{kind}: the final stage copies files in"
+    for run in runs:
+        cleaned = run.replace("pip uninstall -y setuptools wheel", "")
+        for tool in BUILD_TOOLS:
+            assert tool not in cleaned, f"{kind}: final stage runs {tool!r}"
+    assert "pip uninstall -y setuptools wheel" in " ".join(runs)
+
+
+def test_final_stage_runs_strata_as_non_root(image: tuple[str, list[Stage], str]) -> None:
+    kind, found, _ = image
+    final = found[-1]
+    users = final.values("USER")
+    assert users, f"{kind}: no USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, f"{kind}: USER must be a numeric non-root id (runAsNonRoot checks numbers)"
+    assert not gid or (gid.isdigit() and int(gid) != 0)
+    assert "useradd" in " ".join(final.values("RUN")) and f"--uid {uid}" in " ".join(final.values("RUN"))
+    entrypoints = final.values("ENTRYPOINT")
+    assert entrypoints == ['["strata"]'], f"{kind}: ENTRYPOINT must be exec form [\"strata\"] on one line"
+
+
+def test_cmd_is_a_command_the_cli_accepts(image: tuple[str, list[Stage], str]) -> None:
+    kind, found, _ = image
+    cmd = json.loads(found[-1].values("CMD")[-1])
+    try:
+        build_parser().parse_args(cmd)
+    except SystemExit as exc:  # --help exits 0; a bad command exits 2
+        assert exc.code == 0, f"{kind}: CMD {cmd} is not a strata command"
+
+
+def test_server_image_has_fuse_and_the_server_ports() -> None:
+    final = stages(IMAGES["server"].read_text())[-1]
+    runs = " ".join(final.values("RUN"))
+    assert re.search(r"apt-get install -y --no-install-recommends fuse3\b", runs)
+    assert "rm -rf /var/lib/apt/lists/*" in runs
+    # The import check loads libfuse3 (mfusepy) and the gRPC stubs at build time.
+    assert "strata.cacheserver.fuse.daemon" in runs and "strata.cacheserver.worker.server" in runs
+    ports = {int(p) for e in final.values("EXPOSE") for p in e.split()}
+    assert ports == {constants.MASTER_RPC_PORT, constants.MASTER_HTTP_PORT, constants.WORKER_RPC_PORT,
+                     constants.WORKER_HTTP_PORT}
+    # master and workers write their data under /var/lib/strata as the image's user
+    assert "install -d -o 10001 -g 10001" in runs and "/var/lib/strata" in runs
+
+
+def test_operator_image_has_no_fuse_and_runs_the_operator() -> None:
+    final = stages(IMAGES["operator"].read_text())[-1]
+    assert "fuse" not in " ".join(final.values("RUN"))
+    cmd = json.loads(final.values("CMD")[-1])
+    args = build_parser().parse_args(cmd)
+    assert args.command == "operator" and args.all_namespaces and args.peering == "strata"
+
+
+def test_harness_reads_the_same_entrypoint(image: tuple[str, list[Stage], str]) -> None:
+    """The e2e harness runs these images' processes locally from what it parses here."""
+    kind, found, _ = image
+    images = _load_harness_images()
+    config = images.parse_dockerfile(IMAGES[kind])
+    assert config.entrypoint == ("strata",)
+    assert list(config.cmd) == json.loads(found[-1].values("CMD")[-1])
+    assert config.env == (), "STRATA_* ENV in a Dockerfile would reach the harness's local processes"
+
+
+# -- the build context ---------------------------------------------------------------------------
+
+def _dockerignore_patterns() -> list[tuple[bool, str]]:
+    patterns = []
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        patterns.append((negated, line.lstrip("!").strip("/")))
+    return patterns
+
+
+def _matches(pattern: str, path: str) -> bool:
+    """Docker's rule: a pattern matches a path or any of its parent folders; `*` stays
+    within one path element, `**` spans any number."""
+    regex = ""
+    for part in re.split(r"(\*\*/?|\*|\?)", pattern):
+        if part in ("**", "**/"):
+            regex += "(.*/)?" if part == "**/" else ".*"
+        elif part == "*":
+            regex += "[^/]*"
+        elif part == "?":
+            regex += "[^/]"
+        else:
+            regex += re.escape(part)
+    parts = path.split("/")
+    return any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1))
+
+
+def in_context(path: str) -> bool:
+    """Whether `path` (relative to the repo) is sent to the Docker build."""
+    included = True
+    for negated, pattern in _dockerignore_patterns():
+        if _matches(pattern, path):
+            included = negated
+    return included
+
+
+def test_build_context_holds_what_the_build_copies() -> None:
+    for kind, path in IMAGES.items():
+        for stage in stages(path.read_text()):
+            for copy in stage.values("COPY"):
+                words = [w for w in shlex.split(copy) if not w.startswith("--")]
+                for source in words[:-1]:
+                    assert (REPO / source).exists(), f"{kind}: COPY {source}: no such file"
+                    assert in_context(source.rstrip("/") + ("/__init__.py" if source.endswith("/") else "")), \
+                        f"{kind}: COPY {source} is excluded by .dockerignore"
+    assert in_context("cacheserver/proto/strata.proto") and in_context("operator/handlers/__init__.py")
+    assert in_context("README.md")
+
+
+@pytest.mark.parametrize("path", [
+    ".venv/bin/python", ".git/HEAD", "tests/unit/test_docs.py", "bench/run.py", "charts/strata/Chart.yaml",
+    "cacheserver/proto/strata_pb2.py", "cacheserver/proto/strata_pb2_grpc.pyi", "cacheserver/__pycache__/cli.cpython-311.pyc",
+    "operator/builders/__pycache__/x.pyc",
+])
+def test_build_context_leaves_out(path: str) -> None:
+    assert not in_context(path)
+
+
+def test_dockerignore_matcher_follows_docker_rules() -> None:
+    assert _matches("*", "a/b/c") and not _matches("a/*.py", "b/x.py")
+    assert _matches("**/__pycache__", "x/y/__pycache__/z.pyc") and _matches("cacheserver", "cacheserver/cli.py")
+    assert _matches("cacheserver/proto/*_pb2*.py", "cacheserver/proto/strata_pb2_grpc.py")
+    assert not _matches("cacheserver/proto/*_pb2*.py", "cacheserver/proto/sub/strata_pb2.py")
