@@ -7,33 +7,35 @@ with pyarrow three ways: straight from S3 with s3fs, through Strata cold (blocks
 S3 and are cached) and through Strata warm (blocks come from the cache). Then it prints
 the speed-ups and stops everything it started, also on failure or Ctrl-C.
 
-    .venv/bin/python -P scripts/demo.py [--size 256Mi] [--latency-ms 20] [--workers 1]
+    .venv/bin/python -P scripts/demo.py [--size 256Mi] [--latency-ms 20] [--rate-mbit 1000] [--workers 1]
 
 moto on loopback answers far faster than a real object store, so by default every request
-to it passes a proxy that holds it back `--latency-ms` (0: no proxy). The output says so.
+to it passes bench/delayproxy.py: 20 ms to the first byte (`--latency-ms`) and at most
+1 Gbit/s (`--rate-mbit`); 0 and 0 read moto directly. The output says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import math
 import os
 import random
+import select
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "strata-demo"
 OBJECT = "trips/part-0.parquet"
@@ -43,6 +45,8 @@ ROW_GROUP_ROWS = 1 << 20
 COLUMNS = ("fare", "distance")
 # Seconds any one `strata` command may take before the demo gives up on it.
 COMMAND_TIMEOUT = 120.0
+# Seconds the delaying proxy may take to start and print its port.
+PROXY_START_TIMEOUT = 30.0
 
 
 class DemoError(Exception):
@@ -63,70 +67,34 @@ def load_s3server() -> ModuleType:
     return module
 
 
-class DelayProxy:
-    """A TCP proxy on 127.0.0.1 that holds each chunk a client sends back `delay` seconds
-    before passing it on, so every request pays a round trip like a remote store's.
-    Replies flow back unchanged."""
+def start_delay_proxy(target: str, ttfb_ms: float, rate_mbit: float) -> tuple[subprocess.Popen[bytes], str]:
+    """bench/delayproxy.py in front of `target` (HOST:PORT): every request waits `ttfb_ms` for
+    its first byte, and with `rate_mbit` the bytes flow at most that fast. Returns the
+    process and the proxy's endpoint URL."""
+    args = [sys.executable, "-P", str(REPO / "bench" / "delayproxy.py"), "--listen", "127.0.0.1",
+            "--target", target, "--ttfb-ms", str(ttfb_ms)]
+    if rate_mbit:
+        args += ["--rate-mbit", str(rate_mbit)]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], PROXY_START_TIMEOUT)
+    line = process.stdout.readline().decode() if ready else ""
+    if not line.startswith("PORT "):
+        stop_process(process)
+        raise DemoError(f"the delaying proxy did not start within {PROXY_START_TIMEOUT:.0f}s (exit code {process.poll()})")
+    return process, f"http://127.0.0.1:{int(line.split()[1])}"
 
-    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
-        self._upstream = upstream
-        self._delay = delay
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.port = int(self._listener.getsockname()[1])
-        self._stopping = threading.Event()
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self.requests = 0
-        threading.Thread(target=self._accept, name="delay-proxy", daemon=True).start()
 
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self._upstream, timeout=30)
-            except OSError:
-                client.close()
-                continue
-            for sock in (client, server):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._sockets.update((client, server))
-            threading.Thread(target=self._pipe, args=(client, server, self._delay), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, 0.0), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, delay: float) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
         try:
-            while chunk := src.recv(1 << 20):
-                if delay:
-                    with self._lock:
-                        self.requests += 1
-                    # Not a blind wait: this is the latency being simulated.
-                    self._stopping.wait(delay)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._listener.close()
-        with self._lock:
-            for sock in self._sockets:
-                sock.close()
-            self._sockets.clear()
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    if process.stdout is not None:
+        process.stdout.close()
 
 
 # -- the dataset -----------------------------------------------------------------------------
@@ -178,31 +146,25 @@ def say(text: str = "") -> None:
 
 def free_port_run(count: int, host: str = "127.0.0.1") -> int:
     """The first of `count` consecutive ports nothing listens on (servers take port, port+1)."""
+    from strata.cacheserver.localcluster import port_free
+
     rng = random.SystemRandom()
     for _ in range(200):
         first = rng.randrange(20000, 60000 - count)
-        if all(_bindable(host, p) for p in range(first, first + count)):
+        if all(port_free(host, p) for p in range(first, first + count)):
             return first
     raise DemoError(f"found no {count} consecutive free ports on {host} between 20000 and 60000")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def format_mib(n: float) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
-def timed(fn: Callable[[], tuple[float, float]]) -> tuple[float, tuple[float, float]]:
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """fn's result and the seconds it took."""
     start = time.perf_counter()
     result = fn()
-    return time.perf_counter() - start, result
+    return result, time.perf_counter() - start
 
 
 class Strata:
@@ -248,11 +210,12 @@ class Result:
     seconds: float
 
 
-def run(size: int, latency_ms: float, workers: int, work: Path, cleanup: contextlib.ExitStack) -> list[Result]:
+def run(size: int, latency_ms: float, rate_mbit: float, workers: int, work: Path,
+        cleanup: contextlib.ExitStack) -> list[Result]:
     from strata.cacheserver.units import format_size
 
     say(f"== 1/5  a Parquet table of two float64 columns, ~{format_size(size)}")
-    dataset, took = _timed_value(lambda: make_dataset(work / "part-0.parquet", size))
+    dataset, took = timed(functools.partial(make_dataset, work / "part-0.parquet", size))
     say(f"  {dataset.rows:,} rows, {format_mib(dataset.bytes)} on disk, {math.ceil(dataset.rows / ROW_GROUP_ROWS)} row groups "
         f"({took:.1f}s)")
 
@@ -267,14 +230,13 @@ def run(size: int, latency_ms: float, workers: int, work: Path, cleanup: context
     dataset.path.unlink()
     options = s3.storage_options()
     endpoint = options["endpoint_url"]
-    if latency_ms > 0:
-        host, _, port = endpoint.removeprefix("http://").partition(":")
-        proxy = DelayProxy((host, int(port)), latency_ms / 1000)
-        cleanup.callback(proxy.stop)
-        endpoint = proxy.endpoint_url
-        say(f"  NOTE: moto on loopback is much faster than a remote store; every request to it passes a\n"
-            f"  proxy ({endpoint}) that adds {latency_ms:g} ms, like a round trip to a nearby region.\n"
-            f"  It adds no bandwidth limit. Use --latency-ms 0 to read moto directly.")
+    if latency_ms > 0 or rate_mbit > 0:
+        proxy, endpoint = start_delay_proxy(endpoint.removeprefix("http://"), latency_ms, rate_mbit)
+        cleanup.callback(stop_process, proxy)
+        cap = f", at most {rate_mbit:g} Mbit/s" if rate_mbit else ", no bandwidth cap"
+        say(f"  NOTE: moto on loopback is much faster than a remote store, so every request to it passes a\n"
+            f"  proxy (bench/delayproxy.py, {endpoint}): {latency_ms:g} ms to the first byte{cap}.\n"
+            f"  --latency-ms 0 --rate-mbit 0 reads moto directly.")
 
     say(f"== 3/5  a private local Strata cluster ({workers} worker, memory tier)")
     strata = Strata(work / "home")
@@ -310,7 +272,7 @@ def run(size: int, latency_ms: float, workers: int, work: Path, cleanup: context
     ]
     results = []
     for label, fs, path in reads:
-        seconds, sums = timed(lambda fs=fs, path=path: sum_columns(fs, path))
+        sums, seconds = timed(functools.partial(sum_columns, fs, path))
         if not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(sums, dataset.sums)):
             raise DemoError(f"{label}: sums {sums} differ from the ones computed when writing {dataset.sums}")
         say(f"  {label:<42} {seconds:6.2f}s   sum(fare)={sums[0]:,.0f}  sum(distance)={sums[1]:,.0f}")
@@ -340,12 +302,6 @@ def _wait_reported(client: Any, size: int, timeout: float = 15.0) -> None:
         time.sleep(0.2)
 
 
-def _timed_value(fn: Callable[[], Dataset]) -> tuple[Dataset, float]:
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
-
-
 def _print_table(results: list[Result], size: int) -> None:
     base = results[0].seconds
     rows = [("read", "seconds", "MiB/s", "speed-up vs S3")]
@@ -371,12 +327,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Strata demo: cold and warm reads of a Parquet table from S3.")
     parser.add_argument("--size", default="256Mi", help="size of the generated table (default 256Mi)")
     parser.add_argument("--latency-ms", type=float, default=20.0,
-                        help="delay added to every request to the S3 server (default 20; 0: none)")
+                        help="time to first byte added to every request to the S3 server (default 20; 0: none)")
+    parser.add_argument("--rate-mbit", type=float, default=1000.0,
+                        help="bandwidth cap between readers and the S3 server (default 1000; 0: none)")
     parser.add_argument("--workers", type=int, default=1, help="Strata workers (default 1)")
     args = parser.parse_args(argv)
     args.size_bytes = parse_size(args.size, what="--size")
-    if args.size_bytes <= 0 or args.latency_ms < 0 or args.workers < 1:
-        parser.error("--size must be > 0, --latency-ms >= 0 and --workers >= 1")
+    if args.size_bytes <= 0 or args.latency_ms < 0 or args.rate_mbit < 0 or args.workers < 1:
+        parser.error("--size must be > 0, --latency-ms and --rate-mbit >= 0, --workers >= 1")
     return args
 
 
@@ -391,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with cleanup:
                 try:
-                    run(args.size_bytes, args.latency_ms, args.workers, work, cleanup)
+                    run(args.size_bytes, args.latency_ms, args.rate_mbit, args.workers, work, cleanup)
                 except Exception:
                     _show_logs(logs)
                     raise
