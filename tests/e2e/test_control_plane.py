@@ -243,3 +243,31 @@ def test_crashing_container_is_restarted_and_deleted_pod_replaced(cluster: Clust
 
     wait_until(replaced, timeout=90, what="the ReplicaSet to replace the deleted pod",
                diagnose=lambda: cluster.describe_pods(namespace))
+
+
+VOLUME_CHECK = textwrap.dedent(
+    """
+    import json, os
+    for d in ("/claim", "/host"):
+        with open(f"{d}/written-by-pod", "w") as f:
+            f.write("ok")
+    out = {d: sorted(os.listdir(d)) for d in ("/claim", "/host")}
+    open("/dev/termination-log", "w").write(json.dumps(out))
+    """
+)
+
+
+def test_generic_ephemeral_and_host_path_volumes(cluster: Cluster, namespace: str) -> None:
+    pod = python_pod("vols", VOLUME_CHECK)
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "claim", "mountPath": "/claim"},
+                                                    {"name": "host", "mountPath": "/host"}]
+    pod["spec"]["volumes"] = [
+        {"name": "claim", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}}}},
+        {"name": "host", "hostPath": {"path": f"/tmp/strata-e2e-{namespace}", "type": "DirectoryOrCreate"}},
+    ]
+    state = run_to_completion(cluster, namespace, pod, timeout=120)
+    assert state["exitCode"] == 0, state
+    assert json.loads(str(state["message"])) == {"/claim": ["written-by-pod"], "/host": ["written-by-pod"]}
+    pvc = cluster.get("pvc", "vols-claim", namespace)
+    assert pvc["status"]["phase"] == "Bound", "the claim of the ephemeral volume was provisioned and bound"
