@@ -25,9 +25,10 @@ protos: venv
 deps-system:
 	scripts/install-system-deps.sh
 
-test: venv deps-system protos lint
-	$(VENV)/bin/pytest tests/unit tests/integration
-	$(MAKE) test-e2e
+# Everything: unit, integration (real processes) and end-to-end (a real Kubernetes control
+# plane built from Go modules into ~/.cache/strata/e2e-bin on first use) in one pytest run.
+test: venv deps-system protos e2e-tools lint
+	$(VENV)/bin/pytest tests/unit tests/integration tests/e2e
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
 lint: venv protos
@@ -47,9 +48,8 @@ e2e-tools:
 install-yaml: e2e-tools
 	scripts/render-install.sh
 
-test-e2e: venv protos
-	@if [ -x tests/e2e/tools/build.sh ]; then tests/e2e/tools/build.sh; fi
-	@if [ -d tests/e2e ] && ls tests/e2e/test_*.py >/dev/null 2>&1; then $(VENV)/bin/pytest tests/e2e; fi
+test-e2e: venv deps-system protos e2e-tools
+	$(VENV)/bin/pytest tests/e2e
 
 demo: venv deps-system protos
 	$(PY) -P scripts/demo.py $(DEMO_ARGS)
