@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+import signal
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -52,3 +54,15 @@ class HttpServer:
             log.debug("http request failed: %s", exc)
         finally:
             writer.close()
+
+
+async def serve_until_signalled(name: str, stop: Callable[[], Awaitable[None]]) -> None:
+    """Block until SIGTERM or SIGINT, then run `stop` (a server's graceful shutdown)."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("%s stopping", name)
+    await stop()

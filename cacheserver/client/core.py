@@ -22,7 +22,7 @@ import grpc
 from .. import constants, rpcutil
 from ..auth import load_token
 from ..blockrefs import block_count, key_of
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError, Unavailable
+from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
@@ -315,6 +315,3 @@ class StreamingUpload:
             raise StrataError("write ended without a result")
         return self._result
 
-
-def not_found(path: str) -> NotFound:
-    return NotFound(f"{path}: no such file or directory")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from prometheus_client.registry import Collector
 from .. import rpcutil
 from ..auth import TokenInterceptor
 from ..config import ServerConfig
-from ..httpserver import HttpServer
+from ..httpserver import HttpServer, serve_until_signalled
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..proto import strata_pb2_grpc as pb_grpc
@@ -113,11 +111,4 @@ async def start_master(
 async def run_master(config: ServerConfig, **kwargs: object) -> None:
     """Serve until SIGTERM/SIGINT."""
     handle = await start_master(config, **kwargs)  # type: ignore[arg-type]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("master stopping")
-    await handle.stop()
+    await serve_until_signalled("master", handle.stop)

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
 from ..config import ServerConfig
 from ..errors import StrataError
-from ..httpserver import HttpServer
+from ..httpserver import HttpServer, serve_until_signalled
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from .mounts import WorkerMounts
@@ -309,12 +308,6 @@ async def start_worker(
 
 
 async def run_worker(config: ServerConfig, **kwargs: object) -> None:
+    """Serve until SIGTERM/SIGINT."""
     handle = await start_worker(config, **kwargs)  # type: ignore[arg-type]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("worker stopping")
-    await handle.stop()
+    await serve_until_signalled("worker", handle.stop)
