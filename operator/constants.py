@@ -46,6 +46,8 @@ DATA_DIR: Final = "/var/lib/strata"
 TIERS_DIR: Final = "/var/lib/strata/tiers"
 SHORT_CIRCUIT_DIR: Final = "/var/lib/strata/sc"
 SHORT_CIRCUIT_HOST_ROOT: Final = "/var/run/strata"
+# The non-root user of the server image (Dockerfile.server) that runs master and workers.
+SERVER_UID: Final = 10001
 
 MASTER_RPC_PORT: Final = server.MASTER_RPC_PORT
 MASTER_HTTP_PORT: Final = server.MASTER_HTTP_PORT

@@ -219,6 +219,33 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         self._last_index = last
         return b"".join(parts) if len(parts) != 1 else parts[0]
 
+    def readline(self, size: int | None = -1) -> bytes:
+        """One line, found in the blocks already held (fsspec's default reads a whole block
+        per line and seeks back, which copies 16 MiB for every line)."""
+        if self.mode != "rb":
+            return super().readline(size)  # type: ignore[no-any-return]
+        limit = self.size - self.loc if size is None or size < 0 else min(size, self.size - self.loc)
+        parts: list[bytes] = []
+        taken = 0
+        block = self.file_info.block_size
+        while taken < limit:
+            index = self.loc // block
+            with self._lock:
+                future = self._block_future(index)
+                for ahead in range(index + 1, min((self.size + block - 1) // block, index + 1 + self.fs.readahead)):
+                    self._block_future(ahead)
+            data = future.result()
+            start = self.loc - index * block
+            newline = data.find(b"\n", start, start + (limit - taken))
+            end = newline + 1 if newline >= 0 else min(len(data), start + (limit - taken))
+            parts.append(data[start:end])
+            taken += end - start
+            self.loc += end - start
+            self._last_index = index
+            if newline >= 0:
+                break
+        return b"".join(parts)
+
     # -- writing -----------------------------------------------------------------------------
 
     def _initiate_upload(self) -> None:

@@ -123,6 +123,7 @@ def server_statefulset(
     affinity: dict[str, Any],
     token: str,
     extra_spec: dict[str, Any] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
 ) -> Manifest:
     """A StatefulSet running one server container with the shared config, env and probes."""
     image = cluster.spec.image or settings.server_image
@@ -136,9 +137,20 @@ def server_statefulset(
     full_container["volumeMounts"] = [config_mount(), *container.get("volumeMounts", [])]
     pod_spec: dict[str, Any] = {
         "enableServiceLinks": False,
+        # The image's non-root user; fsGroup makes emptyDir and PVC volumes writable for it.
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": c.SERVER_UID,
+            "runAsGroup": c.SERVER_UID,
+            "fsGroup": c.SERVER_UID,
+        },
         "containers": [full_container],
         "volumes": [config_volume(cluster.ref.name), *volumes],
     }
+    if init_containers:
+        pod_spec["initContainers"] = [
+            {"image": image, "imagePullPolicy": settings.image_pull_policy, **init} for init in init_containers
+        ]
     if pod.node_selector:
         pod_spec["nodeSelector"] = pod.node_selector
     if pod.tolerations:

@@ -13,7 +13,7 @@ from strata.operator.builders.common import (
     worker_name,
 )
 from strata.operator.builders.config import tier_dir
-from strata.operator.builders.pods import headless_service, http_probes, ports, server_statefulset
+from strata.operator.builders.pods import headless_service, http_probes, ports, server_env, server_statefulset
 from strata.operator.models import Cluster, TierSpec
 from strata.operator.settings import OperatorSettings
 
@@ -101,6 +101,18 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token
         mounts.append({"name": SHORT_CIRCUIT_VOLUME, "mountPath": c.SHORT_CIRCUIT_DIR})
     # Readers on the node (client pods, the CSI plugin) see the socket folder at its host path.
     env = [{"name": "STRATA_SHORT_CIRCUIT_DIR", "value": short_circuit_host_path(cluster)}] if spec.short_circuit else []
+    # Folders from the node (hostPath) come up owned by root: hand them to the server user.
+    host_dirs = [m["mountPath"] for m in mounts if _is_host_path(m["name"], volumes)]
+    init_containers = [
+        {
+            "name": "volume-permissions",
+            "command": ["chown", f"{c.SERVER_UID}:{c.SERVER_UID}", *host_dirs],
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+            # subPathExpr of the tier mounts reads the pod name and namespace from here.
+            "env": server_env(),
+            "volumeMounts": [m for m in mounts if m["mountPath"] in host_dirs],
+        }
+    ] if host_dirs else None
     container = {
         "name": c.COMPONENT_WORKER,
         "args": ["worker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}", "--data-dir", c.DATA_DIR],
@@ -121,7 +133,12 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token
         token=token,
         # Workers do not depend on each other: start and stop them all at once.
         extra_spec={"podManagementPolicy": "Parallel"},
+        init_containers=init_containers,
     )
+
+
+def _is_host_path(volume_name: str, volumes: list[dict[str, Any]]) -> bool:
+    return any(v["name"] == volume_name and "hostPath" in v for v in volumes)
 
 
 def build_worker_pdb(cluster: Cluster) -> Manifest:

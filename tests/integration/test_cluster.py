@@ -360,3 +360,18 @@ def test_ttl_frees_blocks_unused_that_long(cluster: Cluster, bucket: str) -> Non
     wait_until(lambda: fs.info("/ttl/old.bin")["cached_bytes"] == len(data), 2, "the block report")
     wait_until(lambda: fs.info("/ttl/old.bin")["cached_bytes"] == 0, 15, "the TTL to free the block")
     assert fs.cat_file("/ttl/old.bin") == data
+
+
+def test_reading_lines_returns_the_store_s_lines(cluster: Cluster, bucket: str) -> None:
+    lines = [f"line {i} {'x' * (i % 97)}\n".encode() for i in range(200_000)]
+    data = b"".join(lines) + b"no newline at the end"
+    cluster.s3.put_object(bucket, "lines.txt", data)
+    cluster.mount_bucket("/t", bucket)
+    fs = cluster.fs()
+    with fs.open("/t/lines.txt", "rb") as f:
+        got = list(f)
+    assert got == [*lines, b"no newline at the end"]
+    with fs.open("/t/lines.txt", "rb") as f:
+        f.seek(BLOCK_SIZE - 3)
+        assert f.readline(2) == data[BLOCK_SIZE - 3:BLOCK_SIZE - 1]
+        assert f.readline() == data[BLOCK_SIZE - 1:data.index(b"\n", BLOCK_SIZE - 1) + 1]
