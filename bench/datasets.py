@@ -74,6 +74,15 @@ def _write_manifest(folder: Path, files: list[str], expected: float, spec: dict[
     path.write_text(json.dumps({"files": files, "expected": expected, "spec": spec}))
 
 
+def _made(root: Path, name: str, spec: dict[str, Any]) -> Dataset | None:
+    """The dataset if an earlier run made it with this spec; else None, with its folder ready."""
+    manifest = _manifest(root / name)
+    if manifest is not None and manifest.get("spec") == spec:
+        return _dataset(root, name, manifest)
+    (root / name).mkdir(parents=True, exist_ok=True)
+    return None
+
+
 def parquet_dataset(root: Path, name: str, size: int, seed: int = 1) -> Dataset:
     """Two float64 columns, `size` bytes of values, in 64 MiB parts."""
     import pyarrow as pa
@@ -81,10 +90,8 @@ def parquet_dataset(root: Path, name: str, size: int, seed: int = 1) -> Dataset:
 
     folder = root / name
     spec = {"kind": "parquet", "size": size, "seed": seed}
-    manifest = _manifest(folder)
-    if manifest is not None and manifest.get("spec") == spec:
-        return _dataset(root, name, manifest)
-    folder.mkdir(parents=True, exist_ok=True)
+    if (made := _made(root, name, spec)) is not None:
+        return made
     rng = np.random.default_rng(seed)
     files, total, left, index = [], 0.0, size, 0
     while left > 0:
@@ -105,10 +112,8 @@ def text_dataset(root: Path, name: str, size: int, seed: int = 2) -> Dataset:
     """One file of `size` bytes: lines of 20 to 140 lowercase letters."""
     folder = root / name
     spec = {"kind": "text", "size": size, "seed": seed}
-    manifest = _manifest(folder)
-    if manifest is not None and manifest.get("spec") == spec:
-        return _dataset(root, name, manifest)
-    folder.mkdir(parents=True, exist_ok=True)
+    if (made := _made(root, name, spec)) is not None:
+        return made
     rng = np.random.default_rng(seed)
     lines = 0
     with (folder / "lines.txt").open("wb") as out:
@@ -132,10 +137,8 @@ def small_files_dataset(root: Path, name: str, count: int) -> Dataset:
     """`count` files of 100 bytes in one folder."""
     folder = root / name
     spec = {"kind": "small", "count": count}
-    manifest = _manifest(folder)
-    if manifest is not None and manifest.get("spec") == spec:
-        return _dataset(root, name, manifest)
-    folder.mkdir(parents=True, exist_ok=True)
+    if (made := _made(root, name, spec)) is not None:
+        return made
     files = []
     for i in range(count):
         file = f"f-{i:06d}.dat"

@@ -7,8 +7,8 @@ servers, sampled at once, summarized as the functions that take the time.
 It starts the same stack as run.py, makes the data, warms the cache if asked, then runs the
 operation `--repeat` times in a reader process under `py-spy record` while py-spy also
 samples the worker (and the master, and the FUSE process when they are involved). Writes
-results/profiles/<tag>-<process>.txt (top functions by own and by total time) and the raw
-collapsed stacks beside them (for flamegraph tools).
+results/profiles/<tag>-<process>.txt (top functions by own and by total time); the raw
+collapsed stacks (for flamegraph tools) go to <workdir>/profiles/<tag>-<process>.raw.
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ def main() -> int:
         ds = datasets.small_files_dataset(local, f"meta-{int(args.size)}", int(args.size))
         op = "list_and_stat"
     args.out.mkdir(parents=True, exist_ok=True)
+    raws = args.workdir / "profiles"
+    raws.mkdir(parents=True, exist_ok=True)
     with Stack(StackSettings(), args.workdir / "profile") as stack:
         datasets.upload(ds, local, stack.s3fs(), BUCKET)
         stack.mount(MOUNT, f"s3://{BUCKET}")
@@ -130,19 +132,20 @@ def main() -> int:
         watched = ["worker"] + (["master"] if args.workload == "metadata" else []) + (["fuse"] if c.id == "strata-fuse" else [])
         for name in watched:
             if name in servers:
-                raw = args.out / f"{tag}-{name}.raw"
+                raw = raws / f"{tag}-{name}.raw"
                 spies.append((name, raw, spy(servers[name].process.pid, raw, args.rate)))
         time.sleep(0.5)  # let py-spy attach
         job = {"access": access.to_json(), "op": op, "full_paths": paths, "repeat": args.repeat}
-        client_raw = args.out / f"{tag}-client.raw"
+        client_raw = raws / f"{tag}-client.raw"
         reader = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--threads", "-r", str(args.rate),
                                    "-f", "raw", "-o", str(client_raw), "--", sys.executable, "-P", str(BENCH / "reader.py"),
                                    json.dumps(job)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert reader.stdin is not None and reader.stdout is not None
-        reader.stdout.readline()
+        while not reader.stdout.readline().startswith("READY"):  # py-spy prints to stdout too
+            pass
         reader.stdin.write("go\n")
         reader.stdin.flush()
-        times = [json.loads(line)["seconds"] for line in reader.stdout]
+        times = [json.loads(line)["seconds"] for line in reader.stdout if line.startswith("{")]
         reader.wait(timeout=120)
         for _, _, proc in spies:
             proc.send_signal(signal.SIGINT)

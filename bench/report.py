@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from results import Series, Target, Workload
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import Series, Target, Workload  # noqa: E402
 
 STRATA = ("strata-remote", "strata-fuse", "strata-sc")
 BASE = "s3fs"
@@ -46,53 +50,58 @@ def _failed(*series: Series) -> str:
     return ("; " + "; ".join(failed)) if failed else ""
 
 
+def _ratio(tid: str, text: str, w: Workload | None, x: str, px: str, other: str, po: str,
+           ratio_of: Callable[[Series, Series], float], passes: Callable[[float], bool], threshold: str,
+           detail: Callable[[Series, Series], str]) -> Target:
+    """A target on the ratio of two series of one workload (N/A when either is missing)."""
+    if w is None:
+        return _na(tid, text, "workload not run")
+    pair = _pair(w, x, px, other, po)
+    if isinstance(pair, str):
+        return _na(tid, text, pair)
+    sx, so = pair
+    ratio = ratio_of(sx, so)
+    return Target(tid, text, _verdict(passes(ratio), sx), ratio, threshold, detail(sx, so) + _failed(sx))
+
+
+def _noise(w: Workload | None) -> str:
+    """The spread of the page-cache read in the same workload: what the machine's load alone does."""
+    local = w.get("local", "warm") if w is not None else None
+    return f"; local page-cache read spread {local.spread:.2f} in the same run" if local is not None and local.ok else ""
+
+
+def _at_least(share: float) -> Callable[[float], bool]:
+    return lambda ratio: ratio >= share
+
+
 def judge(workloads: list[Workload]) -> list[Target]:
     targets: list[Target] = []
     agg = _largest(workloads, "aggregate-")
     for x in STRATA:
-        text = f"warm aggregation ({agg.id if agg else 'aggregate'}) >= 10x faster than direct s3fs: {x}"
-        if agg is None:
-            targets.append(_na(f"warm-10x/{x}", text, "aggregation not run"))
-            continue
-        pair = _pair(agg, x, "warm", BASE, "cold")
-        if isinstance(pair, str):
-            targets.append(_na(f"warm-10x/{x}", text, pair))
-            continue
-        sx, sb = pair
-        ratio = sb.median / sx.median
-        targets.append(Target(f"warm-10x/{x}", text, _verdict(ratio >= 10, sx), ratio, ">= 10",
-                              f"s3fs median {sb.median:.3f} s, {x} warm median {sx.median:.3f} s" + _failed(sx)))
-        spread_text = f"warm spread (max/min) of the aggregation under 1.2: {x}"
-        targets.append(Target(f"warm-spread/{x}", spread_text, _verdict(sx.spread < 1.2, sx), sx.spread, "< 1.2",
-                              f"{x} warm min {sx.min:.3f} s, max {sx.max:.3f} s"))
+        targets.append(_ratio(
+            f"warm-10x/{x}", f"warm aggregation ({agg.id if agg else 'aggregate'}) >= 10x faster than direct s3fs: {x}",
+            agg, x, "warm", BASE, "cold", lambda sx, sb: sb.median / sx.median, lambda r: r >= 10, ">= 10",
+            lambda sx, sb: f"s3fs median {sb.median:.3f} s, warm median {sx.median:.3f} s"))
+        targets.append(_ratio(
+            f"warm-spread/{x}", f"warm spread (max/min) of the aggregation under 1.2: {x}",
+            agg, x, "warm", x, "warm", lambda sx, _: sx.spread, lambda r: r < 1.2, "< 1.2",
+            lambda sx, _: f"warm min {sx.min:.3f} s, max {sx.max:.3f} s" + _noise(agg)))
     for w in workloads:
         if not (w.id.startswith("aggregate-") or w.id.startswith("linecount-")):
             continue
         for x in STRATA:
-            text = f"cold read at most 1.1x the time of direct s3fs ({w.id}): {x}"
-            pair = _pair(w, x, "cold", BASE, "cold")
-            if isinstance(pair, str):
-                targets.append(_na(f"cold-1.1x/{w.id}/{x}", text, pair))
-                continue
-            sx, sb = pair
-            ratio = sx.median / sb.median
-            targets.append(Target(f"cold-1.1x/{w.id}/{x}", text, _verdict(ratio <= 1.1, sx), ratio, "<= 1.1",
-                                  f"{x} cold median {sx.median:.3f} s, s3fs median {sb.median:.3f} s" + _failed(sx)))
+            targets.append(_ratio(
+                f"cold-1.1x/{w.id}/{x}", f"cold read at most 1.1x the time of direct s3fs ({w.id}): {x}",
+                w, x, "cold", BASE, "cold", lambda sx, sb: sx.median / sb.median, lambda r: r <= 1.1, "<= 1.1",
+                lambda sx, sb: f"cold median {sx.median:.3f} s, s3fs median {sb.median:.3f} s"))
     lines = _largest(workloads, "linecount-")
     for x, share in (("strata-fuse", 0.5), ("strata-sc", 0.8)):
-        text = f"warm sequential read at least {share:.0%} of page-cache read speed: {x}"
-        if lines is None:
-            targets.append(_na(f"seq-speed/{x}", text, "line count not run"))
-            continue
-        pair = _pair(lines, x, "warm", "local", "warm")
-        if isinstance(pair, str):
-            targets.append(_na(f"seq-speed/{x}", text, pair))
-            continue
-        sx, sl = pair
-        ratio = sl.median / sx.median
-        targets.append(Target(f"seq-speed/{x}", text, _verdict(ratio >= share, sx), ratio, f">= {share}",
-                              f"{lines.id}: {x} warm {lines.bytes / sx.median / 1e6:.0f} MB/s, "
-                              f"page cache {lines.bytes / sl.median / 1e6:.0f} MB/s" + _failed(sx)))
+        size = lines.bytes if lines else 0
+        targets.append(_ratio(
+            f"seq-speed/{x}", f"warm sequential read at least {share:.0%} of page-cache read speed: {x}",
+            lines, x, "warm", "local", "warm", lambda sx, sl: sl.median / sx.median,
+            _at_least(share), f">= {share}",
+            lambda sx, sl: f"{lines.id if lines else ''}: warm {size / sx.median / 1e6:.0f} MB/s, page cache {size / sl.median / 1e6:.0f} MB/s"))
     sharing = _largest(workloads, "sharing-")
     for x in STRATA:
         text = f"sharing: the fifth process reads warm, from the cache the first four filled: {x}"
@@ -167,19 +176,18 @@ def workload_table(w: Workload) -> list[str]:
             sp = series[p]
             cells.append(f"{sp.median / b.median:.2f}x" if sp is not None and sp.ok else "")
         rows.append("| " + " | ".join(cells) + " |")
-        for sv in series.values():
-            if sv is None:
-                continue
-            s = sv
-            for failure in s.failures:
-                notes.append(f"{label}, {s.phase}: FAILED {failure}")
-            if s.skipped and f"{label}: {s.skipped}" not in notes:
-                notes.append(f"{label}: {s.skipped}")
-            elif s.note and f"{label}: {s.note}" not in notes:
-                notes.append(f"{label}: {s.note}")
-            for key, values in s.extra.items():
-                notes.append(f"{label}, {s.phase}: {key} = {_fmt_values(values)}")
+        for found in series.values():
+            if found is not None:
+                notes += [n for n in _notes(label, found) if n not in notes]
     return rows + ([""] + [f"- {n}" for n in notes] if notes else [])
+
+
+def _notes(label: str, s: Series) -> list[str]:
+    notes = [f"{label}, {s.phase}: FAILED {failure}" for failure in s.failures]
+    if s.skipped or s.note:
+        notes.append(f"{label}: {s.skipped or s.note}")
+    notes += [f"{label}, {s.phase}: {key} = {_fmt_values(values)}" for key, values in s.extra.items()]
+    return notes
 
 
 def _fmt_values(values: Any) -> str:
@@ -198,7 +206,7 @@ def _fmt_values(values: Any) -> str:
 def targets_table(targets: list[Target]) -> list[str]:
     rows = ["| target | measured | needed | verdict | detail |", "|---|---|---|---|---|"]
     for t in targets:
-        value = f"{t.value:.2f}" if t.value is not None and t.threshold != "0 bytes from the store" else (
+        value = f"{t.value:.3f}" if t.value is not None and t.threshold != "0 bytes from the store" else (
             f"{t.value:,.0f} B" if t.value is not None else "")
         rows.append(f"| {t.text} | {value} | {t.threshold} | **{t.verdict}** | {t.detail} |")
     return rows
@@ -210,7 +218,8 @@ def markdown(run: dict[str, Any], workloads: list[Workload], targets: list[Targe
         f"# Strata benchmark: {run['name']}",
         "",
         f"- started {run['started']}, took {run['duration_s'] / 60:.1f} min; {'quick run' if run['quick'] else 'full run'}, "
-        f"{run['reps']} repetitions (interleaved)",
+        f"{run['reps']} repetitions (interleaved; cold reads of datasets of 1 GiB or more: "
+        f"{run.get('big_cold_reps', run['reps'])})",
         f"- machine: {run['machine']['cpus']} CPUs, {run['machine']['memory_gib']:.0f} GiB; 1-minute load average "
         f"{run['machine']['load_start']:.1f} at the start, {run['machine']['load_end']:.1f} at the end "
         "(other jobs share this machine: compare ratios within this run, not absolute times across runs)",
@@ -231,7 +240,9 @@ def markdown(run: dict[str, Any], workloads: list[Workload], targets: list[Targe
         "",
     ]
     for w in workloads:
-        lines += [f"## {w.title}", "", f"{w.description}. Load average {w.load[0]:.1f} → {w.load[1]:.1f}.", "",
+        cold_reps = w.extra.get("cold_repetitions")
+        reps = f" Cold reads: {cold_reps} repetitions (warm: {run['reps']})." if cold_reps else ""
+        lines += [f"## {w.title}", "", f"{w.description}. Load average {w.load[0]:.1f} → {w.load[1]:.1f}.{reps}", "",
                   *workload_table(w), ""]
     return "\n".join(lines)
 
@@ -299,18 +310,21 @@ def write(out: Path, name: str, run: dict[str, Any], workloads: list[Workload], 
     return paths
 
 
-def update_readme(readme: Path, name: str, run: dict[str, Any], targets: list[Target]) -> None:
+def update_readme(readme: Path, name: str, run: dict[str, Any], targets: list[Target],
+                  workloads: Sequence[Workload] = ()) -> None:
     """Replace the results section of bench/README.md with this run's targets."""
     text = readme.read_text()
     if README_START not in text or README_END not in text:
         return
+    peak = max([run["machine"]["load_start"], run["machine"]["load_end"], *(x for w in workloads for x in w.load)])
     passed = sum(t.verdict == "PASS" for t in targets)
     missed = sum(t.verdict == "MISS" for t in targets)
     section = "\n".join([
         README_START,
         f"From `results/{name}.md` ({'quick' if run['quick'] else 'full'} run of {run['started'][:10]}, "
-        f"{run['reps']} repetitions, network {run['network']['mode']}, load average "
-        f"{run['machine']['load_start']:.1f}–{run['machine']['load_end']:.1f}): {passed} targets PASS, {missed} MISS.",
+        f"{run['reps']} repetitions, network {run['network']['mode']}, 1-minute load average "
+        f"{run['machine']['load_start']:.1f} at the start, up to {peak:.1f} between workloads, "
+        f"{run['machine']['load_end']:.1f} at the end): {passed} targets PASS, {missed} MISS.",
         "",
         *targets_table(targets),
         "",
@@ -321,3 +335,27 @@ def update_readme(readme: Path, name: str, run: dict[str, Any], targets: list[Ta
     ])
     pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
     readme.write_text(pattern.sub(lambda _: section, text))
+
+
+def load(path: Path) -> tuple[dict[str, Any], list[Workload]]:
+    """A run and its workloads back from a results JSON file."""
+    data = json.loads(path.read_text())
+    fields = ("contestant", "label", "phase", "times", "note", "skipped", "failures", "extra")
+    workloads = []
+    for w in data.pop("workloads"):
+        series = [Series(**{k: s[k] for k in fields if k in s}) for s in w["series"]]
+        workloads.append(Workload(w["id"], w["title"], w["description"], w["bytes"], series, w.get("extra", {}),
+                                  tuple(w.get("load_average", (0.0, 0.0)))))
+    data.pop("targets", None)
+    return data, workloads
+
+
+if __name__ == "__main__":
+    # Re-judge and re-render a run: python -P bench/report.py bench/results/full.json [--readme]
+    source = Path(sys.argv[1])
+    run, loaded = load(source)
+    judged = judge(loaded)
+    written = write(source.parent, source.stem, run, loaded, judged)
+    if "--readme" in sys.argv[2:]:
+        update_readme(Path(__file__).resolve().parent / "README.md", source.stem, run, judged, loaded)
+    print("wrote " + ", ".join(str(p) for p in written.values()))

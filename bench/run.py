@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--text-size", help="line-count file size")
     p.add_argument("--write-size", help="size of the dataset written per write type")
     p.add_argument("--share-size", help="dataset the sharing workload reads")
+    p.add_argument("--big-cold-reps", type=int, default=3,
+                   help="cold repetitions for datasets of 1 GiB or more (default 3; warm keeps --reps)")
     p.add_argument("--files", type=int, help="small files for the metadata workload")
     p.add_argument("--rate-mbit", type=float, default=1000.0, help="store link bandwidth, Mbit/s (default 1000)")
     p.add_argument("--ttfb-ms", type=float, default=20.0, help="time to first byte added per store request (default 20)")
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in contestants:
             if c.unavailable:
                 log(f"{c.id}: {c.unavailable}")
-        runner = Runner(stack, contestants, local, reps, BUCKET, MOUNT, log=log)
+        runner = Runner(stack, contestants, local, reps, BUCKET, MOUNT, log=log, big_cold_reps=args.big_cold_reps)
         try:
             if "aggregate" in only:
                 workloads += [runner.aggregation(d) for d in agg]
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run = {
         "name": name, "started": started.isoformat(timespec="seconds"), "duration_s": time.monotonic() - t0,
-        "quick": args.quick, "reps": reps, "network": network, "link_check": checked,
+        "quick": args.quick, "reps": reps, "big_cold_reps": min(reps, args.big_cold_reps), "network": network, "link_check": checked,
         "settings": {"rate_mbit": args.rate_mbit, "ttfb_ms": args.ttfb_ms, "mem_quota": args.mem,
                      "block_size": settings.block_size, "readahead_blocks": settings.readahead_blocks},
         "machine": {"cpus": os.cpu_count(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = report.judge(workloads)
     paths = report.write(args.out, name, run, workloads, targets)
     if not args.quick and not args.no_readme and only == set(WORKLOADS):
-        report.update_readme(BENCH / "README.md", name, run, targets)
+        report.update_readme(BENCH / "README.md", name, run, targets, workloads)
     for t in targets:
         log(f"{t.verdict:4s} {t.text}  {'' if t.value is None else f'{t.value:.2f}'} {t.detail}")
     log("wrote " + ", ".join(str(p) for p in paths.values()))
