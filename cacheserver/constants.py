@@ -22,8 +22,9 @@ ENV_HOSTNAME: Final = "STRATA_HOSTNAME"
 ENV_HOME: Final = "STRATA_HOME"
 
 DEFAULT_BLOCK_SIZE: Final = 16 * 1024 * 1024
-# gRPC messages stay well under the 4 MiB default limit; blocks stream in chunks this big.
-STREAM_CHUNK_SIZE: Final = 1024 * 1024
+# Blocks stream in messages this big: few enough that per-message cost stays small, and
+# under the 64 MiB message limit every Strata channel sets (rpcutil.CHANNEL_OPTIONS).
+STREAM_CHUNK_SIZE: Final = 4 * 1024 * 1024
 
 MEDIA: Final = ("MEM", "SSD", "HDD")  # fastest first
 XATTR_LOCATIONS: Final = "user.strata.locations"

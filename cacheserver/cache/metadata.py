@@ -1,7 +1,7 @@
 """What a worker knows about one cached block, kept on disk next to its bytes.
 
 Each block file `<id>.blk` has a sidecar `<id>.meta` (small JSON) with the block's key,
-length, tier, pin state, CRC32 checksums of each 1 MiB chunk and its times. Both files are
+length, tier, pin state, CRC-32C checksums of each 1 MiB chunk and its times. Both files are
 written under a temporary name and renamed, the block first: after a crash a block without
 its sidecar is an orphan, never a valid-looking partial block.
 """
@@ -9,11 +9,12 @@ its sidecar is an orphan, never a valid-looking partial block.
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from crc32c import crc32c
 
 from ..constants import MEDIA
 from ..errors import DataLoss, InvalidArgument
@@ -23,7 +24,10 @@ from .keys import BlockKey
 # Checksum granularity: a range read verifies only the chunks it touches, so a 4 KiB read
 # costs a 1 MiB CRC at most, while a 16 MiB block carries just 16 checksums.
 CHUNK_SIZE = 1024 * 1024
-METADATA_FORMAT = 1
+# Format 2: CRC-32C (Castagnoli), computed by the CPU's crc32 instruction at over 10 GB/s,
+# so verifying every read costs little next to copying the bytes. Format 1 (zlib's CRC-32,
+# about 1.5 GB/s) sidecars are not read: their blocks count as orphans and are fetched again.
+METADATA_FORMAT = 2
 
 
 class BlockCorrupt(DataLoss):
@@ -32,9 +36,9 @@ class BlockCorrupt(DataLoss):
 
 
 def compute_checksums(data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) -> tuple[int, ...]:
-    """CRC32 of each `chunk_size` piece of `data` (the last one may be shorter)."""
+    """CRC-32C of each `chunk_size` piece of `data` (the last one may be shorter)."""
     view = memoryview(data)
-    return tuple(zlib.crc32(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size))
+    return tuple(crc32c(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size))
 
 
 @dataclass(slots=True)
@@ -84,11 +88,11 @@ class BlockMetadata:
 
     def bad_chunk(self, data: bytes | memoryview, start: int) -> int | None:
         """Index of the first chunk of `data` (which begins at chunk-aligned offset `start`)
-        whose CRC32 is wrong, or None when all match."""
+        whose CRC-32C is wrong, or None when all match."""
         view = memoryview(data)
         first = start // self.chunk_size
         for i, pos in enumerate(range(0, len(view), self.chunk_size)):
-            if zlib.crc32(view[pos : pos + self.chunk_size]) != self.checksums[first + i]:
+            if crc32c(view[pos : pos + self.chunk_size]) != self.checksums[first + i]:
                 return first + i
         return None
 

@@ -313,7 +313,7 @@ class BlockStore:
                             entry.verified = True
                         self._touch(entry)
                         return data if (start, stop) == (offset, end) else data[offset - start : end - start]
-                    problem = f"chunk {bad} failed its CRC32 check"
+                    problem = f"chunk {bad} failed its CRC-32C check"
                 current = self._index.get(key.block_id)
                 if current is None:
                     raise NotFound(f"block {key} left the cache while it was read; fetch it again")
@@ -729,7 +729,7 @@ def _verify_fd(fd: int, meta: BlockMetadata) -> str | None:
     if len(data) != meta.length:
         return f"file has {len(data)} bytes, expected {meta.length}"
     bad = meta.bad_chunk(data, 0)
-    return None if bad is None else f"chunk {bad} failed its CRC32 check"
+    return None if bad is None else f"chunk {bad} failed its CRC-32C check"
 
 
 def _check_length(value: int, what: str) -> None:

@@ -8,6 +8,7 @@ worker is down the next one on the ring serves it. Reads are correct or raise a 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import queue
 import socket
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 
 # How long the worker list is reused before asking the master again.
 WORKERS_TTL = 2.0
+# A block's bytes: `bytes`, or a read-only map of the worker's block file (short-circuit),
+# which copies only what is sliced out of it.
+Buffer = bytes | mmap.mmap
+
 # Errors after which the next worker on the ring is tried.
 _FAILOVER = (Unavailable, FailedPrecondition)
 
@@ -193,7 +198,7 @@ class StrataClient:
         return [by_id[w] for w in order if not (w in seen or seen.add(w))]  # type: ignore[func-returns-value]
 
     def read_block(self, ref: pb.BlockRef, offset: int = 0, length: int = 0, *,
-                   readahead: int = 0, read_type: pb.ReadType.ValueType = pb.READ_TYPE_UNSPECIFIED, holders: Iterable[str] = ()) -> bytes:
+                   readahead: int = 0, read_type: pb.ReadType.ValueType = pb.READ_TYPE_UNSPECIFIED, holders: Iterable[str] = ()) -> Buffer:
         """Bytes of one block (length 0: to its end), failing over along the ring."""
         errors: list[str] = []
         for attempt in range(2):
@@ -207,12 +212,14 @@ class StrataClient:
         raise Unavailable(f"cannot read block {ref.index} of {ref.path}: " + "; ".join(errors))
 
     def _read_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, length: int,
-                   readahead: int, read_type: pb.ReadType.ValueType) -> bytes:
+                   readahead: int, read_type: pb.ReadType.ValueType) -> Buffer:
         full = max(0, min(ref.block_size, ref.file_length - ref.index * ref.block_size))
         want = (length or full - offset)
         reader = self._sc_reader(worker)
         if reader is not None:
             try:
+                if offset == 0 and want == full:
+                    return reader.map(ref, read_type)
                 return reader.read(ref, offset, want, read_type)
             except (Unavailable, ResourceExhausted) as exc:
                 log.debug("short-circuit to %s failed (%s); reading over gRPC", worker.worker_id, exc)
@@ -222,7 +229,7 @@ class StrataClient:
             chunks = [c.data for c in self.worker_stub(worker).ReadBlock(request, timeout=300)]
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"reading block {ref.index} of {ref.path} from worker {worker.worker_id}") from exc
-        data = b"".join(chunks)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if len(data) != want:
             raise Unavailable(f"worker {worker.worker_id} sent {len(data)} bytes of block {ref.index} of {ref.path}, expected {want}")
         return data

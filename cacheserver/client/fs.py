@@ -18,7 +18,7 @@ from fsspec.utils import infer_storage_options
 
 from ..errors import InvalidArgument, StrataError
 from ..proto import strata_pb2 as pb
-from .core import StrataClient, StreamingUpload
+from .core import Buffer, StrataClient, StreamingUpload
 
 # Blocks a sequential reader keeps fetching ahead of itself.
 DEFAULT_READAHEAD = 2
@@ -162,7 +162,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 self._holders = {b.index: list(b.worker_ids) for b in locations.blocks}
             block = self.file_info.block_size or 1
             super().__init__(fs, path, mode, block_size=block, cache_type="none", size=self.file_info.length)
-            self._blocks: OrderedDict[int, Future[bytes]] = OrderedDict()
+            self._blocks: OrderedDict[int, Future[Buffer]] = OrderedDict()
             self._last_index = -2
             self._lock = threading.Lock()
         else:
@@ -173,11 +173,11 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _fetch_block(self, index: int) -> bytes:
+    def _fetch_block(self, index: int) -> Buffer:
         ref = self.client.block_ref(self.file_info, index)
         return self.client.read_block(ref, holders=self._holders.get(index, ()))
 
-    def _block_future(self, index: int) -> Future[bytes]:
+    def _block_future(self, index: int) -> Future[Buffer]:
         future = self._blocks.get(index)
         if future is None:
             future = self.fs._pool.submit(self._fetch_block, index)
@@ -198,8 +198,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         sequential = first in (self._last_index, self._last_index + 1) or (start == 0 and end - start >= SMALL_READ)
         if first == last and not sequential and end - start < SMALL_READ and first not in self._blocks:
             ref = self.client.block_ref(info, first)
-            return self.client.read_block(ref, start - first * size, end - start, holders=self._holders.get(first, ()))
-        parts = []
+            piece = self.client.read_block(ref, start - first * size, end - start, holders=self._holders.get(first, ()))
+            return piece if isinstance(piece, bytes) else piece[:]
+        parts: list[bytes] = []
         blocks = (info.length + size - 1) // size
         for i in range(first, last + 1):
             with self._lock:
@@ -215,7 +216,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 raise
             lo = max(start - i * size, 0)
             hi = min(end - i * size, len(data))
-            parts.append(data[lo:hi] if (lo, hi) != (0, len(data)) else data)
+            if isinstance(data, bytes) and (lo, hi) == (0, len(data)):
+                parts.append(data)
+            else:
+                parts.append(data[lo:hi])
         self._last_index = last
         return b"".join(parts) if len(parts) != 1 else parts[0]
 

@@ -4,6 +4,7 @@ descriptor over its Unix socket, read the file directly."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
 import threading
@@ -42,8 +43,9 @@ class ShortCircuitReader:
             conn[0].close()
             self._local.conn = None
 
-    def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
-        """Bytes [offset, offset+length) of the block, from the worker's block file."""
+    def _open(self, ref: pb.BlockRef, read_type: int) -> tuple[int, int]:
+        """Ask the worker for the block: (file descriptor, block length). The caller closes
+        the descriptor."""
         request = {
             "token": self._token,
             "block": {
@@ -53,9 +55,9 @@ class ShortCircuitReader:
             "read_type": read_type,
         }
         sock, pending = self._conn()
+        fd = -1
         try:
             sock.sendall((json.dumps(request) + "\n").encode())
-            fd = -1
             while b"\n" not in pending:
                 data, fds, _, _ = socket.recv_fds(sock, 65536, 1)
                 if not data:
@@ -65,6 +67,8 @@ class ShortCircuitReader:
                     fd = fds[0]
         except OSError as exc:
             self._drop()
+            if fd >= 0:
+                os.close(fd)
             raise Unavailable(f"short-circuit read over {self.socket_path} failed: {exc}") from exc
         line, _, rest = bytes(pending).partition(b"\n")
         pending[:] = rest
@@ -74,8 +78,25 @@ class ShortCircuitReader:
                 os.close(fd)
             cls = _ERRORS_BY_NAME.get(reply.get("code", ""), StrataError)
             raise cls(reply.get("message", "short-circuit read refused"))
+        if fd < 0:
+            raise Unavailable(f"the worker at {self.socket_path} answered without a file descriptor")
+        return fd, int(reply["length"])
+
+    def map(self, ref: pb.BlockRef, read_type: int = 0) -> mmap.mmap | bytes:
+        """The whole block, mapped read-only from the worker's block file: slicing it copies
+        only what is sliced, as a read from the page cache does."""
+        fd, length = self._open(ref, read_type)
         try:
-            available = int(reply["length"])
+            if length == 0:
+                return b""
+            return mmap.mmap(fd, length, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+
+    def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
+        """Bytes [offset, offset+length) of the block, from the worker's block file."""
+        fd, available = self._open(ref, read_type)
+        try:
             if offset > available:
                 raise StrataError(f"offset {offset} is past the end of block {ref.index} ({available} bytes)")
             want = min(length, available - offset)

@@ -193,7 +193,7 @@ async def test_a_flipped_byte_is_caught_by_the_read_that_touches_it(
         f.write(bytes([byte[0] ^ 0x01]))
     # Only the touched chunks are verified: the first two are intact.
     assert await store.read(key(0), 10, 2 * CHUNK_SIZE - 10) == data[10 : 2 * CHUNK_SIZE]
-    with pytest.raises(BlockCorrupt, match=re.escape(f"block {key(0)} on {medium}: chunk 2 failed its CRC32 check")):
+    with pytest.raises(BlockCorrupt, match=re.escape(f"block {key(0)} on {medium}: chunk 2 failed its CRC-32C check")):
         await store.read(key(0), CHUNK_SIZE, CHUNK_SIZE + 200)
     assert isinstance(BlockCorrupt("x"), DataLoss)
     assert store.lookup(key(0)) is None and not block.path.exists()
@@ -259,7 +259,7 @@ async def test_open_fd_verifies_a_block_found_at_restart(make_store: Any, dirs: 
     raw[-1] ^= 0x10
     block.path.write_bytes(bytes(raw))
     second = await make_store(("SSD", 1 << 20))
-    with pytest.raises(BlockCorrupt, match="chunk 0 failed its CRC32 check"):
+    with pytest.raises(BlockCorrupt, match="chunk 0 failed its CRC-32C check"):
         second.open_fd(key(0))
     assert second.blocks() == [] and not block.path.exists()
 
