@@ -199,6 +199,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         if first == last and not sequential and end - start < SMALL_READ and first not in self._blocks:
             ref = self.client.block_ref(info, first)
             piece = self.client.read_block(ref, start - first * size, end - start, holders=self._holders.get(first, ()))
+            # A next read in this block or the one after counts as sequential: it fetches
+            # whole blocks and reads ahead (the kernel reads a FUSE file 128 KiB at a time).
+            self._last_index = first
             return piece if isinstance(piece, bytes) else piece[:]
         parts: list[bytes] = []
         blocks = (info.length + size - 1) // size
