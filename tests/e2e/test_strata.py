@@ -206,6 +206,55 @@ def test_pod_reads_store_bytes_through_a_strata_volume(
     assert out["listing"] == sorted(k.split("/")[1] for k in dataset if k.startswith("train/"))
 
 
+def _reader_pod(name: str, paths: list[str], annotations: dict[str, str] | None = None) -> Obj:
+    """A pod that reads `paths` through the `data` Mount and reports their sha256."""
+    script = ("import hashlib, json\n"
+              "out = {p: hashlib.sha256(open('/data/' + p, 'rb').read()).hexdigest() for p in %r}\n"
+              "open('/dev/termination-log', 'w').write(json.dumps(out))\n" % sorted(paths))
+    pod = python_pod(name, script)
+    pod["metadata"]["annotations"] = annotations or {}
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data", "readOnly": True}]
+    pod["spec"]["volumes"] = [{"name": "data", "csi": {"driver": "csi.strata.dev", "readOnly": True,
+                                                      "volumeAttributes": {"mount": "data"}}}]
+    return pod
+
+
+def _finished(cluster: Cluster, namespace: str, name: str) -> Obj:
+    wait_until(lambda: cluster.get("pod", name, namespace)["status"].get("phase") in ("Succeeded", "Failed"),
+               timeout=180, what=f"pod {name} to finish", diagnose=lambda: cluster.describe_pods(namespace))
+    pod = cluster.get("pod", name, namespace)
+    state = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert state["exitCode"] == 0, state
+    return pod
+
+
+def test_a_pod_lands_on_a_node_holding_its_data(
+    strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
+) -> None:
+    ready_cluster(strata, namespace)
+    strata.apply(s3_mount(s3), namespace)
+    strata.apply(_reader_pod("warm-up", sorted(dataset)), namespace)
+    _finished(strata, namespace, "warm-up")
+
+    def data_nodes() -> set[str]:
+        nodes = strata.get("mount", "data", namespace).get("status", {}).get("cache", {}).get("nodes") or []
+        return {n["node"] for n in nodes if n.get("bytes")}
+
+    holding = wait_until(data_nodes, timeout=120, what="Mount status to show the nodes holding the data")
+    strata.apply(_reader_pod("near-data", sorted(dataset), {"strata.dev/locality": "required"}), namespace)
+    pod = _finished(strata, namespace, "near-data")
+    assert pod["spec"]["nodeName"] in holding, (pod["spec"]["nodeName"], holding)
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    allowed = {v for t in terms for e in t["matchExpressions"] if e["key"] == "kubernetes.io/hostname" for v in e["values"]}
+    assert allowed and allowed <= holding
+    # A pod with no Strata volume is never touched.
+    plain = python_pod("plain", "print('hello')")
+    strata.apply(plain, namespace)
+    untouched = strata.get("pod", "plain", namespace)
+    assert "affinity" not in untouched["spec"]
+    assert "strata.dev/locality-applied" not in (untouched["metadata"].get("annotations") or {})
+
+
 @pytest.mark.disruptive
 def test_scale_up_and_down(strata: Cluster, namespace: str) -> None:
     ready_cluster(strata, namespace)
