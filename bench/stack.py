@@ -203,7 +203,7 @@ class Stack:
         self.children.append(master)
         self.master_address = f"127.0.0.1:{port}"
         wait_until(lambda: self._check(master) and healthy(http), STARTUP_TIMEOUT, "the master")
-        wport, self.worker_http = free_port(), free_port()
+        wport, self.worker_http, wdata = free_port(), free_port(), free_port()
         shm = Path(f"/dev/shm/strata-bench-{os.getpid()}")
         config = {
             "blockSize": self.settings.block_size,
@@ -216,7 +216,8 @@ class Stack:
                       "STRATA_ADVERTISE_HOST": "127.0.0.1"}
         worker, _ = spawn("worker", [*self._python(), "-m", "strata.cacheserver", "worker",
                                      "--config", str(root / "worker.yaml"), "--data-dir", str(root / "worker"),
-                                     "--bind", "127.0.0.1", "--port", str(wport), "--http-port", str(self.worker_http)],
+                                     "--bind", "127.0.0.1", "--port", str(wport), "--http-port", str(self.worker_http),
+                                     "--data-port", str(wdata)],
                           self.workdir / "logs" / "worker.log", worker_env)
         self.children.append(worker)
         wait_until(lambda: self._check(worker) and healthy(self.worker_http), STARTUP_TIMEOUT, "the worker")

@@ -67,7 +67,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.master_address:
         config = config.model_copy(update={"master_address": args.master_address})
     token = load_token()
-    asyncio.run(run_worker(config, data_dir=args.data_dir, token=token, bind=args.bind, port=args.port, http_port=args.http_port))
+    asyncio.run(run_worker(config, data_dir=args.data_dir, token=token, bind=args.bind, port=args.port, http_port=args.http_port,
+                           data_port=args.data_port))
     return 0
 
 
@@ -343,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default="0.0.0.0")
     p.add_argument("--port", type=int, default=constants.WORKER_RPC_PORT)
     p.add_argument("--http-port", type=int, default=constants.WORKER_HTTP_PORT)
+    p.add_argument("--data-port", type=int, default=constants.WORKER_DATA_PORT, help="block bytes over TCP")
 
     p = add(sub, "operator", cmd_operator, "run the Kubernetes operator")
     p.add_argument("--namespace", "-n", action="append", help="watch this namespace (repeatable)")

@@ -6,6 +6,8 @@ MASTER_RPC_PORT: Final = 19998
 MASTER_HTTP_PORT: Final = 19999
 WORKER_RPC_PORT: Final = 29999
 WORKER_HTTP_PORT: Final = 30000
+# Block bytes over plain TCP (worker/transfer.py): what clients read blocks from.
+WORKER_DATA_PORT: Final = 30001
 
 GRPC_PACKAGE: Final = "strata.v1"
 FSSPEC_PROTOCOL: Final = "strata"

@@ -25,6 +25,8 @@ from .units import parse_size
 
 # How long `local up` waits for the servers to answer /healthz.
 STARTUP_TIMEOUT = 60.0
+# Ports a local worker takes from --worker-port on: gRPC, HTTP, block data.
+WORKER_PORTS = 3
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
     base = localstate.local_dir()
     base.mkdir(parents=True, exist_ok=True)
     ports = [spec.master_port, spec.master_port + 1] + [
-        p for i in range(spec.workers) for p in (spec.worker_port + 2 * i, spec.worker_port + 2 * i + 1)
+        spec.worker_port + WORKER_PORTS * i + k for i in range(spec.workers) for k in range(WORKER_PORTS)
     ]
     busy = [p for p in ports if not port_free(spec.bind, p)]
     if busy:
@@ -119,11 +121,11 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
             tiers += [t for t in (_disk_tier("SSD", spec.ssd, i), _disk_tier("HDD", spec.hdd, i)) if t]
             cfg = base / f"{name}.yaml"
             cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master, "tiers": tiers}))
-            port = spec.worker_port + 2 * i
+            port = spec.worker_port + WORKER_PORTS * i
             worker_env = {**env, "STRATA_WORKER_ID": f"local-{name}", "STRATA_ADVERTISE_HOST": spec.bind}
             procs[name] = _spawn(
                 ["worker", "--config", str(cfg), "--data-dir", str(base / name),
-                 "--bind", spec.bind, "--port", str(port), "--http-port", str(port + 1)],
+                 "--bind", spec.bind, "--port", str(port), "--http-port", str(port + 1), "--data-port", str(port + 2)],
                 logs / f"{name}.log", worker_env,
             )
             worker_http[name] = port + 1

@@ -53,6 +53,7 @@ MASTER_RPC_PORT: Final = server.MASTER_RPC_PORT
 MASTER_HTTP_PORT: Final = server.MASTER_HTTP_PORT
 WORKER_RPC_PORT: Final = server.WORKER_RPC_PORT
 WORKER_HTTP_PORT: Final = server.WORKER_HTTP_PORT
+WORKER_DATA_PORT: Final = server.WORKER_DATA_PORT
 
 # Condition types. Ready/Reconciling/Stalled follow kstatus (read by Argo CD and Flux).
 READY: Final = "Ready"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import mmap
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -359,6 +360,36 @@ class BlockStore:
             return fd, entry.snapshot()
         finally:
             self._flush()
+
+    async def open_checked(self, key: BlockKey, offset: int, length: int) -> tuple[int, CachedBlock]:
+        """A read-only descriptor of the block file (the caller closes it) after checking the
+        CRC-32C of every chunk that [offset, offset+length) touches, as `read` does: a failed
+        check drops the block and raises BlockCorrupt. For senders that hand the file's bytes
+        to the kernel (sendfile) rather than reading them."""
+        _check_length(offset, "offset")
+        _check_length(length, "length")
+        fd, block = self.open_fd(key)
+        entry = self._index.get(key.block_id)
+        if entry is None:  # cannot happen: open_fd just found it, on this thread
+            os.close(fd)
+            raise NotFound(f"block {key} left the cache while it was opened; fetch it again")
+        meta = entry.meta
+        start, stop = meta.chunk_span(offset, length)
+        try:
+            bad = await asyncio.to_thread(_check_span, fd, meta, start, stop)
+        except BaseException:
+            os.close(fd)
+            raise
+        if bad is None:
+            return fd, block
+        os.close(fd)
+        entry = self._index.get(key.block_id)
+        if entry is not None and entry.path == block.path:
+            self._drop(entry)
+            self._flush()
+        raise BlockCorrupt(
+            f"block {key} on {block.medium}: {bad}; it was dropped from the cache, read it again from the store"
+        )
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -729,6 +760,24 @@ def _verify_fd(fd: int, meta: BlockMetadata) -> str | None:
     if len(data) != meta.length:
         return f"file has {len(data)} bytes, expected {meta.length}"
     bad = meta.bad_chunk(data, 0)
+    return None if bad is None else f"chunk {bad} failed its CRC-32C check"
+
+
+def _check_span(fd: int, meta: BlockMetadata, start: int, stop: int) -> str | None:
+    """What is wrong with the chunk-aligned bytes [start, stop) of the block file behind `fd`,
+    or None. Reads them through a map of the file: no copy, and they stay in the page cache
+    for the sender."""
+    if start >= stop:
+        return None
+    size = os.fstat(fd).st_size
+    if size != meta.length:  # a map past the end of a file faults on access
+        return f"file has {size} bytes, expected {meta.length}"
+    with mmap.mmap(fd, meta.length, prot=mmap.PROT_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            bad = meta.bad_chunk(view[start:stop], start)
+        finally:
+            view.release()
     return None if bad is None else f"chunk {bad} failed its CRC-32C check"
 
 

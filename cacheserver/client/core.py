@@ -28,14 +28,14 @@ from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
 from . import localstate
-from .shortcircuit import ShortCircuitReader
+from .transfer import DataReader, ShortCircuitReader
 
 log = logging.getLogger(__name__)
 
 # How long the worker list is reused before asking the master again.
 WORKERS_TTL = 2.0
-# A block's bytes: `bytes`, or a read-only map of the worker's block file (short-circuit),
-# which copies only what is sliced out of it.
+# A block's bytes: `bytes`, or a map (of the worker's block file for short-circuit reads, or
+# of memory the data port's bytes were received into) that copies only what is sliced out.
 Buffer = bytes | mmap.mmap
 
 # Errors after which the next worker on the ring is tried.
@@ -86,6 +86,7 @@ class StrataClient:
         self._workers: _Workers | None = None
         self._worker_channels: dict[str, tuple[str, grpc.Channel]] = {}
         self._sc_readers: dict[str, ShortCircuitReader] = {}
+        self._data_readers: dict[str, DataReader] = {}
         self._lock = threading.Lock()
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -123,8 +124,19 @@ class StrataClient:
                 reader = self._sc_readers[info.domain_socket] = ShortCircuitReader(info.domain_socket, self.token)
         return reader
 
+    def _data_reader(self, info: pb.WorkerInfo) -> DataReader | None:
+        if not info.data_port:
+            return None
+        host = info.address.rsplit(":", 1)[0].strip("[]")
+        where = f"{host}:{info.data_port}"
+        with self._lock:
+            reader = self._data_readers.get(where)
+            if reader is None:
+                reader = self._data_readers[where] = DataReader(host, info.data_port, self.token)
+        return reader
+
     def close(self) -> None:
-        for reader in self._sc_readers.values():
+        for reader in [*self._sc_readers.values(), *self._data_readers.values()]:
             reader.close()
         for _, channel in self._worker_channels.values():
             channel.close()
@@ -222,17 +234,28 @@ class StrataClient:
                     return reader.map(ref, read_type)
                 return reader.read(ref, offset, want, read_type)
             except (Unavailable, ResourceExhausted) as exc:
-                log.debug("short-circuit to %s failed (%s); reading over gRPC", worker.worker_id, exc)
-        request = pb.ReadBlockRequest(block=ref, offset=offset, length=want, read_type=read_type,
-                                      readahead_blocks=readahead)
-        try:
-            chunks = [c.data for c in self.worker_stub(worker).ReadBlock(request, timeout=300)]
-        except grpc.RpcError as exc:
-            raise rpcutil.raise_from_rpc_error(exc, f"reading block {ref.index} of {ref.path} from worker {worker.worker_id}") from exc
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                log.debug("short-circuit to %s failed (%s); reading over the network", worker.worker_id, exc)
+        data: Buffer | None = None
+        data_reader = self._data_reader(worker)
+        if data_reader is not None:
+            try:
+                data = data_reader.read(ref, offset, want, read_type, readahead)
+            except Unavailable as exc:  # data port unreachable (or the worker is down: gRPC tells)
+                log.debug("data port of %s failed (%s); reading over gRPC", worker.worker_id, exc)
+        if data is None:
+            data = self._read_grpc(worker, pb.ReadBlockRequest(block=ref, offset=offset, length=want, read_type=read_type,
+                                                               readahead_blocks=readahead))
         if len(data) != want:
             raise Unavailable(f"worker {worker.worker_id} sent {len(data)} bytes of block {ref.index} of {ref.path}, expected {want}")
         return data
+
+    def _read_grpc(self, worker: pb.WorkerInfo, request: pb.ReadBlockRequest) -> bytes:
+        try:
+            chunks = [c.data for c in self.worker_stub(worker).ReadBlock(request, timeout=300)]
+        except grpc.RpcError as exc:
+            ref = request.block
+            raise rpcutil.raise_from_rpc_error(exc, f"reading block {ref.index} of {ref.path} from worker {worker.worker_id}") from exc
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def read_file(self, path: str) -> bytes:
         info = self.stat(path)

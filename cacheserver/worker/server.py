@@ -30,7 +30,7 @@ from ..proto import strata_pb2_grpc as pb_grpc
 from .mounts import WorkerMounts
 from ..blockrefs import key_of, ref_of
 from .service import BlockReports, WorkerService, remove_stale_staging
-from .shortcircuit import ShortCircuitServer
+from .transfer import DataServer, ShortCircuitServer
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class WorkerCollector(Collector):
             ("strata_worker_ufs_bytes_read", c.ufs_bytes_read, "Bytes read from the store"),
             ("strata_worker_bytes_served", c.bytes_served, "Bytes served to readers"),
             ("strata_worker_short_circuit_reads", c.short_circuit_reads, "Blocks handed out as file descriptors"),
+            ("strata_worker_data_port_reads", c.data_port_reads, "Block reads served over the data port"),
         ):
             yield CounterMetricFamily(name, text, value=value)
         capacity = GaugeMetricFamily("strata_worker_tier_capacity_bytes", "Tier quota", labels=["medium"])
@@ -105,6 +106,8 @@ class WorkerHandle:
     port: int
     http: HttpServer
     http_port: int
+    data: DataServer
+    data_port: int
     short_circuit: ShortCircuitServer | None
     master_channel: grpc.aio.Channel
     reports: BlockReports
@@ -124,6 +127,7 @@ class WorkerHandle:
             address=f"{self.identity.advertise}:{self.port}",
             domain_socket=str(self.short_circuit.advertised_path) if self.short_circuit else "",
             http_port=self.http_port,
+            data_port=self.data_port,
         )
 
     def stats(self) -> pb.WorkerStats:
@@ -224,6 +228,7 @@ class WorkerHandle:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.short_circuit:
             self.short_circuit.stop()
+        self.data.stop()
         await self.service.close()
         await self.http.stop()
         await self.server.stop(grace)
@@ -244,6 +249,7 @@ async def start_worker(
     bind: str = "0.0.0.0",
     port: int,
     http_port: int,
+    data_port: int,
     identity: WorkerIdentity | None = None,
 ) -> WorkerHandle:
     if not config.tiers:
@@ -279,6 +285,12 @@ async def start_worker(
     )
     pb_grpc.add_WorkerServicer_to_server(service, server)
     await server.start()
+    data = DataServer(service, token, asyncio.get_running_loop())
+    try:
+        data_bound = data.start(bind, data_port)
+    except OSError as exc:
+        await server.stop(0)
+        raise OSError(f"worker: cannot listen on {bind}:{data_port} for block data (port in use?): {exc.strerror}") from exc
     short_circuit = None
     if config.short_circuit:
         # One socket per worker: several workers of a cluster may share a node's folder.
@@ -294,7 +306,7 @@ async def start_worker(
     http_bound = await http.start(bind, http_port)
     handle = WorkerHandle(
         config=config, identity=identity, token=token, service=service, server=server, port=bound,
-        http=http, http_port=http_bound, short_circuit=short_circuit, master_channel=master_channel,
+        http=http, http_port=http_bound, data=data, data_port=data_bound, short_circuit=short_circuit, master_channel=master_channel,
         reports=reports,
     )
     registry.register(WorkerCollector(handle))
@@ -303,7 +315,8 @@ async def start_worker(
         asyncio.ensure_future(handle.peer_loop()),
         asyncio.ensure_future(handle.ttl_loop()),
     ]
-    log.info("worker %s serving gRPC on %s:%d (host %s), HTTP on %d", identity.worker_id, bind, bound, identity.host, http_bound)
+    log.info("worker %s serving gRPC on %s:%d (host %s), HTTP on %d, block data on %d",
+             identity.worker_id, bind, bound, identity.host, http_bound, data_bound)
     return handle
 
 

@@ -43,6 +43,24 @@ class Counters:
     ufs_bytes_read: int = 0
     bytes_served: int = 0
     short_circuit_reads: int = 0
+    data_port_reads: int = 0
+
+
+@dataclass
+class BlockSource:
+    """What a read is served from: an open block file (`fd`, bytes [offset, offset+length)
+    of it; the owner closes it) or bytes in memory (`data`)."""
+
+    hit: bool
+    length: int
+    fd: int = -1
+    offset: int = 0
+    data: bytes = b""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 @dataclass
@@ -112,9 +130,6 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._background: set[asyncio.Task[object]] = set()
-        # Blocks whose checksums this process has verified end to end (fetched here, or
-        # read whole once); short-circuit readers get file descriptors only for these.
-        self.verified: set[str] = set()
 
     # -- block cache -------------------------------------------------------------------------
 
@@ -147,8 +162,6 @@ class WorkerService(pb_grpc.WorkerServicer):
         )
         if hit:
             self.counters.hits += 1
-        else:
-            self.verified.add(key.block_id)
         return block, hit
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
@@ -170,14 +183,68 @@ class WorkerService(pb_grpc.WorkerServicer):
                 data = await self.store.read(block.key, offset, length)
             except BlockCorrupt as exc:
                 log.warning("dropped bad block %s of %s: %s", ref.index, ref.path, exc)
-                self.verified.discard(block.key.block_id)
                 if attempt == 2:
                     raise
                 continue
-            if offset == 0 and length == block.length:
-                self.verified.add(block.key.block_id)
             return data, hit
         raise AssertionError("unreachable")
+
+    async def open_block(self, ref: pb.BlockRef, read_type: int, *, promote: bool | None = None,
+                         check: tuple[int, int] | None = None) -> BlockSource:
+        """An open descriptor of the block's file, fetched from the store on a miss. A copy
+        found at startup has its checksums verified on its first open; `check` (offset,
+        length) verifies the chunks of that range on this open too. A bad copy is dropped and
+        fetched again."""
+        if promote is None:
+            mount = await self.mounts.get(ref.mount_id)
+            promote = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config) == pb.CACHE_PROMOTE
+        for attempt in (1, 2):
+            block, hit = await self.ensure_cached(ref, promote=promote)
+            try:
+                if check is None:
+                    fd, block = self.store.open_fd(block.key)
+                else:
+                    fd, block = await self.store.open_checked(block.key, *check)
+            except (BlockCorrupt, NotFound) as exc:  # bad, or evicted since it was fetched
+                log.warning("block %s of %s: %s", ref.index, ref.path, exc)
+                if attempt == 2:
+                    raise
+                continue
+            return BlockSource(hit=hit, length=block.length, fd=fd)
+        raise AssertionError("unreachable")
+
+    async def read_source(self, ref: pb.BlockRef, read_type: int, *, offset: int, length: int,
+                          readahead: int, as_file: bool = True) -> BlockSource:
+        """What a read of [offset, offset+length) of a block (length 0: to its end) is served
+        from: the block's file (as_file) or its checksummed bytes when it is cached, else bytes
+        from the store (read type NO_CACHE, or every tier full of pinned blocks). Starts the
+        readahead and counts the bytes served."""
+        total = block_length(ref)
+        if offset < 0 or length < 0:
+            raise InvalidArgument(f"offset and length must be >= 0, got {offset} and {length}")
+        if offset > total:
+            raise InvalidArgument(f"offset {offset} is past the end of block {ref.index} ({total} bytes)")
+        length = min(length or total, total - offset)
+        mount = await self.mounts.get(ref.mount_id)
+        effective = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config)
+        promote = effective == pb.CACHE_PROMOTE
+        if effective == pb.NO_CACHE and self.store.lookup(key_of(ref)) is None:
+            source = BlockSource(hit=False, length=length, data=await self.read_uncached(ref, offset, length))
+        else:
+            try:
+                if as_file:
+                    source = await self.open_block(ref, effective, promote=promote, check=(offset, length))
+                    source.offset, source.length = offset, length
+                else:
+                    data, hit = await self.read_cached(ref, offset, length, promote=promote)
+                    source = BlockSource(hit=hit, length=len(data), data=data)
+            except ResourceExhausted as exc:
+                # Every tier is full of pinned blocks: serve the reader, cache nothing.
+                log.warning("serving block %d of %s uncached: %s", ref.index, ref.path, exc)
+                source = BlockSource(hit=False, length=length, data=await self.read_uncached(ref, offset, length))
+        self._readahead_from(ref, readahead, effective)
+        self.counters.bytes_served += source.length
+        return source
 
     def _readahead_from(self, ref: pb.BlockRef, count: int, read_type: int) -> None:
         if read_type == pb.NO_CACHE or count <= 0 or not ref.block_size:
@@ -206,29 +273,13 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     @rpcutil.streaming
     async def ReadBlock(self, request: pb.ReadBlockRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadBlockChunk]:
-        ref = request.block
-        total = block_length(ref)
-        if request.offset > total:
-            raise InvalidArgument(f"offset {request.offset} is past the end of block {ref.index} ({total} bytes)")
-        length = min(request.length or total, total - request.offset)
-        mount = await self.mounts.get(ref.mount_id)
-        read_type = effective_read_type(request.read_type, mount, self.config)
-        hit = False
-        if read_type == pb.NO_CACHE and self.store.lookup(key_of(ref)) is None:
-            data = await self.read_uncached(ref, request.offset, length)
-        else:
-            try:
-                data, hit = await self.read_cached(ref, request.offset, length, promote=read_type == pb.CACHE_PROMOTE)
-            except ResourceExhausted as exc:
-                # Every tier is full of pinned blocks: serve the reader, cache nothing.
-                log.warning("serving block %d of %s uncached: %s", ref.index, ref.path, exc)
-                data = await self.read_uncached(ref, request.offset, length)
-        self._readahead_from(ref, request.readahead_blocks, read_type)
-        self.counters.bytes_served += len(data)
+        source = await self.read_source(request.block, request.read_type, offset=request.offset, length=request.length,
+                                        readahead=request.readahead_blocks, as_file=False)
+        data = source.data
         view = memoryview(data)
         step = constants.STREAM_CHUNK_SIZE
         for i in range(0, max(len(data), 1), step):
-            yield pb.ReadBlockChunk(data=bytes(view[i:i + step]), cache_hit=hit and i == 0)
+            yield pb.ReadBlockChunk(data=bytes(view[i:i + step]), cache_hit=source.hit and i == 0)
 
     @rpcutil.unary
     async def CacheBlocks(self, request: pb.CacheBlocksRequest, context: grpc.aio.ServicerContext) -> pb.CacheBlocksResponse:
@@ -263,7 +314,6 @@ class WorkerService(pb_grpc.WorkerServicer):
         if len(data) != expected:
             raise InvalidArgument(f"PutBlock: block {ref.index} of {ref.path} should have {expected} bytes, got {len(data)}")
         await self.store.put(key_of(ref), data, pin=pin)
-        self.verified.add(key_of(ref).block_id)
         return pb.PutBlockResponse()
 
     async def _place_block(self, ref: pb.BlockRef, data: bytes, pin: bool) -> None:
@@ -273,7 +323,6 @@ class WorkerService(pb_grpc.WorkerServicer):
         target = ranked[0] if ranked else self.worker_id
         if target == self.worker_id or target not in peers:
             await self.store.put(key_of(ref), data, pin=pin)
-            self.verified.add(key_of(ref).block_id)
             return
 
         async def chunks() -> AsyncIterator[pb.PutBlockChunk]:

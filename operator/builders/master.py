@@ -13,7 +13,7 @@ JOURNAL_VOLUME = "journal"
 
 def build_master_service(cluster: Cluster) -> Manifest:
     return headless_service(
-        cluster, master_name(cluster.ref.name), c.COMPONENT_MASTER, c.MASTER_RPC_PORT, c.MASTER_HTTP_PORT
+        cluster, master_name(cluster.ref.name), c.COMPONENT_MASTER, rpc=c.MASTER_RPC_PORT, http=c.MASTER_HTTP_PORT
     )
 
 
@@ -24,7 +24,7 @@ def build_master_statefulset(cluster: Cluster, settings: OperatorSettings, token
     container = {
         "name": c.COMPONENT_MASTER,
         "args": ["master", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}", "--journal-dir", c.JOURNAL_DIR],
-        "ports": ports(c.MASTER_RPC_PORT, c.MASTER_HTTP_PORT),
+        "ports": ports(rpc=c.MASTER_RPC_PORT, http=c.MASTER_HTTP_PORT),
         "volumeMounts": [{"name": JOURNAL_VOLUME, "mountPath": c.JOURNAL_DIR}],
         **http_probes("http"),
     }

@@ -85,14 +85,12 @@ def http_probes(port_name: str) -> dict[str, Any]:
     }
 
 
-def ports(rpc: int, http: int) -> list[dict[str, Any]]:
-    return [
-        {"name": "rpc", "containerPort": rpc, "protocol": "TCP"},
-        {"name": "http", "containerPort": http, "protocol": "TCP"},
-    ]
+def ports(**by_name: int) -> list[dict[str, Any]]:
+    """Container ports, e.g. ports(rpc=19998, http=19999)."""
+    return [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in by_name.items()]
 
 
-def headless_service(cluster: Cluster, name: str, component: str, rpc: int, http: int) -> Manifest:
+def headless_service(cluster: Cluster, name: str, component: str, **by_name: int) -> Manifest:
     """Headless Service giving each pod a stable DNS name. Not-ready pods are published too:
     workers must find a starting master, and the master's readiness waits on nothing else."""
     return {
@@ -104,8 +102,8 @@ def headless_service(cluster: Cluster, name: str, component: str, rpc: int, http
             "publishNotReadyAddresses": True,
             "selector": selector_labels(cluster.ref.name, component),
             "ports": [
-                {"name": "rpc", "port": rpc, "targetPort": "rpc", "protocol": "TCP"},
-                {"name": "http", "port": http, "targetPort": "http", "protocol": "TCP"},
+                {"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}
+                for port_name, port in by_name.items()
             ],
         },
     }

@@ -83,7 +83,8 @@ def worker_affinity(cluster: Cluster) -> dict[str, Any]:
 
 def build_worker_service(cluster: Cluster) -> Manifest:
     return headless_service(
-        cluster, worker_name(cluster.ref.name), c.COMPONENT_WORKER, c.WORKER_RPC_PORT, c.WORKER_HTTP_PORT
+        cluster, worker_name(cluster.ref.name), c.COMPONENT_WORKER,
+        rpc=c.WORKER_RPC_PORT, http=c.WORKER_HTTP_PORT, data=c.WORKER_DATA_PORT,
     )
 
 
@@ -116,7 +117,7 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token
     container = {
         "name": c.COMPONENT_WORKER,
         "args": ["worker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}", "--data-dir", c.DATA_DIR],
-        "ports": ports(c.WORKER_RPC_PORT, c.WORKER_HTTP_PORT),
+        "ports": ports(rpc=c.WORKER_RPC_PORT, http=c.WORKER_HTTP_PORT, data=c.WORKER_DATA_PORT),
         "volumeMounts": mounts,
         "env": env,
         **http_probes("http"),

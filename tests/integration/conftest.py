@@ -203,13 +203,13 @@ def make_worker(root: Path, index: int, master_port: int, env: dict[str, str], *
     }
     cfg = root / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    port, http_port = free_port(), free_port()
+    port, http_port, data_port = free_port(), free_port(), free_port()
     worker_env = {**env, "STRATA_WORKER_ID": name, "STRATA_HOSTNAME": host or f"node-{index}",
                   "STRATA_ADVERTISE_HOST": "127.0.0.1"}
     return Server(
         name=name,
         args=["worker", "--config", str(cfg), "--data-dir", str(root / name), "--bind", "127.0.0.1",
-              "--port", str(port), "--http-port", str(http_port)],
+              "--port", str(port), "--http-port", str(http_port), "--data-port", str(data_port)],
         env=worker_env, log=root / "logs" / f"{name}.log", http_port=http_port, port=port,
     )
 

@@ -33,7 +33,7 @@ def local_env(tmp_path: Path) -> Any:
 
 
 def test_local_cluster_mount_read_report(local_env: dict[str, str], s3: Any, bucket: str, tmp_path: Path) -> None:
-    master_port, worker_port = free_port_range(2), free_port_range(4)
+    master_port, worker_port = free_port_range(2), free_port_range(6)
     up = strata(local_env, "local", "up", "--workers", "2", "--mem", "64Mi", "--ssd", f"{tmp_path / 'ssd'}:128Mi",
                 "--master-port", str(master_port), "--worker-port", str(worker_port))
     assert b"Strata is up" in up.stdout

@@ -168,7 +168,7 @@ def test_server_image_has_fuse_and_the_server_ports() -> None:
     assert "strata.cacheserver.fuse.daemon" in runs and "strata.cacheserver.worker.server" in runs
     ports = {int(p) for e in final.values("EXPOSE") for p in e.split()}
     assert ports == {constants.MASTER_RPC_PORT, constants.MASTER_HTTP_PORT, constants.WORKER_RPC_PORT,
-                     constants.WORKER_HTTP_PORT}
+                     constants.WORKER_HTTP_PORT, constants.WORKER_DATA_PORT}
     # master and workers write their data under /var/lib/strata as the image's user
     assert "install -d -o 10001 -g 10001" in runs and "/var/lib/strata" in runs
 

@@ -180,9 +180,24 @@ async def test_a_cancelled_reader_does_not_cancel_the_fetch_of_others(make_store
     assert first.cancelled() and not hit and block.length == U and fetch.calls == 1
 
 
+async def store_read(store: BlockStore, k: BlockKey, offset: int, length: int) -> bytes:
+    return await store.read(k, offset, length)
+
+
+async def read_checked(store: BlockStore, k: BlockKey, offset: int, length: int) -> bytes:
+    """What a sender of the block file (the data port's sendfile) sends after open_checked."""
+    fd, _ = await store.open_checked(k, offset, length)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("reader", ["read", "open_checked"])
 async def test_a_flipped_byte_is_caught_by_the_read_that_touches_it(
-    make_store: Any, medium: str, recorder: Any
+    make_store: Any, medium: str, recorder: Any, reader: str
 ) -> None:
+    read = store_read if reader == "read" else read_checked
     store = await make_store((medium, 16 << 20))
     data = os.urandom(3 * CHUNK_SIZE)
     block = await store.put(key(0), data)
@@ -192,9 +207,9 @@ async def test_a_flipped_byte_is_caught_by_the_read_that_touches_it(
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))
     # Only the touched chunks are verified: the first two are intact.
-    assert await store.read(key(0), 10, 2 * CHUNK_SIZE - 10) == data[10 : 2 * CHUNK_SIZE]
+    assert await read(store, key(0), 10, 2 * CHUNK_SIZE - 10) == data[10 : 2 * CHUNK_SIZE]
     with pytest.raises(BlockCorrupt, match=re.escape(f"block {key(0)} on {medium}: chunk 2 failed its CRC-32C check")):
-        await store.read(key(0), CHUNK_SIZE, CHUNK_SIZE + 200)
+        await read(store, key(0), CHUNK_SIZE, CHUNK_SIZE + 200)
     assert isinstance(BlockCorrupt("x"), DataLoss)
     assert store.lookup(key(0)) is None and not block.path.exists()
     assert recorder.removed == [key(0)] and store.stats()[0].used == 0

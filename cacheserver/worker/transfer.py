@@ -1,0 +1,184 @@
+"""The worker's block sockets: the data port (TCP, block bytes sent from the block file by
+sendfile(2), so the kernel copies them once) and the short-circuit socket (Unix, the block
+file's descriptor for readers on this host). Both speak the protocol of `blockwire`.
+
+Each connection gets a thread: a request waits on the worker's event loop only to find or
+fetch its block, and the bytes move without holding the loop or the GIL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import socket
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from ..blockwire import MAX_REQUEST_BYTES, error_reply, ok_reply, parse_request, reply_line
+from ..errors import StrataError
+from ..proto import strata_pb2 as pb
+from .service import BlockSource, WorkerService
+
+log = logging.getLogger(__name__)
+
+
+class BlockSocketServer(ABC):
+    """Accepts connections on a listening socket; a thread per connection reads request
+    lines and answers each with `_serve_one`."""
+
+    name = "block-socket"
+
+    def __init__(self, service: WorkerService, token: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._service = service
+        self._token = token
+        self._loop = loop
+        self._sock: socket.socket | None = None
+        self._closing = False
+
+    def _listen(self, sock: socket.socket) -> None:
+        sock.listen(128)
+        self._sock = sock
+        threading.Thread(target=self._accept_loop, name=f"{self.name}-accept", daemon=True).start()
+
+    def stop(self) -> None:
+        self._closing = True
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+
+    def _accept_loop(self) -> None:
+        assert self._sock is not None
+        while not self._closing:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            if conn.family != socket.AF_UNIX:  # a reply line and its bytes go out at once
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn,), name=f"{self.name}-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            while line := lines.readline(MAX_REQUEST_BYTES + 1):
+                if len(line) > MAX_REQUEST_BYTES:
+                    self._send_reply(conn, error_reply("INVALID_ARGUMENT", "request too large"))
+                    return
+                try:
+                    self._serve_one(conn, line)
+                except OSError as exc:  # the reader went away
+                    log.debug("%s connection ended: %s", self.name, exc)
+                    return
+
+    def _serve_one(self, conn: socket.socket, line: bytes) -> None:
+        try:
+            request, ref = parse_request(line)
+            if not hmac.compare_digest(str(request.get("token", "")).encode(), self._token.encode()):
+                self._send_reply(conn, error_reply("UNAUTHENTICATED", "missing or wrong cluster token"))
+                return
+            future = asyncio.run_coroutine_threadsafe(self._open(ref, request), self._loop)
+            source = future.result()
+        except StrataError as exc:
+            self._send_reply(conn, error_reply(exc.code.name, str(exc)))
+            return
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._send_reply(conn, error_reply("INVALID_ARGUMENT", f"bad block request: {exc}"))
+            return
+        except Exception as exc:  # noqa: BLE001 - the reader gets an answer, the worker lives
+            log.exception("%s request failed", self.name)
+            self._send_reply(conn, error_reply("INTERNAL", str(exc)))
+            return
+        try:
+            self._deliver(conn, source)
+        finally:
+            source.close()
+
+    @staticmethod
+    def _send_reply(conn: socket.socket, reply: dict[str, Any], fd: int = -1) -> None:
+        data = reply_line(reply)
+        if fd >= 0:
+            socket.send_fds(conn, [data], [fd])
+        else:
+            conn.sendall(data)
+
+    @abstractmethod
+    async def _open(self, ref: pb.BlockRef, request: dict[str, Any]) -> BlockSource:
+        """Find (or fetch) what the request asks for, on the worker's loop."""
+
+    @abstractmethod
+    def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
+        """Send the ok reply and what follows it."""
+
+
+class ShortCircuitServer(BlockSocketServer):
+    """Readers on the worker's host get block files' descriptors over a Unix socket."""
+
+    name = "short-circuit"
+
+    def __init__(self, service: WorkerService, socket_path: Path, token: str, loop: asyncio.AbstractEventLoop,
+                 advertised_path: Path | None = None) -> None:
+        super().__init__(service, token, loop)
+        self.socket_path = socket_path
+        # Where readers on this host find the socket (its host path when the worker runs in a
+        # container that mounts the folder from the node).
+        self.advertised_path = advertised_path or socket_path
+
+    def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(self.socket_path))
+        os.chmod(self.socket_path, 0o666)  # the token guards it; pods run as other users
+        self._listen(sock)
+
+    def stop(self) -> None:
+        super().stop()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    async def _open(self, ref: pb.BlockRef, request: dict[str, Any]) -> BlockSource:
+        source = await self._service.open_block(ref, int(request.get("read_type", 0)))
+        self._service.counters.short_circuit_reads += 1
+        self._service.counters.bytes_served += source.length
+        return source
+
+    def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
+        self._send_reply(conn, ok_reply(source.length, source.hit), source.fd)
+
+
+class DataServer(BlockSocketServer):
+    """Any reader gets block bytes over TCP, sent from the block file by the kernel."""
+
+    name = "data"
+
+    def start(self, bind: str, port: int) -> int:
+        sock = socket.create_server((bind, port), family=socket.AF_INET6 if ":" in bind else socket.AF_INET,
+                                    reuse_port=False)
+        self._listen(sock)
+        return int(sock.getsockname()[1])
+
+    async def _open(self, ref: pb.BlockRef, request: dict[str, Any]) -> BlockSource:
+        source = await self._service.read_source(
+            ref, int(request.get("read_type", 0)), offset=int(request.get("offset", 0)),
+            length=int(request.get("length", 0)), readahead=int(request.get("readahead", 0)),
+        )
+        self._service.counters.data_port_reads += 1
+        return source
+
+    def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
+        self._send_reply(conn, ok_reply(source.length, source.hit))
+        if source.fd < 0:
+            conn.sendall(source.data)
+            return
+        sent, end = source.offset, source.offset + source.length
+        while sent < end:
+            n = os.sendfile(conn.fileno(), source.fd, sent, end - sent)
+            if n == 0:
+                raise OSError(f"block file ended at byte {sent} of {end}")
+            sent += n

@@ -1,0 +1,110 @@
+"""The worker's data port: remote readers get block bytes over plain TCP (sendfile on the
+worker), with the same answers, errors and integrity checks as over gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+import pytest
+
+from strata.cacheserver import errors
+from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.proto import strata_pb2 as pb
+
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def payload(n: int) -> bytes:
+    return (os.urandom(1 << 20) * (n // (1 << 20) + 1))[:n]
+
+
+@pytest.fixture
+def cluster(start_cluster: Any) -> Cluster:
+    return start_cluster(workers=2)  # type: ignore[no-any-return]
+
+
+def exchange(address: tuple[str, int], line: bytes) -> tuple[dict[str, Any], bytes]:
+    """One raw request on a new connection: the reply and the bytes after it."""
+    with socket.create_connection(address, timeout=30) as sock, sock.makefile("rb") as f:
+        sock.sendall(line)
+        reply = json.loads(f.readline())
+        body = f.read(reply["length"]) if reply.get("ok") else b""
+    return reply, body
+
+
+def test_remote_reads_come_over_the_data_port(cluster: Cluster, bucket: str) -> None:
+    data = payload(3 * BLOCK_SIZE + 5)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/d", bucket)
+    fs = cluster.fs(host="elsewhere")  # no worker on this host: no short-circuit
+    assert all(w.data_port > 0 for w in fs.client.workers())
+    assert fs.cat_file("/d/f.bin") == data  # cold: fetched by the workers, then sent
+    assert fs.cat_file("/d/f.bin") == data  # warm
+    for start, end in [(0, 1), (BLOCK_SIZE - 3, BLOCK_SIZE + 3), (2 * BLOCK_SIZE + 10, 3 * BLOCK_SIZE + 5)]:
+        assert fs.cat_file("/d/f.bin", start, end) == data[start:end]
+    assert cluster.total_metric("strata_worker_data_port_reads") >= 8
+    assert cluster.total_metric("strata_worker_short_circuit_reads") == 0
+
+
+def test_a_reader_that_cannot_reach_the_data_port_reads_over_grpc(cluster: Cluster, bucket: str) -> None:
+    data = payload(2 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "g.bin", data)
+    cluster.mount_bucket("/g", bucket)
+    client = cluster.fs(host="elsewhere").client
+    # A firewall between reader and worker, as far as the reader can tell: each worker's data
+    # port is replaced by one that nothing listens on.
+    workers = client.workers()
+    for worker in workers:
+        worker.data_port = free_port()
+    client._workers.at = float("inf")  # type: ignore[union-attr]  # keep this list
+    info = client.stat("/g/g.bin")
+    got = b"".join(bytes(client.read_block(client.block_ref(info, i))) for i in range(2))
+    assert got == data
+    assert cluster.total_metric("strata_worker_data_port_reads") == 0
+
+
+def test_bad_requests_get_named_errors_and_the_port_keeps_serving(cluster: Cluster, bucket: str) -> None:
+    data = payload(BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "b.bin", data)
+    cluster.mount_bucket("/b", bucket)
+    client = cluster.fs(host="elsewhere").client
+    info = client.stat("/b/b.bin")
+    ref = client.block_ref(info, 0)
+    worker = client.workers()[0]
+    address = (worker.address.rsplit(":", 1)[0], worker.data_port)
+
+    reply, _ = exchange(address, request_line("wrong-token", ref, 0))
+    assert reply == {"ok": False, "code": "UNAUTHENTICATED", "message": "missing or wrong cluster token"}
+    reply, _ = exchange(address, b"not json\n")
+    assert reply["code"] == "INVALID_ARGUMENT" and "bad block request" in reply["message"]
+    reply, _ = exchange(address, b'{"token": "' + TOKEN.encode() + b'", "block": {"no_such_field": 1}}\n')
+    assert reply["code"] == "INVALID_ARGUMENT" and "no_such_field" in reply["message"]
+    reply, _ = exchange(address, request_line(TOKEN, ref, 0, offset=BLOCK_SIZE + 1))
+    assert reply["code"] == "INVALID_ARGUMENT" and "past the end of block 0" in reply["message"]
+    reply, _ = exchange(address, request_line(TOKEN, ref, 0, offset=-1))
+    assert reply["code"] == "INVALID_ARGUMENT" and ">= 0" in reply["message"]
+    reply, _ = exchange(address, b"x" * (70 * 1024) + b"\n")
+    assert reply["code"] == "INVALID_ARGUMENT" and "too large" in reply["message"]
+    missing = pb.BlockRef()
+    missing.CopyFrom(ref)
+    missing.path, missing.in_store = "/b/not-written-yet", False
+    reply, _ = exchange(address, request_line(TOKEN, missing, 0))
+    assert reply["code"] == "FAILED_PRECONDITION" and "not in the store yet" in reply["message"]
+
+    # Several requests on one connection, the ranges exactly as asked.
+    with socket.create_connection(address, timeout=30) as sock, sock.makefile("rb") as f:
+        for offset, length in [(0, 10), (BLOCK_SIZE - 7, 0), (12345, 1 << 20)]:
+            sock.sendall(request_line(TOKEN, ref, 0, offset=offset, length=length))
+            reply = json.loads(f.readline())
+            assert reply["ok"], reply
+            end = offset + length if length else BLOCK_SIZE
+            assert f.read(reply["length"]) == data[offset:end]
+    # The client maps error replies to the errors gRPC would raise.
+    with pytest.raises(errors.InvalidArgument, match="past the end"):
+        client.read_block(ref, BLOCK_SIZE + 1, 1)
+    assert client.read_file("/b/b.bin") == data
