@@ -9,7 +9,7 @@ read cold. Every contestant reads the same bytes: the dataset's files under its 
 | s3fs          | s3fs straight to the store (no cache)                             |
 | simplecache   | fsspec simplecache over s3fs: whole files copied to a local dir   |
 | blockcache    | fsspec blockcache over s3fs: blocks kept in local sparse files    |
-| strata-remote | Strata's fsspec client on another host: blocks over gRPC          |
+| strata-remote | Strata's fsspec client on another host: blocks from the data port |
 | strata-fuse   | `strata fuse` on the worker's node, read with open()              |
 | strata-sc     | Strata's fsspec client on the worker's node: short-circuit reads  |
 | local         | the same files on local disk (page cache when warm)               |
@@ -185,7 +185,7 @@ def build(stack: Any, local_root: Path, scratch: Path, *, bucket: str, mount: st
         Contestant("s3fs", "s3fs, direct", Access("s3fs", bucket, s3_opts), cached=False),
         cache_contestant("simplecache", "fsspec simplecache"),
         cache_contestant("blockcache", "fsspec blockcache"),
-        Contestant("strata-remote", "Strata, fsspec client, remote worker (gRPC)",
+        Contestant("strata-remote", "Strata, fsspec client, remote worker (data port)",
                    Access("strata", mount, {**strata, "host": other_host}), cached=True, cold=free, reuse_fs=True),
     ]
     mountpoint = stack.start_fuse()
