@@ -25,6 +25,10 @@ DEFAULT_READAHEAD = 2
 # A read smaller than this that does not continue the previous one fetches just its range,
 # not the whole block (footers, indexes, random access).
 SMALL_READ = 1024 * 1024
+# How long a folder's listing answers info() of its entries in this process (fsspec's
+# `listings_expiry_time`; `use_listings_cache=False` turns it off). Changes made through this
+# filesystem object drop the listings they touch at once; others show after this long.
+LISTINGS_EXPIRY = 10.0
 
 
 def _info_dict(info: pb.FileInfo) -> dict[str, Any]:
@@ -48,6 +52,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def __init__(self, master: str | None = None, token: str | None = None, *, host: str | None = None,
                  short_circuit: bool = True, readahead: int = DEFAULT_READAHEAD, write_type: str = "",
                  **kwargs: Any) -> None:
+        kwargs.setdefault("listings_expiry_time", LISTINGS_EXPIRY)
         super().__init__(**kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit)
         self.readahead = readahead
@@ -80,15 +85,38 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     # -- metadata ----------------------------------------------------------------------------
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        return _info_dict(self.client.stat(self._strip_protocol(path)))
-
-    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
-        info = self.client.stat(path)
-        entries = [info] if not info.is_dir else self.client.ls(path)
-        if detail:
-            return [_info_dict(e) for e in entries]
-        return [e.path for e in entries]
+        if path != "/":
+            # An entry of a folder listed a moment ago (ls, then info of each file: one round
+            # trip, not one per file). A folder's own listing is no answer for the folder.
+            listed = self.dircache.get(self._parent(path))
+            for entry in listed or ():
+                if entry["name"] == path:
+                    return dict(entry)
+        return _info_dict(self.client.stat(path))
+
+    def ls(self, path: str, detail: bool = True, refresh: bool = False, **kwargs: Any) -> list[Any]:
+        path = self._strip_protocol(path)
+        listing: list[dict[str, Any]] | None = None if refresh else self.dircache.get(path)
+        if listing is None:
+            info = self.client.stat(path)
+            if not info.is_dir:
+                return [_info_dict(info)] if detail else [info.path]
+            listing = [_info_dict(e) for e in self.client.ls(path)]
+            self.dircache[path] = listing
+        return [dict(e) for e in listing] if detail else [e["name"] for e in listing]
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        if path is None:
+            self.dircache.clear()
+        else:
+            path = self._strip_protocol(path)
+            for listed in [p for p in self.dircache if p == path or p.startswith(path.rstrip("/") + "/")]:
+                self.dircache.pop(listed, None)
+            while path != "/":  # the folders whose listings show it
+                path = self._parent(path)
+                self.dircache.pop(path, None)
+        super().invalidate_cache(path)
 
     def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any) -> Any:
         if maxdepth is not None:
@@ -111,13 +139,21 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _rm(self, path: str) -> None:
         self.client.rm(self._strip_protocol(path))
+        self.invalidate_cache(path)
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         for p in [path] if isinstance(path, str) else path:
-            self.client.rm(self._strip_protocol(p), recursive=recursive)
+            try:
+                self.client.rm(self._strip_protocol(p), recursive=recursive)
+            finally:
+                self.invalidate_cache(p)
 
     def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: int | None = None, **kwargs: Any) -> None:
-        self.client.mv(self._strip_protocol(path1), self._strip_protocol(path2))
+        try:
+            self.client.mv(self._strip_protocol(path1), self._strip_protocol(path2))
+        finally:
+            self.invalidate_cache(path1)
+            self.invalidate_cache(path2)
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         """Directories exist when files are written below them (as in object stores)."""
@@ -126,8 +162,11 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """See mkdir."""
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        self.client.write_file(self._strip_protocol(path), [value], write_type=self.write_type,
-                               overwrite=mode == "overwrite")
+        try:
+            self.client.write_file(self._strip_protocol(path), [value], write_type=self.write_type,
+                                   overwrite=mode == "overwrite")
+        finally:
+            self.invalidate_cache(path)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         with self.open(path, "rb") as f:
@@ -266,7 +305,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         if data:
             self._upload.send(data)
         if final:
-            self._upload.finish()
+            try:
+                self._upload.finish()
+            finally:
+                self.fs.invalidate_cache(self.path)
         return True
 
     def close(self) -> None:

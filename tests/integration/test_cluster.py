@@ -375,3 +375,42 @@ def test_reading_lines_returns_the_store_s_lines(cluster: Cluster, bucket: str) 
         f.seek(BLOCK_SIZE - 3)
         assert f.readline(2) == data[BLOCK_SIZE - 3:BLOCK_SIZE - 1]
         assert f.readline() == data[BLOCK_SIZE - 1:data.index(b"\n", BLOCK_SIZE - 1) + 1]
+
+
+def count_stats(fs: Any) -> list[str]:
+    """The paths `fs` asks the master to stat from now on (the real calls, counted)."""
+    asked: list[str] = []
+    real = fs.client.stat
+
+    def stat(path: str) -> pb.FileInfo:
+        asked.append(path)
+        return real(path)
+
+    fs.client.stat = stat
+    return asked
+
+
+def test_a_listing_answers_stats_of_its_files_until_a_change(cluster: Cluster, bucket: str) -> None:
+    for i in range(20):
+        cluster.s3.put_object(bucket, f"many/f{i:02d}", b"x" * i)
+    cluster.mount_bucket("/m", bucket)
+    fs = cluster.fs()
+    stats = count_stats(fs)
+    listing = fs.ls("/m/many", detail=True)
+    assert len(listing) == 20 and stats == ["/m/many"]  # the folder's stat, then one ListStatus
+    infos = [fs.info(f"/m/many/f{i:02d}") for i in range(20)]
+    assert [i["size"] for i in infos] == list(range(20)) and stats == ["/m/many"]
+    # A change made through this filesystem shows at once.
+    fs.pipe_file("/m/many/f03", b"changed")
+    assert fs.info("/m/many/f03")["size"] == 7
+    assert fs.ls("/m/many", detail=True)[3]["size"] == 7
+    fs.rm("/m/many/f04")
+    assert "/m/many/f04" not in fs.ls("/m/many", detail=False)
+    with pytest.raises(FileNotFoundError):
+        fs.info("/m/many/f04")
+    # Without the listings cache every info asks the master.
+    uncached = cluster.fs(use_listings_cache=False)
+    uncached_stats = count_stats(uncached)
+    uncached.ls("/m/many")
+    assert uncached.info("/m/many/f05")["size"] == 5
+    assert uncached_stats == ["/m/many", "/m/many/f05"]
