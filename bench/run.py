@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", help="results name (default: quick or full)")
     p.add_argument("--reps", type=int, help="repetitions (default 7, quick 3)")
     p.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    p.add_argument("--contestants", help="comma-separated contestant ids to run (default: all), e.g. s3fs,strata-fuse")
     p.add_argument("--agg-sizes", help="aggregation dataset sizes, e.g. 256Mi,1Gi,4Gi")
     p.add_argument("--text-size", help="line-count file size")
     p.add_argument("--write-size", help="size of the dataset written per write type")
@@ -132,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         stack.mount(META_MOUNT, f"s3://{BUCKET}/{meta.name}")
         contestants = build(stack, local, args.workdir / "run", bucket=BUCKET, mount=MOUNT, node=NODE,
                             other_host=OTHER_HOST, token=TOKEN)
+        if args.contestants:
+            chosen = {c.strip() for c in args.contestants.split(",") if c.strip()}
+            unknown_ids = chosen - {c.id for c in contestants}
+            if unknown_ids:
+                raise SystemExit(f"--contestants: unknown {sorted(unknown_ids)}; choose from "
+                                 f"{','.join(c.id for c in contestants)}")
+            contestants = [c for c in contestants if c.id in chosen]
         for c in contestants:
             if c.unavailable:
                 log(f"{c.id}: {c.unavailable}")
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     targets = report.judge(workloads)
     paths = report.write(args.out, name, run, workloads, targets)
-    if not args.quick and not args.no_readme and only == set(WORKLOADS):
+    if not args.quick and not args.no_readme and only == set(WORKLOADS) and not args.contestants:
         report.update_readme(BENCH / "README.md", name, run, targets, workloads)
     for t in targets:
         log(f"{t.verdict:4s} {t.text}  {'' if t.value is None else f'{t.value:.2f}'} {t.detail}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -252,6 +252,8 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                     self._block_future(ahead)
             try:
                 data = future.result()
+            except CancelledError:  # dropped before it ran by another thread's reads (pread)
+                data = self._fetch_block(i)
             except StrataError:
                 with self._lock:
                     self._blocks.pop(i, None)
@@ -264,6 +266,11 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 parts.append(data[lo:hi])
         self._last_index = last
         return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Up to `size` bytes at `offset`, as os.pread: the file position does not move, and
+        several threads may read one file at once (a FUSE mount's reads of one open file)."""
+        return self._fetch_range(offset, offset + size)
 
     def readline(self, size: int | None = -1) -> bytes:
         """One line, found in the blocks already held (fsspec's default reads a whole block

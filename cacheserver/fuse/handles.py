@@ -32,54 +32,25 @@ T = TypeVar("T")
 class ReadHandle:
     """A file opened for reading.
 
-    The kernel asks for at most 1 MiB at a time. A reader that goes on where it left off (or
-    starts at 0) gets whole blocks, kept here while it reads them and fetched ahead by the
-    client; any other read fetches just the bytes asked for (footers, indexes, random access).
+    The kernel sends reads of up to 1 MiB, several at once for one open file (its readahead,
+    and programs reading one file from several threads: pyarrow reads a Parquet file's column
+    chunks in parallel). Each is answered on its own by the client's file object, which
+    fetches whole blocks and reads ahead where reads go on where earlier ones ended, and
+    fetches just the bytes asked for otherwise (footers, indexes, random access).
     """
 
     def __init__(self, file: StrataFile) -> None:
         self._file = file
-        self._lock = threading.Lock()
-        self._next = 0  # where the previous read ended
-        self._block: tuple[int, bytes] | None = None  # (index, bytes) of the block being read
 
     @property
     def info(self) -> pb.FileInfo:
         return self._file.file_info
 
-    def _fetch(self, start: int, end: int) -> bytes:
-        self._file.seek(start)
-        return self._file.read(end - start)  # type: ignore[no-any-return]
-
     def read(self, size: int, offset: int) -> bytes:
-        # The kernel may send reads of one handle concurrently (readahead): one at a time keeps
-        # the sequential detection here and the client's prefetching intact.
-        with self._lock:
-            length, block_size = self.info.length, self.info.block_size or 1
-            end = min(offset + size, length)
-            if offset >= end:
-                return b""
-            held = self._block is not None and self._block[0] == offset // block_size
-            if not (offset in (0, self._next) or held):
-                self._next = end
-                return self._fetch(offset, end)
-            parts, pos = [], offset
-            while pos < end:
-                index = pos // block_size
-                if self._block is None or self._block[0] != index:
-                    start = index * block_size
-                    self._block = (index, self._fetch(start, min(start + block_size, length)))
-                data = self._block[1]
-                lo, hi = pos - index * block_size, min(end - index * block_size, len(data))
-                parts.append(data[lo:hi] if (lo, hi) != (0, len(data)) else data)
-                pos = index * block_size + hi
-            self._next = end
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+        return self._file.pread(size, offset)
 
     def close(self) -> None:
-        with self._lock:
-            self._block = None
-            self._file.close()
+        self._file.close()
 
 
 class WriteHandle:

@@ -40,6 +40,7 @@ class MountEntry:
     fstype: str
     source: str
     options: str
+    device: str = ""  # major:minor of the mounted file system, as /sys/class/bdi names it
 
     @property
     def read_only(self) -> bool:
@@ -62,7 +63,7 @@ def parse_mountinfo(text: str) -> list[MountEntry]:
         if len(fields) < 6 or len(tail) < 2:
             continue
         entries.append(MountEntry(mount_point=_unescape(fields[4]), fstype=tail[0], source=_unescape(tail[1]),
-                                  options=fields[5]))
+                                  options=fields[5], device=fields[2]))
     return entries
 
 

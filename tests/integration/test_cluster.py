@@ -85,6 +85,24 @@ def test_ten_concurrent_readers_of_a_cold_block_make_one_store_request(cluster: 
     assert len(gets) == 1, [(g.url, g.range) for g in gets]
 
 
+def test_threads_reading_one_open_file_at_once_get_its_bytes(cluster: Cluster, bucket: str) -> None:
+    # What a FUSE mount does with one open file: reads from many threads, interleaved.
+    data = payload(8 * BLOCK_SIZE + 3)
+    cluster.s3.put_object(bucket, "x.bin", data)
+    cluster.mount_bucket("/p", bucket)
+    piece = 128 * 1024
+    starts = [i * BLOCK_SIZE + 999 * i for i in range(8)]
+    with cluster.fs().open("/p/x.bin", "rb") as f:
+        def read(start: int) -> bytes:
+            return b"".join(f.pread(piece, off) for off in range(start, start + BLOCK_SIZE, piece))
+
+        with concurrent.futures.ThreadPoolExecutor(len(starts)) as pool:
+            got = list(pool.map(read, starts))
+        assert f.tell() == 0  # pread leaves the position alone
+    for start, chunk in zip(starts, got):
+        assert chunk == data[start:start + BLOCK_SIZE], f"reader at {start}"
+
+
 def test_eviction_keeps_each_tier_under_quota(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
     tiers = [{"medium": "MEM", "quota": "8Mi", "dirs": [f"/dev/shm/strata-it-{os.getpid()}-evict"]},
              {"medium": "SSD", "quota": "16Mi", "dirs": [str(tmp_path / "ssd")]}]

@@ -3,6 +3,7 @@ that read and write files see."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import os
 import shutil
@@ -174,6 +175,45 @@ def test_a_subtree_mount_on_a_workers_host_reads_by_short_circuit(
     before = cluster.total_metric("strata_worker_short_circuit_reads")
     assert (mnt / "part-0").read_bytes() == data
     assert cluster.total_metric("strata_worker_short_circuit_reads") >= before + 3
+
+
+@pytest.mark.parametrize("host", ["node-0", "fuse-client"], ids=["short-circuit", "remote-worker"])
+def test_threads_reading_one_open_file_at_once_get_the_stores_bytes(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], host: str) -> None:
+    # pyarrow reads a Parquet file's column chunks from several threads through one open
+    # file; the kernel turns each into 128 KiB reads of that file, interleaved.
+    cluster = start_cluster(workers=1)
+    data = payload(6 * BLOCK_SIZE + 5)
+    cluster.s3.put_object(bucket, "t/part-0", data)
+    cluster.mount_bucket("/t", bucket)
+    mnt = mount_fuse(cluster, host=host).path
+    piece = 128 * 1024
+    starts = [i * BLOCK_SIZE + 1000 * i for i in range(6)]  # one reader per block, across its end
+
+    with open(mnt / "t" / "t" / "part-0", "rb") as f, cluster.s3.recording() as rec:
+        def read(start: int) -> bytes:
+            end = min(start + BLOCK_SIZE, len(data))
+            return b"".join(os.pread(f.fileno(), min(piece, end - off), off) for off in range(start, end, piece))
+
+        with concurrent.futures.ThreadPoolExecutor(len(starts)) as pool:
+            got = list(pool.map(read, starts))
+    for start, chunk in zip(starts, got):
+        assert chunk == data[start:start + BLOCK_SIZE], f"reader at {start}"
+    gets = rec.matching("GET", f"/{bucket}/t/part-0")
+    assert len(gets) == 7, [(g.url, g.range) for g in gets]  # each block once
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may write the mount's readahead in sysfs")
+def test_the_kernel_reads_the_mount_ahead_a_mebibyte_at_a_time(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    # Its default, 128 KiB, makes sequential reads of cached files a third slower.
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/d", bucket)
+    mnt = mount_fuse(cluster).path
+    entry = find_mount(mnt)
+    assert entry is not None
+    readahead = Path("/sys/class/bdi") / entry.device / "read_ahead_kb"
+    wait_until(lambda: readahead.read_text().strip() == "1024", 10, f"{readahead} to be 1024")
 
 
 def test_files_written_through_the_mount_use_its_write_type(

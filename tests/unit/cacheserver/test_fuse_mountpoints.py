@@ -14,11 +14,11 @@ MOUNTINFO = """\
 """
 
 
-def test_mountinfo_lines_give_mount_point_type_source_and_options() -> None:
+def test_mountinfo_lines_give_mount_point_type_source_options_and_device() -> None:
     entries = parse_mountinfo(MOUNTINFO)
     assert [e.mount_point for e in entries] == ["/", "/tmp/my mnt", "/ro"]
     fuse = entries[1]
-    assert (fuse.fstype, fuse.source, fuse.read_only) == ("fuse.strata", "strata:/data", False)
+    assert (fuse.fstype, fuse.source, fuse.read_only, fuse.device) == ("fuse.strata", "strata:/data", False, "0:39")
     assert entries[2].read_only
 
 
