@@ -242,7 +242,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             # whole blocks and reads ahead (the kernel reads a FUSE file 128 KiB at a time).
             self._last_index = first
             return piece if isinstance(piece, bytes) else piece[:]
-        parts: list[bytes] = []
+        # Views of the blocks' bytes: the result is copied out of them once, whatever the
+        # number of blocks (a whole block already held as bytes is handed over as it is).
+        parts: list[bytes | memoryview] = []
         blocks = (info.length + size - 1) // size
         for i in range(first, last + 1):
             with self._lock:
@@ -263,9 +265,11 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             if isinstance(data, bytes) and (lo, hi) == (0, len(data)):
                 parts.append(data)
             else:
-                parts.append(data[lo:hi])
+                parts.append(memoryview(data)[lo:hi])
         self._last_index = last
-        return b"".join(parts) if len(parts) != 1 else parts[0]
+        if len(parts) == 1:
+            return parts[0] if isinstance(parts[0], bytes) else parts[0].tobytes()
+        return b"".join(parts)
 
     def pread(self, size: int, offset: int) -> bytes:
         """Up to `size` bytes at `offset`, as os.pread: the file position does not move, and
