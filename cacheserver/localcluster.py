@@ -42,7 +42,10 @@ class LocalClusterSpec:
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on the port now. Like the servers, the check reuses an
+    address whose old connections linger in TIME_WAIT (right after `local down`)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -158,8 +158,7 @@ class DataServer(BlockSocketServer):
     name = "data"
 
     def start(self, bind: str, port: int) -> int:
-        sock = socket.create_server((bind, port), family=socket.AF_INET6 if ":" in bind else socket.AF_INET,
-                                    reuse_port=False)
+        sock = socket.create_server((bind, port), family=socket.AF_INET6 if ":" in bind else socket.AF_INET)
         self._listen(sock)
         return int(sock.getsockname()[1])
 
