@@ -37,6 +37,7 @@ class _BlockSocketClient(ABC):
                 raise Unavailable(f"block socket {self.where}: {exc.strerror or exc}") from exc
             conn = (sock, bytearray())  # bytes received past the reply line
             self._local.conn = conn
+            self._local.used = False
         return conn
 
     def _drop(self) -> None:
@@ -56,23 +57,27 @@ class _BlockSocketClient(ABC):
     def _exchange(self, request: bytes) -> tuple[dict[str, Any], bytearray, list[int]]:
         """Send a request, return the reply, the connection's pending bytes (the reply's
         payload starts there) and any descriptors received. Error replies raise; the caller
-        owns the descriptors."""
-        sock, pending = self._conn()
-        fds: list[int] = []
-        try:
-            sock.sendall(request)
-            while b"\n" not in pending:
-                fds += self._receive(sock, pending)
-        except OSError as exc:
-            self._drop()
-            for fd in fds:
-                os.close(fd)
-            raise Unavailable(f"block request over {self.where} failed: {exc}") from exc
-        except Unavailable:
-            self._drop()
-            for fd in fds:
-                os.close(fd)
-            raise
+        owns the descriptors. A kept connection the worker has closed since (it restarted)
+        gets one retry on a new one."""
+        while True:
+            sock, pending = self._conn()
+            reused = self._local.used
+            self._local.used = True
+            fds: list[int] = []
+            try:
+                sock.sendall(request)
+                while b"\n" not in pending:
+                    fds += self._receive(sock, pending)
+                break
+            except (OSError, Unavailable) as exc:
+                self._drop()
+                for fd in fds:
+                    os.close(fd)
+                if reused and not pending:
+                    continue
+                if isinstance(exc, Unavailable):
+                    raise
+                raise Unavailable(f"block request over {self.where} failed: {exc}") from exc
         end = pending.index(b"\n")
         line = bytes(pending[:end])
         del pending[:end + 1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 from typing import Any
 
@@ -108,3 +109,20 @@ def test_bad_requests_get_named_errors_and_the_port_keeps_serving(cluster: Clust
     with pytest.raises(errors.InvalidArgument, match="past the end"):
         client.read_block(ref, BLOCK_SIZE + 1, 1)
     assert client.read_file("/b/b.bin") == data
+
+
+def test_a_reader_keeps_using_the_data_port_after_the_worker_restarts(start_cluster: Any, bucket: str) -> None:
+    cluster = start_cluster(workers=1)
+    data = payload(2 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "w.bin", data)
+    cluster.mount_bucket("/w", bucket)
+    fs = cluster.fs(host="elsewhere")
+    assert fs.cat_file("/w/w.bin") == data
+    worker = cluster.workers[0]
+    worker.stop(signal.SIGKILL)  # the reader's kept connections now lead nowhere
+    worker.start()
+    worker.wait_healthy()
+    cluster.wait_workers(1)
+    assert fs.cat_file("/w/w.bin") == data
+    # The restarted worker counts from zero: both blocks came over its data port, not gRPC.
+    assert cluster.worker_metric(0, "strata_worker_data_port_reads") == 2
