@@ -158,6 +158,10 @@ class WorkerHandle:
         if response.mount_table_version != self.service.mounts.version:
             await self.service.mounts.refresh()
         log.info("registered with the master as %s (%d blocks)", self.identity.worker_id, len(blocks))
+        try:
+            await self.service.resume_uploads()
+        except (grpc.RpcError, StrataError) as exc:
+            log.warning("staged uploads of a previous run wait for the next registration: %s", exc)
 
     async def heartbeat_once(self) -> None:
         if not self.registered:

@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from pydantic import BaseModel
 
 from .. import constants, rpcutil
+from ..cache.files import write_atomically
 from ..cache.keys import BlockKey
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..config import ServerConfig
 from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError
-from ..blockrefs import block_length, key_of, ref_of
+from ..blockrefs import block_count, block_length, key_of, ref_of
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
@@ -130,6 +132,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._background: set[asyncio.Task[object]] = set()
+        self._uploading: set[Path] = set()  # staged ASYNC_THROUGH files being uploaded
 
     # -- block cache -------------------------------------------------------------------------
 
@@ -412,8 +415,56 @@ class WorkerService(pb_grpc.WorkerServicer):
                                       length=length, pin=True, in_store=False)
         file = await self._commit(path, length, version, False, "")
         if write_type == pb.ASYNC_THROUGH:
+            # What a restarted worker needs to finish the upload (see resume_uploads).
+            pending = PendingUpload(path=path, mount_id=mount.mount_id, version=version, length=length,
+                                    block_size=self.config.block_size)
+            write_atomically(pending_file(staged), pending.model_dump_json().encode())
+            self._uploading.add(staged)
             self._spawn(self._persist(staged, mount, path, length, version, refs), f"persist-{path}")
         return file
+
+    async def resume_uploads(self) -> int:
+        """Start the ASYNC_THROUGH uploads a previous run of this worker left staged (it was
+        stopped or killed before they reached the store); runs on each registration with the
+        master. One whose file has changed or gone since is dropped. Returns how many were
+        started."""
+        started = 0
+        for staged in staged_files(self.staging_dir):
+            if staged in self._uploading:
+                continue
+            record = pending_file(staged)
+            try:
+                pending = PendingUpload.model_validate_json(record.read_bytes())
+            except (OSError, ValueError) as exc:
+                log.warning("dropping staged upload %s: no readable record of it (%s)", staged.name, exc)
+                staged.unlink(missing_ok=True)
+                record.unlink(missing_ok=True)
+                continue
+            current: pb.FileInfo | None = None
+            try:
+                current = await self._master().GetStatus(pb.GetStatusRequest(path=pending.path), timeout=30)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    log.warning("the staged upload of %s waits for the next start: %s", pending.path, exc.details())
+                    continue
+            try:
+                mount = await self.mounts.get(pending.mount_id)
+            except NotFound:
+                current = None  # the mount is gone
+            if current is None or current.version != pending.version or current.persisted:
+                log.info("dropping the staged upload of %s: the file changed or went since", pending.path)
+                staged.unlink(missing_ok=True)
+                record.unlink(missing_ok=True)
+                continue
+            refs = [pb.BlockRef(mount_id=pending.mount_id, path=pending.path, version=pending.version, index=i,
+                                block_size=pending.block_size, file_length=pending.length, in_store=False)
+                    for i in range(block_count(pending.length, pending.block_size))]
+            log.info("resuming the upload of %s (%d bytes) to %s", pending.path, pending.length, mount.info.source)
+            self._uploading.add(staged)
+            self._spawn(self._persist(staged, mount, pending.path, pending.length, pending.version, refs),
+                        f"persist-{pending.path}")
+            started += 1
+        return started
 
     async def _persist(self, staged: Path, mount: MountView, path: str, length: int, version: str, refs: list[pb.BlockRef]) -> None:
         """ASYNC_THROUGH: upload the staged copy, record it persisted, unpin its blocks."""
@@ -428,6 +479,8 @@ class WorkerService(pb_grpc.WorkerServicer):
             log.error("could not persist %s to the store: %s; its cached copy stays pinned", path, exc)
         finally:
             staged.unlink(missing_ok=True)
+            pending_file(staged).unlink(missing_ok=True)
+            self._uploading.discard(staged)
 
     async def _unpin(self, refs: list[pb.BlockRef], *, pinned: bool) -> None:
         if pinned:
@@ -477,14 +530,34 @@ class WorkerService(pb_grpc.WorkerServicer):
         await self.store.close()
 
 
+class PendingUpload(BaseModel):
+    """The record kept next to a staged ASYNC_THROUGH file until it is in the store."""
+
+    path: str
+    mount_id: int
+    version: str
+    length: int
+    block_size: int
+
+
+def pending_file(staged: Path) -> Path:
+    return staged.with_suffix(".upload.json")
+
+
 def staged_files(staging_dir: Path) -> list[Path]:
     return sorted(p for p in staging_dir.glob("*.part") if p.is_file()) if staging_dir.is_dir() else []
 
 
 def remove_stale_staging(staging_dir: Path) -> None:
-    """Partial uploads from a previous run are useless: the writer got an error."""
+    """Staged files of writes a previous run did not finish are useless (the writer got an
+    error); those of ASYNC_THROUGH writes waiting for their upload stay (resume_uploads)."""
     for path in staged_files(staging_dir):
+        if pending_file(path).exists():
+            continue
         try:
             os.unlink(path)
         except OSError as exc:
             log.warning("cannot remove stale staging file %s: %s", path, exc)
+    for record in staging_dir.glob("*.upload.json") if staging_dir.is_dir() else []:
+        if not record.with_name(record.name.removesuffix(".upload.json") + ".part").exists():
+            record.unlink(missing_ok=True)

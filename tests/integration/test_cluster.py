@@ -169,6 +169,43 @@ def test_each_write_type_persists_as_promised(cluster: Cluster, bucket: str, wri
     assert "/w/out/file.bin" in fs.find("/w")
 
 
+def test_an_async_upload_cut_short_by_a_killed_worker_is_finished_after_restart(start_cluster: Any, bucket: str) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/a", bucket)
+    fs = cluster.fs(write_type="ASYNC_THROUGH")
+    data = payload(96 * 1024 * 1024)  # big enough that its upload outlasts the kill below
+    fs.pipe_file("/a/big.bin", data)
+    worker = cluster.workers[0]
+    worker.stop(signal.SIGKILL)
+
+    def keys() -> list[str]:
+        return [o["Key"] for o in cluster.s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+    assert "big.bin" not in keys() and not fs.info("/a/big.bin")["persisted"]
+    worker.start()
+    worker.wait_healthy()
+    wait_until(lambda: fs.info("/a/big.bin")["persisted"], 60, "the staged upload to be finished")
+    assert cluster.s3.get_object(bucket, "big.bin") == data
+    staging = cluster.root / "worker-0" / "staging"
+    wait_until(lambda: not any(staging.iterdir()), 10, "the staging folder to be emptied")
+    assert fs.cat_file("/a/big.bin") == data
+
+
+def test_a_staged_upload_of_a_file_replaced_meanwhile_is_dropped(cluster: Cluster, bucket: str) -> None:
+    cluster.mount_bucket("/a", bucket)
+    old = payload(96 * 1024 * 1024)
+    cluster.fs(host="node-0", write_type="ASYNC_THROUGH").pipe_file("/a/f.bin", old)  # through worker-0
+    cluster.workers[0].stop(signal.SIGKILL)
+    new = b"the newer file"
+    cluster.fs(host="node-1", write_type="THROUGH").pipe_file("/a/f.bin", new)  # through worker-1
+    cluster.workers[0].start()
+    cluster.workers[0].wait_healthy()
+    staging = cluster.root / "worker-0" / "staging"
+    wait_until(lambda: not any(staging.iterdir()), 30, "worker-0 to drop its staged upload")
+    assert cluster.s3.get_object(bucket, "f.bin") == new
+    assert cluster.fs().cat_file("/a/f.bin") == new
+
+
 def test_read_only_mount_refuses_writes(cluster: Cluster, bucket: str) -> None:
     cluster.mount_bucket("/ro", bucket, read_only=True)
     fs = cluster.fs()
