@@ -45,6 +45,15 @@ def _info_dict(info: pb.FileInfo) -> dict[str, Any]:
     }
 
 
+class _Listing(list[dict[str, Any]]):
+    """A folder's entries as fsspec's listings cache keeps them, and the same by name, so
+    info() of each of 10,000 listed files is a lookup, not a scan."""
+
+    def __init__(self, entries: list[dict[str, Any]]) -> None:
+        super().__init__(entries)
+        self.by_name = {e["name"]: e for e in entries}
+
+
 class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     protocol = "strata"
     root_marker = "/"
@@ -90,9 +99,9 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
             # An entry of a folder listed a moment ago (ls, then info of each file: one round
             # trip, not one per file). A folder's own listing is no answer for the folder.
             listed = self.dircache.get(self._parent(path))
-            for entry in listed or ():
-                if entry["name"] == path:
-                    return dict(entry)
+            entry = listed.by_name.get(path) if isinstance(listed, _Listing) else None
+            if entry is not None:
+                return dict(entry)
         return _info_dict(self.client.stat(path))
 
     def ls(self, path: str, detail: bool = True, refresh: bool = False, **kwargs: Any) -> list[Any]:
@@ -102,7 +111,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
             info = self.client.stat(path)
             if not info.is_dir:
                 return [_info_dict(info)] if detail else [info.path]
-            listing = [_info_dict(e) for e in self.client.ls(path)]
+            listing = _Listing([_info_dict(e) for e in self.client.ls(path)])
             self.dircache[path] = listing
         return [dict(e) for e in listing] if detail else [e["name"] for e in listing]
 
@@ -113,9 +122,10 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
             path = self._strip_protocol(path)
             for listed in [p for p in self.dircache if p == path or p.startswith(path.rstrip("/") + "/")]:
                 self.dircache.pop(listed, None)
-            while path != "/":  # the folders whose listings show it
-                path = self._parent(path)
-                self.dircache.pop(path, None)
+            folder = path
+            while folder != "/":  # the folders whose listings show it
+                folder = self._parent(folder)
+                self.dircache.pop(folder, None)
         super().invalidate_cache(path)
 
     def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any) -> Any:
