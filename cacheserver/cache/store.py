@@ -319,11 +319,7 @@ class BlockStore:
                 if current is None:
                     raise NotFound(f"block {key} left the cache while it was read; fetch it again")
                 if current is entry and current.path == path:
-                    self._drop(entry)
-                    raise BlockCorrupt(
-                        f"block {key} on {entry.tier.medium}: {problem}; it was dropped from "
-                        "the cache, read it again from the store"
-                    )
+                    raise self._corrupt(entry, problem)
                 # It moved to another tier or was replaced while we read: read the new copy.
             raise BlockCorrupt(f"block {key} kept moving while it was read; read it again")
         finally:
@@ -335,28 +331,7 @@ class BlockStore:
         (BlockCorrupt if one fails). NotFound if the block is not cached."""
         self._require_open()
         try:
-            entry = self._present(key)
-            if entry is None:
-                raise NotFound(f"block {key} is not cached on this worker; fetch it from the store")
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                self._drop(entry)
-                raise NotFound(f"block {key} vanished from {entry.tier.medium}; fetch it again") from None
-            if not entry.verified:
-                try:
-                    bad = _verify_fd(fd, entry.meta)
-                except OSError as exc:
-                    bad = f"cannot read it: {exc.strerror or exc}"
-                if bad is not None:
-                    os.close(fd)
-                    self._drop(entry)
-                    raise BlockCorrupt(
-                        f"block {key} on {entry.tier.medium}: {bad}; it was dropped from the "
-                        "cache, read it again from the store"
-                    )
-                entry.verified = True
-            self._touch(entry)
+            fd, entry = self._open_entry(key)
             return fd, entry.snapshot()
         finally:
             self._flush()
@@ -368,27 +343,56 @@ class BlockStore:
         to the kernel (sendfile) rather than reading them."""
         _check_length(offset, "offset")
         _check_length(length, "length")
-        fd, block = self.open_fd(key)
-        entry = self._index.get(key.block_id)
-        if entry is None:  # cannot happen: open_fd just found it, on this thread
-            os.close(fd)
-            raise NotFound(f"block {key} left the cache while it was opened; fetch it again")
-        meta = entry.meta
-        start, stop = meta.chunk_span(offset, length)
+        self._require_open()
         try:
-            bad = await asyncio.to_thread(_check_span, fd, meta, start, stop)
+            fd, entry = self._open_entry(key)
+            block = entry.snapshot()
+        finally:
+            self._flush()
+        start, stop = entry.meta.chunk_span(offset, length)
+        try:
+            bad = await asyncio.to_thread(_check_span, fd, entry.meta, start, stop)
         except BaseException:
             os.close(fd)
             raise
         if bad is None:
             return fd, block
         os.close(fd)
-        entry = self._index.get(key.block_id)
-        if entry is not None and entry.path == block.path:
-            self._drop(entry)
+        try:
+            if self._index.get(key.block_id) is entry and entry.path == block.path:
+                raise self._corrupt(entry, bad)
+            raise BlockCorrupt(f"block {key} on {block.medium}: {bad}; read it again from the store")
+        finally:
             self._flush()
-        raise BlockCorrupt(
-            f"block {key} on {block.medium}: {bad}; it was dropped from the cache, read it again from the store"
+
+    def _open_entry(self, key: BlockKey) -> tuple[int, _Entry]:
+        """An open descriptor of the block's file and its entry (see open_fd)."""
+        entry = self._present(key)
+        if entry is None:
+            raise NotFound(f"block {key} is not cached on this worker; fetch it from the store")
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._drop(entry)
+            raise NotFound(f"block {key} vanished from {entry.tier.medium}; fetch it again") from None
+        if not entry.verified:
+            try:
+                bad = _verify_fd(fd, entry.meta)
+            except OSError as exc:
+                bad = f"cannot read it: {exc.strerror or exc}"
+            if bad is not None:
+                os.close(fd)
+                raise self._corrupt(entry, bad)
+            entry.verified = True
+        self._touch(entry)
+        return fd, entry
+
+    def _corrupt(self, entry: _Entry, problem: str) -> BlockCorrupt:
+        """Drop a block found bad; the error to raise for it."""
+        self._drop(entry)
+        return BlockCorrupt(
+            f"block {entry.meta.key} on {entry.tier.medium}: {problem}; it was dropped from the "
+            "cache, read it again from the store"
         )
 
     # -- writes -------------------------------------------------------------------------------
