@@ -12,7 +12,6 @@ range's offset). Everything else is moto unchanged.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import threading
 from pathlib import Path
@@ -68,16 +67,9 @@ def patch_ranged_gets() -> None:
     setattr(S3Response, "key_response", key_response)
 
 
-def load_s3server() -> Any:
-    path = REPO / "tests" / "support" / "s3server.py"
-    spec = importlib.util.spec_from_file_location("strata_test_s3server", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 if __name__ == "__main__":
+    sys.path.append(str(REPO / "tests" / "support"))  # not the repo root: operator/ would shadow the stdlib
+    import s3server
+
     patch_ranged_gets()
-    load_s3server()._serve()
+    s3server._serve()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import importlib.util
+import importlib
 import math
 import os
 import random
@@ -56,15 +56,12 @@ class DemoError(Exception):
 # -- the S3 store ----------------------------------------------------------------------------
 
 def load_s3server() -> ModuleType:
-    """tests/support/s3server.py, loaded by path (the repo root must not be on sys.path)."""
-    path = REPO / "tests" / "support" / "s3server.py"
-    spec = importlib.util.spec_from_file_location("strata_demo_s3server", path)
-    if spec is None or spec.loader is None:
-        raise DemoError(f"cannot load the built-in S3 server from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """tests/support/s3server.py, imported from its folder (the repo root must stay off
+    sys.path: its folder operator/ would shadow the standard library's `operator`)."""
+    support = str(REPO / "tests" / "support")
+    if support not in sys.path:
+        sys.path.append(support)
+    return importlib.import_module("s3server")
 
 
 def start_delay_proxy(target: str, ttfb_ms: float, rate_mbit: float) -> tuple[subprocess.Popen[bytes], str]:

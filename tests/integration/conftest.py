@@ -6,7 +6,6 @@ Every server is a child process started the way a user starts it (`strata master
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import s3server
 import yaml
 
 from strata.cacheserver.client.fs import StrataFileSystem
@@ -31,17 +31,6 @@ BLOCK_SIZE = 4 * 1024 * 1024
 STARTUP_TIMEOUT = 60.0
 
 
-def _load_support(name: str) -> Any:
-    path = REPO / "tests" / "support" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"strata_test_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-s3server = _load_support("s3server")
 
 
 _handed_out: set[int] = set()

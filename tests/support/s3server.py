@@ -11,10 +11,9 @@ The server runs in its own process so its auth switch (process-wide in moto) and
 never touch the process under test. `server.recording()` captures every request the server
 sees (moto's request recorder), e.g. to count the GETs behind one read.
 
-Test code outside tests/unit/cacheserver loads this file by path (the repo root must not be
-on sys.path: the folder operator/ would shadow the standard library's `operator`):
-
-    spec = importlib.util.spec_from_file_location("strata_test_s3server", PATH_TO_THIS_FILE)
+Tests import it by name (pytest puts tests/support on sys.path, pyproject.toml); scripts add
+the folder tests/support to sys.path themselves. Never the repo root: its folder operator/
+would shadow the standard library's `operator`.
 
 Run it alone for manual tests and benchmarks: `python -P tests/support/s3server.py`.
 """

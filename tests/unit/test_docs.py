@@ -8,15 +8,14 @@ e2e suite installs the chart; no Docker engine runs here).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from loadfile import load_file
 import yaml
 
 from strata.cacheserver.cli import build_parser
@@ -27,12 +26,7 @@ README = REPO / "README.md"
 
 def _load_script(name: str) -> ModuleType:
     path = REPO / "scripts" / name
-    spec = importlib.util.spec_from_file_location(f"strata_script_{path.stem.replace('-', '_')}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path, f"strata_script_{path.stem.replace('-', '_')}")
 
 
 crd_reference = _load_script("gen-crd-reference.py")

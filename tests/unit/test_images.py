@@ -10,16 +10,15 @@ build stage copies and nothing of the venv or the tests.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from loadfile import load_file
 
 from strata.cacheserver import constants
 from strata.cacheserver.cli import build_parser
@@ -81,13 +80,7 @@ def stages(text: str) -> list[Stage]:
 
 
 def _load_harness_images() -> ModuleType:
-    path = REPO / "tests" / "e2e" / "harness" / "images.py"
-    spec = importlib.util.spec_from_file_location("strata_e2e_images_for_unit_tests", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(REPO / "tests" / "e2e" / "harness" / "images.py", "strata_e2e_images_for_unit_tests")
 
 
 @pytest.fixture(params=sorted(IMAGES), scope="module")

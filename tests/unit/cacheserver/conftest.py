@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
-
-_SUPPORT = Path(__file__).resolve().parents[2] / "support"
-
-
-def load_support(name: str) -> ModuleType:
-    """Import tests/support/<name>.py by path (the repo root must stay off sys.path: its
-    folder operator/ would shadow the standard library)."""
-    module_name = f"strata_test_support_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, _SUPPORT / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-s3server = load_support("s3server")
+import s3server
 
 
 @pytest.fixture(scope="session")

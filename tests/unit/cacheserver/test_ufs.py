@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import flaky
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -15,9 +16,6 @@ from strata.cacheserver.errors import InvalidArgument, NotFound, PermissionDenie
 from strata.cacheserver.retry import RetrySettings
 from strata.cacheserver.ufs import Store, storage_options
 
-from .conftest import load_support
-
-flaky = load_support("flaky")
 FAST_RETRY = RetrySettings(attempts=5, base_delay=0.001, max_delay=0.01)
 
 # -- every kind of store honours the same contract --------------------------------------------
