@@ -192,15 +192,13 @@ class WorkerService(pb_grpc.WorkerServicer):
             return data, hit
         raise AssertionError("unreachable")
 
-    async def open_block(self, ref: pb.BlockRef, read_type: int, *, promote: bool | None = None,
-                         check: tuple[int, int] | None = None) -> BlockSource:
+    async def open_block(self, ref: pb.BlockRef, read_type: int, *, check: tuple[int, int] | None = None) -> BlockSource:
         """An open descriptor of the block's file, fetched from the store on a miss. A copy
         found at startup has its checksums verified on its first open; `check` (offset,
         length) verifies the chunks of that range on this open too. A bad copy is dropped and
         fetched again."""
-        if promote is None:
-            mount = await self.mounts.get(ref.mount_id)
-            promote = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config) == pb.CACHE_PROMOTE
+        mount = await self.mounts.get(ref.mount_id)
+        promote = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config) == pb.CACHE_PROMOTE
         for attempt in (1, 2):
             block, hit = await self.ensure_cached(ref, promote=promote)
             try:
@@ -230,16 +228,15 @@ class WorkerService(pb_grpc.WorkerServicer):
         length = min(length or total, total - offset)
         mount = await self.mounts.get(ref.mount_id)
         effective = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config)
-        promote = effective == pb.CACHE_PROMOTE
         if effective == pb.NO_CACHE and self.store.lookup(key_of(ref)) is None:
             source = BlockSource(hit=False, length=length, data=await self.read_uncached(ref, offset, length))
         else:
             try:
                 if as_file:
-                    source = await self.open_block(ref, effective, promote=promote, check=(offset, length))
+                    source = await self.open_block(ref, effective, check=(offset, length))
                     source.offset, source.length = offset, length
                 else:
-                    data, hit = await self.read_cached(ref, offset, length, promote=promote)
+                    data, hit = await self.read_cached(ref, offset, length, promote=effective == pb.CACHE_PROMOTE)
                     source = BlockSource(hit=hit, length=len(data), data=data)
             except ResourceExhausted as exc:
                 # Every tier is full of pinned blocks: serve the reader, cache nothing.
