@@ -1,0 +1,147 @@
+"""A TCP proxy in front of a store (moto's S3 server) that tests can make misbehave.
+
+    proxy = StoreProxy(target_port=s3_port)      # listens on 127.0.0.1, a free port
+    options = {"endpoint_url": proxy.endpoint_url, ...}
+    with proxy.refusing():   # connections refused, open ones reset: the store is down
+        ...
+    with proxy.hanging():    # connections accepted, nothing forwarded: a hung store
+        ...
+    with proxy.slowed(2.0):  # each answer waits 2 s for its first byte
+        ...
+    proxy.stop()
+
+The proxy runs its own event loop in a daemon thread, so a test drives faults from plain
+synchronous code while servers in other processes talk to the store through it. Leaving a
+fault (the end of the `with`) makes the store behave again at once; connections opened while
+it hung stay silent until the client gives up on them, as after a real outage.
+
+Tests import it by name (pytest puts tests/support on sys.path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Literal
+
+Mode = Literal["pass", "refuse", "hang", "slow"]
+CHUNK = 256 * 1024
+
+
+class StoreProxy:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1", port: int = 0) -> None:
+        self.target = (target_host, target_port)
+        self.mode: Mode = "pass"
+        self.delay = 0.0
+        self.connections = 0  # accepted since start, for tests that check a fault was met
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        # Bind once here so the port is known, fixed, and reused when the store "comes back".
+        probe = socket.socket()
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
+        self.port = int(probe.getsockname()[1])
+        probe.close()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="store-proxy", daemon=True)
+        self._thread.start()
+        self._call(self._listen())
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _call(self, coro: object) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)  # type: ignore[arg-type]
+
+    async def _listen(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+
+    async def _close_all(self, *, listener: bool) -> None:
+        if listener and self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            transport = writer.transport
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # reset, not a polite FIN: the store went away
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            transport.abort()
+        self._writers.clear()
+
+    async def _set(self, mode: Mode, delay: float) -> None:
+        if mode == "refuse":
+            await self._close_all(listener=True)
+        elif self.mode == "refuse":
+            await self._listen()
+        if mode == "pass" and self.mode == "hang":
+            # connections made while hung are dead to their clients: drop them
+            await self._close_all(listener=False)
+        self.mode, self.delay = mode, delay
+
+    def set_mode(self, mode: Mode, delay: float = 0.0) -> None:
+        self._call(self._set(mode, delay))
+
+    @contextmanager
+    def _fault(self, mode: Mode, delay: float = 0.0) -> Iterator[None]:
+        self.set_mode(mode, delay)
+        try:
+            yield
+        finally:
+            self.set_mode("pass")
+
+    def refusing(self) -> AbstractContextManager[None]:
+        return self._fault("refuse")
+
+    def hanging(self) -> AbstractContextManager[None]:
+        return self._fault("hang")
+
+    def slowed(self, seconds: float) -> AbstractContextManager[None]:
+        return self._fault("slow", seconds)
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.add(client_w)
+        if self.mode == "refuse":
+            client_w.transport.abort()
+            return
+        try:
+            server_r, server_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.transport.abort()
+            return
+        self._writers.add(server_w)
+        asked: list[float | None] = [None]
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, answers: bool) -> None:
+            try:
+                while data := await src.read(CHUNK):
+                    while self.mode == "hang":
+                        await asyncio.sleep(0.05)
+                    if not answers:
+                        asked[0] = time.monotonic()
+                    elif asked[0] is not None and self.mode == "slow":
+                        wait = asked[0] + self.delay - time.monotonic()
+                        asked[0] = None
+                        if wait > 0:
+                            await asyncio.sleep(wait)
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pump(client_r, server_w, False), pump(server_r, client_w, True))
+        self._writers.discard(client_w)
+        self._writers.discard(server_w)
+
+    def stop(self) -> None:
+        self._call(self._close_all(listener=True))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
