@@ -10,11 +10,19 @@ What follows an ok reply depends on the socket: on the data port, exactly N byte
 from `offset`; on the short-circuit socket, the block file's descriptor (SCM_RIGHTS), and N
 is the whole block's length. `offset`, `length` and `readahead` matter on the data port only.
 `code` is a gRPC status name, as the same error would carry over gRPC.
+
+On the short-circuit socket the reply also carries `checksums` (CRC-32C of each `chunk_size`
+piece of the block file) and the reader verifies every chunk it reads; a reader that finds
+a bad one sends the request again with `"verify": 1`, and the worker checks the whole block
+before it answers (a damaged copy is dropped and fetched again from the store).
+A request's block names version, block size and file length; a cached block is served under
+that name, but a miss is fetched only when the namespace agrees (see worker/geometry.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import StrataError
@@ -44,8 +52,11 @@ def reply_line(reply: dict[str, Any]) -> bytes:
     return (json.dumps(reply) + "\n").encode()
 
 
-def ok_reply(length: int, hit: bool) -> dict[str, Any]:
-    return {"ok": True, "length": length, "hit": hit}
+def ok_reply(length: int, hit: bool, *, checksums: Sequence[int] = (), chunk_size: int = 0) -> dict[str, Any]:
+    reply: dict[str, Any] = {"ok": True, "length": length, "hit": hit}
+    if chunk_size:
+        reply.update(checksums=list(checksums), chunk_size=chunk_size)
+    return reply
 
 
 def error_reply(code: str, message: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ its sidecar is an orphan, never a valid-looking partial block.
 from __future__ import annotations
 
 import json
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +25,12 @@ from .keys import BlockKey
 # Checksum granularity: a range read verifies only the chunks it touches, so a 4 KiB read
 # costs a 1 MiB CRC at most, while a 16 MiB block carries just 16 checksums.
 CHUNK_SIZE = 1024 * 1024
-# Format 2: CRC-32C (Castagnoli), computed by the CPU's crc32 instruction at over 10 GB/s,
-# so verifying every read costs little next to copying the bytes. Format 1 (zlib's CRC-32,
-# about 1.5 GB/s) sidecars are not read: their blocks count as orphans and are fetched again.
-METADATA_FORMAT = 2
+# Format 3: the key carries the block size and length (format 2 keys did not, so a block
+# cut with another block size could be taken for one of this size). CRC-32C (Castagnoli),
+# computed by the CPU's crc32 instruction at over 10 GB/s, so verifying every read costs
+# little next to copying the bytes. Sidecars of older formats are not read: their blocks
+# count as orphans, are deleted by the scan and fetched again.
+METADATA_FORMAT = 3
 
 
 class BlockCorrupt(DataLoss):
@@ -39,6 +42,30 @@ def compute_checksums(data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) ->
     """CRC-32C of each `chunk_size` piece of `data` (the last one may be shorter)."""
     view = memoryview(data)
     return tuple(crc32c(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size))
+
+
+def chunk_span(offset: int, length: int, chunk_size: int, total: int) -> tuple[int, int]:
+    """The chunk-aligned byte range [start, stop) that covers [offset, offset+length) of a
+    block of `total` bytes."""
+    if length <= 0:
+        return offset, offset
+    start = offset // chunk_size * chunk_size
+    stop = min(-(-(offset + length) // chunk_size) * chunk_size, total)
+    return start, stop
+
+
+def first_bad_chunk(
+    data: bytes | memoryview | mmap.mmap, start: int, checksums: Sequence[int], chunk_size: int
+) -> int | None:
+    """Index of the first chunk of `data` (which begins at chunk-aligned offset `start` of a
+    block with these `checksums`) whose CRC-32C is wrong, or None when all match."""
+    first = start // chunk_size
+    with memoryview(data) as view:
+        for i, pos in enumerate(range(0, len(view), chunk_size)):
+            index = first + i
+            if index >= len(checksums) or crc32c(view[pos : pos + chunk_size]) != checksums[index]:
+                return index
+    return None
 
 
 @dataclass(slots=True)
@@ -63,8 +90,10 @@ class BlockMetadata:
         return cls(key, len(data), medium, compute_checksums(data), now, now, pinned)
 
     def __post_init__(self) -> None:
-        if self.length < 0:
-            raise InvalidArgument(f"block {self.key}: length must be >= 0, got {self.length}")
+        if self.length != self.key.length:
+            raise InvalidArgument(
+                f"block {self.key}: sidecar says {self.length} bytes, its key {self.key.length}"
+            )
         if self.medium not in MEDIA:
             raise InvalidArgument(f"block {self.key}: unknown medium {self.medium!r}")
         if self.chunk_size <= 0:
@@ -80,21 +109,12 @@ class BlockMetadata:
 
     def chunk_span(self, offset: int, length: int) -> tuple[int, int]:
         """The chunk-aligned byte range [start, stop) that covers [offset, offset+length)."""
-        if length <= 0:
-            return offset, offset
-        start = offset // self.chunk_size * self.chunk_size
-        stop = min(-(-(offset + length) // self.chunk_size) * self.chunk_size, self.length)
-        return start, stop
+        return chunk_span(offset, length, self.chunk_size, self.length)
 
     def bad_chunk(self, data: bytes | memoryview, start: int) -> int | None:
         """Index of the first chunk of `data` (which begins at chunk-aligned offset `start`)
         whose CRC-32C is wrong, or None when all match."""
-        view = memoryview(data)
-        first = start // self.chunk_size
-        for i, pos in enumerate(range(0, len(view), self.chunk_size)):
-            if crc32c(view[pos : pos + self.chunk_size]) != self.checksums[first + i]:
-                return first + i
-        return None
+        return first_bad_chunk(data, start, self.checksums, self.chunk_size)
 
     # -- the sidecar file -------------------------------------------------------------------
 

@@ -56,7 +56,8 @@ class CachedBlock:
     medium: str
     path: Path  # the block file; valid until the block moves or leaves
     pinned: bool
-    checksums: tuple[int, ...]
+    checksums: tuple[int, ...]  # CRC-32C of each chunk_size piece of the file
+    chunk_size: int
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class _Entry:
 
     def snapshot(self) -> CachedBlock:
         m = self.meta
-        return CachedBlock(m.key, m.length, self.tier.medium, self.path, m.pinned, m.checksums)
+        return CachedBlock(m.key, m.length, self.tier.medium, self.path, m.pinned, m.checksums, m.chunk_size)
 
 
 class _Changes:
@@ -135,6 +136,11 @@ class BlockStore:
     `on_change(added, removed)` is called synchronously whenever blocks appear in or leave
     the store (not when they move between tiers, and not for the blocks `open()` finds,
     which it returns). Keep it cheap; its exceptions are logged, not raised.
+
+    `block_size` is the cluster's block size: `open()` drops the blocks a previous run cut
+    with another size (no reader asks for them again), except pinned ones, which may be the
+    only copy of a write not yet in the store (a written file keeps the block size it was
+    written with).
     """
 
     def __init__(
@@ -146,8 +152,12 @@ class BlockStore:
         low_watermark: float = 0.80,
         on_change: Callable[[list[CachedBlock], list[BlockKey]], None] | None = None,
         clock: Callable[[], float] = time.time,
+        block_size: int | None = None,
     ) -> None:
         _check_tiers(tiers)
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                       or block_size <= 0):
+            raise InvalidArgument(f"block_size must be an integer > 0, got {block_size!r}")
         if not 0 < high_watermark <= 1:
             raise InvalidArgument(f"high_watermark must be in (0, 1], got {high_watermark!r}")
         if not 0 <= low_watermark < high_watermark:
@@ -161,11 +171,14 @@ class BlockStore:
         self._low = low_watermark
         self._on_change = on_change
         self._clock = clock
+        self._block_size = block_size
         self._index: dict[str, _Entry] = {}
         self._inflight: dict[str, asyncio.Task[CachedBlock]] = {}
         self._write_lock = asyncio.Lock()
         self._pending = _Changes()
         self._state: Literal["new", "open", "closed"] = "new"
+        # Blocks found damaged (bad checksum, wrong size, file gone) and dropped.
+        self.corrupt_blocks = 0
 
     @property
     def eviction(self) -> str:
@@ -185,18 +198,27 @@ class BlockStore:
             await asyncio.to_thread(tier.prepare)
             scanned.append(await asyncio.to_thread(tier.scan))
         surplus: list[tuple[Path, str]] = []
+        other_size: list[tuple[Path, str]] = []
         for tier, found in zip(self._tiers, scanned):
             found.sort(key=lambda s: (not s.meta.pinned, -s.meta.last_access))
             for block in found:
                 block_id, length = block.meta.key.block_id, block.meta.length
+                if self._block_size is not None and block.meta.key.block_size != self._block_size \
+                        and not block.meta.pinned:
+                    other_size.append((block.directory, block_id))
+                    continue
                 if block_id in self._index or tier.used + length > tier.quota:
                     surplus.append((block.directory, block_id))
                     continue
                 tier.reserve(length, block.directory)
                 self._attach(_Entry(block.meta, tier, block.directory, verified=False))
+        if other_size:
+            log.info("block store: dropping %d blocks cut with another block size than the "
+                     "cluster's %s", len(other_size), format_size(self._block_size or 0))
         if surplus:
             log.info("block store: dropping %d blocks found beyond a quota or twice", len(surplus))
-            await asyncio.to_thread(_remove_all, surplus)
+        if other_size or surplus:
+            await asyncio.to_thread(_remove_all, other_size + surplus)
         for entry in sorted(self._index.values(), key=lambda e: e.meta.last_access):
             self._policy.record_add(entry.block_id)
         self._state = "open"
@@ -233,7 +255,6 @@ class BlockStore:
     async def get_or_fetch(
         self,
         key: BlockKey,
-        length: int,
         fetch: Callable[[], Awaitable[bytes]],
         *,
         promote: bool = False,
@@ -241,18 +262,12 @@ class BlockStore:
     ) -> tuple[CachedBlock, bool]:
         """The cached block and whether it was a hit. On a miss `fetch()` is called once for
         all concurrent callers of one key; its error reaches them all and nothing is cached.
-        Fetched bytes of another length than `length` raise DataLoss. `promote` moves a hit
+        Fetched bytes of another length than the key's raise DataLoss. `promote` moves a hit
         up to the fastest tier that can make room. ResourceExhausted when no tier can take
         the fetched block (serve those bytes uncached)."""
         self._require_open()
-        _check_length(length, "length")
         try:
             entry = self._present(key)
-            if entry is not None and entry.meta.length != length:
-                log.warning("block %s: cached %d bytes but %d expected; fetching again",
-                            key, entry.meta.length, length)
-                self._drop(entry)
-                entry = None
             if entry is not None:
                 if pin:
                     self._pin(entry, True)
@@ -264,7 +279,7 @@ class BlockStore:
             block_id = key.block_id
             flight = self._inflight.get(block_id)
             if flight is None:
-                flight = asyncio.create_task(self._fetch_and_put(key, length, fetch, pin))
+                flight = asyncio.create_task(self._fetch_and_put(key, fetch, pin))
                 self._inflight[block_id] = flight
                 flight.add_done_callback(lambda t: self._landed(block_id, t))
             self._flush()  # report a dropped stale copy now, not after the fetch
@@ -389,6 +404,8 @@ class BlockStore:
 
     def _corrupt(self, entry: _Entry, problem: str) -> BlockCorrupt:
         """Drop a block found bad; the error to raise for it."""
+        log.warning("block %s on %s: %s; dropping it", entry.meta.key, entry.tier.medium, problem)
+        self.corrupt_blocks += 1
         self._drop(entry)
         return BlockCorrupt(
             f"block {entry.meta.key} on {entry.tier.medium}: {problem}; it was dropped from the "
@@ -402,6 +419,8 @@ class BlockStore:
         needed. The same bytes again only refresh the block (and pin it if asked); other
         bytes replace it. ResourceExhausted if no tier can take it."""
         self._require_open()
+        if len(data) != key.length:
+            raise InvalidArgument(f"block {key}: got {len(data)} bytes, its key says {key.length}")
         checksums = await asyncio.to_thread(compute_checksums, data)
         try:
             async with self._write_lock:
@@ -492,6 +511,7 @@ class BlockStore:
         if size != entry.meta.length:
             log.warning("block %s: file %s is %s; dropping it", key, entry.path,
                         "missing" if size < 0 else f"{size} bytes, not {entry.meta.length}")
+            self.corrupt_blocks += 1
             self._drop(entry)
             return None
         return entry
@@ -539,12 +559,12 @@ class BlockStore:
     # -- internals: fetch ----------------------------------------------------------------------
 
     async def _fetch_and_put(
-        self, key: BlockKey, length: int, fetch: Callable[[], Awaitable[bytes]], pin: bool
+        self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], pin: bool
     ) -> CachedBlock:
         data = await fetch()
-        if len(data) != length:
+        if len(data) != key.length:
             raise DataLoss(
-                f"block {key}: the store returned {len(data)} bytes, expected {length}; the file "
+                f"block {key}: the store returned {len(data)} bytes, expected {key.length}; the file "
                 "may have changed in the store: refresh its metadata and read again"
             )
         return await self.put(key, data, pin=pin)
@@ -561,7 +581,7 @@ class BlockStore:
         self, key: BlockKey, data: bytes, checksums: tuple[int, ...], pin: bool
     ) -> CachedBlock:
         existing = self._index.get(key.block_id)
-        if existing is not None and existing.meta.checksums == checksums and existing.meta.length == len(data):
+        if existing is not None and existing.meta.checksums == checksums:
             if pin:
                 self._pin(existing, True)
             self._touch(existing)

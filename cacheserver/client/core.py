@@ -23,7 +23,7 @@ import grpc
 from .. import constants, rpcutil
 from ..auth import load_token
 from ..blockrefs import block_count, key_of
-from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable
+from ..errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
@@ -233,7 +233,7 @@ class StrataClient:
                 if offset == 0 and want == full:
                     return reader.map(ref, read_type)
                 return reader.read(ref, offset, want, read_type)
-            except (Unavailable, ResourceExhausted) as exc:
+            except (Unavailable, ResourceExhausted, DataLoss) as exc:
                 log.debug("short-circuit to %s failed (%s); reading over the network", worker.worker_id, exc)
         data: Buffer | None = None
         data_reader = self._data_reader(worker)

@@ -1,19 +1,29 @@
 """The reader's side of the worker's block sockets (protocol: `blockwire`): block bytes
 from the data port over TCP, received straight into the memory that is handed to the reader;
-and, on the worker's host, block files' descriptors from the short-circuit socket."""
+and, on the worker's host, block files' descriptors from the short-circuit socket, whose
+chunks the reader verifies against the checksums the worker sends (the files are on the
+node's disk, which may flip bits like any other)."""
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import socket
 import threading
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from ..blockwire import check_reply, request_line
-from ..errors import StrataError, Unavailable
+from ..cache.metadata import chunk_span, first_bad_chunk
+from ..errors import DataLoss, StrataError, Unavailable
 from ..proto import strata_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class _BlockSocketClient(ABC):
@@ -160,36 +170,79 @@ class ShortCircuitReader(_BlockSocketClient):
         pending.extend(data)
         return list(fds)
 
-    def _open(self, ref: pb.BlockRef, read_type: int) -> tuple[int, int]:
-        """The block's file descriptor and length; the caller closes the descriptor."""
-        reply, _, fds = self._exchange(request_line(self._token, ref, read_type))
+    def _open(self, ref: pb.BlockRef, read_type: int, verify: bool) -> _OpenBlock:
+        """The block's file descriptor, length and checksums; the caller closes the
+        descriptor. `verify` has the worker check the whole block first."""
+        extra = {"verify": 1} if verify else {}
+        reply, _, fds = self._exchange(request_line(self._token, ref, read_type, **extra))
         if not fds:
             raise Unavailable(f"the worker at {self.where} answered without a file descriptor")
-        for extra in fds[1:]:
-            os.close(extra)
-        return fds[0], int(reply["length"])
+        for extra_fd in fds[1:]:
+            os.close(extra_fd)
+        block = _OpenBlock(fds[0], int(reply["length"]), tuple(reply.get("checksums", ())),
+                           int(reply.get("chunk_size", 0)))
+        if block.chunk_size <= 0 or len(block.checksums) != -(-block.length // block.chunk_size):
+            os.close(block.fd)
+            raise Unavailable(f"the worker at {self.where} sent no checksums for block {ref.index} of {ref.path}")
+        return block
+
+    def _verified(self, ref: pb.BlockRef, read_type: int, read: Callable[[_OpenBlock], _T | None]) -> _T:
+        """`read(block)` of the block file, which returns what it read or None when a chunk
+        failed its checksum (or the file is shorter than the block). After a failure the
+        worker checks the block, dropping a damaged copy and fetching the block again, and
+        the read is tried once more; DataLoss if it fails again."""
+        for verify in (False, True):
+            block = self._open(ref, read_type, verify)
+            try:
+                result = read(block)
+            finally:
+                os.close(block.fd)
+            if result is not None:
+                return result
+            log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check%s",
+                        ref.index, ref.path, self.where, "" if verify else "; asking the worker to check it")
+        raise DataLoss(f"block {ref.index} of {ref.path} from the worker at {self.where}: a chunk failed "
+                       "its CRC-32C check again after the worker checked the block")
 
     def map(self, ref: pb.BlockRef, read_type: int = 0) -> mmap.mmap | bytes:
-        """The whole block, mapped read-only from the worker's block file: slicing it copies
-        only what is sliced, as a read from the page cache does."""
-        fd, length = self._open(ref, read_type)
-        try:
-            if length == 0:
+        """The whole block, mapped read-only from the worker's block file after its
+        checksums are verified: slicing it copies only what is sliced, as a read from the
+        page cache does."""
+
+        def read(block: _OpenBlock) -> mmap.mmap | bytes | None:
+            if block.length == 0:
                 return b""
-            return mmap.mmap(fd, length, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
+            if os.fstat(block.fd).st_size != block.length:  # a map past the end faults on access
+                return None
+            mapped = mmap.mmap(block.fd, block.length, prot=mmap.PROT_READ)
+            if first_bad_chunk(mapped, 0, block.checksums, block.chunk_size) is None:
+                return mapped
+            mapped.close()
+            return None
+
+        # mypy solves _T for a union as its join (object): name the type.
+        return cast("mmap.mmap | bytes", self._verified(ref, read_type, read))
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
-        """Bytes [offset, offset+length) of the block, from the worker's block file."""
-        fd, available = self._open(ref, read_type)
-        try:
-            if offset > available:
-                raise StrataError(f"offset {offset} is past the end of block {ref.index} ({available} bytes)")
-            want = min(length, available - offset)
-            data = os.pread(fd, want, offset)
-            if len(data) != want:
-                raise Unavailable(f"block {ref.index} of {ref.path}: short read from the worker's file")
-            return data
-        finally:
-            os.close(fd)
+        """Bytes [offset, offset+length) of the block, from the worker's block file; the
+        chunks they lie in are verified."""
+
+        def read(block: _OpenBlock) -> bytes | None:
+            if offset > block.length:
+                raise StrataError(f"offset {offset} is past the end of block {ref.index} ({block.length} bytes)")
+            want = min(length, block.length - offset)
+            start, stop = chunk_span(offset, want, block.chunk_size, block.length)
+            data = os.pread(block.fd, stop - start, start)
+            if len(data) != stop - start or first_bad_chunk(data, start, block.checksums, block.chunk_size) is not None:
+                return None
+            return data[offset - start:offset - start + want]
+
+        return self._verified(ref, read_type, read)
+
+
+@dataclass(frozen=True)
+class _OpenBlock:
+    fd: int
+    length: int
+    checksums: tuple[int, ...]
+    chunk_size: int

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..blockrefs import block_length, key_of
+from ..blockrefs import reported_key
 from ..cache.keys import BlockKey
 from ..proto import strata_pb2 as pb
 
@@ -28,16 +28,16 @@ class BlockIndex:
 
     def add(self, worker_id: str, refs: Iterable[pb.BlockRef]) -> None:
         for ref in refs:
-            key = key_of(ref)
+            key = reported_key(ref)
             block_id = key.block_id
-            self._records[block_id] = BlockRecord(key, block_length(ref))
+            self._records[block_id] = BlockRecord(key, key.length)
             self._by_file[(key.mount_id, key.path, key.version)].add(block_id)
             self._holders[block_id].add(worker_id)
             self._by_worker[worker_id].add(block_id)
 
     def remove(self, worker_id: str, refs: Iterable[pb.BlockRef]) -> None:
         for ref in refs:
-            self._discard(worker_id, key_of(ref).block_id)
+            self._discard(worker_id, reported_key(ref).block_id)
 
     def drop_worker(self, worker_id: str) -> None:
         for block_id in list(self._by_worker.pop(worker_id, ())):

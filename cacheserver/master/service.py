@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from .. import rpcutil
+from ..blockrefs import key_of
 from ..cache.keys import BlockKey
 from ..config import ServerConfig
 from ..errors import InvalidArgument, StrataError
@@ -264,7 +265,8 @@ class MasterService(pb_grpc.MasterServicer):
         response = pb.GetBlockLocationsResponse(file=self._file_info(entry))
         size = entry.block_size or self.config.block_size
         for index in range((entry.length + size - 1) // size):
-            key = BlockKey(mount_id=entry.mount_id, path=entry.path, version=entry.version, index=index)
+            key = BlockKey.of_file(entry.mount_id, entry.path, entry.version, block_size=size,
+                                   file_length=entry.length, index=index)
             holders = sorted(self.blocks.holders(key))
             offset = index * size
             response.blocks.append(
@@ -287,6 +289,7 @@ class MasterService(pb_grpc.MasterServicer):
             version=request.version,
             persisted=request.persisted,
             ufs_version=request.ufs_version or None,
+            block_size=request.block_size,
         )
         return pb.CommitFileResponse(file=self._file_info(await self.namespace.get_status(path)))
 
@@ -341,7 +344,7 @@ class MasterService(pb_grpc.MasterServicer):
         if refs and not workers:
             raise StrataError(f"cannot load {entry.path}: no live workers")
         for ref in refs:
-            block_id = BlockKey(mount_id=ref.mount_id, path=ref.path, version=ref.version, index=ref.index).block_id
+            block_id = key_of(ref).block_id
             by_owner.setdefault(rank_workers(block_id, workers)[0], []).append(ref)
 
         async def send(worker_id: str, batch: list[pb.BlockRef]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,9 @@ class OverlayEntry:
     mtime_unix_ms: int
     persisted: bool
     ufs_version: str | None  # the store's version of the persisted copy
+    # The block size its blocks were cut with (0 in records older than this field: the
+    # namespace's); a written file keeps it when the cluster's block size changes.
+    block_size: int = 0
 
 
 @dataclass
@@ -202,7 +205,7 @@ class Namespace:
         return FileEntry(
             path=path, name=name(path), is_dir=False, length=entry.length,
             mtime_unix_ms=entry.mtime_unix_ms, version=entry.version,
-            block_size=self._block_size, persisted=entry.persisted,
+            block_size=entry.block_size or self._block_size, persisted=entry.persisted,
             pinned=self._pinned(mount, path), mount_id=mount.mount_id,
             read_only=mount.options.read_only,
         )
@@ -428,10 +431,13 @@ class Namespace:
         version: str,
         persisted: bool,
         ufs_version: str | None = None,
+        block_size: int = 0,
     ) -> FileEntry:
         """Record a file written through Strata. `ufs_version` is the store's version of the
         persisted copy; when a persisted file comes without one, the writer used the
-        store's version as the file's `version`."""
+        store's version as the file's `version`. `block_size` is the size its blocks were
+        cut with (0: the namespace's); a commit of a version already recorded keeps the
+        size recorded first (its blocks are cut already)."""
         path = normalize(path)
         self._sync_mounts()
         mount, _ = self._writable(path, "write")
@@ -439,6 +445,11 @@ class Namespace:
             raise InvalidArgument(f"commit of {path}: the file's version must not be empty")
         if length < 0:
             raise InvalidArgument(f"commit of {path}: length must not be negative, got {length}")
+        if block_size < 0:
+            raise InvalidArgument(f"commit of {path}: block size must not be negative, got {block_size}")
+        previous = self._overlay.get(path)
+        if previous is not None and previous.version == version and previous.block_size:
+            block_size = previous.block_size
         written = OverlayEntry(
             mount_id=mount.mount_id,
             length=length,
@@ -446,6 +457,7 @@ class Namespace:
             mtime_unix_ms=int(time.time() * 1000),
             persisted=persisted,
             ufs_version=(ufs_version or version) if persisted else None,
+            block_size=block_size or self._block_size,
         )
         self._overlay[path] = written
         self._save()
@@ -463,10 +475,7 @@ class Namespace:
             raise NotFound(f"{path} has no write waiting to be persisted; commit it first")
         if not ufs_version:
             raise InvalidArgument(f"persist of {path}: the store's version must not be empty")
-        persisted = OverlayEntry(
-            mount_id=written.mount_id, length=written.length, version=written.version,
-            mtime_unix_ms=written.mtime_unix_ms, persisted=True, ufs_version=ufs_version,
-        )
+        persisted = replace(written, persisted=True, ufs_version=ufs_version)
         self._overlay[path] = persisted
         self._save()
         self.invalidate(path)

@@ -28,7 +28,7 @@ from ..httpserver import HttpServer, serve_until_signalled
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from .mounts import WorkerMounts
-from ..blockrefs import key_of, ref_of
+from ..blockrefs import ref_of, reported_key
 from .service import BlockReports, WorkerService, remove_stale_staging
 from .transfer import DataServer, ShortCircuitServer
 
@@ -82,6 +82,10 @@ class WorkerCollector(Collector):
             ("strata_worker_bytes_served", c.bytes_served, "Bytes served to readers"),
             ("strata_worker_short_circuit_reads", c.short_circuit_reads, "Blocks handed out as file descriptors"),
             ("strata_worker_data_port_reads", c.data_port_reads, "Block reads served over the data port"),
+            ("strata_worker_corrupt_blocks", self._worker.service.store.corrupt_blocks,
+             "Cached blocks found damaged (checksum or size) and dropped; readers got the store's bytes"),
+            ("strata_worker_short_circuit_rechecks", c.short_circuit_rechecks,
+             "Short-circuit reads whose reader found a bad checksum and had the worker check the block"),
         ):
             yield CounterMetricFamily(name, text, value=value)
         capacity = GaugeMetricFamily("strata_worker_tier_capacity_bytes", "Tier quota", labels=["medium"])
@@ -149,7 +153,7 @@ class WorkerHandle:
         return pb_grpc.WorkerStub(cached[1])
 
     async def register(self) -> None:
-        blocks = [ref_of(b.key, length=b.length) for b in self.service.store.blocks()]
+        blocks = [ref_of(b.key) for b in self.service.store.blocks()]
         self.reports.take()  # the full list supersedes pending deltas
         response = await self.master.RegisterWorker(
             pb.RegisterWorkerRequest(worker=self.info(), stats=self.stats(), blocks=blocks), timeout=30
@@ -176,9 +180,9 @@ class WorkerHandle:
         except grpc.RpcError:
             # Keep the deltas for the next try.
             for ref in added:
-                self.reports.added.setdefault(key_of(ref).block_id, ref)
+                self.reports.added.setdefault(reported_key(ref).block_id, ref)
             for ref in removed:
-                self.reports.removed.setdefault(key_of(ref).block_id, ref)
+                self.reports.removed.setdefault(reported_key(ref).block_id, ref)
             raise
         if response.reregister:
             await self.register()
@@ -271,6 +275,7 @@ async def start_worker(
         high_watermark=config.cache_policy.high_watermark,
         low_watermark=config.cache_policy.low_watermark,
         on_change=reports.on_change,
+        block_size=config.block_size,
     )
     await store.open()
     reports.take()  # the registration carries the rescanned blocks

@@ -21,11 +21,12 @@ from ..cache.keys import BlockKey
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..config import ServerConfig
 from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError
-from ..blockrefs import block_count, block_length, key_of, ref_of
+from ..blockrefs import block_count, key_of, ref_of
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
+from .geometry import FileStatuses
 from .mounts import MountView, WorkerMounts
 
 log = logging.getLogger(__name__)
@@ -46,18 +47,23 @@ class Counters:
     bytes_served: int = 0
     short_circuit_reads: int = 0
     data_port_reads: int = 0
+    # Short-circuit readers that found a bad checksum in a block file and asked for a check.
+    short_circuit_rechecks: int = 0
 
 
 @dataclass
 class BlockSource:
     """What a read is served from: an open block file (`fd`, bytes [offset, offset+length)
-    of it; the owner closes it) or bytes in memory (`data`)."""
+    of it; the owner closes it; `checksums` of its `chunk_size` chunks) or bytes in memory
+    (`data`)."""
 
     hit: bool
     length: int
     fd: int = -1
     offset: int = 0
     data: bytes = b""
+    checksums: tuple[int, ...] = ()
+    chunk_size: int = 0
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -74,7 +80,7 @@ class BlockReports:
 
     def on_change(self, added: list[CachedBlock], removed: list[BlockKey]) -> None:
         for block in added:
-            ref = ref_of(block.key, length=block.length)
+            ref = ref_of(block.key)
             self.removed.pop(block.key.block_id, None)
             self.added[block.key.block_id] = ref
         for key in removed:
@@ -133,6 +139,27 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._readahead_pending: set[str] = set()
         self._background: set[asyncio.Task[object]] = set()
         self._uploading: set[Path] = set()  # staged ASYNC_THROUGH files being uploaded
+        self.statuses = FileStatuses(self._file_status)
+
+    async def _file_status(self, path: str) -> pb.FileInfo:
+        try:
+            info: pb.FileInfo = await self._master().GetStatus(pb.GetStatusRequest(path=path), timeout=30)
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"status of {path} from the master") from exc
+        return info
+
+    async def _check_in_store(self, ref: pb.BlockRef) -> None:
+        """Refuse to fetch a block from the store unless the namespace says the reader's
+        file is that file now and it is in the store: bytes fetched are kept (or served)
+        under the reader's name for them, so that name must be the true one."""
+        if ref.in_store:
+            info = await self.statuses.check(ref)
+            if info.persisted:
+                return
+        raise FailedPrecondition(
+            f"block {ref.index} of {ref.path} is not cached on worker {self.worker_id} and "
+            "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
+        )
 
     # -- block cache -------------------------------------------------------------------------
 
@@ -145,23 +172,17 @@ class WorkerService(pb_grpc.WorkerServicer):
     async def ensure_cached(self, ref: pb.BlockRef, *, promote: bool = False) -> tuple[CachedBlock, bool]:
         """The block in the store, fetched from the mount's store on a miss."""
         key = key_of(ref)
-        length = block_length(ref)
         mount = await self.mounts.get(ref.mount_id)
 
         async def fetch() -> bytes:
-            if not ref.in_store:
-                raise FailedPrecondition(
-                    f"block {ref.index} of {ref.path} is not cached on worker {self.worker_id} and "
-                    "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
-                )
-            start = ref.index * ref.block_size
-            data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
+            await self._check_in_store(ref)
+            data = await mount.store.read_range(mount.rel(key.path), key.offset, key.offset + key.length)
             self.counters.misses += 1
             self.counters.ufs_bytes_read += len(data)
             return data
 
         block, hit = await self.store.get_or_fetch(
-            key, length, fetch, promote=promote, pin=mount.is_pinned(ref.path)
+            key, fetch, promote=promote, pin=mount.is_pinned(ref.path)
         )
         if hit:
             self.counters.hits += 1
@@ -169,10 +190,9 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes straight from the store, when the cache cannot take the block."""
-        if not ref.in_store:
-            raise NotFound(f"block {ref.index} of {ref.path} is not cached here and not in the store")
+        await self._check_in_store(ref)
         mount = await self.mounts.get(ref.mount_id)
-        start = ref.index * ref.block_size + offset
+        start = key_of(ref).offset + offset
         data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
         self.counters.misses += 1
         self.counters.ufs_bytes_read += len(data)
@@ -211,7 +231,8 @@ class WorkerService(pb_grpc.WorkerServicer):
                 if attempt == 2:
                     raise
                 continue
-            return BlockSource(hit=hit, length=block.length, fd=fd)
+            return BlockSource(hit=hit, length=block.length, fd=fd, checksums=block.checksums,
+                               chunk_size=block.chunk_size)
         raise AssertionError("unreachable")
 
     async def read_source(self, ref: pb.BlockRef, read_type: int, *, offset: int, length: int,
@@ -220,7 +241,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         from: the block's file (as_file) or its checksummed bytes when it is cached, else bytes
         from the store (read type NO_CACHE, or every tier full of pinned blocks). Starts the
         readahead and counts the bytes served."""
-        total = block_length(ref)
+        total = key_of(ref).length
         if offset < 0 or length < 0:
             raise InvalidArgument(f"offset and length must be >= 0, got {offset} and {length}")
         if offset > total:
@@ -298,46 +319,10 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     # -- writes ------------------------------------------------------------------------------
 
-    @rpcutil.unary
-    async def PutBlock(self, request_iterator: AsyncIterator[pb.PutBlockChunk], context: grpc.aio.ServicerContext) -> pb.PutBlockResponse:
-        ref: pb.BlockRef | None = None
-        pin = False
-        parts: list[bytes] = []
-        async for chunk in request_iterator:
-            if ref is None:
-                ref, pin = chunk.block, chunk.pin
-            parts.append(chunk.data)
-        if ref is None:
-            raise InvalidArgument("PutBlock: empty stream; the first message must name the block")
-        data = b"".join(parts)
-        expected = block_length(ref)
-        if len(data) != expected:
-            raise InvalidArgument(f"PutBlock: block {ref.index} of {ref.path} should have {expected} bytes, got {len(data)}")
-        await self.store.put(key_of(ref), data, pin=pin)
-        return pb.PutBlockResponse()
-
-    async def _place_block(self, ref: pb.BlockRef, data: bytes, pin: bool) -> None:
-        """Put a written block on its owner (this worker or a peer)."""
-        peers = {p.worker_id: p for p in self._peers() if not p.decommissioning}
-        ranked = rank_workers(key_of(ref).block_id, peers or [self.worker_id])
-        target = ranked[0] if ranked else self.worker_id
-        if target == self.worker_id or target not in peers:
-            await self.store.put(key_of(ref), data, pin=pin)
-            return
-
-        async def chunks() -> AsyncIterator[pb.PutBlockChunk]:
-            step = constants.STREAM_CHUNK_SIZE
-            view = memoryview(data)
-            for i in range(0, max(len(data), 1), step):
-                yield pb.PutBlockChunk(block=ref if i == 0 else None, pin=pin, data=bytes(view[i:i + step]))
-
-        try:
-            await self._peer_stub(peers[target]).PutBlock(chunks(), timeout=120)
-        except grpc.RpcError as exc:
-            log.warning("worker %s did not take block %d of %s (%s); keeping it here", target, ref.index, ref.path, exc.details() if hasattr(exc, "details") else exc)
-            await self.store.put(key_of(ref), data, pin=pin)
-
     async def _cache_file(self, staged: Path, *, mount_id: int, path: str, version: str, length: int, pin: bool, in_store: bool) -> list[pb.BlockRef]:
+        """Cache the blocks of a file this worker is writing, here: written bytes enter the
+        cache only on the worker that takes the write (no worker accepts block bytes from
+        another), under the geometry it commits to the namespace."""
         size = self.config.block_size
         refs = []
         with staged.open("rb") as f:
@@ -345,9 +330,18 @@ class WorkerService(pb_grpc.WorkerServicer):
                 data = await asyncio.to_thread(f.read, size)
                 ref = pb.BlockRef(mount_id=mount_id, path=path, version=version, index=index,
                                   block_size=size, file_length=length, in_store=in_store)
-                await self._place_block(ref, data, pin)
+                await self._keep_written_block(ref, data, pin)
                 refs.append(ref)
         return refs
+
+    async def _keep_written_block(self, ref: pb.BlockRef, data: bytes, pin: bool) -> None:
+        try:
+            await self.store.put(key_of(ref), data, pin=pin)
+        except ResourceExhausted:
+            if not pin and ref.in_store:  # the store has it: the cache may go without
+                log.warning("not caching written block %d of %s: no tier has room", ref.index, ref.path)
+                return
+            raise
 
     @rpcutil.unary
     async def WriteFile(self, request_iterator: AsyncIterator[pb.WriteFileChunk], context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:

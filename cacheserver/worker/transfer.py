@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..blockwire import MAX_REQUEST_BYTES, error_reply, ok_reply, parse_request, reply_line
+from ..blockrefs import key_of
 from ..errors import StrataError
 from ..proto import strata_pb2 as pb
 from .service import BlockSource, WorkerService
@@ -148,13 +149,22 @@ class ShortCircuitServer(BlockSocketServer):
             self.socket_path.unlink()
 
     async def _open(self, ref: pb.BlockRef, request: dict[str, Any]) -> BlockSource:
-        source = await self._service.open_block(ref, int(request.get("read_type", 0)))
+        # The reader verifies the chunks it reads against the checksums in the reply. One that
+        # found a bad chunk asks again with "verify": the worker then checks the whole block
+        # first, dropping a damaged copy and fetching the block again from the store.
+        verify = bool(request.get("verify", False))
+        if verify:
+            self._service.counters.short_circuit_rechecks += 1
+        source = await self._service.open_block(
+            ref, int(request.get("read_type", 0)), check=(0, key_of(ref).length) if verify else None
+        )
         self._service.counters.short_circuit_reads += 1
         self._service.counters.bytes_served += source.length
         return source
 
     def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
-        self._send_reply(conn, ok_reply(source.length, source.hit), source.fd)
+        reply = ok_reply(source.length, source.hit, checksums=source.checksums, chunk_size=source.chunk_size)
+        self._send_reply(conn, reply, source.fd)
 
 
 class DataServer(BlockSocketServer):

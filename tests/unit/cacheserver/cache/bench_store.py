@@ -29,9 +29,9 @@ async def measure(medium: str, directory: Path, rounds: int) -> tuple[float, flo
     async with BlockStore([TierConfig(medium, quota, (directory,))]) as store:
         start = time.perf_counter()
         for i in range(rounds):
-            await store.put(BlockKey(1, "/bench", "v", i), data)
+            await store.put(BlockKey(1, "/bench", "v", i, len(data), len(data)), data)
         put_rate = rounds * DEFAULT_BLOCK_SIZE / MIB / (time.perf_counter() - start)
-        key = BlockKey(1, "/bench", "v", 0)
+        key = BlockKey(1, "/bench", "v", 0, len(data), len(data))
         await store.read(key, 0, DEFAULT_BLOCK_SIZE)  # warm up
         start = time.perf_counter()
         for _ in range(rounds):

@@ -11,11 +11,12 @@ from strata.cacheserver.cache import CHUNK_SIZE, BlockKey, BlockMetadata
 from strata.cacheserver.cache.metadata import compute_checksums
 from strata.cacheserver.errors import InvalidArgument
 
-KEY = BlockKey(3, "/logs/day-1.json", "mtime-1700000000", 4)
+def key_for(length: int) -> BlockKey:
+    return BlockKey(3, "/logs/day-1.json", "mtime-1700000000", 4, 4 * CHUNK_SIZE, length)
 
 
 def meta_for(data: bytes) -> BlockMetadata:
-    return BlockMetadata.for_data(KEY, data, medium="SSD", pinned=True, now=1000.0)
+    return BlockMetadata.for_data(key_for(len(data)), data, medium="SSD", pinned=True, now=1000.0)
 
 
 @pytest.mark.parametrize("length, chunks", [(0, 0), (1, 1), (CHUNK_SIZE, 1), (CHUNK_SIZE + 1, 2), (3 * CHUNK_SIZE, 3)])
@@ -51,7 +52,7 @@ def test_sidecar_round_trip(tmp_path: Path) -> None:
     again = BlockMetadata.read(path)
     assert again == meta
     assert again.persisted_access == 2000.5
-    assert (again.key, again.length, again.pinned, again.checksums) == (KEY, 5, True, compute_checksums(b"hello"))
+    assert (again.key, again.length, again.pinned, again.checksums) == (key_for(5), 5, True, compute_checksums(b"hello"))
 
 
 @pytest.mark.parametrize(
@@ -60,6 +61,10 @@ def test_sidecar_round_trip(tmp_path: Path) -> None:
         (lambda d: d.update(format=99), "unknown format"),
         (lambda d: d.pop("length"), "missing field 'length'"),
         (lambda d: d.update(length="5"), "expected an integer"),
+        (lambda d: d.update(length=4), "sidecar says 4 bytes, its key 5"),
+        # Format 2 keys had no block size: such a block may belong to another geometry.
+        (lambda d: (d.update(format=2), d["key"].pop("block_size"), d["key"].pop("length")), "unknown format"),
+        (lambda d: d["key"].pop("block_size"), "missing field\\(s\\) block_size"),
         (lambda d: d.update(checksums=[1, 2]), "2 checksums for 5 bytes, expected 1"),
         (lambda d: d.update(medium="TAPE"), "unknown medium 'TAPE'"),
         (lambda d: d["key"].pop("path"), "missing field\\(s\\) path"),

@@ -38,8 +38,12 @@ from strata.cacheserver.errors import (
 U = 1024  # a small block, so quotas can be counted in blocks
 
 
-def key(index: int, path: str = "/data/file", version: str = "v1") -> BlockKey:
-    return BlockKey(1, path, version, index)
+# Block size of the keys: only an identifier here; blocks up to this size fit.
+KEY_BLOCK_SIZE = 1 << 30
+
+
+def key(index: int, path: str = "/data/file", version: str = "v1", *, length: int = U) -> BlockKey:
+    return BlockKey(1, path, version, index, KEY_BLOCK_SIZE, length)
 
 
 def payload(nbytes: int, seed: int = 0) -> bytes:
@@ -108,37 +112,38 @@ class Fetcher:
 async def test_round_trip(make_store: Any, medium: str, size: int, dirs: Any, recorder: Any) -> None:
     store = await make_store((medium, 64 << 20))
     data = os.urandom(size)
-    block = await store.put(key(0), data)
-    assert (block.key, block.length, block.medium, block.pinned) == (key(0), size, medium, False)
+    k = key(0, length=size)
+    block = await store.put(k, data)
+    assert (block.key, block.length, block.medium, block.pinned) == (k, size, medium, False)
     assert block.path.parent == dirs(medium) and block.path.stat().st_size == size
     assert len(block.checksums) == -(-size // CHUNK_SIZE)
-    assert await store.read(key(0), 0, size) == data
+    assert await store.read(k, 0, size) == data
     for offset, length in [(size // 3, size // 2), (max(size - 5, 0), 100), (size, 10)]:
-        assert await store.read(key(0), offset, length) == data[offset : offset + length]
-    assert store.lookup(key(0)) == block and store.blocks() == [block]
+        assert await store.read(k, offset, length) == data[offset : offset + length]
+    assert store.lookup(k) == block and store.blocks() == [block]
     assert [(u.medium, u.used, u.blocks) for u in store.stats()] == [(medium, size, 1)]
-    fd, same = store.open_fd(key(0))
+    fd, same = store.open_fd(k)
     try:
         assert same == block and os.pread(fd, size + 1, 0) == data
     finally:
         os.close(fd)
-    assert recorder.added == [key(0)] and recorder.removed == []
+    assert recorder.added == [k] and recorder.removed == []
     with pytest.raises(InvalidArgument, match=f"offset {size + 1} is past its end"):
-        await store.read(key(0), size + 1, 1)
+        await store.read(k, size + 1, 1)
 
 
 async def test_single_flight(make_store: Any, medium: str) -> None:
     store = await make_store((medium, 1 << 20))
     fetch = Fetcher(payload(3 * U))
-    calls = [asyncio.create_task(store.get_or_fetch(key(0), 3 * U, fetch)) for _ in range(10)]
+    calls = [asyncio.create_task(store.get_or_fetch(key(0, length=3 * U), fetch)) for _ in range(10)]
     await wait_until(lambda: fetch.calls == 1)
     fetch.release.set()
     results = await asyncio.gather(*calls)
     assert fetch.calls == 1
     assert {hit for _, hit in results} == {False}
-    assert {block for block, _ in results} == {store.lookup(key(0))}
-    assert await store.read(key(0), 0, 3 * U) == payload(3 * U)
-    block, hit = await store.get_or_fetch(key(0), 3 * U, fetch)
+    assert {block for block, _ in results} == {store.lookup(key(0, length=3 * U))}
+    assert await store.read(key(0, length=3 * U), 0, 3 * U) == payload(3 * U)
+    block, hit = await store.get_or_fetch(key(0, length=3 * U), fetch)
     assert hit and fetch.calls == 1 and block.length == 3 * U
 
 
@@ -155,7 +160,7 @@ async def test_failed_fetch_reaches_every_waiter_and_caches_nothing(
 ) -> None:
     store = await make_store((medium, 1 << 20))
     fetch = Fetcher(result)
-    calls = [asyncio.create_task(store.get_or_fetch(key(0), U, fetch)) for _ in range(10)]
+    calls = [asyncio.create_task(store.get_or_fetch(key(0), fetch)) for _ in range(10)]
     await wait_until(lambda: fetch.calls == 1)
     fetch.release.set()
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
@@ -164,15 +169,15 @@ async def test_failed_fetch_reaches_every_waiter_and_caches_nothing(
     assert store.stats()[0].used == 0 and recorder.calls == [] and os.listdir(dirs(medium)) == []
     # The next reader tries again.
     fetch.data = payload(U)
-    block, hit = await store.get_or_fetch(key(0), U, fetch)
+    block, hit = await store.get_or_fetch(key(0), fetch)
     assert not hit and fetch.calls == 2 and block.length == U
 
 
 async def test_a_cancelled_reader_does_not_cancel_the_fetch_of_others(make_store: Any) -> None:
     store = await make_store(("MEM", 1 << 20))
     fetch = Fetcher(payload(U))
-    first = asyncio.create_task(store.get_or_fetch(key(0), U, fetch))
-    second = asyncio.create_task(store.get_or_fetch(key(0), U, fetch))
+    first = asyncio.create_task(store.get_or_fetch(key(0), fetch))
+    second = asyncio.create_task(store.get_or_fetch(key(0), fetch))
     await wait_until(lambda: fetch.calls == 1)
     first.cancel()
     fetch.release.set()
@@ -200,21 +205,22 @@ async def test_a_flipped_byte_is_caught_by_the_read_that_touches_it(
     read = store_read if reader == "read" else read_checked
     store = await make_store((medium, 16 << 20))
     data = os.urandom(3 * CHUNK_SIZE)
-    block = await store.put(key(0), data)
+    k = key(0, length=len(data))
+    block = await store.put(k, data)
     with open(block.path, "r+b") as f:
         f.seek(2 * CHUNK_SIZE + 100)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))
     # Only the touched chunks are verified: the first two are intact.
-    assert await read(store, key(0), 10, 2 * CHUNK_SIZE - 10) == data[10 : 2 * CHUNK_SIZE]
-    with pytest.raises(BlockCorrupt, match=re.escape(f"block {key(0)} on {medium}: chunk 2 failed its CRC-32C check")):
-        await read(store, key(0), CHUNK_SIZE, CHUNK_SIZE + 200)
+    assert await read(store, k, 10, 2 * CHUNK_SIZE - 10) == data[10 : 2 * CHUNK_SIZE]
+    with pytest.raises(BlockCorrupt, match=re.escape(f"block {k} on {medium}: chunk 2 failed its CRC-32C check")):
+        await read(store, k, CHUNK_SIZE, CHUNK_SIZE + 200)
     assert isinstance(BlockCorrupt("x"), DataLoss)
-    assert store.lookup(key(0)) is None and not block.path.exists()
-    assert recorder.removed == [key(0)] and store.stats()[0].used == 0
+    assert store.lookup(k) is None and not block.path.exists()
+    assert recorder.removed == [k] and store.stats()[0].used == 0
     with pytest.raises(NotFound, match="not cached on this worker"):
-        await store.read(key(0), 0, 1)
+        await store.read(k, 0, 1)
 
 
 @pytest.mark.parametrize("detector", ["lookup", "read", "open_fd", "get_or_fetch"])
@@ -234,7 +240,7 @@ async def test_a_deleted_block_file_is_detected(
             store.open_fd(key(0))
     else:
         fetch = Fetcher(payload(U), held=False)
-        again, hit = await store.get_or_fetch(key(0), U, fetch)
+        again, hit = await store.get_or_fetch(key(0), fetch)
         assert not hit and fetch.calls == 1 and again.path.exists()
         assert recorder.removed == [key(0)] and recorder.added == [key(0), key(0)]
         return
@@ -245,22 +251,22 @@ async def test_restart_keeps_intact_blocks(make_store: Any, medium: str, dirs: A
     first = await make_store((medium, 1 << 20))
     data = {i: payload(U + i, seed=i) for i in range(4)}
     for i, d in data.items():
-        await first.put(key(i), d, pin=(i == 1))
+        await first.put(key(i, length=U + i), d, pin=(i == 1))
     await first.close()
-    corrupt = dirs(medium) / f"{key(2).block_id}.blk"
+    corrupt = dirs(medium) / f"{key(2, length=U + 2).block_id}.blk"
     raw = bytearray(corrupt.read_bytes())
     raw[5] ^= 0xFF
     corrupt.write_bytes(bytes(raw))
-    (dirs(medium) / f".{key(0).block_id}.blk.deadbeef.tmp").write_bytes(b"partial write")
+    (dirs(medium) / f".{key(0, length=U).block_id}.blk.deadbeef.tmp").write_bytes(b"partial write")
 
     second = await make_store((medium, 1 << 20))
     found = {b.key.index: b for b in second.blocks()}
     assert sorted(found) == [0, 1, 2, 3] and found[1].pinned and not found[0].pinned
     assert second.stats()[0].used == sum(len(d) for d in data.values())
-    assert await second.read(key(0), 0, U) == data[0]
+    assert await second.read(key(0, length=U), 0, U) == data[0]
     with pytest.raises(BlockCorrupt):  # sizes match at restart; the checksum catches it
-        await second.read(key(2), 0, 10)
-    fd, block = second.open_fd(key(3))  # the first open after a restart verifies it all
+        await second.read(key(2, length=U + 2), 0, 10)
+    fd, block = second.open_fd(key(3, length=U + 3))  # the first open after a restart verifies it all
     os.close(fd)
     assert block.checksums == found[3].checksums
     assert not dirs.files(medium, ".tmp")
@@ -284,9 +290,9 @@ async def test_put_again_refreshes_or_replaces(make_store: Any, recorder: Any) -
     first = await store.put(key(0), payload(U, seed=1))
     assert await store.put(key(0), payload(U, seed=1)) == first
     assert (await store.put(key(0), payload(U, seed=1), pin=True)).pinned
-    replaced = await store.put(key(0), payload(2 * U, seed=2))
-    assert replaced.length == 2 * U and await store.read(key(0), 0, 2 * U) == payload(2 * U, seed=2)
-    assert store.stats()[0].used == 2 * U and len(store.blocks()) == 1
+    replaced = await store.put(key(0), payload(U, seed=2))
+    assert replaced.checksums != first.checksums and await store.read(key(0), 0, U) == payload(U, seed=2)
+    assert store.stats()[0].used == U and len(store.blocks()) == 1
     # Dropped and cached again in one call: reported once, as added.
     assert recorder.calls[-1] == ([replaced], [])
 
@@ -295,7 +301,7 @@ async def test_free_pin_and_remove(make_store: Any, recorder: Any) -> None:
     store = await make_store(("SSD", 1 << 20))
     for i in range(3):
         await store.put(key(i, path="/a"), payload(U))
-        await store.put(key(i, path="/b"), payload(2 * U))
+        await store.put(key(i, path="/b", length=2 * U), payload(2 * U))
     assert store.set_pinned(lambda k: k.path == "/a", True) == 3
     assert store.set_pinned(lambda k: k.path == "/a", True) == 3
     assert {b.key.path for b in store.blocks() if b.pinned} == {"/a"}
@@ -304,7 +310,7 @@ async def test_free_pin_and_remove(make_store: Any, recorder: Any) -> None:
     assert store.free(lambda k: k.path == "/a") == 3 * U  # pinned blocks are freed too
     assert sorted(recorder.removed, key=lambda k: k.index) == [key(i, path="/a") for i in range(3)]
     assert len(recorder.calls) == 1  # one report for the whole free
-    assert store.remove(key(0, path="/b")) and not store.remove(key(0, path="/b"))
+    assert store.remove(key(0, path="/b", length=2 * U)) and not store.remove(key(0, path="/b", length=2 * U))
     assert store.set_pinned(lambda k: True, False) == 2
     assert store.stats()[0].used == 4 * U and store.stats()[0].pinned == 0
 
@@ -403,7 +409,7 @@ async def test_resource_exhausted_when_everything_is_pinned(make_store: Any) -> 
     assert "MEM quota 4KiB, used 4KiB, pinned 4KiB; SSD quota 2KiB, used 2KiB, pinned 2KiB" in message
     assert "Unpin or free" in message
     with pytest.raises(ResourceExhausted, match=r"\(5KiB\): MEM quota 4KiB"):
-        await store.get_or_fetch(key(7), 5 * U, Fetcher(payload(5 * U), held=False))
+        await store.get_or_fetch(key(7, length=5 * U), Fetcher(payload(5 * U), held=False))
     store.set_pinned(lambda k: k.index == 0, False)
     await store.put(key(6), payload(U))
     assert key(0) not in {b.key for b in store.blocks()}
@@ -411,8 +417,8 @@ async def test_resource_exhausted_when_everything_is_pinned(make_store: Any) -> 
 
 async def test_a_block_too_big_for_the_fast_tier_goes_to_a_slower_one(make_store: Any) -> None:
     store = await make_store(("MEM", 2 * U), ("SSD", 8 * U))
-    assert (await store.put(key(0), payload(3 * U))).medium == "SSD"
-    await store.put(key(1), payload(2 * U), pin=True)
+    assert (await store.put(key(0, length=3 * U), payload(3 * U))).medium == "SSD"
+    await store.put(key(1, length=2 * U), payload(2 * U), pin=True)
     assert (await store.put(key(2), payload(U))).medium == "SSD"  # MEM is all pinned
 
 
@@ -424,7 +430,7 @@ async def test_promote_moves_a_hit_to_the_fastest_tier(make_store: Any, dirs: An
     slow = min(media_of(store))  # the oldest block, now below MEM
     assert media_of(store)[slow] != "MEM"
     fetch = Fetcher(payload(U, seed=slow))
-    block, hit = await store.get_or_fetch(key(slow), U, fetch, promote=True)
+    block, hit = await store.get_or_fetch(key(slow), fetch, promote=True)
     assert hit and fetch.calls == 0 and block.medium == "MEM" and media_of(store)[slow] == "MEM"
     assert await store.read(key(slow), 0, U) == payload(U, seed=slow)
     assert recorder.removed == []
@@ -450,11 +456,12 @@ async def test_each_tier_stays_under_its_quota_under_load(make_store: Any, dirs:
     store = await make_store(("MEM", 6 * U), ("SSD", 9 * U), ("HDD", 12 * U))
     rng = random.Random(7)
     for step in range(150):
-        k = key(rng.randrange(40))
+        index = rng.randrange(40)
+        k = key(index, length=(index % 3 + 1) * U)
         action = rng.random()
         if action < 0.6:
             try:
-                await store.put(k, payload(rng.randint(1, 3) * U, seed=k.index), pin=rng.random() < 0.05)
+                await store.put(k, payload(k.length, seed=k.index), pin=rng.random() < 0.05)
             except ResourceExhausted:
                 pass
         elif action < 0.8:
@@ -540,11 +547,11 @@ async def test_use_before_open_and_after_close(tmp_path: Path) -> None:
     with pytest.raises(FailedPrecondition, match="not open yet: await store.open"):
         store.lookup(key(0))
     async with store:
-        await store.put(key(0), b"x")
+        await store.put(key(0, length=1), b"x")
         with pytest.raises(FailedPrecondition, match="open\\(\\) called twice"):
             await store.open()
     with pytest.raises(FailedPrecondition, match="block store is closed"):
-        await store.put(key(1), b"y")
+        await store.put(key(1, length=1), b"y")
 
 
 async def test_default_mem_dir_is_private_and_removed_at_close() -> None:
@@ -552,7 +559,7 @@ async def test_default_mem_dir_is_private_and_removed_at_close() -> None:
     assert not path.exists()
     try:
         async with BlockStore([TierConfig("MEM", 1 << 20)]) as store:
-            block = await store.put(key(0), b"abc")
+            block = await store.put(key(0, length=3), b"abc")
             assert block.path.parent == path and block.path.read_bytes() == b"abc"
         assert not path.exists()
     finally:
@@ -588,11 +595,35 @@ async def test_a_read_racing_a_demotion_reads_the_new_copy(
     check_invariants(store, dirs, recorder)
 
 
-async def test_a_cached_block_of_another_length_is_fetched_again(make_store: Any, recorder: Any) -> None:
+async def test_blocks_of_another_geometry_are_other_blocks(make_store: Any, recorder: Any) -> None:
     store = await make_store(("MEM", 1 << 20))
     await store.put(key(0), payload(U))
-    fetch = Fetcher(payload(2 * U), held=False)
-    block, hit = await store.get_or_fetch(key(0), 2 * U, fetch)
+    with pytest.raises(InvalidArgument, match="got 2048 bytes, its key says 1024"):
+        await store.put(key(0), payload(2 * U))
+    fetch = Fetcher(payload(2 * U, seed=5), held=False)
+    block, hit = await store.get_or_fetch(key(0, length=2 * U), fetch)
     assert not hit and fetch.calls == 1 and block.length == 2 * U
-    assert await store.read(key(0), 0, 4 * U) == payload(2 * U)
-    assert store.stats()[0].used == 2 * U
+    assert await store.read(key(0), 0, 4 * U) == payload(U)
+    assert await store.read(key(0, length=2 * U), 0, 4 * U) == payload(2 * U, seed=5)
+    assert store.stats()[0].used == 3 * U
+    with pytest.raises(DataLoss, match="the store returned 1024 bytes, expected 3072"):
+        await store.get_or_fetch(key(0, length=3 * U), Fetcher(payload(U), held=False))
+
+
+async def test_open_drops_blocks_cut_with_another_block_size_but_keeps_pinned_ones(
+    make_store: Any, dirs: Any
+) -> None:
+    first = await make_store(("SSD", 1 << 20), block_size=4 * U)
+    cut4 = [BlockKey(1, "/f", "v", i, 4 * U, 4 * U) for i in range(2)]
+    written4 = BlockKey(1, "/w", "w-1", 0, 4 * U, U)  # only copy of a write: pinned
+    cut2 = BlockKey(1, "/f", "v", 0, 2 * U, 2 * U)
+    for k in [*cut4, cut2]:
+        await first.put(k, payload(k.length, seed=k.index))
+    await first.put(written4, payload(U), pin=True)
+    await first.close()
+    second = await make_store(("SSD", 1 << 20), block_size=2 * U)
+    assert {b.key for b in second.blocks()} == {cut2, written4}
+    assert second.stats()[0].used == 3 * U
+    assert {p.name for p in dirs.files("SSD")} == {f"{cut2.block_id}.blk", f"{written4.block_id}.blk"}
+    with pytest.raises(InvalidArgument, match="block_size must be an integer > 0, got 0"):
+        BlockStore([TierConfig("SSD", U, (dirs("SSD"),))], block_size=0)

@@ -13,7 +13,7 @@ from strata.cacheserver.errors import FailedPrecondition, InvalidArgument, Resou
 
 
 def store_block(directory: Path, index: int, data: bytes) -> BlockKey:
-    key = BlockKey(1, "/f", "v", index)
+    key = BlockKey(1, "/f", "v", index, 1 << 20, len(data))
     write_atomically(block_file(directory, key.block_id), data)
     BlockMetadata.for_data(key, data, medium="SSD", pinned=False, now=1.0).write(meta_file(directory, key.block_id))
     return key

@@ -1,0 +1,88 @@
+"""What the namespace says a file is, for the blocks a worker fetches from the store.
+
+A reader names the block it wants (file version, block size, file length, index). A cache
+hit may be served under that name: bytes only ever enter the cache under their true name.
+A miss fetches bytes from the store and keeps them under that name, so the name must be
+the namespace's: the worker asks the master for the file's current status and refuses a
+request whose version or geometry differs (the file changed, or the request is forged)
+instead of caching the store's bytes under a name they do not belong to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from ..errors import FailedPrecondition, NotFound
+from ..proto import strata_pb2 as pb
+
+# How long a file's status is reused for further misses of its blocks (seconds). Short: a
+# file replaced through another worker is seen within this long; a sequential reader's
+# misses and readahead of one file share one master call per interval.
+STATUS_TTL = 1.0
+
+
+def mismatch(ref: pb.BlockRef, info: pb.FileInfo) -> str | None:
+    """How the block a reader names differs from the file the namespace holds, or None."""
+    if info.is_dir:
+        return f"{info.path} is a directory"
+    wanted = (ref.mount_id, ref.version, ref.block_size, ref.file_length)
+    actual = (info.mount_id, info.version, info.block_size, info.length)
+    if wanted == actual:
+        return None
+    return (f"the request names mount {ref.mount_id}, version {ref.version!r}, block size "
+            f"{ref.block_size}, length {ref.file_length}; the namespace has mount {info.mount_id}, "
+            f"version {info.version!r}, block size {info.block_size}, length {info.length}")
+
+
+class FileStatuses:
+    """The master's status of files, reused for STATUS_TTL seconds; concurrent requests for
+    one path share one call."""
+
+    def __init__(self, get_status: Callable[[str], Awaitable[pb.FileInfo]], *,
+                 ttl: float = STATUS_TTL, clock: Callable[[], float] = time.monotonic) -> None:
+        self._get_status = get_status
+        self._ttl = ttl
+        self._clock = clock
+        self._known: dict[str, tuple[float, pb.FileInfo]] = {}
+        self._flights: dict[str, asyncio.Task[pb.FileInfo]] = {}
+
+    async def _status(self, path: str, *, fresh: bool) -> pb.FileInfo:
+        known = self._known.get(path)
+        if known is not None and not fresh and self._clock() - known[0] <= self._ttl:
+            return known[1]
+        flight = self._flights.get(path)
+        if flight is None:
+            flight = asyncio.ensure_future(self._ask(path))
+            self._flights[path] = flight
+            flight.add_done_callback(lambda _: self._flights.pop(path, None))
+        return await asyncio.shield(flight)
+
+    async def _ask(self, path: str) -> pb.FileInfo:
+        asked = self._clock()
+        info = await self._get_status(path)
+        self._known[path] = (asked, info)
+        if len(self._known) > 10_000:  # forget the oldest half
+            for old in sorted(self._known, key=lambda p: self._known[p][0])[:5_000]:
+                del self._known[old]
+        return info
+
+    async def check(self, ref: pb.BlockRef) -> pb.FileInfo:
+        """The file's status when the block `ref` names is a block of the file as the
+        namespace holds it now; FailedPrecondition (the reader should open the file again)
+        or NotFound otherwise."""
+        try:
+            info = await self._status(ref.path, fresh=False)
+            if mismatch(ref, info) is not None:
+                info = await self._status(ref.path, fresh=True)  # maybe we knew an old one
+        except NotFound as exc:
+            raise NotFound(f"block {ref.index} of {ref.path}: the file is gone ({exc}); "
+                           "it cannot be fetched") from exc
+        problem = mismatch(ref, info)
+        if problem is not None:
+            raise FailedPrecondition(
+                f"block {ref.index} of {ref.path} cannot be fetched: {problem}. The file changed "
+                "since it was opened: open it again"
+            )
+        return info
