@@ -4,6 +4,10 @@ a partial file under a final name.
     <id>.blk                       the block's bytes
     <id>.meta                      its sidecar (metadata.BlockMetadata)
     .<id>.blk.<random>.tmp         being written; removed by the next scan if left behind
+
+Block files and sidecars are the worker's alone: created mode 0600 in 0700 folders (see
+tiers.Tier.prepare). Readers on the node get a block file's descriptor from the worker, never
+its path.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from pathlib import Path
 BLOCK_SUFFIX = ".blk"
 META_SUFFIX = ".meta"
 TEMP_SUFFIX = ".tmp"
+# Modes of what the block store creates: owner only (cached data may be anyone's secret).
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 _OURS = re.compile(r"^(?:\.)?(?P<id>[0-9a-f]{32})(?P<kind>\.blk|\.meta)(?P<temp>\.[0-9a-f]{8}\.tmp)?$")
 
@@ -62,7 +69,8 @@ def write_atomically(path: Path, data: bytes | memoryview) -> None:
     block whose bytes did not reach the disk."""
     tmp = _temp_for(path)
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        with open(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -81,6 +89,7 @@ def copy_atomically(src: Path, dst: Path) -> None:
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                 raise
             shutil.copyfile(src, tmp)
+        os.chmod(tmp, FILE_MODE)  # a copy gets the default mode; a link, its source's
         os.replace(tmp, dst)
     except BaseException:
         tmp.unlink(missing_ok=True)

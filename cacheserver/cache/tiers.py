@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from ..constants import ENV_HOSTNAME, MEDIA
 from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from ..units import format_size
-from .files import FileKind, block_file, classify, meta_file, remove_block_files
+from .files import DIR_MODE, FileKind, block_file, classify, meta_file, remove_block_files
 from .metadata import BlockMetadata
 
 log = logging.getLogger(__name__)
@@ -117,10 +118,12 @@ class Tier:
     # -- directories ------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Create the directories (and parents)."""
+        """Create the directories (and parents), readable by the worker's user only."""
         for d in self.dirs:
             try:
-                d.mkdir(parents=True, exist_ok=True)
+                d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                if stat.S_IMODE(d.stat().st_mode) != DIR_MODE:
+                    os.chmod(d, DIR_MODE)
             except OSError as exc:
                 raise FailedPrecondition(
                     f"tier {self.medium}: cannot create block directory {d}: "

@@ -627,3 +627,27 @@ async def test_open_drops_blocks_cut_with_another_block_size_but_keeps_pinned_on
     assert {p.name for p in dirs.files("SSD")} == {f"{cut2.block_id}.blk", f"{written4.block_id}.blk"}
     with pytest.raises(InvalidArgument, match="block_size must be an integer > 0, got 0"):
         BlockStore([TierConfig("SSD", U, (dirs("SSD"),))], block_size=0)
+
+
+def modes(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mode & 0o777 for p in [directory, *directory.iterdir()]}
+
+
+async def test_block_files_and_folders_are_the_owner_s_only(
+    make_store: Any, dirs: Any, recorder: Any
+) -> None:
+    # A MEM folder left world-readable by an older release is tightened, and nothing the
+    # store creates (blocks, sidecars, copies made by moves) is readable by other users.
+    dirs("MEM").mkdir(mode=0o755)
+    os.chmod(dirs("MEM"), 0o755)
+    store = await make_store(("MEM", 2 * U), ("SSD", 8 * U), ("HDD", 8 * U))
+    for i in range(4):  # MEM takes two: the rest push blocks down to SSD (a copy across file systems)
+        await store.put(key(i), payload(U, seed=i), pin=(i == 3))
+    store.set_pinned(lambda k: True, False)  # rewrites sidecars
+    assert {b.medium for b in store.blocks()} >= {"MEM", "SSD"}
+    for medium in ("MEM", "SSD", "HDD"):
+        found = modes(dirs(medium))
+        assert found.pop(dirs(medium).name) == 0o700, medium
+        assert set(found.values()) <= {0o600}, (medium, found)
+    assert len(modes(dirs("MEM"))) >= 3 and len(modes(dirs("SSD"))) >= 3  # the folder, a block, its sidecar
+    check_invariants(store, dirs, recorder)
