@@ -7,7 +7,10 @@ or, from the last tier, leaves the cache. Pinned blocks are never evicted.
 
 Concurrency model (one asyncio loop): writes, evictions and promotions run one at a time
 under a lock, with file work in threads; reads and the synchronous methods need no lock.
-Accounting reserves a tier's bytes before they are written, so `used <= quota` always holds.
+Accounting reserves a tier's bytes before they are written, so `used <= capacity` always
+holds; a tier's capacity is its quota, or less when its disk cannot hold that much (see
+tiers.Tier). A write that finds the disk full (ENOSPC) cuts the tier's capacity, evicts and
+tries again.
 A block that moves between tiers is copied first and its old file removed after, so a
 reader holding the old path either reads it whole or retries with the new one.
 """
@@ -45,6 +48,9 @@ T = TypeVar("T")
 # reads do not rewrite sidecars, yet a restart (or a crash) loses at most this much of
 # the TTL clock. close() writes the rest.
 ACCESS_PERSIST_INTERVAL = 60.0
+# Writes of one block that may find a disk full (each time after evicting more) before the
+# put fails.
+DISK_FULL_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -63,10 +69,11 @@ class CachedBlock:
 @dataclass(frozen=True)
 class TierUsage:
     medium: str
-    capacity: int  # the quota, bytes
+    capacity: int  # bytes: the quota, or less when the tier's disk cannot hold that much
     used: int  # bytes of cached blocks and of writes in progress
     blocks: int
     pinned: int = 0  # bytes of pinned blocks
+    quota: int = 0  # the configured quota, bytes
 
 
 class _Entry:
@@ -219,6 +226,8 @@ class BlockStore:
             log.info("block store: dropping %d blocks found beyond a quota or twice", len(surplus))
         if other_size or surplus:
             await asyncio.to_thread(_remove_all, other_size + surplus)
+        for tier in self._tiers:
+            tier.refresh_capacity(time.monotonic())
         for entry in sorted(self._index.values(), key=lambda e: e.meta.last_access):
             self._policy.record_add(entry.block_id)
         self._state = "open"
@@ -469,7 +478,7 @@ class BlockStore:
             if entry.meta.pinned:
                 pinned[entry.tier.medium] += entry.meta.length
         return [
-            TierUsage(t.medium, t.quota, t.used, len(t.block_ids), pinned[t.medium])
+            TierUsage(t.medium, t.capacity, t.used, len(t.block_ids), pinned[t.medium], t.quota)
             for t in self._tiers
         ]
 
@@ -588,24 +597,31 @@ class BlockStore:
             return existing.snapshot()
         if existing is not None:
             self._drop(existing)
-        placed = await self._place(len(data), self._tiers)
-        if placed is None:
-            raise ResourceExhausted(self._no_room(key, len(data)))
-        tier, directory = placed
-        now = self._clock()
-        meta = BlockMetadata(key, len(data), tier.medium, checksums, now, now, pin)
-        try:
-            await _finish_in_thread(_write_block, directory, meta, data)
-        except BaseException as exc:
-            tier.release(len(data), directory)
-            remove_block_files(directory, key.block_id)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise ResourceExhausted(
-                    f"tier {tier.medium}: directory {directory} is full ({exc.strerror}) before the "
-                    f"tier reached its quota of {format_size(tier.quota)}; lower the quota or "
-                    "free space on that disk"
-                ) from exc
-            raise
+        for attempt in range(1, DISK_FULL_ATTEMPTS + 1):
+            placed = await self._place(len(data), self._tiers)
+            if placed is None:
+                raise ResourceExhausted(self._no_room(key, len(data)))
+            tier, directory = placed
+            now = self._clock()
+            meta = BlockMetadata(key, len(data), tier.medium, checksums, now, now, pin)
+            try:
+                await _finish_in_thread(_write_block, directory, meta, data)
+                break
+            except BaseException as exc:
+                tier.release(len(data), directory)
+                remove_block_files(directory, key.block_id)
+                if not (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+                    raise
+                # The disk is full before the tier is: the tier is smaller than we thought.
+                tier.refresh_capacity(time.monotonic(), failed_write=len(data))
+                log.warning("tier %s: %s is full (%s) with %s of blocks; evicting down to %s and "
+                            "trying again", tier.medium, directory, exc.strerror, format_size(tier.used),
+                            format_size(int(self._low * tier.capacity)))
+                if attempt == DISK_FULL_ATTEMPTS:
+                    raise ResourceExhausted(
+                        f"tier {tier.medium}: directory {directory} stays full ({exc.strerror}) after "
+                        f"evicting down to {format_size(tier.used)}; free space on that disk"
+                    ) from exc
         entry = _Entry(meta, tier, directory, verified=True)
         self._attach(entry)
         self._policy.record_add(entry.block_id)
@@ -634,24 +650,25 @@ class BlockStore:
     async def _make_room(self, tier: Tier, nbytes: int) -> bool:
         """Evict from `tier` so `nbytes` more fit; past the high watermark, evict down to the
         low one. False, evicting nothing, when even evicting all it may cannot make room."""
-        if nbytes > tier.quota:
+        tier.refresh_capacity(time.monotonic())
+        if nbytes > tier.capacity:
             return False
-        if tier.used + nbytes <= self._high * tier.quota:
+        if tier.used + nbytes <= self._high * tier.capacity:
             return True
         victims = [
             entry
             for entry in (self._index.get(block_id) for block_id in self._policy.victims())
             if entry is not None and self._evictable(entry, tier)
         ]
-        if tier.used - sum(e.meta.length for e in victims) + nbytes > tier.quota:
+        if tier.used - sum(e.meta.length for e in victims) + nbytes > tier.capacity:
             return False
-        target = self._low * tier.quota
+        target = self._low * tier.capacity
         for entry in victims:
             if tier.used + nbytes <= target:
                 break
             if self._evictable(entry, tier):
                 await self._evict(entry)
-        return tier.used + nbytes <= tier.quota
+        return tier.used + nbytes <= tier.capacity
 
     async def _evict(self, entry: _Entry) -> None:
         """Move a block one tier down (or further if the next cannot take it); drop it from
@@ -691,6 +708,8 @@ class BlockStore:
             remove_block_files(directory, block_id)
             if not isinstance(exc, OSError):
                 raise
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                dest.refresh_capacity(time.monotonic(), failed_write=nbytes)
             if self._index.get(block_id) is not entry:
                 return True  # removed meanwhile, maybe with the file we copied
             log.warning("block %s: cannot move it from %s to %s: %s",

@@ -76,15 +76,25 @@ class ScannedBlock:
     meta: BlockMetadata
 
 
+# How often (at most) a tier looks again at the free space of its folders' file systems.
+CAPACITY_REFRESH_SECONDS = 5.0
+
+
 class Tier:
     """A tier at run time: its directories, the bytes it holds (or has promised to a write
-    in progress) and the ids of its blocks. The store keeps `used <= quota` by reserving
-    before it writes."""
+    in progress) and the ids of its blocks. The store keeps `used <= capacity` by reserving
+    before it writes.
+
+    `capacity` is what the tier can hold: its quota, or less when the file systems of its
+    folders cannot hold that much (their free space plus the bytes of our blocks on them):
+    a 1 GiB quota on a 64 MiB disk is a 64 MiB tier, which evicts before the disk is full."""
 
     def __init__(self, config: TierConfig) -> None:
         self.config = config
         self.medium = config.medium
         self.quota = config.quota
+        self.capacity = config.quota
+        self._capacity_checked = float("-inf")
         self.dirs: tuple[Path, ...] = config.dirs or (default_mem_dir(),)
         # A default MEM folder is ours alone and found by nobody after we exit.
         self.owns_dirs = not config.dirs
@@ -93,7 +103,7 @@ class Tier:
         self._dir_used = dict.fromkeys(self.dirs, 0)
 
     def __repr__(self) -> str:
-        return f"<Tier {self.medium} {format_size(self.used)}/{format_size(self.quota)}>"
+        return f"<Tier {self.medium} {format_size(self.used)}/{format_size(self.capacity)}>"
 
     # -- placement and accounting -----------------------------------------------------------
 
@@ -102,11 +112,11 @@ class Tier:
         return min(self.dirs, key=self._dir_used.__getitem__)
 
     def reserve(self, nbytes: int, directory: Path) -> None:
-        """Count `nbytes` as used before they are written. Never goes past the quota."""
-        if self.used + nbytes > self.quota:
+        """Count `nbytes` as used before they are written. Never goes past the capacity."""
+        if self.used + nbytes > self.capacity:
             raise ResourceExhausted(
                 f"tier {self.medium}: cannot hold {format_size(nbytes)} more "
-                f"(used {format_size(self.used)} of {format_size(self.quota)})"
+                f"(used {format_size(self.used)} of {format_size(self.capacity)})"
             )
         self.used += nbytes
         self._dir_used[directory] += nbytes
@@ -114,6 +124,39 @@ class Tier:
     def release(self, nbytes: int, directory: Path) -> None:
         self.used -= nbytes
         self._dir_used[directory] -= nbytes
+
+    def refresh_capacity(self, now: float, *, failed_write: int = 0) -> int:
+        """Work out `capacity` again from the file systems of the folders (at most every
+        CAPACITY_REFRESH_SECONDS, unless a write of `failed_write` bytes just found the disk
+        full: then the capacity is also cut below what that write needed, so the store evicts
+        before it tries again). Warns when the tier first holds less than its quota."""
+        if not failed_write and now - self._capacity_checked < CAPACITY_REFRESH_SECONDS:
+            return self.capacity
+        self._capacity_checked = now
+        devices: dict[int, tuple[int, int]] = {}  # device -> (free bytes, bytes of our blocks)
+        for d in self.dirs:
+            try:
+                fs = os.statvfs(d)
+                device = os.stat(d).st_dev
+            except OSError as exc:
+                log.warning("tier %s: cannot look at the free space of %s: %s", self.medium, d, exc)
+                return self.capacity
+            ours = devices.get(device, (0, 0))[1] + self._dir_used[d]
+            devices[device] = (fs.f_bavail * fs.f_frsize, ours)
+        capacity = min(self.quota, sum(free + ours for free, ours in devices.values()))
+        if failed_write:
+            capacity = min(capacity, self.used + failed_write - 1)
+        if capacity < self.quota and self.capacity == self.quota:
+            log.warning(
+                "tier %s: the file systems of %s hold only %s (free space and %s of cached blocks), "
+                "less than the tier's quota of %s: it holds at most that much; free space on that "
+                "disk or give the tier a quota that fits", self.medium, ", ".join(map(str, self.dirs)),
+                format_size(capacity), format_size(self.used), format_size(self.quota))
+        elif capacity == self.quota and self.capacity < self.quota:
+            log.info("tier %s: its disk has room for its whole quota of %s again", self.medium,
+                     format_size(self.quota))
+        self.capacity = max(capacity, 0)
+        return self.capacity
 
     # -- directories ------------------------------------------------------------------------
 

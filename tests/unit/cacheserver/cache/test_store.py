@@ -4,6 +4,7 @@ suffices, every medium), with real files in /dev/shm and on disk."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tinydisk import tiny_disk
 
 from strata.cacheserver.cache import (
     CHUNK_SIZE,
@@ -651,3 +653,34 @@ async def test_block_files_and_folders_are_the_owner_s_only(
         assert set(found.values()) <= {0o600}, (medium, found)
     assert len(modes(dirs("MEM"))) >= 3 and len(modes(dirs("SSD"))) >= 3  # the folder, a block, its sidecar
     check_invariants(store, dirs, recorder)
+
+
+async def test_a_tier_on_a_disk_smaller_than_its_quota_evicts_before_the_disk_is_full(
+    eviction: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A 1 GiB quota on a 64 MiB disk: the tier holds what the disk can (minus a little),
+    # evicts to make room, never fails a put for a full disk and reports its real capacity.
+    block = 4 << 20
+    with tiny_disk("64m") as disk:
+        async with BlockStore([TierConfig("SSD", 1 << 30, (disk / "ssd",))], eviction=eviction) as store:
+            usage = store.stats()[0]
+            assert usage.quota == 1 << 30 and 60 << 20 <= usage.capacity <= 64 << 20
+            assert "less than the tier's quota of 1GiB" in caplog.text
+            for i in range(40):  # 160 MiB through a 64 MiB disk
+                k = BlockKey(1, "/big", "v", i, block, block)
+                await store.put(k, payload(block, seed=i))
+                assert await store.read(k, 0, block) == payload(block, seed=i)
+                usage = store.stats()[0]
+                assert usage.used <= usage.capacity <= 64 << 20
+            assert 8 <= usage.blocks <= 16
+            # Something else fills the disk: the next put finds it full, evicts, and succeeds.
+            filler = disk / "other-program.bin"
+            with open(filler, "wb") as f:
+                with contextlib.suppress(OSError):
+                    for _ in range(64):
+                        f.write(b"\0" * (1 << 20))
+            k = BlockKey(1, "/big", "v", 99, block, block)
+            await store.put(k, payload(block, seed=99))
+            assert await store.read(k, 0, block) == payload(block, seed=99)
+            usage = store.stats()[0]
+            assert usage.used <= usage.capacity <= (64 << 20) - filler.stat().st_size
