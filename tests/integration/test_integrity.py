@@ -120,6 +120,10 @@ def test_short_circuit_reads_never_return_damaged_bytes(start_cluster: Any, buck
     middle = BLOCK_SIZE + BLOCK_SIZE // 2
     flip_middle_bytes(block_files(ssd))  # a small read inside a block
     assert local.cat_file("/sc/sc.bin", middle - 100, middle + 100) == data[middle - 100:middle + 100]
+    shortened = block_files(ssd)[0]  # a block file cut short under the worker
+    with open(shortened, "r+b") as f:
+        f.truncate(shortened.stat().st_size // 2)
+    assert local.cat_file("/sc/sc.bin") == data
 
     metrics = cluster.workers[0].metrics()
     assert metric(metrics, "strata_worker_short_circuit_reads") >= 9

@@ -1,0 +1,75 @@
+"""The worker's check that a block it is asked to fetch is a block of the file as the
+namespace holds it now. The master is a plain async function here (a unit test of the rule;
+tests/integration/test_integrity.py runs it against a real master)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from strata.cacheserver.errors import FailedPrecondition, NotFound
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.worker.geometry import FileStatuses, mismatch
+
+MiB = 1 << 20
+
+
+def info(version: str = "v1", block_size: int = 4 * MiB, length: int = 10 * MiB) -> pb.FileInfo:
+    return pb.FileInfo(path="/d/f", mount_id=3, version=version, block_size=block_size, length=length,
+                       persisted=True)
+
+
+def ref(version: str = "v1", block_size: int = 4 * MiB, length: int = 10 * MiB, index: int = 2) -> pb.BlockRef:
+    return pb.BlockRef(mount_id=3, path="/d/f", version=version, index=index, block_size=block_size,
+                       file_length=length, in_store=True)
+
+
+class Master:
+    """Answers GetStatus with the file it holds now; counts the calls."""
+
+    def __init__(self, file: pb.FileInfo | None) -> None:
+        self.file = file
+        self.calls = 0
+
+    async def __call__(self, path: str) -> pb.FileInfo:
+        self.calls += 1
+        await asyncio.sleep(0)
+        if self.file is None:
+            raise NotFound(f"{path} does not exist")
+        return self.file
+
+
+@pytest.mark.parametrize("forged", [ref(block_size=2 * MiB), ref(version="v0"), ref(length=8 * MiB),
+                                    pb.BlockRef(mount_id=4, path="/d/f", version="v1", index=2,
+                                                block_size=4 * MiB, file_length=10 * MiB)])
+async def test_a_block_of_another_geometry_or_version_is_refused(forged: pb.BlockRef) -> None:
+    statuses = FileStatuses(Master(info()))
+    with pytest.raises(FailedPrecondition, match="The file changed since it was opened: open it again"):
+        await statuses.check(forged)
+    assert mismatch(forged, info()) is not None
+
+
+async def test_statuses_are_reused_briefly_and_asked_again_before_a_refusal() -> None:
+    now = [0.0]
+    master = Master(info())
+    statuses = FileStatuses(master, ttl=1.0, clock=lambda: now[0])
+    await asyncio.gather(*(statuses.check(ref(index=i)) for i in range(3)))
+    assert master.calls == 1  # one call for concurrent checks of one file
+    await statuses.check(ref())
+    assert master.calls == 1
+    now[0] = 2.0
+    await statuses.check(ref())
+    assert master.calls == 2
+    # The file was replaced through another worker: the known status is old, the new one fits.
+    master.file = info(version="v2")
+    assert (await statuses.check(ref(version="v2"))).version == "v2"
+    assert master.calls == 3
+    with pytest.raises(FailedPrecondition, match="version 'v1'.*version 'v2'"):
+        await statuses.check(ref(version="v1"))
+
+
+async def test_a_file_that_is_gone_is_not_found() -> None:
+    statuses = FileStatuses(Master(None))
+    with pytest.raises(NotFound, match="block 2 of /d/f: the file is gone"):
+        await statuses.check(ref())
