@@ -330,18 +330,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                 data = await asyncio.to_thread(f.read, size)
                 ref = pb.BlockRef(mount_id=mount_id, path=path, version=version, index=index,
                                   block_size=size, file_length=length, in_store=in_store)
-                await self._keep_written_block(ref, data, pin)
+                await self.store.put(key_of(ref), data, pin=pin)
                 refs.append(ref)
         return refs
-
-    async def _keep_written_block(self, ref: pb.BlockRef, data: bytes, pin: bool) -> None:
-        try:
-            await self.store.put(key_of(ref), data, pin=pin)
-        except ResourceExhausted:
-            if not pin and ref.in_store:  # the store has it: the cache may go without
-                log.warning("not caching written block %d of %s: no tier has room", ref.index, ref.path)
-                return
-            raise
 
     @rpcutil.unary
     async def WriteFile(self, request_iterator: AsyncIterator[pb.WriteFileChunk], context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:
