@@ -6,12 +6,6 @@ from .cache.keys import BlockKey
 from .proto import strata_pb2 as pb
 
 
-def block_length(ref: pb.BlockRef) -> int:
-    """Bytes in the block its index, block size and file length give."""
-    start = ref.index * ref.block_size
-    return max(0, min(ref.block_size, ref.file_length - start))
-
-
 def key_of(ref: pb.BlockRef) -> BlockKey:
     """The key of the block a reader asks for: its length follows from the file's length
     (a `length` in the request is not believed). InvalidArgument for a block the file does

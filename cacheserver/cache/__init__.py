@@ -2,7 +2,7 @@
 
     store = BlockStore([TierConfig("MEM", 1 << 30), TierConfig("SSD", 100 << 30, (Path("/ssd"),))])
     await store.open()
-    block, hit = await store.get_or_fetch(key, length, fetch)
+    block, hit = await store.get_or_fetch(key, fetch)
     data = await store.read(key, offset, size)
 """
 
