@@ -14,13 +14,17 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from ..errors import FailedPrecondition, NotFound
+from ..errors import FailedPrecondition, NotFound, Unavailable
 from ..proto import strata_pb2 as pb
 
 # How long a file's status is reused for further misses of its blocks (seconds). Short: a
 # file replaced through another worker is seen within this long; a sequential reader's
 # misses and readahead of one file share one master call per interval.
 STATUS_TTL = 1.0
+# While the master cannot be reached, a status it gave at most this long ago (seconds) still
+# serves: readers of files they opened go on (their blocks were in the store when the master
+# last said so), and a worker that never saw a file's status refuses its blocks.
+STATUS_KEPT_IN_OUTAGE = 300.0
 
 
 def mismatch(ref: pb.BlockRef, info: pb.FileInfo) -> str | None:
@@ -41,9 +45,11 @@ class FileStatuses:
     one path share one call."""
 
     def __init__(self, get_status: Callable[[str], Awaitable[pb.FileInfo]], *,
-                 ttl: float = STATUS_TTL, clock: Callable[[], float] = time.monotonic) -> None:
+                 ttl: float = STATUS_TTL, kept_in_outage: float = STATUS_KEPT_IN_OUTAGE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._get_status = get_status
         self._ttl = ttl
+        self._kept_in_outage = kept_in_outage
         self._clock = clock
         self._known: dict[str, tuple[float, pb.FileInfo]] = {}
         self._flights: dict[str, asyncio.Task[pb.FileInfo]] = {}
@@ -57,7 +63,12 @@ class FileStatuses:
             flight = asyncio.ensure_future(self._ask(path))
             self._flights[path] = flight
             flight.add_done_callback(lambda _: self._flights.pop(path, None))
-        return await asyncio.shield(flight)
+        try:
+            return await asyncio.shield(flight)
+        except Unavailable:
+            if known is None or self._clock() - known[0] > self._kept_in_outage:
+                raise
+            return known[1]
 
     async def _ask(self, path: str) -> pb.FileInfo:
         asked = self._clock()

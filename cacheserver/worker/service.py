@@ -20,7 +20,7 @@ from ..cache.files import write_atomically
 from ..cache.keys import BlockKey
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..config import ServerConfig
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError
+from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError, Unavailable
 from ..blockrefs import block_count, key_of, ref_of
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 # Background readahead fetches one worker runs at once.
 READAHEAD_CONCURRENCY = 4
+# Seconds a worker waits for the master's status of a file whose block it fetches.
+FILE_STATUS_TIMEOUT = 10.0
 # Blocks one CacheBlocks call fetches at once (a load sends a few blocks per call).
 CACHE_BLOCKS_CONCURRENCY = 4
 
@@ -143,8 +145,12 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     async def _file_status(self, path: str) -> pb.FileInfo:
         try:
-            info: pb.FileInfo = await self._master().GetStatus(pb.GetStatusRequest(path=path), timeout=30)
+            info: pb.FileInfo = await self._master().GetStatus(pb.GetStatusRequest(path=path),
+                                                               timeout=FILE_STATUS_TIMEOUT)
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise Unavailable(f"the master did not tell the status of {path} within "
+                                  f"{FILE_STATUS_TIMEOUT:g}s") from exc
             raise rpcutil.raise_from_rpc_error(exc, f"status of {path} from the master") from exc
         return info
 

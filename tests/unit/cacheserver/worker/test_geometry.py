@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from strata.cacheserver.errors import FailedPrecondition, NotFound
+from strata.cacheserver.errors import FailedPrecondition, NotFound, Unavailable
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.worker.geometry import FileStatuses, mismatch
 
@@ -31,10 +31,13 @@ class Master:
     def __init__(self, file: pb.FileInfo | None) -> None:
         self.file = file
         self.calls = 0
+        self.down = False
 
     async def __call__(self, path: str) -> pb.FileInfo:
         self.calls += 1
         await asyncio.sleep(0)
+        if self.down:
+            raise Unavailable("master unreachable")
         if self.file is None:
             raise NotFound(f"{path} does not exist")
         return self.file
@@ -73,3 +76,21 @@ async def test_a_file_that_is_gone_is_not_found() -> None:
     statuses = FileStatuses(Master(None))
     with pytest.raises(NotFound, match="block 2 of /d/f: the file is gone"):
         await statuses.check(ref())
+
+
+async def test_while_the_master_is_unreachable_a_recent_status_serves() -> None:
+    now = [0.0]
+    master = Master(info())
+    statuses = FileStatuses(master, ttl=1.0, kept_in_outage=60.0, clock=lambda: now[0])
+    await statuses.check(ref())
+    master.down = True
+    now[0] = 30.0
+    assert (await statuses.check(ref())).version == "v1"
+    with pytest.raises(FailedPrecondition, match="open it again"):
+        await statuses.check(ref(version="v2"))
+    now[0] = 90.0
+    with pytest.raises(Unavailable, match="master unreachable"):
+        await statuses.check(ref())
+    with pytest.raises(Unavailable):  # a file never seen: nothing to go on
+        await statuses.check(pb.BlockRef(mount_id=3, path="/d/other", version="v1", index=0,
+                                         block_size=4 * MiB, file_length=MiB, in_store=True))
