@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from . import constants
-from .auth import generate_token
+from .auth import ROLE_ENV, generate_token, local_token_name
 from .client import localstate
 from .errors import FailedPrecondition, StrataError, Unavailable
 from .units import parse_size
@@ -98,18 +98,25 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
             f"ports {busy} on {spec.bind} are in use; stop what holds them (another cluster? `strata local down`) "
             "or choose others with --master-port / --worker-port"
         )
-    token_file = localstate.token_file()
-    token_file.write_text(generate_token())
-    token_file.chmod(0o600)
+    env = dict(os.environ)
+    for role, (value_env, file_env) in ROLE_ENV.items():
+        token_file = base / local_token_name(role)
+        # Created owner-only before the token is written: no moment where others may read it.
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write(generate_token())
+        env[file_env] = str(token_file)
+        env.pop(value_env, None)
     tag = hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:8]
-    env = {**os.environ, constants.ENV_TOKEN_FILE: str(token_file)}
-    env.pop(constants.ENV_TOKEN, None)
     logs = base / "logs"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     master = f"{spec.bind}:{spec.master_port}"
     try:
         master_cfg = base / "master.yaml"
-        master_cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master}))
+        # This machine's owner runs the cluster: file:// mounts may name any folder of it.
+        master_cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master,
+                                              "localSources": {"allowedRoots": ["/"]}}))
         procs["master"] = _spawn(
             ["master", "--config", str(master_cfg), "--journal-dir", str(base / "journal"),
              "--bind", spec.bind, "--port", str(spec.master_port), "--http-port", str(spec.master_port + 1)],

@@ -20,8 +20,9 @@ import errno
 import importlib.util
 import inspect
 import logging
+import os
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.core import split_protocol
 from fsspec.exceptions import FSTimeoutError
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 from fsspec.spec import AbstractFileSystem
 from s3fs import S3FileSystem
@@ -71,6 +73,13 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 )
 # Storage options that Strata sets itself; a Mount cannot override them.
 _MANAGED_OPTIONS = frozenset({"asynchronous", "loop", "skip_instance_cache", "use_listings_cache"})
+# Schemes whose filesystem wraps another one or reads files of the server's host (caches,
+# archives, directory views, references, git checkouts): a Mount could reach any host file
+# through their options, so they are not mountable. file:// is, under allowed roots only.
+_HOST_READING_PROTOCOLS = frozenset({
+    "async_wrapper", "asyncwrapper", "asynclocal", "blockcache", "cached", "dask", "dir", "filecache",
+    "generic", "git", "libarchive", "reference", "simplecache", "tar", "zip",
+})
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -128,7 +137,42 @@ def filesystem_class(source: str) -> tuple[str, type[AbstractFileSystem]]:
             f"store scheme {protocol!r} (source {source!r}) needs a package this server "
             f"does not have: {exc}; use an image that includes it"
         ) from None
+    if protocol in _HOST_READING_PROTOCOLS:
+        raise InvalidArgument(
+            f"store scheme {protocol!r} (source {source!r}) wraps another filesystem or reads the "
+            "server host's files; mount the store itself (s3://..., or file:// under an allowed root)"
+        )
     return protocol, cls
+
+
+def is_local(cls: type[AbstractFileSystem]) -> bool:
+    """Does this filesystem read the server host's own files (file://)?"""
+    return issubclass(cls, LocalFileSystem)
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_source_allowed(source: str, allowed_roots: Sequence[str]) -> None:
+    """PermissionDenied unless `source` is a store URL this cluster may mount: a file://
+    source must lie, with its links resolved, at or below one of `allowed_roots`."""
+    _, cls = filesystem_class(source)
+    if not is_local(cls):
+        return
+    path = posixpath.normpath(cls._strip_protocol(source) or "/")
+    if not allowed_roots:
+        raise PermissionDenied(
+            f"source {source!r} reads the servers' own files, and this cluster allows no file:// "
+            "sources; its owner can allow folders in the CacheCluster's spec.localSources.allowedRoots"
+        )
+    real = os.path.realpath(path)
+    if any(_is_within(real, os.path.realpath(root)) for root in allowed_roots):
+        return
+    raise PermissionDenied(
+        f"source {source!r} is not under a folder this cluster allows for file:// sources "
+        f"({', '.join(allowed_roots)}); add its folder to spec.localSources.allowedRoots of the CacheCluster"
+    )
 
 
 def _to_bool(name: str, value: str) -> bool:
@@ -225,6 +269,8 @@ class Store:
         self._retry = retry or RetrySettings()
         self._is_async = issubclass(self._cls, AsyncFileSystem)
         self._is_s3 = issubclass(self._cls, S3FileSystem)
+        # file:// stores: every path is checked, links resolved, to stay under the root.
+        self._local = is_local(self._cls)
         self._fs = self._make_fs()
         self._fs_loop: asyncio.AbstractEventLoop | None = None
 
@@ -260,7 +306,52 @@ class Store:
             return self._root
         if any(part in ("..", ".") for part in rel.split("/")):
             raise InvalidArgument(f"path {rel!r} must not contain '.' or '..' components")
-        return posixpath.join(self._root, rel)
+        path = posixpath.join(self._root, rel)
+        if self._local and not self._inside_root(path):
+            raise PermissionDenied(
+                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link; "
+                "Strata serves only files under the root of a file:// mount"
+            )
+        return path
+
+    def _inside_root(self, path: str) -> bool:
+        """Does `path`, with every symbolic link resolved (also one not yet created, for
+        writes), stay at or below the root? Only for file:// stores."""
+        return _is_within(os.path.realpath(path), os.path.realpath(self._root))
+
+    def _contained(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Listing entries without those that are links out of the root (file:// stores)."""
+        if not self._local:
+            return entries
+        kept = [e for e in entries if self._inside_root(str(e["name"]))]
+        if len(kept) != len(entries):
+            log.info("store %s: left %d links out of the root out of a listing", self.source, len(entries) - len(kept))
+        return kept
+
+    def _find_local(self, path: str, with_dirs: bool) -> dict[str, dict[str, Any]]:
+        """`find` for file:// stores that never descends through a link out of the root,
+        and visits each real folder once (links may form loops)."""
+        fs = self._fs
+        top = fs.info(path)
+        if top.get("type") != "directory":
+            return {str(top["name"]): top}
+        found: dict[str, dict[str, Any]] = {}
+        pending, seen = [path], set()
+        while pending:
+            folder = pending.pop()
+            real = os.path.realpath(folder)
+            if real in seen:
+                continue
+            seen.add(real)
+            for entry in self._contained(fs.ls(folder, detail=True)):
+                name = str(entry["name"])
+                if entry.get("type") == "directory":
+                    pending.append(name)
+                    if with_dirs:
+                        found[name] = entry
+                else:
+                    found[name] = entry
+        return found
 
     def _rel(self, name: str) -> str:
         name = name.rstrip("/")
@@ -394,16 +485,19 @@ class Store:
         """Direct children of a directory (a file lists as itself)."""
         path = self._path(rel)
         entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
-        out = [self._status(e) for e in entries]
+        out = [self._status(e) for e in self._contained(entries)]
         return sorted((s for s in out if not (s.is_dir and s.path == rel.strip("/"))), key=lambda s: s.path)
 
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
         """All files at or below `rel` (and, with `with_dirs`, the directories below it),
         sorted by path. One paginated listing on object stores."""
         path = self._path(rel)
-        found = await self._call(
-            "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
-        )
+        if self._local:
+            found = await self._call("walk", rel, lambda: asyncio.to_thread(self._find_local, path, with_dirs))
+        else:
+            found = await self._call(
+                "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
+            )
         top = rel.strip("/")
         out = [
             status

@@ -14,7 +14,10 @@ ATTR_MASTER: Final = "masterAddress"     # without a Mount: the master's HOST:PO
 ATTR_PATH: Final = "path"                # ... and the namespace path to show
 ATTR_READ_ONLY: Final = "readOnly"       # "true": mount read-only
 ATTR_WRITE_TYPE: Final = "writeType"     # MUST_CACHE | CACHE_THROUGH | THROUGH | ASYNC_THROUGH
-# Secrets (nodePublishSecretRef, provisioner secrets): the cluster token under this key.
+# Secrets (nodePublishSecretRef, provisioner secrets, `<cluster>-auth`): the data credential
+# (read and write files) under SECRET_DATA_TOKEN, the only one a volume uses. A volume's own
+# secrets may name it SECRET_TOKEN instead (a Secret made for one volume).
+SECRET_DATA_TOKEN: Final = "dataToken"
 SECRET_TOKEN: Final = "token"
 # Set by kubelet when the CSIDriver has podInfoOnMount, and by the external-provisioner
 # with --extra-create-metadata.

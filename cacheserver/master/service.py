@@ -22,7 +22,7 @@ from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
-from ..ufs import Store
+from ..ufs import Store, check_source_allowed
 from .blocks import BlockIndex
 from .membership import Membership, WorkerRecord
 
@@ -186,6 +186,7 @@ class MasterService(pb_grpc.MasterServicer):
     @rpcutil.unary
     async def Mount(self, request: pb.MountRequest, context: grpc.aio.ServicerContext) -> pb.MountResponse:
         path = normalize(request.path)
+        check_source_allowed(request.source, self.config.local_sources.allowed_roots)
         options = options_from_proto(request.options, request.HasField("options"))
         existing = self.mounts.get(path)
         if existing is not None and existing.source == request.source and existing.options == options:

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import constants, rpcutil
-from ..auth import TokenInterceptor
+from ..auth import Credentials
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
@@ -249,7 +249,7 @@ async def start_worker(
     config: ServerConfig,
     *,
     data_dir: Path,
-    token: str,
+    credentials: Credentials,
     bind: str = "0.0.0.0",
     port: int,
     http_port: int,
@@ -259,7 +259,8 @@ async def start_worker(
     if not config.tiers:
         raise StrataError("worker: no cache tiers configured; add at least one tier (e.g. MEM 1Gi) to the config")
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = grpc.aio.server(interceptors=[TokenInterceptor(token)], options=rpcutil.CHANNEL_OPTIONS)
+    server = rpcutil.server(credentials, max_receive_bytes=rpcutil.WORKER_MAX_RECEIVE_BYTES)
+    token = credentials.internal  # what this worker presents to the master and its peers
     bound = server.add_insecure_port(f"{bind}:{port}")
     if bound == 0:
         raise OSError(f"worker: cannot listen on {bind}:{port} (port in use?)")
@@ -289,7 +290,7 @@ async def start_worker(
     )
     pb_grpc.add_WorkerServicer_to_server(service, server)
     await server.start()
-    data = DataServer(service, token, asyncio.get_running_loop())
+    data = DataServer(service, credentials, asyncio.get_running_loop(), config.data_port)
     try:
         data_bound = data.start(bind, data_port)
     except OSError as exc:
@@ -301,7 +302,7 @@ async def start_worker(
         name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in identity.worker_id) + ".sock"
         advertised_dir = os.environ.get("STRATA_SHORT_CIRCUIT_DIR")
         short_circuit = ShortCircuitServer(
-            service, data_dir / "sc" / name, token, asyncio.get_running_loop(),
+            service, data_dir / "sc" / name, credentials, asyncio.get_running_loop(), config.data_port,
             advertised_path=Path(advertised_dir) / name if advertised_dir else None,
         )
         short_circuit.start()
