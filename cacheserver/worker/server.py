@@ -151,6 +151,9 @@ class WorkerHandle:
     async def register(self) -> None:
         blocks = [ref_of(b.key, length=b.length) for b in self.service.store.blocks()]
         self.reports.take()  # the full list supersedes pending deltas
+        # A message holds a bounded batch; the rest follows as heartbeat deltas.
+        blocks, rest = split_batch(blocks)
+        self.requeue(rest, [])
         response = await self.master.RegisterWorker(
             pb.RegisterWorkerRequest(worker=self.info(), stats=self.stats(), blocks=blocks), timeout=30
         )
@@ -163,22 +166,28 @@ class WorkerHandle:
         except (grpc.RpcError, StrataError) as exc:
             log.warning("staged uploads of a previous run wait for the next registration: %s", exc)
 
+    def requeue(self, added: list[pb.BlockRef], removed: list[pb.BlockRef]) -> None:
+        """Deltas for a later heartbeat; newer ones of the same blocks win."""
+        for ref in added:
+            self.reports.added.setdefault(key_of(ref).block_id, ref)
+        for ref in removed:
+            self.reports.removed.setdefault(key_of(ref).block_id, ref)
+
     async def heartbeat_once(self) -> None:
         if not self.registered:
             await self.register()
             return
         added, removed = self.reports.take()
+        added, later_added = split_batch(added)
+        removed, later_removed = split_batch(removed)
+        self.requeue(later_added, later_removed)
         try:
             response = await self.master.Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.identity.worker_id, stats=self.stats(), added=added, removed=removed,
                 mount_table_version=self.service.mounts.version,
             ), timeout=10)
         except grpc.RpcError:
-            # Keep the deltas for the next try.
-            for ref in added:
-                self.reports.added.setdefault(key_of(ref).block_id, ref)
-            for ref in removed:
-                self.reports.removed.setdefault(key_of(ref).block_id, ref)
+            self.requeue(added, removed)  # keep the deltas for the next try
             raise
         if response.reregister:
             await self.register()
@@ -239,6 +248,17 @@ class WorkerHandle:
         for _, channel in self._peer_channels.values():
             await channel.close()
         await self.master_channel.close()
+
+
+def split_batch(refs: list[pb.BlockRef]) -> tuple[list[pb.BlockRef], list[pb.BlockRef]]:
+    """The first refs that fit in one message's batch (rpcutil.BLOCK_LIST_BATCH_BYTES), and
+    the rest: the master receives bounded messages however many blocks a worker holds."""
+    total = 0
+    for i, ref in enumerate(refs):
+        total += ref.ByteSize() + 8  # field tag and length prefix
+        if total > rpcutil.BLOCK_LIST_BATCH_BYTES and i > 0:
+            return refs[:i], refs[i:]
+    return refs, []
 
 
 def mount_matcher(mount_id: int) -> Callable[[BlockKey], bool]:
