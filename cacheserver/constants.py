@@ -16,6 +16,12 @@ FSSPEC_PROTOCOL: Final = "strata"
 AUTH_METADATA_KEY: Final = "authorization"
 AUTH_SCHEME: Final = "Bearer"
 
+# Keys of a cluster's credentials Secret (`<cluster>-auth` in Kubernetes): the admin token
+# under the key every cluster had from the start, then the data and internal ones (auth.py).
+SECRET_ADMIN_TOKEN_KEY: Final = "token"
+SECRET_DATA_TOKEN_KEY: Final = "dataToken"
+SECRET_INTERNAL_TOKEN_KEY: Final = "internalToken"
+
 ENV_PREFIX: Final = "STRATA_"
 ENV_MASTER: Final = "STRATA_MASTER"
 ENV_TOKEN: Final = "STRATA_TOKEN"

@@ -319,34 +319,40 @@ class Store:
         writes), stay at or below the root? Only for file:// stores."""
         return _is_within(os.path.realpath(path), os.path.realpath(self._root))
 
-    def _contained(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Listing entries without those that are links out of the root (file:// stores)."""
-        if not self._local:
-            return entries
-        kept = [e for e in entries if self._inside_root(str(e["name"]))]
-        if len(kept) != len(entries):
-            log.info("store %s: left %d links out of the root out of a listing", self.source, len(entries) - len(kept))
+    def _ls_local(self, path: str) -> list[dict[str, Any]]:
+        """`ls` for file:// stores (blocking): links are followed, so a linked folder lists
+        as a folder, and links that lead out of the root, or nowhere, are left out."""
+        kept = []
+        for entry in self._fs.ls(path, detail=True):
+            name = str(entry["name"])
+            if not entry.get("islink"):
+                kept.append(entry)
+            elif self._inside_root(name):
+                try:
+                    kept.append(self._fs.info(name))
+                except FileNotFoundError:
+                    continue  # a link to nothing
+            else:
+                log.info("store %s: %s is a link out of the root; left out of its listing", self.source, name)
         return kept
 
     def _find_local(self, path: str, with_dirs: bool) -> dict[str, dict[str, Any]]:
-        """`find` for file:// stores that never descends through a link out of the root,
-        and visits each real folder once (links may form loops)."""
-        fs = self._fs
-        top = fs.info(path)
+        """`find` for file:// stores (blocking): never through a link out of the root, and
+        never into a folder that is its own ancestor (links inside the root may form loops)."""
+        top = self._fs.info(path)
         if top.get("type") != "directory":
             return {str(top["name"]): top}
         found: dict[str, dict[str, Any]] = {}
-        pending, seen = [path], set()
+        pending: list[tuple[str, frozenset[str]]] = [(path, frozenset())]
         while pending:
-            folder = pending.pop()
+            folder, ancestors = pending.pop()
             real = os.path.realpath(folder)
-            if real in seen:
+            if real in ancestors:
                 continue
-            seen.add(real)
-            for entry in self._contained(fs.ls(folder, detail=True)):
+            for entry in self._ls_local(folder):
                 name = str(entry["name"])
                 if entry.get("type") == "directory":
-                    pending.append(name)
+                    pending.append((name, ancestors | {real}))
                     if with_dirs:
                         found[name] = entry
                 else:
@@ -364,6 +370,7 @@ class Store:
         if name.lstrip("/").startswith(root.lstrip("/") + "/"):
             return name.lstrip("/")[len(root.lstrip("/")) + 1:]
         raise StrataError(f"store {self.source} returned {name!r}, which is outside its root")
+
 
     def _status(self, info: Mapping[str, Any]) -> UfsStatus:
         rel = self._rel(str(info["name"]))
@@ -484,8 +491,11 @@ class Store:
     async def ls(self, rel: str) -> list[UfsStatus]:
         """Direct children of a directory (a file lists as itself)."""
         path = self._path(rel)
-        entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
-        out = [self._status(e) for e in self._contained(entries)]
+        if self._local:
+            entries = await self._call("list", rel, lambda: asyncio.to_thread(self._ls_local, path))
+        else:
+            entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
+        out = [self._status(e) for e in entries]
         return sorted((s for s in out if not (s.is_dir and s.path == rel.strip("/"))), key=lambda s: s.path)
 
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:

@@ -2,6 +2,8 @@
 
 from typing import Final
 
+from ..constants import SECRET_ADMIN_TOKEN_KEY, SECRET_DATA_TOKEN_KEY
+
 DRIVER_NAME: Final = "csi.strata.dev"
 # NodeGetInfo reports the node under this topology key (kubelet labels the Node with it).
 TOPOLOGY_KEY: Final = "topology.strata.dev/node"
@@ -17,8 +19,8 @@ ATTR_WRITE_TYPE: Final = "writeType"     # MUST_CACHE | CACHE_THROUGH | THROUGH 
 # Secrets (nodePublishSecretRef, provisioner secrets, `<cluster>-auth`): the data credential
 # (read and write files) under SECRET_DATA_TOKEN, the only one a volume uses. A volume's own
 # secrets may name it SECRET_TOKEN instead (a Secret made for one volume).
-SECRET_DATA_TOKEN: Final = "dataToken"
-SECRET_TOKEN: Final = "token"
+SECRET_DATA_TOKEN: Final = SECRET_DATA_TOKEN_KEY
+SECRET_TOKEN: Final = SECRET_ADMIN_TOKEN_KEY
 # Set by kubelet when the CSIDriver has podInfoOnMount, and by the external-provisioner
 # with --extra-create-metadata.
 POD_NAMESPACE: Final = "csi.storage.k8s.io/pod.namespace"

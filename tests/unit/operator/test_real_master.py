@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from strata.cacheserver.auth import Credentials
 from strata.cacheserver.config import ServerConfig
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.operator.master import MasterClient
@@ -24,8 +25,10 @@ TOKEN = "real-master-token"
 
 @pytest.fixture
 async def real_master(tmp_path: Path) -> AsyncIterator[MasterHandle]:
-    config = ServerConfig.model_validate({"blockSize": "1Mi", "heartbeatInterval": 0.2})
-    handle = await start_master(config, journal_dir=tmp_path / "journal", token=TOKEN, bind="127.0.0.1",
+    config = ServerConfig.model_validate({"blockSize": "1Mi", "heartbeatInterval": 0.2,
+                                          "localSources": {"allowedRoots": [str(tmp_path)]}})
+    handle = await start_master(config, journal_dir=tmp_path / "journal", credentials=Credentials.from_admin(TOKEN),
+                                bind="127.0.0.1",
                                 port=0, http_port=0)
     yield handle
     await handle.stop(grace=0)
