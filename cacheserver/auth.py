@@ -58,7 +58,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
         "Mount": _ADMIN, "Unmount": _ADMIN, "Load": _ADMIN, "Free": _ADMIN, "SetPinned": _ADMIN,
         "DecommissionWorkers": _ADMIN, "Report": _ADMIN,
         "ListMounts": _DATA, "GetStatus": _DATA, "ListStatus": _DATA, "Delete": _DATA,
-        "Rename": _DATA, "GetBlockLocations": _DATA, "ListWorkers": _DATA,
+        "Rename": _DATA, "GetBlockLocations": _DATA, "ListWorkers": _DATA, "GetCapacity": _DATA,
         "CommitFile": _INTERNAL, "RegisterWorker": _INTERNAL, "Heartbeat": _INTERNAL,
         "GetMountTable": _INTERNAL,
     }.items()},

@@ -29,7 +29,7 @@ from strata.cacheserver.csi.server import serve
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, wait_until
+from .conftest import BLOCK_SIZE, DATA_TOKEN, TOKEN, Cluster, wait_until
 from .test_cluster import payload
 from .test_fuse import fuse_skip_reason
 
@@ -53,10 +53,13 @@ class Objects:
     def get(self, path: str) -> dict[str, Any] | None:
         return self.objects.get(path)
 
-    def add_cluster(self, name: str, endpoint: str, token: str) -> None:
+    def add_cluster(self, name: str, endpoint: str, data_token: str) -> None:
+        """A CacheCluster and its Secret as the operator makes it (volumes use `dataToken`)."""
         self.objects[f"{API}/cacheclusters/{name}"] = {"status": {"master": {"endpoint": endpoint}}}
-        self.objects[f"/api/v1/namespaces/team/secrets/{name}-auth"] = {
-            "data": {"token": base64.b64encode(token.encode()).decode()}}
+        self.objects[f"/api/v1/namespaces/team/secrets/{name}-auth"] = {"data": {
+            "token": base64.b64encode(b"admin-token-volumes-never-get").decode(),
+            "dataToken": base64.b64encode(data_token.encode()).decode(),
+        }}
 
     def add_mount(self, name: str, cluster: str, path: str, *, phase: str = "Mounted", read_only: bool = False) -> None:
         self.objects[f"{API}/mounts/{name}"] = {"spec": {"cluster": cluster, "path": path, "readOnly": read_only},
@@ -111,7 +114,7 @@ def cluster(start_cluster: Any, bucket: str) -> Cluster:
 @pytest.fixture
 def objects(cluster: Cluster) -> Objects:
     found = Objects()
-    found.add_cluster("demo", cluster.master_address, TOKEN)
+    found.add_cluster("demo", cluster.master_address, DATA_TOKEN)
     found.add_mount("data", "demo", "/datasets/x")
     return found
 

@@ -20,7 +20,10 @@ from strata.cacheserver import errors, rpcutil
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 
-from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, wait_until
+from strata.cacheserver.auth import CREDENTIAL_ENV
+
+from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, free_port_range, wait_until
+from .test_cli import strata
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -273,3 +276,37 @@ def test_idle_data_port_connections_are_bounded_and_closed(start_cluster: Any, b
             conn.close()
     assert fs.cat_file("/d/f.bin") == data
     assert cluster.worker_metric(0, "strata_worker_data_port_reads") >= 1
+
+
+@pytest.fixture
+def local_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {**os.environ, "STRATA_HOME": str(tmp_path / "home"), "PYTHONSAFEPATH": "1"}
+    for name in ("STRATA_MASTER", *CREDENTIAL_ENV):
+        env.pop(name, None)
+    yield env
+    strata(env, "local", "down", check=False)
+
+
+def test_a_local_cluster_gives_each_role_its_own_owner_only_token(local_env: dict[str, str], tmp_path: Path) -> None:
+    master_port, worker_port = free_port_range(2), free_port_range(3)
+    strata(local_env, "local", "up", "--workers", "1", "--mem", "16Mi",
+           "--master-port", str(master_port), "--worker-port", str(worker_port))
+    folder = tmp_path / "home" / "local"
+    tokens = {name: (folder / name) for name in ("token", "data-token", "internal-token")}
+    for path in tokens.values():
+        assert path.stat().st_mode & 0o777 == 0o600
+    assert len({p.read_text() for p in tokens.values()}) == 3
+
+    # The owner of this machine runs the cluster: file:// mounts of its folders are allowed.
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.txt").write_bytes(b"local file")
+    strata(local_env, "mount", "add", "/logs", f"file://{logs}")
+    assert strata(local_env, "fs", "cat", "/logs/a.txt").stdout == b"local file"
+
+    # With only the data credential (STRATA_DATA_TOKEN_FILE), files yes, mounts no.
+    data_env = {**local_env, "STRATA_DATA_TOKEN_FILE": str(tokens["data-token"]), "STRATA_HOME": str(tmp_path / "none"),
+                "STRATA_MASTER": f"127.0.0.1:{master_port}"}
+    assert strata(data_env, "fs", "cat", "/logs/a.txt").stdout == b"local file"
+    refused = strata(data_env, "mount", "add", "/etc", "file:///etc", check=False)
+    assert refused.returncode == 1 and b"needs the admin credential" in refused.stderr
