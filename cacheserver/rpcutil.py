@@ -12,6 +12,7 @@ import grpc
 
 from . import auth, constants
 from .errors import StrataError, from_status
+from .proto import strata_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,17 @@ MASTER_MAX_RECEIVE_BYTES = 4 * BLOCK_LIST_BATCH_BYTES
 # Calls one connection may have open at once: what a client with many concurrent readers
 # needs, while a connection's buffered messages stay bounded (streams x message limit).
 MAX_CONCURRENT_STREAMS = 64
+
+
+def split_batch(refs: list[pb.BlockRef]) -> tuple[list[pb.BlockRef], list[pb.BlockRef]]:
+    """The first refs that fit in one message's batch (BLOCK_LIST_BATCH_BYTES), and the
+    rest: a server receives bounded messages however many blocks a list holds."""
+    total = 0
+    for i, ref in enumerate(refs):
+        total += ref.ByteSize() + 8  # field tag and length prefix
+        if total > BLOCK_LIST_BATCH_BYTES and i > 0:
+            return refs[:i], refs[i:]
+    return refs, []
 
 
 def server(credentials: auth.Credentials, *, max_receive_bytes: int) -> grpc.aio.Server:

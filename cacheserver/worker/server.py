@@ -152,7 +152,7 @@ class WorkerHandle:
         blocks = [ref_of(b.key, length=b.length) for b in self.service.store.blocks()]
         self.reports.take()  # the full list supersedes pending deltas
         # A message holds a bounded batch; the rest follows as heartbeat deltas.
-        blocks, rest = split_batch(blocks)
+        blocks, rest = rpcutil.split_batch(blocks)
         self.requeue(rest, [])
         response = await self.master.RegisterWorker(
             pb.RegisterWorkerRequest(worker=self.info(), stats=self.stats(), blocks=blocks), timeout=30
@@ -178,8 +178,8 @@ class WorkerHandle:
             await self.register()
             return
         added, removed = self.reports.take()
-        added, later_added = split_batch(added)
-        removed, later_removed = split_batch(removed)
+        added, later_added = rpcutil.split_batch(added)
+        removed, later_removed = rpcutil.split_batch(removed)
         self.requeue(later_added, later_removed)
         try:
             response = await self.master.Heartbeat(pb.HeartbeatRequest(
@@ -248,17 +248,6 @@ class WorkerHandle:
         for _, channel in self._peer_channels.values():
             await channel.close()
         await self.master_channel.close()
-
-
-def split_batch(refs: list[pb.BlockRef]) -> tuple[list[pb.BlockRef], list[pb.BlockRef]]:
-    """The first refs that fit in one message's batch (rpcutil.BLOCK_LIST_BATCH_BYTES), and
-    the rest: the master receives bounded messages however many blocks a worker holds."""
-    total = 0
-    for i, ref in enumerate(refs):
-        total += ref.ByteSize() + 8  # field tag and length prefix
-        if total > rpcutil.BLOCK_LIST_BATCH_BYTES and i > 0:
-            return refs[:i], refs[i:]
-    return refs, []
 
 
 def mount_matcher(mount_id: int) -> Callable[[BlockKey], bool]:

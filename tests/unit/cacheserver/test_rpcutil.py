@@ -1,10 +1,9 @@
-"""A worker's block lists reach the master in messages under its receive limit."""
+"""Block lists travel in messages under the servers' receive limits."""
 
 from __future__ import annotations
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.proto import strata_pb2 as pb
-from strata.cacheserver.worker.server import split_batch
 
 
 def test_block_lists_are_split_into_bounded_batches() -> None:
@@ -12,7 +11,7 @@ def test_block_lists_are_split_into_bounded_batches() -> None:
                         block_size=16 << 20, file_length=1 << 30, in_store=True, length=16 << 20) for i in range(100_000)]
     batches, rest = [], refs
     while rest:
-        batch, rest = split_batch(rest)
+        batch, rest = rpcutil.split_batch(rest)
         assert batch
         batches.append(batch)
     assert [r for b in batches for r in b] == refs
@@ -21,4 +20,4 @@ def test_block_lists_are_split_into_bounded_batches() -> None:
         size = pb.RegisterWorkerRequest(blocks=batch).ByteSize()
         assert size <= rpcutil.BLOCK_LIST_BATCH_BYTES + 1024
         assert size < rpcutil.MASTER_MAX_RECEIVE_BYTES
-    assert split_batch([]) == ([], [])
+    assert rpcutil.split_batch([]) == ([], [])
