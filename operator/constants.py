@@ -113,6 +113,7 @@ class Reason:
     INVALID_MOUNT: Final = "InvalidMount"
     PATH_CONFLICT: Final = "PathConflict"
     TOKEN_REJECTED: Final = "TokenRejected"
+    SOURCE_NOT_ALLOWED: Final = "SourceNotAllowed"
     MOUNT_FAILED: Final = "MountFailed"
     MOUNTED: Final = "Mounted"
     UNMOUNTING: Final = "Unmounting"

@@ -33,6 +33,8 @@ Locality = Literal["Preferred", "Required", "Disabled"]
 SOURCE_SCHEMES: tuple[str, ...] = (
     "s3", "s3a", "gs", "gcs", "abfs", "az", "hdfs", "webhdfs", "file", "http", "https", "memory",
 )
+# Schemes that read the servers' own files: allowed under spec.localSources.allowedRoots only.
+LOCAL_SOURCE_SCHEMES: tuple[str, ...] = ("file", "local")
 DEFAULT_BLOCK_SIZE = "16Mi"
 DEFAULT_MEM_QUOTA = "1Gi"
 

@@ -99,6 +99,17 @@ async def test_missing_source_fails_with_a_reason(deps: Deps, tmp_path: Path) ->
     assert "no-such-dir" in stalled["message"]
 
 
+async def test_a_file_source_outside_the_allowed_roots_fails_with_what_to_change(deps: Deps) -> None:
+    kube = deps.kube
+    assert isinstance(kube, FakeKube)
+    kube.put(mount_body(source="file:///etc"))
+    out = await reconcile_mount(deps, kube.obj("Mount", "data"), ObjectState())
+    assert out.stalled
+    stalled = cond(kube.obj("Mount", "data")["status"], "Stalled")
+    assert stalled["reason"] == "SourceNotAllowed", stalled
+    assert "spec.localSources.allowedRoots" in stalled["message"]
+
+
 async def test_missing_preload_path_does_not_fail_the_mount(deps: Deps, tmp_path: Path) -> None:
     kube = deps.kube
     assert isinstance(kube, FakeKube)
