@@ -17,10 +17,9 @@ import grpc
 import pytest
 
 from strata.cacheserver import errors, rpcutil
+from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
-
-from strata.cacheserver.auth import CREDENTIAL_ENV
 
 from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, free_port_range, wait_until
 from .test_cli import strata
