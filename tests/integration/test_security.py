@@ -18,6 +18,7 @@ import pytest
 
 from strata.cacheserver import errors, rpcutil
 from strata.cacheserver.auth import CREDENTIAL_ENV
+from strata.cacheserver.blockwire import request_line
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 
@@ -275,6 +276,23 @@ def test_idle_data_port_connections_are_bounded_and_closed(start_cluster: Any, b
             conn.close()
     assert fs.cat_file("/d/f.bin") == data
     assert cluster.worker_metric(0, "strata_worker_data_port_reads") >= 1
+
+    # A reader that asks for a block and then takes none of its bytes holds its thread no
+    # longer than the idle timeout either.
+    wait_until(lambda: threads(worker.process.pid) <= baseline + 8, 30, "connection threads to end")
+    settled = threads(worker.process.pid)
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(address)
+    try:
+        ref = fs.client.block_ref(fs.client.stat("/d/f.bin"), 0)
+        stalled.sendall(request_line(DATA_TOKEN, ref, 0))
+        wait_until(lambda: threads(worker.process.pid) > settled, 10, "the stalled reader's thread to start")
+        started = time.monotonic()
+        wait_until(lambda: threads(worker.process.pid) <= settled, 30, "the stalled reader's thread to end")
+        print(f"a reader that took no bytes was dropped after {time.monotonic() - started:.1f}s")
+    finally:
+        stalled.close()
 
 
 @pytest.fixture
