@@ -27,6 +27,8 @@ from .units import parse_size
 STARTUP_TIMEOUT = 60.0
 # Ports a local worker takes from --worker-port on: gRPC, HTTP, block data.
 WORKER_PORTS = 3
+# This machine's owner runs the cluster: file:// mounts may name any folder of it.
+LOCAL_SOURCES = {"allowedRoots": ["/"]}
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,8 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
     master = f"{spec.bind}:{spec.master_port}"
     try:
         master_cfg = base / "master.yaml"
-        # This machine's owner runs the cluster: file:// mounts may name any folder of it.
         master_cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master,
-                                              "localSources": {"allowedRoots": ["/"]}}))
+                                              "localSources": LOCAL_SOURCES}))
         procs["master"] = _spawn(
             ["master", "--config", str(master_cfg), "--journal-dir", str(base / "journal"),
              "--bind", spec.bind, "--port", str(spec.master_port), "--http-port", str(spec.master_port + 1)],
@@ -130,7 +131,8 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
             tiers: list[dict[str, object]] = [{"medium": "MEM", "quota": spec.mem, "dirs": [f"/dev/shm/strata-{tag}-{name}"]}] if spec.mem not in ("", "0") else []
             tiers += [t for t in (_disk_tier("SSD", spec.ssd, i), _disk_tier("HDD", spec.hdd, i)) if t]
             cfg = base / f"{name}.yaml"
-            cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master, "tiers": tiers}))
+            cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master, "tiers": tiers,
+                                           "localSources": LOCAL_SOURCES}))
             port = spec.worker_port + WORKER_PORTS * i
             worker_env = {**env, "STRATA_WORKER_ID": f"local-{name}", "STRATA_ADVERTISE_HOST": spec.bind}
             procs[name] = _spawn(

@@ -259,6 +259,7 @@ class Store:
         options: Mapping[str, str] | None = None,
         *,
         retry: RetrySettings | None = None,
+        allowed_roots: Sequence[str] | None = None,
     ) -> None:
         self.protocol, self._cls = filesystem_class(source)
         self.source = source if source.endswith(":///") else source.rstrip("/")
@@ -269,8 +270,10 @@ class Store:
         self._retry = retry or RetrySettings()
         self._is_async = issubclass(self._cls, AsyncFileSystem)
         self._is_s3 = issubclass(self._cls, S3FileSystem)
-        # file:// stores: every path is checked, links resolved, to stay under the root.
+        # file:// stores: every path is checked, links resolved, to stay under the root, and
+        # (where this host reads the files) the root under an allowed folder of this host.
         self._local = is_local(self._cls)
+        self._allowed_roots = allowed_roots
         self._fs = self._make_fs()
         self._fs_loop: asyncio.AbstractEventLoop | None = None
 
@@ -302,6 +305,8 @@ class Store:
 
     def _path(self, rel: str) -> str:
         rel = rel.strip("/")
+        if self._local and self._allowed_roots is not None:
+            check_source_allowed(self.source, self._allowed_roots)  # links resolved on this host
         if rel in ("", "."):
             return self._root
         if any(part in ("..", ".") for part in rel.split("/")):

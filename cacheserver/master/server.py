@@ -97,7 +97,7 @@ async def start_master(
     port: int,
     http_port: int,
 ) -> MasterHandle:
-    mounts = MountTable(journal_dir)
+    mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots)
     drop_disallowed_mounts(mounts, config)
     namespace = Namespace(mounts, journal_dir, block_size=config.block_size)
     service = MasterService(config, mounts, namespace, credentials.internal)

@@ -288,7 +288,8 @@ async def start_worker(
     remove_stale_staging(staging)
     master_channel = rpcutil.aio_channel(config.master_address, token)
     master_stub = pb_grpc.MasterStub(master_channel)
-    mounts = WorkerMounts(lambda: master_stub.GetMountTable(pb.GetMountTableRequest(), timeout=30))
+    mounts = WorkerMounts(lambda: master_stub.GetMountTable(pb.GetMountTableRequest(), timeout=30),
+                          allowed_roots=config.local_sources.allowed_roots)
     handle: WorkerHandle | None = None
     service = WorkerService(
         config=config, worker_id=identity.worker_id, store=store, mounts=mounts,

@@ -166,6 +166,12 @@ def test_each_credential_opens_only_its_own_doors(cluster: Cluster, bucket: str)
     assert cluster.fs().cat_file("/d/f.txt") == b"hello"
 
 
+def allow(*roots: Path) -> dict[str, Any]:
+    """start_cluster arguments that allow file:// sources under `roots` (master and workers)."""
+    sources = {"localSources": {"allowedRoots": [str(r) for r in roots]}}
+    return {"master_extra": sources, "extra": sources}
+
+
 @pytest.fixture
 def folders(tmp_path: Path) -> Iterator[dict[str, Path]]:
     allowed, outside = tmp_path / "allowed", tmp_path / "outside"
@@ -188,7 +194,7 @@ def test_file_sources_need_a_root_the_owner_allows(start_cluster: Any, folders: 
     with pytest.raises(errors.PermissionDenied, match="allows no file:// sources.*allowedRoots"):
         closed.fs().client.mount("/x", "file:///etc")
 
-    cluster = start_cluster(workers=1, master_extra={"localSources": {"allowedRoots": [str(folders["allowed"])]}})
+    cluster = start_cluster(workers=1, **allow(folders["allowed"]))
     client = cluster.fs().client
     with pytest.raises(errors.PermissionDenied, match="not under a folder this cluster allows"):
         client.mount("/x", "file:///etc")
@@ -201,7 +207,7 @@ def test_file_sources_need_a_root_the_owner_allows(start_cluster: Any, folders: 
 
 
 def test_no_read_listing_or_write_leaves_a_file_root(start_cluster: Any, folders: dict[str, Path]) -> None:
-    cluster = start_cluster(workers=1, master_extra={"localSources": {"allowedRoots": [str(folders["allowed"])]}})
+    cluster = start_cluster(workers=1, **allow(folders["allowed"]))
     # Metadata checked on every access: each call below reaches the store.
     cluster.fs().client.mount("/src", f"file://{folders['source']}", pb.MountOptions(metadata_sync_interval=0))
     fs = cluster.data_fs(host="elsewhere")
@@ -235,6 +241,15 @@ def test_no_read_listing_or_write_leaves_a_file_root(start_cluster: Any, folders
     with pytest.raises(errors.StrataError) as refused:
         fs.cat_file("/cached/swap.txt")
     assert "leads out of the mount's root" in str(refused.value)
+
+    # The mount's own folder swapped for a link out of the allowed root: master (listings)
+    # and worker (reads) both refuse it, each resolving links on its own host.
+    moved = folders["allowed"] / "src-moved"
+    folders["source"].rename(moved)
+    folders["source"].symlink_to(folders["outside"], target_is_directory=True)
+    for call in (lambda: fs.client.ls("/src"), lambda: fs.cat_file("/cached/ok.txt")):
+        with pytest.raises(errors.PermissionDenied, match="not under a folder this cluster allows"):
+            call()
 
 
 def test_idle_data_port_connections_are_bounded_and_closed(start_cluster: Any, bucket: str) -> None:

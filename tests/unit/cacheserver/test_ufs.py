@@ -431,6 +431,20 @@ async def test_links_out_of_a_file_root_are_refused_and_left_out_of_listings(lin
     assert await store.read_range("alias/deep.txt", 0, 4) == b"deep"
 
 
+async def test_a_store_given_allowed_roots_checks_its_root_on_every_access(tmp_path: Path) -> None:
+    allowed = tmp_path / "allowed"
+    (allowed / "data").mkdir(parents=True)
+    (allowed / "data" / "f.txt").write_bytes(b"f")
+    store = Store(f"file://{allowed}/data", allowed_roots=[str(allowed)])
+    assert [s.path for s in await store.ls("")] == ["f.txt"]
+    # The folder becomes a link out of the allowed root (on this host): nothing is served.
+    (allowed / "data").rename(tmp_path / "moved")
+    (allowed / "data").symlink_to("/etc", target_is_directory=True)
+    for call in (lambda: store.ls(""), lambda: store.info("passwd"), lambda: store.read_range("passwd", 0, 10)):
+        with pytest.raises(PermissionDenied, match="not under a folder this cluster allows"):
+            await call()
+
+
 def test_file_sources_need_an_allowed_root(tmp_path: Path) -> None:
     allowed = tmp_path / "allowed"
     (allowed / "data").mkdir(parents=True)
