@@ -155,13 +155,10 @@ class Credentials:
         return found
 
 
-def load_credentials(local_dir: Path | None = None) -> Credentials:
-    """A server's credentials from the environment (or the files of a local cluster in
-    `local_dir`); data and internal tokens not given are derived from the admin token."""
+def load_credentials() -> Credentials:
+    """A server's credentials from the environment; data and internal tokens not given are
+    derived from the admin token."""
     tokens = {role: _from_env(role) for role in Role}
-    if local_dir is not None:
-        for role in Role:
-            tokens[role] = tokens[role] or _read(local_dir / local_token_name(role))
     admin = tokens[Role.ADMIN]
     if not admin:
         raise InvalidArgument(
