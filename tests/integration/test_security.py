@@ -92,6 +92,11 @@ def test_an_unauthenticated_flood_is_refused_before_its_bodies_are_read(cluster:
     for name in before:
         assert after[name] - before[name] < 64, f"{name} RSS grew from {before[name]:.0f} to {after[name]:.0f} MiB"
 
+    # A data token at an admin door is refused the same way, before its message is read.
+    denied = flood(cluster.master_address, "/strata.v1.Master/Mount", rounds=2, token=DATA_TOKEN)
+    assert set(denied) == {grpc.StatusCode.PERMISSION_DENIED}
+    assert rss_mib(master.process.pid) - before["master"] < 64
+
     # A caller with a token cannot send more than a message of its method's size either.
     big = flood(cluster.master_address, "/strata.v1.Master/Mount", rounds=1, calls=2, size=40 * MiB, token=TOKEN)
     assert set(big) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
