@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import constants, localcluster
-from .auth import load_token
+from .auth import load_credentials
 from .client import localstate
 from .errors import InvalidArgument, StrataError
 from .proto import strata_pb2 as pb
@@ -53,9 +53,9 @@ def cmd_master(args: argparse.Namespace) -> int:
     from .master.server import run_master
 
     config = load_server_config(args.config)
-    token = load_token()
+    credentials = load_credentials()
     journal = args.journal_dir
-    asyncio.run(run_master(config, journal_dir=journal, token=token, bind=args.bind, port=args.port, http_port=args.http_port))
+    asyncio.run(run_master(config, journal_dir=journal, credentials=credentials, bind=args.bind, port=args.port, http_port=args.http_port))
     return 0
 
 
@@ -66,8 +66,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = load_server_config(args.config)
     if args.master_address:
         config = config.model_copy(update={"master_address": args.master_address})
-    token = load_token()
-    asyncio.run(run_worker(config, data_dir=args.data_dir, token=token, bind=args.bind, port=args.port, http_port=args.http_port,
+    credentials = load_credentials()
+    asyncio.run(run_worker(config, data_dir=args.data_dir, credentials=credentials, bind=args.bind, port=args.port, http_port=args.http_port,
                            data_port=args.data_port))
     return 0
 
@@ -319,7 +319,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Strata: a tiered data cache for Kubernetes.")
     parser.add_argument("--master", default=None, help="master HOST:PORT (default: STRATA_MASTER, else the local cluster)")
-    parser.add_argument("--token", default=None, help="cluster token (default: STRATA_TOKEN / STRATA_TOKEN_FILE / local cluster)")
+    parser.add_argument("--token", default=None, help="cluster token (default: STRATA_TOKEN / STRATA_TOKEN_FILE (admin), then "
+                        "STRATA_DATA_TOKEN / STRATA_DATA_TOKEN_FILE (data), then the local cluster's)")
     parser.add_argument("--log-level", default=os.environ.get("STRATA_LOG_LEVEL", "info"))
     parser.add_argument("--log-json", action="store_true", default=os.environ.get("STRATA_LOG_JSON") == "1",
                         help="log one JSON object per line")

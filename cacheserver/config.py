@@ -66,6 +66,37 @@ class CachePolicySettings(_Model):
         return self
 
 
+class LocalSourcesSettings(_Model):
+    """Folders of the servers' hosts that `file://` mounts may name (CacheCluster
+    spec.localSources). Empty by default: a file:// source reads the host's own files, so
+    only the cluster's owner may open that door, folder by folder."""
+
+    # Absolute paths; a file:// source must be one of them or lie below one.
+    allowed_roots: tuple[str, ...] = Field((), alias="allowedRoots")
+
+    @field_validator("allowed_roots")
+    @classmethod
+    def _absolute(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
+        for root in roots:
+            if not root.startswith("/"):
+                raise ValueError(f"localSources.allowedRoots: {root!r} is not an absolute path")
+        return roots
+
+
+class DataPortSettings(_Model):
+    """Connections of a worker's block sockets (the data port and the short-circuit socket).
+    Each connection is served by a thread, so both bound what idle readers can hold."""
+
+    # Connections served at once, per socket. One more is answered UNAVAILABLE and closed;
+    # the reader then reads the block over gRPC. 256 covers many readers on one worker
+    # (a client keeps one connection per reading thread) at ~256 threads at most.
+    max_connections: int = Field(256, ge=1, alias="maxConnections")
+    # Seconds a connection may wait for its next request, or a reader may take to accept
+    # the next bytes of a reply, before the worker closes it. Readers reconnect on their
+    # next request, so closing an idle one costs a connect.
+    idle_timeout: float = Field(60.0, gt=0, alias="idleTimeout")
+
+
 class ServerConfig(_Model):
     """The file both master and workers read (`strata.yaml`)."""
 
@@ -83,6 +114,12 @@ class ServerConfig(_Model):
     # Seconds between worker heartbeats, and how many missed ones drop a worker from placement.
     heartbeat_interval: float = Field(1.0, gt=0, alias="heartbeatInterval")
     heartbeat_misses: int = Field(5, ge=1, alias="heartbeatMisses")
+    data_port: DataPortSettings = Field(
+        default_factory=lambda: DataPortSettings.model_validate({}), alias="dataPort"
+    )
+    local_sources: LocalSourcesSettings = Field(
+        default_factory=lambda: LocalSourcesSettings.model_validate({}), alias="localSources"
+    )
 
     @field_validator("block_size", mode="before")
     @classmethod

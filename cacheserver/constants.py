@@ -12,14 +12,26 @@ WORKER_DATA_PORT: Final = 30001
 GRPC_PACKAGE: Final = "strata.v1"
 FSSPEC_PROTOCOL: Final = "strata"
 
-# Every RPC carries `authorization: Bearer <token>`.
+# Every RPC carries `authorization: Bearer <token>`; the token names the caller's role.
 AUTH_METADATA_KEY: Final = "authorization"
 AUTH_SCHEME: Final = "Bearer"
+
+# Keys of a cluster's credentials Secret (`<cluster>-auth` in Kubernetes): the admin token
+# under the key every cluster had from the start, then the data and internal ones (auth.py).
+SECRET_ADMIN_TOKEN_KEY: Final = "token"
+SECRET_DATA_TOKEN_KEY: Final = "dataToken"
+SECRET_INTERNAL_TOKEN_KEY: Final = "internalToken"
 
 ENV_PREFIX: Final = "STRATA_"
 ENV_MASTER: Final = "STRATA_MASTER"
 ENV_TOKEN: Final = "STRATA_TOKEN"
 ENV_TOKEN_FILE: Final = "STRATA_TOKEN_FILE"
+# The data credential (read and write files) and the credential servers use among
+# themselves (auth.py); each with a *_FILE twin.
+ENV_DATA_TOKEN: Final = "STRATA_DATA_TOKEN"
+ENV_DATA_TOKEN_FILE: Final = "STRATA_DATA_TOKEN_FILE"
+ENV_INTERNAL_TOKEN: Final = "STRATA_INTERNAL_TOKEN"
+ENV_INTERNAL_TOKEN_FILE: Final = "STRATA_INTERNAL_TOKEN_FILE"
 ENV_HOSTNAME: Final = "STRATA_HOSTNAME"
 ENV_HOME: Final = "STRATA_HOME"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from . import constants
-from .auth import generate_token
+from .auth import ROLE_ENV, generate_token, local_token_name
 from .client import localstate
 from .errors import FailedPrecondition, StrataError, Unavailable
 from .units import parse_size
@@ -27,6 +27,8 @@ from .units import parse_size
 STARTUP_TIMEOUT = 60.0
 # Ports a local worker takes from --worker-port on: gRPC, HTTP, block data.
 WORKER_PORTS = 3
+# This machine's owner runs the cluster: file:// mounts may name any folder of it.
+LOCAL_SOURCES = {"allowedRoots": ["/"]}
 
 
 @dataclass(frozen=True)
@@ -98,18 +100,24 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
             f"ports {busy} on {spec.bind} are in use; stop what holds them (another cluster? `strata local down`) "
             "or choose others with --master-port / --worker-port"
         )
-    token_file = localstate.token_file()
-    token_file.write_text(generate_token())
-    token_file.chmod(0o600)
+    env = dict(os.environ)
+    for role, (value_env, file_env) in ROLE_ENV.items():
+        token_file = base / local_token_name(role)
+        # Created owner-only before the token is written: no moment where others may read it.
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write(generate_token())
+        env[file_env] = str(token_file)
+        env.pop(value_env, None)
     tag = hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:8]
-    env = {**os.environ, constants.ENV_TOKEN_FILE: str(token_file)}
-    env.pop(constants.ENV_TOKEN, None)
     logs = base / "logs"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     master = f"{spec.bind}:{spec.master_port}"
     try:
         master_cfg = base / "master.yaml"
-        master_cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master}))
+        master_cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master,
+                                              "localSources": LOCAL_SOURCES}))
         procs["master"] = _spawn(
             ["master", "--config", str(master_cfg), "--journal-dir", str(base / "journal"),
              "--bind", spec.bind, "--port", str(spec.master_port), "--http-port", str(spec.master_port + 1)],
@@ -123,7 +131,8 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
             tiers: list[dict[str, object]] = [{"medium": "MEM", "quota": spec.mem, "dirs": [f"/dev/shm/strata-{tag}-{name}"]}] if spec.mem not in ("", "0") else []
             tiers += [t for t in (_disk_tier("SSD", spec.ssd, i), _disk_tier("HDD", spec.hdd, i)) if t]
             cfg = base / f"{name}.yaml"
-            cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master, "tiers": tiers}))
+            cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master, "tiers": tiers,
+                                           "localSources": LOCAL_SOURCES}))
             port = spec.worker_port + WORKER_PORTS * i
             worker_env = {**env, "STRATA_WORKER_ID": f"local-{name}", "STRATA_ADVERTISE_HOST": spec.bind}
             procs[name] = _spawn(

@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from . import auth
+from . import auth, constants
 from .errors import StrataError, from_status
+from .proto import strata_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Self = TypeVar("Self")
 
-# Blocks stream in 1 MiB chunks; allow some headroom for whole small messages.
+# What a client channel accepts: answers such as the listing of a large folder can be big.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -27,6 +28,42 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.enable_retries", 0),
 ]
+
+# What a server receives in one message. Block bytes stream in STREAM_CHUNK_SIZE pieces, so
+# a worker needs one chunk and room for the fields beside it.
+WORKER_MAX_RECEIVE_BYTES = constants.STREAM_CHUNK_SIZE + 1024 * 1024
+# The master's largest requests are a worker's block lists (registration, heartbeats), which
+# workers send in batches of at most BLOCK_LIST_BATCH_BYTES.
+BLOCK_LIST_BATCH_BYTES = 4 * 1024 * 1024
+MASTER_MAX_RECEIVE_BYTES = 4 * BLOCK_LIST_BATCH_BYTES
+# Calls one connection may have open at once: what a client with many concurrent readers
+# needs, while a connection's buffered messages stay bounded (streams x message limit).
+MAX_CONCURRENT_STREAMS = 64
+
+
+def split_batch(refs: list[pb.BlockRef]) -> tuple[list[pb.BlockRef], list[pb.BlockRef]]:
+    """The first refs that fit in one message's batch (BLOCK_LIST_BATCH_BYTES), and the
+    rest: a server receives bounded messages however many blocks a list holds."""
+    total = 0
+    for i, ref in enumerate(refs):
+        total += ref.ByteSize() + 8  # field tag and length prefix
+        if total > BLOCK_LIST_BATCH_BYTES and i > 0:
+            return refs[:i], refs[i:]
+    return refs, []
+
+
+def server(credentials: auth.Credentials, *, max_receive_bytes: int) -> grpc.aio.Server:
+    """A gRPC server that checks every call's token and role before reading its message,
+    and bounds what one message and one connection may hold."""
+    return grpc.aio.server(
+        interceptors=[auth.TokenInterceptor(credentials)],
+        options=[
+            ("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+            ("grpc.keepalive_time_ms", 30_000),
+        ],
+    )
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:

@@ -20,8 +20,9 @@ import errno
 import importlib.util
 import inspect
 import logging
+import os
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.core import split_protocol
 from fsspec.exceptions import FSTimeoutError
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 from fsspec.spec import AbstractFileSystem
 from s3fs import S3FileSystem
@@ -71,6 +73,13 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 )
 # Storage options that Strata sets itself; a Mount cannot override them.
 _MANAGED_OPTIONS = frozenset({"asynchronous", "loop", "skip_instance_cache", "use_listings_cache"})
+# Schemes whose filesystem wraps another one or reads files of the server's host (caches,
+# archives, directory views, references, git checkouts): a Mount could reach any host file
+# through their options, so they are not mountable. file:// is, under allowed roots only.
+_HOST_READING_PROTOCOLS = frozenset({
+    "async_wrapper", "asyncwrapper", "asynclocal", "blockcache", "cached", "dask", "dir", "filecache",
+    "generic", "git", "libarchive", "reference", "simplecache", "tar", "zip",
+})
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -128,7 +137,42 @@ def filesystem_class(source: str) -> tuple[str, type[AbstractFileSystem]]:
             f"store scheme {protocol!r} (source {source!r}) needs a package this server "
             f"does not have: {exc}; use an image that includes it"
         ) from None
+    if protocol in _HOST_READING_PROTOCOLS:
+        raise InvalidArgument(
+            f"store scheme {protocol!r} (source {source!r}) wraps another filesystem or reads the "
+            "server host's files; mount the store itself (s3://..., or file:// under an allowed root)"
+        )
     return protocol, cls
+
+
+def is_local(cls: type[AbstractFileSystem]) -> bool:
+    """Does this filesystem read the server host's own files (file://)?"""
+    return issubclass(cls, LocalFileSystem)
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_source_allowed(source: str, allowed_roots: Sequence[str]) -> None:
+    """PermissionDenied unless `source` is a store URL this cluster may mount: a file://
+    source must lie, with its links resolved, at or below one of `allowed_roots`."""
+    _, cls = filesystem_class(source)
+    if not is_local(cls):
+        return
+    path = posixpath.normpath(cls._strip_protocol(source) or "/")
+    if not allowed_roots:
+        raise PermissionDenied(
+            f"source {source!r} reads the servers' own files, and this cluster allows no file:// "
+            "sources; its owner can allow folders in the CacheCluster's spec.localSources.allowedRoots"
+        )
+    real = os.path.realpath(path)
+    if any(_is_within(real, os.path.realpath(root)) for root in allowed_roots):
+        return
+    raise PermissionDenied(
+        f"source {source!r} is not under a folder this cluster allows for file:// sources "
+        f"({', '.join(allowed_roots)}); add its folder to spec.localSources.allowedRoots of the CacheCluster"
+    )
 
 
 def _to_bool(name: str, value: str) -> bool:
@@ -215,6 +259,7 @@ class Store:
         options: Mapping[str, str] | None = None,
         *,
         retry: RetrySettings | None = None,
+        allowed_roots: Sequence[str] | None = None,
     ) -> None:
         self.protocol, self._cls = filesystem_class(source)
         self.source = source if source.endswith(":///") else source.rstrip("/")
@@ -225,6 +270,10 @@ class Store:
         self._retry = retry or RetrySettings()
         self._is_async = issubclass(self._cls, AsyncFileSystem)
         self._is_s3 = issubclass(self._cls, S3FileSystem)
+        # file:// stores: every path is checked, links resolved, to stay under the root, and
+        # (where this host reads the files) the root under an allowed folder of this host.
+        self._local = is_local(self._cls)
+        self._allowed_roots = allowed_roots
         self._fs = self._make_fs()
         self._fs_loop: asyncio.AbstractEventLoop | None = None
 
@@ -256,11 +305,64 @@ class Store:
 
     def _path(self, rel: str) -> str:
         rel = rel.strip("/")
+        if self._local and self._allowed_roots is not None:
+            check_source_allowed(self.source, self._allowed_roots)  # links resolved on this host
         if rel in ("", "."):
             return self._root
         if any(part in ("..", ".") for part in rel.split("/")):
             raise InvalidArgument(f"path {rel!r} must not contain '.' or '..' components")
-        return posixpath.join(self._root, rel)
+        path = posixpath.join(self._root, rel)
+        if self._local and not self._inside_root(path):
+            raise PermissionDenied(
+                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link; "
+                "Strata serves only files under the root of a file:// mount"
+            )
+        return path
+
+    def _inside_root(self, path: str) -> bool:
+        """Does `path`, with every symbolic link resolved (also one not yet created, for
+        writes), stay at or below the root? Only for file:// stores."""
+        return _is_within(os.path.realpath(path), os.path.realpath(self._root))
+
+    def _ls_local(self, path: str) -> list[dict[str, Any]]:
+        """`ls` for file:// stores (blocking): links are followed, so a linked folder lists
+        as a folder, and links that lead out of the root, or nowhere, are left out."""
+        kept = []
+        for entry in self._fs.ls(path, detail=True):
+            name = str(entry["name"])
+            if not entry.get("islink"):
+                kept.append(entry)
+            elif self._inside_root(name):
+                try:
+                    kept.append(self._fs.info(name))
+                except FileNotFoundError:
+                    continue  # a link to nothing
+            else:
+                log.info("store %s: %s is a link out of the root; left out of its listing", self.source, name)
+        return kept
+
+    def _find_local(self, path: str, with_dirs: bool) -> dict[str, dict[str, Any]]:
+        """`find` for file:// stores (blocking): never through a link out of the root, and
+        never into a folder that is its own ancestor (links inside the root may form loops)."""
+        top = self._fs.info(path)
+        if top.get("type") != "directory":
+            return {str(top["name"]): top}
+        found: dict[str, dict[str, Any]] = {}
+        pending: list[tuple[str, frozenset[str]]] = [(path, frozenset())]
+        while pending:
+            folder, ancestors = pending.pop()
+            real = os.path.realpath(folder)
+            if real in ancestors:
+                continue
+            for entry in self._ls_local(folder):
+                name = str(entry["name"])
+                if entry.get("type") == "directory":
+                    pending.append((name, ancestors | {real}))
+                    if with_dirs:
+                        found[name] = entry
+                else:
+                    found[name] = entry
+        return found
 
     def _rel(self, name: str) -> str:
         name = name.rstrip("/")
@@ -273,6 +375,7 @@ class Store:
         if name.lstrip("/").startswith(root.lstrip("/") + "/"):
             return name.lstrip("/")[len(root.lstrip("/")) + 1:]
         raise StrataError(f"store {self.source} returned {name!r}, which is outside its root")
+
 
     def _status(self, info: Mapping[str, Any]) -> UfsStatus:
         rel = self._rel(str(info["name"]))
@@ -393,7 +496,10 @@ class Store:
     async def ls(self, rel: str) -> list[UfsStatus]:
         """Direct children of a directory (a file lists as itself)."""
         path = self._path(rel)
-        entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
+        if self._local:
+            entries = await self._call("list", rel, lambda: asyncio.to_thread(self._ls_local, path))
+        else:
+            entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
         out = [self._status(e) for e in entries]
         return sorted((s for s in out if not (s.is_dir and s.path == rel.strip("/"))), key=lambda s: s.path)
 
@@ -401,9 +507,12 @@ class Store:
         """All files at or below `rel` (and, with `with_dirs`, the directories below it),
         sorted by path. One paginated listing on object stores."""
         path = self._path(rel)
-        found = await self._call(
-            "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
-        )
+        if self._local:
+            found = await self._call("walk", rel, lambda: asyncio.to_thread(self._find_local, path, with_dirs))
+        else:
+            found = await self._call(
+                "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
+            )
         top = rel.strip("/")
         out = [
             status

@@ -40,7 +40,11 @@ COMPONENT_WORKER: Final = "worker"
 CONFIG_DIR: Final = "/etc/strata"
 CONFIG_FILE: Final = "strata.yaml"
 AUTH_DIR: Final = "/etc/strata/auth"
-TOKEN_KEY: Final = "token"
+# Keys of the `<cluster>-auth` Secret: admin (the operator's), data (volumes'), internal
+# (the servers' among themselves). Each is a file of that name in AUTH_DIR of the pods.
+TOKEN_KEY: Final = server.SECRET_ADMIN_TOKEN_KEY
+DATA_TOKEN_KEY: Final = server.SECRET_DATA_TOKEN_KEY
+INTERNAL_TOKEN_KEY: Final = server.SECRET_INTERNAL_TOKEN_KEY
 JOURNAL_DIR: Final = "/var/lib/strata/journal"
 DATA_DIR: Final = "/var/lib/strata"
 TIERS_DIR: Final = "/var/lib/strata/tiers"
@@ -109,6 +113,7 @@ class Reason:
     INVALID_MOUNT: Final = "InvalidMount"
     PATH_CONFLICT: Final = "PathConflict"
     TOKEN_REJECTED: Final = "TokenRejected"
+    SOURCE_NOT_ALLOWED: Final = "SourceNotAllowed"
     MOUNT_FAILED: Final = "MountFailed"
     MOUNTED: Final = "Mounted"
     UNMOUNTING: Final = "Unmounting"

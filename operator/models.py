@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -33,6 +33,8 @@ Locality = Literal["Preferred", "Required", "Disabled"]
 SOURCE_SCHEMES: tuple[str, ...] = (
     "s3", "s3a", "gs", "gcs", "abfs", "az", "hdfs", "webhdfs", "file", "http", "https", "memory",
 )
+# Schemes that read the servers' own files: allowed under spec.localSources.allowedRoots only.
+LOCAL_SOURCE_SCHEMES: tuple[str, ...] = ("file", "local")
 DEFAULT_BLOCK_SIZE = "16Mi"
 DEFAULT_MEM_QUOTA = "1Gi"
 
@@ -109,6 +111,21 @@ class TierSpec(_Spec):
         return self
 
 
+class LocalSourcesSpec(_Spec):
+    """Folders of the servers' hosts that file:// Mounts may name. None by default: the
+    owner of the cluster opens that door, folder by folder."""
+
+    allowed_roots: tuple[str, ...] = Field((), alias="allowedRoots")
+
+    @field_validator("allowed_roots")
+    @classmethod
+    def _roots(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
+        for root in roots:
+            if not root.startswith("/") or posixpath.normpath(root) != root:
+                raise ValueError(f"localSources.allowedRoots: {root!r} must be an absolute, normalised path")
+        return roots
+
+
 def _default_tiers() -> tuple[TierSpec, ...]:
     return (TierSpec(medium="MEM", quota=parse_size(DEFAULT_MEM_QUOTA)),)
 
@@ -125,6 +142,7 @@ class CacheClusterSpec(_Spec):
     cache_policy: CachePolicySettings = Field(CachePolicySettings.model_validate({}), alias="cachePolicy")
     short_circuit: bool = Field(True, alias="shortCircuit")
     locality: Locality = "Preferred"
+    local_sources: LocalSourcesSpec = Field(LocalSourcesSpec.model_validate({}), alias="localSources")
 
     @field_validator("block_size", mode="before")
     @classmethod
@@ -240,6 +258,16 @@ class Cluster:
     ref: ObjectRef
     generation: int
     spec: CacheClusterSpec
+
+
+@dataclass(frozen=True)
+class ClusterTokens:
+    """The credentials of a cluster (its `<cluster>-auth` Secret): admin for the operator,
+    data for volumes, internal for master and workers among themselves."""
+
+    admin: str = field(repr=False)
+    data: str = field(repr=False)
+    internal: str = field(repr=False)
 
 
 def parse_spec(model: type[_M], spec: Mapping[str, Any], *, what: str) -> _M:

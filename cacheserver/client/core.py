@@ -183,6 +183,10 @@ class StrataClient:
     def report(self) -> pb.ReportResponse:
         return self.call("Report", pb.ReportRequest(), what="report")  # type: ignore[no-any-return]
 
+    def capacity(self) -> pb.GetCapacityResponse:
+        """Capacity and use of the cache (what `df` of a mount shows); any credential."""
+        return self.call("GetCapacity", pb.GetCapacityRequest(), what="capacity")  # type: ignore[no-any-return]
+
     def block_locations(self, path: str) -> pb.GetBlockLocationsResponse:
         return self.call("GetBlockLocations", pb.GetBlockLocationsRequest(path=path), what=f"block locations of {path}")  # type: ignore[no-any-return]
 

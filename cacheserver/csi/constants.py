@@ -2,6 +2,8 @@
 
 from typing import Final
 
+from ..constants import SECRET_ADMIN_TOKEN_KEY, SECRET_DATA_TOKEN_KEY
+
 DRIVER_NAME: Final = "csi.strata.dev"
 # NodeGetInfo reports the node under this topology key (kubelet labels the Node with it).
 TOPOLOGY_KEY: Final = "topology.strata.dev/node"
@@ -14,8 +16,11 @@ ATTR_MASTER: Final = "masterAddress"     # without a Mount: the master's HOST:PO
 ATTR_PATH: Final = "path"                # ... and the namespace path to show
 ATTR_READ_ONLY: Final = "readOnly"       # "true": mount read-only
 ATTR_WRITE_TYPE: Final = "writeType"     # MUST_CACHE | CACHE_THROUGH | THROUGH | ASYNC_THROUGH
-# Secrets (nodePublishSecretRef, provisioner secrets): the cluster token under this key.
-SECRET_TOKEN: Final = "token"
+# Secrets (nodePublishSecretRef, provisioner secrets, `<cluster>-auth`): the data credential
+# (read and write files) under SECRET_DATA_TOKEN, the only one a volume uses. A volume's own
+# secrets may name it SECRET_TOKEN instead (a Secret made for one volume).
+SECRET_DATA_TOKEN: Final = SECRET_DATA_TOKEN_KEY
+SECRET_TOKEN: Final = SECRET_ADMIN_TOKEN_KEY
 # Set by kubelet when the CSIDriver has podInfoOnMount, and by the external-provisioner
 # with --extra-create-metadata.
 POD_NAMESPACE: Final = "csi.storage.k8s.io/pod.namespace"

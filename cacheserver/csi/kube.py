@@ -5,8 +5,9 @@ For the Mount NAME in namespace NS it reads
 - the Mount (`strata.dev/v1alpha1`): `spec.cluster`, `spec.path`, `spec.readOnly`, and
   `status.phase`, which must be Mounted;
 - its CacheCluster (same namespace): `status.master.endpoint`, the master's HOST:PORT;
-- the token: from the volume's secrets (`token`, e.g. nodePublishSecretRef to `<cluster>-auth`)
-  when given, else from the Secret `<cluster>-auth`, key `token`.
+- the token: from the volume's secrets (`dataToken`, else `token`, e.g. nodePublishSecretRef to
+  `<cluster>-auth`) when given, else from the Secret `<cluster>-auth`, key `dataToken`: the data
+  credential. A volume never gets the admin credential (`<cluster>-auth`'s key `token`).
 
 The plugin's ServiceAccount needs get on mounts.strata.dev and cacheclusters.strata.dev, and
 on secrets unless every volume passes the token as a secret. Reads go through an
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 from ..errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
 from . import constants as c
-from .volumes import VolumeSource
+from .volumes import VolumeSource, volume_token
 
 Obj = dict[str, Any]
 
@@ -131,19 +132,20 @@ class KubeResolver:
         if not endpoint:
             raise FailedPrecondition(f"CacheCluster {namespace}/{cluster_name} has no master endpoint yet "
                                      "(status.master.endpoint); wait until it is Ready")
-        token = secrets.get(c.SECRET_TOKEN) or self._token(namespace, cluster_name)
+        token = volume_token(secrets) or self._token(namespace, cluster_name)
         return VolumeSource(master=endpoint, token=token, path=path, read_only=bool(spec.get("readOnly")), name=what)
 
     def _token(self, namespace: str, cluster: str) -> str:
         name = cluster + c.AUTH_SECRET_SUFFIX
         secret = self._reader.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
         if secret is None:
-            raise NotFound(f"Secret {namespace}/{name} with the token of CacheCluster {cluster} does not exist")
-        encoded = (secret.get("data") or {}).get(c.SECRET_TOKEN)
+            raise NotFound(f"Secret {namespace}/{name} with the tokens of CacheCluster {cluster} does not exist")
+        encoded = (secret.get("data") or {}).get(c.SECRET_DATA_TOKEN)
         try:
             token = base64.b64decode(encoded or "", validate=True).decode().strip()
         except (binascii.Error, UnicodeDecodeError):
             token = ""
         if not token:
-            raise FailedPrecondition(f"Secret {namespace}/{name} has no `{c.SECRET_TOKEN}`")
+            raise FailedPrecondition(f"Secret {namespace}/{name} has no `{c.SECRET_DATA_TOKEN}` (the data credential "
+                                     "volumes use); the operator adds it to clusters it reconciles: upgrade it")
         return token

@@ -29,7 +29,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..auth import CREDENTIAL_ENV
 from ..client.core import StrataClient
+from ..constants import ENV_DATA_TOKEN_FILE, ENV_MASTER
 from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
 from ..fuse.mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .volumes import VolumeSource
@@ -137,8 +139,9 @@ class Publisher:
             argv.append("--read-only")
         if source.write_type:
             argv += ["--write-type", source.write_type]
-        env = {k: v for k, v in os.environ.items() if k not in ("STRATA_TOKEN", "STRATA_MASTER")}
-        env.update({"STRATA_MASTER": source.master, "STRATA_TOKEN_FILE": str(token_file), "PYTHONSAFEPATH": "1"})
+        # The volume's token only: none of the plugin's own credentials reach the mount.
+        env = {k: v for k, v in os.environ.items() if k != ENV_MASTER and k not in CREDENTIAL_ENV}
+        env.update({ENV_MASTER: source.master, ENV_DATA_TOKEN_FILE: str(token_file), "PYTHONSAFEPATH": "1"})
         with log_file.open("wb") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)

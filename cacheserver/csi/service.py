@@ -30,6 +30,7 @@ from .volumes import (
     source_of,
     volume_context,
     volume_id_for,
+    volume_token,
     wants_read_only,
 )
 
@@ -132,7 +133,7 @@ class ControllerService(csi_grpc.ControllerServicer):
     def _check_exists(self, context: dict[str, str], secrets: dict[str, str]) -> None:
         """NotFound (or another error) unless the data the attributes name exists; a volume
         that names a master can only be checked with its token."""
-        if context.get(c.ATTR_MOUNT) or secrets.get(c.SECRET_TOKEN):
+        if context.get(c.ATTR_MOUNT) or volume_token(secrets):
             source = source_of(context, secrets, self.resolver)
             check_source(source)
         elif context.get(c.ATTR_MASTER):

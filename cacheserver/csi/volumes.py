@@ -69,6 +69,12 @@ def with_subpath(source: VolumeSource, subpath: str) -> VolumeSource:
     return replace(source, path=join(source.path, rel), name=f"{source.name} subPath {rel}")
 
 
+def volume_token(secrets: Mapping[str, str]) -> str | None:
+    """The token a volume's secrets give it: the data credential when the Secret holds one
+    (`<cluster>-auth` holds the admin one too, under `token`, which a volume never uses)."""
+    return secrets.get(c.SECRET_DATA_TOKEN) or (None if c.SECRET_DATA_TOKEN in secrets else secrets.get(c.SECRET_TOKEN))
+
+
 def source_of(attributes: Mapping[str, str], secrets: Mapping[str, str], resolver: MountResolver) -> VolumeSource:
     """The data a volume with these attributes and secrets shows (see the module docstring)."""
     if attributes.get(c.ATTR_MOUNT):
@@ -78,10 +84,11 @@ def source_of(attributes: Mapping[str, str], secrets: Mapping[str, str], resolve
         path = attributes.get(c.ATTR_PATH)
         if not path:
             raise InvalidArgument(f"the volume names master {master} but no `{c.ATTR_PATH}` to show; add one")
-        token = secrets.get(c.SECRET_TOKEN)
+        token = volume_token(secrets)
         if not token:
-            raise InvalidArgument(f"the volume names master {master} but its secrets hold no `{c.SECRET_TOKEN}`: "
-                                  "set nodePublishSecretRef to a Secret with the cluster token")
+            raise InvalidArgument(f"the volume names master {master} but its secrets hold no `{c.SECRET_DATA_TOKEN}` "
+                                  f"(or `{c.SECRET_TOKEN}`): set nodePublishSecretRef to a Secret with the cluster's "
+                                  "data token")
         source = VolumeSource(master=master, token=token, path=normalize(path, what=c.ATTR_PATH),
                               read_only=attributes.get(c.ATTR_READ_ONLY, "").lower() == "true",
                               name=f"{path} on {master}")

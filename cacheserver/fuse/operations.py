@@ -354,8 +354,8 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         if cached is not None and time.monotonic() - cached[0] < STATFS_TTL:
             return cached[1]
         try:
-            report = self.client.report()
-            total, used = report.capacity, min(report.used, report.capacity)
+            capacity = self.client.capacity()  # a volume's data credential may not ask for a report
+            total, used = capacity.capacity, min(capacity.used, capacity.capacity)
         except StrataError as exc:  # df must not fail because the master is busy
             log.warning("statfs: %s", exc)
             total = used = 0

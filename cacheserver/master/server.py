@@ -13,12 +13,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import rpcutil
-from ..auth import TokenInterceptor
+from ..auth import Credentials
 from ..config import ServerConfig
+from ..errors import StrataError
 from ..httpserver import HttpServer, serve_until_signalled
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..proto import strata_pb2_grpc as pb_grpc
+from ..ufs import check_source_allowed
 from .service import MasterService
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,17 @@ class MasterCollector(Collector):
         yield cached
 
 
+def drop_disallowed_mounts(mounts: MountTable, config: ServerConfig) -> None:
+    """Unmount journaled mounts whose source this configuration no longer allows (a file://
+    folder left out of localSources.allowedRoots): the owner's rule holds from the start."""
+    for mount in mounts.list():
+        try:
+            check_source_allowed(mount.source, config.local_sources.allowed_roots)
+        except StrataError as exc:
+            log.warning("unmounting %s: %s", mount.path, exc)
+            mounts.remove(mount.path)
+
+
 @dataclass
 class MasterHandle:
     service: MasterService
@@ -79,15 +92,16 @@ async def start_master(
     config: ServerConfig,
     *,
     journal_dir: Path | None,
-    token: str,
+    credentials: Credentials,
     bind: str = "0.0.0.0",
     port: int,
     http_port: int,
 ) -> MasterHandle:
-    mounts = MountTable(journal_dir)
+    mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots)
+    drop_disallowed_mounts(mounts, config)
     namespace = Namespace(mounts, journal_dir, block_size=config.block_size)
-    service = MasterService(config, mounts, namespace, token)
-    server = grpc.aio.server(interceptors=[TokenInterceptor(token)], options=rpcutil.CHANNEL_OPTIONS)
+    service = MasterService(config, mounts, namespace, credentials.internal)
+    server = rpcutil.server(credentials, max_receive_bytes=rpcutil.MASTER_MAX_RECEIVE_BYTES)
     pb_grpc.add_MasterServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{bind}:{port}")
     if bound == 0:

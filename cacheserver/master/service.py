@@ -23,7 +23,7 @@ from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
-from ..ufs import Store
+from ..ufs import Store, check_source_allowed
 from .blocks import BlockIndex
 from .membership import Membership, WorkerRecord
 
@@ -187,6 +187,7 @@ class MasterService(pb_grpc.MasterServicer):
     @rpcutil.unary
     async def Mount(self, request: pb.MountRequest, context: grpc.aio.ServicerContext) -> pb.MountResponse:
         path = normalize(request.path)
+        check_source_allowed(request.source, self.config.local_sources.allowed_roots)
         options = options_from_proto(request.options, request.HasField("options"))
         existing = self.mounts.get(path)
         if existing is not None and existing.source == request.source and existing.options == options:
@@ -435,14 +436,23 @@ class MasterService(pb_grpc.MasterServicer):
         self.ufs_totals[mount.mount_id] = UfsTotals(sum(f.length for f in files), len(files), time.monotonic())
 
     @rpcutil.unary
+    async def GetCapacity(self, request: pb.GetCapacityRequest, context: grpc.aio.ServicerContext) -> pb.GetCapacityResponse:
+        capacity, used = self._live_capacity()
+        return pb.GetCapacityResponse(capacity=capacity, used=used)
+
+    def _live_capacity(self) -> tuple[int, int]:
+        """Bytes the live workers' tiers may hold, and hold."""
+        live = self.membership.live()
+        return (sum(t.capacity for r in live for t in r.stats.tiers),
+                sum(t.used for r in live for t in r.stats.tiers))
+
+    @rpcutil.unary
     async def Report(self, request: pb.ReportRequest, context: grpc.aio.ServicerContext) -> pb.ReportResponse:
-        response = pb.ReportResponse()
+        capacity, used = self._live_capacity()
+        response = pb.ReportResponse(capacity=capacity, used=used)
         for record in self.membership.records():
             live = self.membership.is_live(record)
             response.workers.append(pb.WorkerReport(worker=self.membership.to_proto(record), stats=record.stats, live=live))
-            if live:
-                response.capacity += sum(t.capacity for t in record.stats.tiers)
-                response.used += sum(t.used for t in record.stats.tiers)
             response.hits += record.stats.hits
             response.misses += record.stats.misses
         by_mount = self.blocks.cached_bytes_by_mount()

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,9 +110,12 @@ class Mount:
 class MountTable:
     """Mounts by path, saved in `state_dir` (None: in memory only, e.g. in tests)."""
 
-    def __init__(self, state_dir: Path | None, *, retry: RetrySettings | None = None) -> None:
+    def __init__(self, state_dir: Path | None, *, retry: RetrySettings | None = None,
+                 allowed_roots: Sequence[str] | None = None) -> None:
         self._state = StateFile(state_dir, STATE_FILE)
         self._retry = retry
+        # Folders file:// stores may read (None: no check; the master gives localSources).
+        self._allowed_roots = allowed_roots
         self._lock = threading.RLock()
         self._mounts: dict[str, Mount] = {}
         self._stores: dict[int, Store] = {}
@@ -158,7 +161,7 @@ class MountTable:
         if path == "/":
             raise InvalidArgument("cannot mount at /; mount below it, e.g. /data")
         # Refuses unknown schemes and bad options before anything changes.
-        store = Store(source, options.store_options(), retry=self._retry)
+        store = Store(source, options.store_options(), retry=self._retry, allowed_roots=self._allowed_roots)
         with self._lock:
             existing = self._mounts.get(path)
             if existing is not None and not replace:
@@ -249,7 +252,8 @@ class MountTable:
                 raise NotFound(f"mount {mount.path} (id {mount.mount_id}) was unmounted or replaced")
             store = self._stores.get(mount.mount_id)
             if store is None:
-                store = Store(mount.source, mount.options.store_options(), retry=self._retry)
+                store = Store(mount.source, mount.options.store_options(), retry=self._retry,
+                              allowed_roots=self._allowed_roots)
                 self._stores[mount.mount_id] = store
             return store
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import NotFound, PermissionDenied
@@ -38,8 +38,11 @@ class MountView:
 class WorkerMounts:
     """Mounts by id, synced from the master's GetMountTable (with credentials)."""
 
-    def __init__(self, fetch_table: Callable[[], Awaitable[pb.GetMountTableResponse]]) -> None:
+    def __init__(self, fetch_table: Callable[[], Awaitable[pb.GetMountTableResponse]],
+                 allowed_roots: Sequence[str] = ()) -> None:
         self._fetch_table = fetch_table
+        # Folders of this host file:// mounts may read (localSources.allowedRoots).
+        self._allowed_roots = tuple(allowed_roots)
         self._by_id: dict[int, MountView] = {}
         self.version = 0
 
@@ -50,7 +53,7 @@ class WorkerMounts:
             old = self._by_id.get(info.mount_id)
             same_store = old is not None and old.info.source == info.source and old.info.options == info.options
             store = old.store if same_store and old is not None else Store(
-                info.source, {**info.options.options, **info.options.credentials}
+                info.source, {**info.options.options, **info.options.credentials}, allowed_roots=self._allowed_roots
             )
             views[info.mount_id] = MountView(info, store)
         kept = {id(v.store) for v in views.values()}

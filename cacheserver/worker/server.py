@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import constants, rpcutil
-from ..auth import TokenInterceptor
+from ..auth import Credentials
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
@@ -155,6 +155,9 @@ class WorkerHandle:
     async def register(self) -> None:
         blocks = [ref_of(b.key) for b in self.service.store.blocks()]
         self.reports.take()  # the full list supersedes pending deltas
+        # A message holds a bounded batch; the rest follows as heartbeat deltas.
+        blocks, rest = rpcutil.split_batch(blocks)
+        self.requeue(rest, [])
         response = await self.master.RegisterWorker(
             pb.RegisterWorkerRequest(worker=self.info(), stats=self.stats(), blocks=blocks), timeout=30
         )
@@ -167,22 +170,28 @@ class WorkerHandle:
         except (grpc.RpcError, StrataError) as exc:
             log.warning("staged uploads of a previous run wait for the next registration: %s", exc)
 
+    def requeue(self, added: list[pb.BlockRef], removed: list[pb.BlockRef]) -> None:
+        """Deltas for a later heartbeat; newer ones of the same blocks win."""
+        for ref in added:
+            self.reports.added.setdefault(reported_key(ref).block_id, ref)
+        for ref in removed:
+            self.reports.removed.setdefault(reported_key(ref).block_id, ref)
+
     async def heartbeat_once(self) -> None:
         if not self.registered:
             await self.register()
             return
         added, removed = self.reports.take()
+        added, later_added = rpcutil.split_batch(added)
+        removed, later_removed = rpcutil.split_batch(removed)
+        self.requeue(later_added, later_removed)
         try:
             response = await self.master.Heartbeat(pb.HeartbeatRequest(
                 worker_id=self.identity.worker_id, stats=self.stats(), added=added, removed=removed,
                 mount_table_version=self.service.mounts.version,
             ), timeout=10)
         except grpc.RpcError:
-            # Keep the deltas for the next try.
-            for ref in added:
-                self.reports.added.setdefault(reported_key(ref).block_id, ref)
-            for ref in removed:
-                self.reports.removed.setdefault(reported_key(ref).block_id, ref)
+            self.requeue(added, removed)  # keep the deltas for the next try
             raise
         if response.reregister:
             await self.register()
@@ -253,7 +262,7 @@ async def start_worker(
     config: ServerConfig,
     *,
     data_dir: Path,
-    token: str,
+    credentials: Credentials,
     bind: str = "0.0.0.0",
     port: int,
     http_port: int,
@@ -263,7 +272,8 @@ async def start_worker(
     if not config.tiers:
         raise StrataError("worker: no cache tiers configured; add at least one tier (e.g. MEM 1Gi) to the config")
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = grpc.aio.server(interceptors=[TokenInterceptor(token)], options=rpcutil.CHANNEL_OPTIONS)
+    server = rpcutil.server(credentials, max_receive_bytes=rpcutil.WORKER_MAX_RECEIVE_BYTES)
+    token = credentials.internal  # what this worker presents to the master and its peers
     bound = server.add_insecure_port(f"{bind}:{port}")
     if bound == 0:
         raise OSError(f"worker: cannot listen on {bind}:{port} (port in use?)")
@@ -283,7 +293,8 @@ async def start_worker(
     remove_stale_staging(staging)
     master_channel = rpcutil.aio_channel(config.master_address, token)
     master_stub = pb_grpc.MasterStub(master_channel)
-    mounts = WorkerMounts(lambda: master_stub.GetMountTable(pb.GetMountTableRequest(), timeout=30))
+    mounts = WorkerMounts(lambda: master_stub.GetMountTable(pb.GetMountTableRequest(), timeout=30),
+                          allowed_roots=config.local_sources.allowed_roots)
     handle: WorkerHandle | None = None
     service = WorkerService(
         config=config, worker_id=identity.worker_id, store=store, mounts=mounts,
@@ -294,7 +305,7 @@ async def start_worker(
     )
     pb_grpc.add_WorkerServicer_to_server(service, server)
     await server.start()
-    data = DataServer(service, token, asyncio.get_running_loop())
+    data = DataServer(service, credentials, asyncio.get_running_loop(), config.data_port)
     try:
         data_bound = data.start(bind, data_port)
     except OSError as exc:
@@ -306,7 +317,7 @@ async def start_worker(
         name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in identity.worker_id) + ".sock"
         advertised_dir = os.environ.get("STRATA_SHORT_CIRCUIT_DIR")
         short_circuit = ShortCircuitServer(
-            service, data_dir / "sc" / name, token, asyncio.get_running_loop(),
+            service, data_dir / "sc" / name, credentials, asyncio.get_running_loop(), config.data_port,
             advertised_path=Path(advertised_dir) / name if advertised_dir else None,
         )
         short_circuit.start()

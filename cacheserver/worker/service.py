@@ -478,15 +478,17 @@ class WorkerService(pb_grpc.WorkerServicer):
         for ref in refs:
             ranked = rank_workers(key_of(ref).block_id, peers or [self.worker_id])
             by_target.setdefault(ranked[0], []).append(ref)
-        for target, batch in by_target.items():
-            request = pb.PinBlocksRequest(blocks=batch, pinned=False)
-            if target == self.worker_id or target not in peers:
-                self._pin(request)
-            else:
-                try:
-                    await self._peer_stub(peers[target]).PinBlocks(request, timeout=30)
-                except grpc.RpcError as exc:
-                    log.warning("could not unpin blocks on %s: %s", target, exc)
+        for target, refs_there in by_target.items():
+            while refs_there:  # in messages the peer accepts (rpcutil.WORKER_MAX_RECEIVE_BYTES)
+                batch, refs_there = rpcutil.split_batch(refs_there)
+                request = pb.PinBlocksRequest(blocks=batch, pinned=False)
+                if target == self.worker_id or target not in peers:
+                    self._pin(request)
+                else:
+                    try:
+                        await self._peer_stub(peers[target]).PinBlocks(request, timeout=30)
+                    except grpc.RpcError as exc:
+                        log.warning("could not unpin blocks on %s: %s", target, exc)
         # A peer may have been down when the block was placed; unpin any local copies too.
         self._pin(pb.PinBlocksRequest(blocks=refs, pinned=False))
 

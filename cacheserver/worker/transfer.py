@@ -3,24 +3,29 @@ sendfile(2), so the kernel copies them once) and the short-circuit socket (Unix,
 file's descriptor for readers on this host). Both speak the protocol of `blockwire`.
 
 Each connection gets a thread: a request waits on the worker's event loop only to find or
-fetch its block, and the bytes move without holding the loop or the GIL.
+fetch its block, and the bytes move without holding the loop or the GIL. Connections are
+bounded (`dataPort.maxConnections`: one more gets an UNAVAILABLE reply and is closed) and so
+is idle time (`dataPort.idleTimeout`: no next request, or a reader that takes no bytes, for
+that long closes the connection), so idle readers cannot pile up threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import socket
+import struct
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from ..auth import BLOCK_SOCKET, Credentials, check_access
 from ..blockwire import MAX_REQUEST_BYTES, error_reply, ok_reply, parse_request, reply_line
 from ..blockrefs import key_of
+from ..config import DataPortSettings
 from ..errors import StrataError
 from ..proto import strata_pb2 as pb
 from .service import BlockSource, WorkerService
@@ -34,12 +39,15 @@ class BlockSocketServer(ABC):
 
     name = "block-socket"
 
-    def __init__(self, service: WorkerService, token: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, service: WorkerService, credentials: Credentials, loop: asyncio.AbstractEventLoop,
+                 settings: DataPortSettings) -> None:
         self._service = service
-        self._token = token
+        self._credentials = credentials
         self._loop = loop
+        self._settings = settings
         self._sock: socket.socket | None = None
         self._closing = False
+        self._slots = threading.BoundedSemaphore(settings.max_connections)
 
     def _listen(self, sock: socket.socket) -> None:
         sock.listen(128)
@@ -60,32 +68,77 @@ class BlockSocketServer(ABC):
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            if conn.family != socket.AF_UNIX:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # reply and bytes at once
-                # A reader whose host vanished is noticed within ~2 minutes, and its thread ends.
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 60)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6)
-            threading.Thread(target=self._serve, args=(conn,), name=f"{self.name}-conn", daemon=True).start()
+            if not self._slots.acquire(blocking=False):
+                self._refuse(conn)
+                continue
+            try:
+                self._configure(conn)
+                threading.Thread(target=self._serve, args=(conn,), name=f"{self.name}-conn", daemon=True).start()
+            except (OSError, RuntimeError) as exc:  # no thread to be had: the reader is told, the socket lives
+                self._slots.release()
+                log.warning("%s: cannot serve a new connection: %s", self.name, exc)
+                conn.close()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """Answer a connection past the limit and close it; the reader falls back to gRPC."""
+        limit = self._settings.max_connections
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(1.0)
+            self._send_reply(conn, error_reply(
+                "UNAVAILABLE",
+                f"worker {self.name} socket is serving its limit of {limit} connections "
+                "(dataPort.maxConnections); read this block over gRPC or retry later",
+            ))
+
+    def _configure(self, conn: socket.socket) -> None:
+        idle = self._settings.idle_timeout
+        # A reader that takes no bytes of a reply for idle_timeout fails the send (the kernel's
+        # timeout: sendfile and sendall stay blocking calls).
+        seconds = int(idle)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                        struct.pack("ll", seconds, int((idle - seconds) * 1_000_000)))
+        if conn.family != socket.AF_UNIX:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # reply and bytes at once
+            # A reader whose host vanished is noticed within ~2 minutes, and its thread ends.
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 60)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6)
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as lines:
-            while line := lines.readline(MAX_REQUEST_BYTES + 1):
-                if len(line) > MAX_REQUEST_BYTES:
-                    self._send_reply(conn, error_reply("INVALID_ARGUMENT", "request too large"))
-                    return
-                try:
-                    self._serve_one(conn, line)
-                except OSError as exc:  # the reader went away
-                    log.debug("%s connection ended: %s", self.name, exc)
-                    return
+        try:
+            with conn, conn.makefile("rb") as lines:
+                while True:
+                    conn.settimeout(self._settings.idle_timeout)  # waiting for the next request
+                    try:
+                        line = lines.readline(MAX_REQUEST_BYTES + 1)
+                    except TimeoutError:
+                        log.debug("%s connection idle for %ss: closed", self.name, self._settings.idle_timeout)
+                        return
+                    except OSError as exc:
+                        log.debug("%s connection ended: %s", self.name, exc)
+                        return
+                    if not line:
+                        return
+                    conn.settimeout(None)  # replies block; SO_SNDTIMEO bounds a stalled reader
+                    if len(line) > MAX_REQUEST_BYTES:
+                        with contextlib.suppress(OSError):
+                            self._send_reply(conn, error_reply("INVALID_ARGUMENT", "request too large"))
+                        return
+                    try:
+                        self._serve_one(conn, line)
+                    except OSError as exc:  # the reader went away or stopped taking bytes
+                        log.debug("%s connection ended: %s", self.name, exc)
+                        return
+        finally:
+            self._slots.release()
 
     def _serve_one(self, conn: socket.socket, line: bytes) -> None:
         try:
             request, ref = parse_request(line)
-            if not hmac.compare_digest(str(request.get("token", "")).encode(), self._token.encode()):
-                self._send_reply(conn, error_reply("UNAUTHENTICATED", "missing or wrong cluster token"))
+            refusal = check_access(self._credentials, BLOCK_SOCKET, str(request.get("token", "")))
+            if refusal is not None:
+                self._send_reply(conn, error_reply(refusal[0].name, refusal[1]))
                 return
             future = asyncio.run_coroutine_threadsafe(self._open(ref, request), self._loop)
             source = future.result()
@@ -126,9 +179,10 @@ class ShortCircuitServer(BlockSocketServer):
 
     name = "short-circuit"
 
-    def __init__(self, service: WorkerService, socket_path: Path, token: str, loop: asyncio.AbstractEventLoop,
+    def __init__(self, service: WorkerService, socket_path: Path, credentials: Credentials,
+                 loop: asyncio.AbstractEventLoop, settings: DataPortSettings,
                  advertised_path: Path | None = None) -> None:
-        super().__init__(service, token, loop)
+        super().__init__(service, credentials, loop, settings)
         self.socket_path = socket_path
         # Where readers on this host find the socket (its host path when the worker runs in a
         # container that mounts the folder from the node).

@@ -10,7 +10,7 @@ from strata.operator.builders.worker import (
     build_worker_service,
     build_worker_statefulset,
 )
-from strata.operator.models import Cluster
+from strata.operator.models import Cluster, ClusterTokens
 from strata.operator.settings import OperatorSettings
 
 __all__ = [
@@ -27,20 +27,20 @@ __all__ = [
 ]
 
 
-def build_master_children(cluster: Cluster, settings: OperatorSettings, token: str) -> list[Manifest]:
+def build_master_children(cluster: Cluster, settings: OperatorSettings, tokens: ClusterTokens) -> list[Manifest]:
     """Everything the master step applies, in apply order."""
     return [
         build_config_map(cluster, settings),
-        build_auth_secret(cluster, token),
+        build_auth_secret(cluster, tokens),
         build_master_service(cluster),
-        build_master_statefulset(cluster, settings, token),
+        build_master_statefulset(cluster, settings, tokens),
     ]
 
 
-def build_worker_children(cluster: Cluster, settings: OperatorSettings, token: str) -> list[Manifest]:
+def build_worker_children(cluster: Cluster, settings: OperatorSettings, tokens: ClusterTokens) -> list[Manifest]:
     """Everything the worker step applies, in apply order."""
     return [
         build_worker_service(cluster),
-        build_worker_statefulset(cluster, settings, token),
+        build_worker_statefulset(cluster, settings, tokens),
         build_worker_pdb(cluster),
     ]

@@ -1,4 +1,4 @@
-"""The ConfigMap with `strata.yaml` and the Secret with the cluster token."""
+"""The ConfigMap with `strata.yaml` and the Secret with the cluster's tokens."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from strata.operator.builders.common import (
     master_endpoint,
     metadata,
 )
-from strata.operator.models import Cluster, TierSpec
+from strata.operator.models import Cluster, ClusterTokens, TierSpec
 from strata.operator.settings import OperatorSettings
 
 
@@ -39,6 +39,7 @@ def server_config(cluster: Cluster, settings: OperatorSettings) -> ServerConfig:
             ],
             "cachePolicy": spec.cache_policy,
             "shortCircuit": spec.short_circuit,
+            "localSources": {"allowedRoots": list(spec.local_sources.allowed_roots)},
         }
     )
 
@@ -47,12 +48,18 @@ def config_text(cluster: Cluster, settings: OperatorSettings) -> str:
     return server_config(cluster, settings).to_yaml()
 
 
-def config_hash(cluster: Cluster, settings: OperatorSettings, token: str) -> str:
-    """A short digest of strata.yaml and the token for the pod template: a changed config,
+def config_hash(cluster: Cluster, settings: OperatorSettings, tokens: ClusterTokens) -> str:
+    """A short digest of strata.yaml and the tokens for the pod template: a changed config,
     or a new token (its Secret was deleted), rolls the pods so servers and clients agree."""
     digest = hashlib.sha256(config_text(cluster, settings).encode())
-    digest.update(b"\0" + token.encode())
+    for token in token_items(tokens).values():
+        digest.update(b"\0" + token.encode())
     return digest.hexdigest()[:16]
+
+
+def token_items(tokens: ClusterTokens) -> dict[str, str]:
+    """The Secret's keys and their tokens."""
+    return {c.TOKEN_KEY: tokens.admin, c.DATA_TOKEN_KEY: tokens.data, c.INTERNAL_TOKEN_KEY: tokens.internal}
 
 
 def build_config_map(cluster: Cluster, settings: OperatorSettings) -> Manifest:
@@ -64,13 +71,13 @@ def build_config_map(cluster: Cluster, settings: OperatorSettings) -> Manifest:
     }
 
 
-def build_auth_secret(cluster: Cluster, token: str) -> Manifest:
-    """The Secret holding the token every RPC carries. The caller keeps an existing token:
-    a new one would lock running clients out."""
+def build_auth_secret(cluster: Cluster, tokens: ClusterTokens) -> Manifest:
+    """The Secret holding the tokens RPCs carry. The caller keeps existing tokens: a new one
+    would lock running clients out."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": metadata(cluster, auth_name(cluster.ref.name), "auth"),
         "type": "Opaque",
-        "data": {c.TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        "data": {key: base64.b64encode(token.encode()).decode() for key, token in token_items(tokens).items()},
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from strata.operator import constants as c
 from strata.operator.builders.common import Manifest, master_name
 from strata.operator.builders.pods import headless_service, http_probes, ports, server_statefulset
-from strata.operator.models import Cluster
+from strata.operator.models import Cluster, ClusterTokens
 from strata.operator.settings import OperatorSettings
 
 JOURNAL_VOLUME = "journal"
@@ -17,7 +17,7 @@ def build_master_service(cluster: Cluster) -> Manifest:
     )
 
 
-def build_master_statefulset(cluster: Cluster, settings: OperatorSettings, token: str) -> Manifest:
+def build_master_statefulset(cluster: Cluster, settings: OperatorSettings, tokens: ClusterTokens) -> Manifest:
     """The journal lives in an emptyDir: a restarted master gets its mount table back from
     the Mount objects, which the operator re-applies on its timer."""
     master = cluster.spec.master
@@ -37,5 +37,5 @@ def build_master_statefulset(cluster: Cluster, settings: OperatorSettings, token
         container=container,
         volumes=[{"name": JOURNAL_VOLUME, "emptyDir": {}}],
         affinity=master.affinity,
-        token=token,
+        tokens=tokens,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.cacheserver.constants import ENV_TOKEN_FILE
+from strata.cacheserver.constants import ENV_DATA_TOKEN_FILE, ENV_INTERNAL_TOKEN_FILE, ENV_TOKEN_FILE
 from strata.operator import constants as c
 from strata.operator.builders.common import (
     Manifest,
@@ -16,7 +16,7 @@ from strata.operator.builders.common import (
     selector_labels,
 )
 from strata.operator.builders.config import config_hash
-from strata.operator.models import Cluster, PodSettings
+from strata.operator.models import Cluster, ClusterTokens, PodSettings
 from strata.operator.settings import OperatorSettings
 
 CONFIG_VOLUME = "config"
@@ -31,9 +31,17 @@ _FIELD_ENV = (
 )
 
 
+# Each server reads every token: it accepts all three roles and talks to its peers as internal.
+_TOKEN_FILES = (
+    (ENV_TOKEN_FILE, c.TOKEN_KEY),
+    (ENV_DATA_TOKEN_FILE, c.DATA_TOKEN_KEY),
+    (ENV_INTERNAL_TOKEN_FILE, c.INTERNAL_TOKEN_KEY),
+)
+
+
 def server_env() -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": ENV_TOKEN_FILE, "value": f"{c.AUTH_DIR}/{c.TOKEN_KEY}"},
+        {"name": name, "value": f"{c.AUTH_DIR}/{key}"} for name, key in _TOKEN_FILES
     ]
     env.extend(
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in _FIELD_ENV
@@ -42,8 +50,8 @@ def server_env() -> list[dict[str, Any]]:
 
 
 def config_volume(cluster: str) -> dict[str, Any]:
-    """One projected volume at /etc/strata: strata.yaml from the ConfigMap and auth/token
-    from the Secret (a Secret mounted inside a ConfigMap mount would need a writable parent)."""
+    """One projected volume at /etc/strata: strata.yaml from the ConfigMap and the tokens in
+    auth/ from the Secret (a Secret mounted inside a ConfigMap mount would need a writable parent)."""
     return {
         "name": CONFIG_VOLUME,
         "projected": {
@@ -57,7 +65,7 @@ def config_volume(cluster: str) -> dict[str, Any]:
                 {
                     "secret": {
                         "name": auth_name(cluster),
-                        "items": [{"key": c.TOKEN_KEY, "path": f"auth/{c.TOKEN_KEY}", "mode": 0o400}],
+                        "items": [{"key": key, "path": f"auth/{key}", "mode": 0o400} for _, key in _TOKEN_FILES],
                     }
                 },
             ]
@@ -119,7 +127,7 @@ def server_statefulset(
     container: dict[str, Any],
     volumes: list[dict[str, Any]],
     affinity: dict[str, Any],
-    token: str,
+    tokens: ClusterTokens,
     extra_spec: dict[str, Any] | None = None,
     init_containers: list[dict[str, Any]] | None = None,
 ) -> Manifest:
@@ -168,7 +176,7 @@ def server_statefulset(
                 "metadata": {
                     "labels": labels(cluster.ref.name, component),
                     "annotations": {
-                        c.CONFIG_HASH_ANNOTATION: config_hash(cluster, settings, token)
+                        c.CONFIG_HASH_ANNOTATION: config_hash(cluster, settings, tokens)
                     },
                 },
                 "spec": pod_spec,

@@ -14,7 +14,7 @@ from strata.operator.builders.common import (
 )
 from strata.operator.builders.config import tier_dir
 from strata.operator.builders.pods import headless_service, http_probes, ports, server_env, server_statefulset
-from strata.operator.models import Cluster, TierSpec
+from strata.operator.models import Cluster, ClusterTokens, TierSpec
 from strata.operator.settings import OperatorSettings
 
 SHORT_CIRCUIT_VOLUME = "short-circuit"
@@ -88,7 +88,7 @@ def build_worker_service(cluster: Cluster) -> Manifest:
     )
 
 
-def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token: str) -> Manifest:
+def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, tokens: ClusterTokens) -> Manifest:
     spec = cluster.spec
     volumes = [tier_volume(t) for t in spec.tiers]
     mounts = [tier_mount(t) for t in spec.tiers]
@@ -131,7 +131,7 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token
         container=container,
         volumes=volumes,
         affinity=worker_affinity(cluster),
-        token=token,
+        tokens=tokens,
         # Workers do not depend on each other: start and stop them all at once.
         extra_spec={"podManagementPolicy": "Parallel"},
         init_containers=init_containers,

@@ -18,8 +18,8 @@ from strata.operator.builders import build_master_children, build_worker_childre
 from strata.operator.builders.common import master_endpoint, master_name, worker_name, worker_pod_names
 from strata.operator.constants import ClusterPhase, Reason
 from strata.operator.kube import KubeError
-from strata.operator.models import CacheClusterSpec, Cluster, ObjectRef, parse_spec
-from strata.operator.reconcile.common import Deps, ObjectKey, Outcome, read_token, write_status
+from strata.operator.models import CacheClusterSpec, Cluster, ClusterTokens, ObjectRef, parse_spec
+from strata.operator.reconcile.common import Deps, ObjectKey, Outcome, read_secret_tokens, write_status
 from strata.operator.status import ClusterObservation, Problem, cluster_status
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,23 @@ def _with_workers(cluster: Cluster, replicas: int) -> Cluster:
     return Cluster(cluster.ref, cluster.generation, cluster.spec.model_copy(update={"worker": worker}))
 
 
-async def _ensure_master(deps: Deps, cluster: Cluster) -> str:
-    """Apply config, token Secret, master Service and StatefulSet; return the token."""
-    token = await read_token(deps, cluster.ref.namespace, cluster.ref.name) or secrets.token_urlsafe(32)
-    for manifest in build_master_children(cluster, deps.settings, token):
+async def _ensure_tokens(deps: Deps, cluster: Cluster) -> ClusterTokens:
+    """The cluster's tokens: those its Secret holds, and new ones for keys it lacks (a cluster
+    made by an operator that knew one token gets the data and internal ones added)."""
+    held = await read_secret_tokens(deps, cluster.ref.namespace, cluster.ref.name)
+
+    def token(key: str) -> str:
+        return held.get(key) or secrets.token_urlsafe(32)
+
+    return ClusterTokens(admin=token(c.TOKEN_KEY), data=token(c.DATA_TOKEN_KEY), internal=token(c.INTERNAL_TOKEN_KEY))
+
+
+async def _ensure_master(deps: Deps, cluster: Cluster) -> ClusterTokens:
+    """Apply config, token Secret, master Service and StatefulSet; return the tokens."""
+    tokens = await _ensure_tokens(deps, cluster)
+    for manifest in build_master_children(cluster, deps.settings, tokens):
         await deps.kube.apply(manifest)
-    return token
+    return tokens
 
 
 async def _scale_in(deps: Deps, cluster: Cluster, endpoint: str, token: str) -> tuple[Cluster, Problem | None]:
@@ -81,7 +92,8 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
         worker_ids=frozenset(worker_pod_names(name, range(cluster.spec.worker.replicas))),
     )
     try:
-        token = await _ensure_master(deps, cluster)
+        tokens = await _ensure_master(deps, cluster)
+        token = tokens.admin
         master_ready = _ready_replicas(await deps.kube.get("apps/v1", "StatefulSet", ns, master_name(name))) >= 1
         if not master_ready:
             return replace(base, applied=True)
@@ -91,7 +103,7 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
         except StrataError as exc:
             master_error = str(exc)
         sized, scaling = await _scale_in(deps, cluster, endpoint, token)
-        for manifest in build_worker_children(sized, deps.settings, token):
+        for manifest in build_worker_children(sized, deps.settings, tokens):
             await deps.kube.apply(manifest)
         workers = await deps.kube.get("apps/v1", "StatefulSet", ns, worker_name(name))
     except KubeError as exc:

@@ -103,9 +103,14 @@ def secret_data(secret: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-async def read_token(deps: Deps, namespace: str, cluster: str) -> str | None:
-    """The cluster token from its `<cluster>-auth` Secret, if it exists yet."""
+async def read_secret_tokens(deps: Deps, namespace: str, cluster: str) -> dict[str, str]:
+    """The tokens in the cluster's `<cluster>-auth` Secret by key (none before it exists)."""
     secret = await deps.kube.get("v1", "Secret", namespace, auth_name(cluster))
     if secret is None:
-        return None
-    return secret_data(secret).get(c.TOKEN_KEY) or None
+        return {}
+    return {k: v for k, v in secret_data(secret).items() if v}
+
+
+async def read_token(deps: Deps, namespace: str, cluster: str) -> str | None:
+    """The cluster's admin token (what the operator presents), if its Secret exists yet."""
+    return (await read_secret_tokens(deps, namespace, cluster)).get(c.TOKEN_KEY)

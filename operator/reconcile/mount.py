@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from strata.cacheserver.errors import (
     AlreadyExists,
@@ -24,7 +25,7 @@ from strata.operator import constants as c
 from strata.operator.builders.common import master_endpoint
 from strata.operator.builders.mount import build_mount_request, request_fingerprint
 from strata.operator.constants import MountPhase, Reason
-from strata.operator.models import MountSpec, parse_spec, paths_overlap
+from strata.operator.models import LOCAL_SOURCE_SCHEMES, MountSpec, parse_spec, paths_overlap
 from strata.operator.reconcile.common import (
     Deps,
     ObjectKey,
@@ -60,6 +61,11 @@ def mount_problem(exc: StrataError, spec: MountSpec, endpoint: str) -> tuple[str
         return MountPhase.FAILED, Problem(
             Reason.SOURCE_NOT_FOUND,
             f"The source {spec.source} was not found: {exc}. Check the bucket and prefix in spec.source.",
+        )
+    if isinstance(exc, PermissionDenied) and urlsplit(spec.source).scheme in LOCAL_SOURCE_SCHEMES:
+        return MountPhase.FAILED, Problem(
+            Reason.SOURCE_NOT_ALLOWED,
+            f"The servers refused {spec.source}: {exc}.",
         )
     if isinstance(exc, PermissionDenied):
         return MountPhase.FAILED, Problem(

@@ -26,7 +26,11 @@ import yaml
 from strata.cacheserver.client.fs import StrataFileSystem
 
 REPO = Path(__file__).resolve().parents[2]
+# The admin credential (what the fixture's env and `Cluster.fs` carry), the data credential
+# (`Cluster.data_fs`) and the one master and workers use among themselves.
 TOKEN = "integration-test-token"
+DATA_TOKEN = "integration-data-token"
+INTERNAL_TOKEN = "integration-internal-token"
 BLOCK_SIZE = 4 * 1024 * 1024
 STARTUP_TIMEOUT = 60.0
 
@@ -153,9 +157,14 @@ class Cluster:
         return f"127.0.0.1:{self.master.port}"
 
     def fs(self, host: str = "test-client", **kwargs: Any) -> StrataFileSystem:
-        fs = StrataFileSystem(master=self.master_address, token=TOKEN, host=host, skip_instance_cache=True, **kwargs)
+        kwargs.setdefault("token", TOKEN)
+        fs = StrataFileSystem(master=self.master_address, host=host, skip_instance_cache=True, **kwargs)
         self.filesystems.append(fs)
         return fs
+
+    def data_fs(self, host: str = "test-client", **kwargs: Any) -> StrataFileSystem:
+        """A client with the data credential only, as pods and CSI volumes have."""
+        return self.fs(host=host, token=DATA_TOKEN, **kwargs)
 
     def worker_metric(self, index: int, name: str) -> float:
         return metric(self.workers[index].metrics(), name)
@@ -222,14 +231,17 @@ def start_cluster(tmp_path: Path, s3: Any) -> Iterator[Any]:
     """Start a master and N workers; `start_cluster(workers=2, tiers=...)`."""
     clusters: list[Cluster] = []
 
-    def start(workers: int = 2, tiers: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> Cluster:
+    def start(workers: int = 2, tiers: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+              master_extra: dict[str, Any] | None = None) -> Cluster:
         root = tmp_path / f"cluster-{len(clusters)}"
-        env = {**os.environ, "STRATA_TOKEN": TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info"}
+        env = {**os.environ, "STRATA_TOKEN": TOKEN, "STRATA_DATA_TOKEN": DATA_TOKEN,
+               "STRATA_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info"}
         env.pop("STRATA_MASTER", None)
         port, http_port = free_port(), free_port()
         master_cfg = root / "master.yaml"
         root.mkdir(parents=True)
-        master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10}))
+        master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10,
+                                              **(master_extra or {})}))
         master = Server(
             name="master",
             args=["master", "--config", str(master_cfg), "--journal-dir", str(root / "journal"),

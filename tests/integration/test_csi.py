@@ -20,6 +20,7 @@ import grpc
 import pytest
 import yaml
 
+from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.csi import constants as c
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.cacheserver.csi.proto import csi_pb2 as csi
@@ -29,7 +30,7 @@ from strata.cacheserver.csi.server import serve
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, wait_until
+from .conftest import BLOCK_SIZE, DATA_TOKEN, TOKEN, Cluster, wait_until
 from .test_cluster import payload
 from .test_fuse import fuse_skip_reason
 
@@ -53,10 +54,13 @@ class Objects:
     def get(self, path: str) -> dict[str, Any] | None:
         return self.objects.get(path)
 
-    def add_cluster(self, name: str, endpoint: str, token: str) -> None:
+    def add_cluster(self, name: str, endpoint: str, data_token: str) -> None:
+        """A CacheCluster and its Secret as the operator makes it (volumes use `dataToken`)."""
         self.objects[f"{API}/cacheclusters/{name}"] = {"status": {"master": {"endpoint": endpoint}}}
-        self.objects[f"/api/v1/namespaces/team/secrets/{name}-auth"] = {
-            "data": {"token": base64.b64encode(token.encode()).decode()}}
+        self.objects[f"/api/v1/namespaces/team/secrets/{name}-auth"] = {"data": {
+            "token": base64.b64encode(b"admin-token-volumes-never-get").decode(),
+            "dataToken": base64.b64encode(data_token.encode()).decode(),
+        }}
 
     def add_mount(self, name: str, cluster: str, path: str, *, phase: str = "Mounted", read_only: bool = False) -> None:
         self.objects[f"{API}/mounts/{name}"] = {"spec": {"cluster": cluster, "path": path, "readOnly": read_only},
@@ -111,7 +115,7 @@ def cluster(start_cluster: Any, bucket: str) -> Cluster:
 @pytest.fixture
 def objects(cluster: Cluster) -> Objects:
     found = Objects()
-    found.add_cluster("demo", cluster.master_address, TOKEN)
+    found.add_cluster("demo", cluster.master_address, DATA_TOKEN)
     found.add_mount("data", "demo", "/datasets/x")
     return found
 
@@ -182,6 +186,22 @@ def test_an_inline_volume_shows_its_mounts_files_read_only(
     code, _ = code_of(lambda: plugin.node.NodeGetVolumeStats(
         csi.NodeGetVolumeStatsRequest(volume_id="vol-1", volume_path=str(target))))
     assert code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_volumes_process_holds_only_the_data_token(
+        cluster: Cluster, bucket: str, plugin: Plugin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plugin's own environment holds every credential; the volume's FUSE process gets none
+    # of them, only the data token of the Mount's cluster.
+    for name, value in (("STRATA_TOKEN", TOKEN), ("STRATA_INTERNAL_TOKEN", "internal"), ("STRATA_TOKEN_FILE", "/x")):
+        monkeypatch.setenv(name, value)
+    cluster.s3.put_object(bucket, "f.txt", b"data")
+    target = pod_target(tmp_path)
+    publish(plugin.node, target, inline(), readonly=True)
+    assert (target / "f.txt").read_bytes() == b"data"
+    (record,) = plugin.publisher.records()
+    environ = dict(item.split("=", 1) for item in Path(f"/proc/{record.pid}/environ").read_text().split("\0") if "=" in item)
+    assert {name for name in environ if name in CREDENTIAL_ENV} == {"STRATA_DATA_TOKEN_FILE"}
+    assert Path(environ["STRATA_DATA_TOKEN_FILE"]).read_text() == DATA_TOKEN
 
 
 def test_errors_say_which_mount_or_cluster_is_wrong(

@@ -80,7 +80,7 @@ def test_bad_requests_get_named_errors_and_the_port_keeps_serving(cluster: Clust
     address = (worker.address.rsplit(":", 1)[0], worker.data_port)
 
     reply, _ = exchange(address, request_line("wrong-token", ref, 0))
-    assert reply == {"ok": False, "code": "UNAUTHENTICATED", "message": "missing or wrong cluster token"}
+    assert reply["code"] == "UNAUTHENTICATED" and "missing or wrong cluster token" in reply["message"]
     reply, _ = exchange(address, b"not json\n")
     assert reply["code"] == "INVALID_ARGUMENT" and "bad block request" in reply["message"]
     reply, _ = exchange(address, b'{"token": "' + TOKEN.encode() + b'", "block": {"no_such_field": 1}}\n')

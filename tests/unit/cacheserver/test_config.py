@@ -44,3 +44,13 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     config = load_server_config(None)
     assert (config.master_address, config.block_size) == ("m:1", 1 << 20)
     assert ServerConfig().master_address.endswith(":19998")
+
+
+def test_local_sources_and_data_port_settings() -> None:
+    config = ServerConfig.model_validate({})
+    assert config.local_sources.allowed_roots == ()  # no file:// sources unless allowed
+    assert (config.data_port.max_connections, config.data_port.idle_timeout) == (256, 60.0)
+    with pytest.raises(ValueError, match="'nfs' is not an absolute path"):
+        ServerConfig.model_validate({"localSources": {"allowedRoots": ["nfs"]}})
+    with pytest.raises(ValueError, match="maxConnections"):
+        ServerConfig.model_validate({"dataPort": {"maxConnections": 0}})

@@ -14,7 +14,7 @@ from s3fs import S3FileSystem
 
 from strata.cacheserver.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
 from strata.cacheserver.retry import RetrySettings
-from strata.cacheserver.ufs import Store, storage_options
+from strata.cacheserver.ufs import Store, check_source_allowed, storage_options
 
 FAST_RETRY = RetrySettings(attempts=5, base_delay=0.001, max_delay=0.01)
 
@@ -391,3 +391,70 @@ async def test_two_stores_never_share_a_client(s3_server: Any, bucket: str) -> N
         f"s3://{bucket}", s3_server.storage_options()
     ) as b:
         assert a._fs is not b._fs
+
+
+# -- file:// stores never leave their root -------------------------------------------------------
+
+
+@pytest.fixture
+def linked_root(tmp_path: Path) -> tuple[Path, Path]:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "ok.txt").write_bytes(b"inside")
+    (root / "sub" / "deep.txt").write_bytes(b"deep")
+    (outside / "secret.txt").write_bytes(b"secret")
+    (root / "secret").symlink_to(outside / "secret.txt")
+    (root / "outdir").symlink_to(outside, target_is_directory=True)
+    (root / "alias").symlink_to(root / "sub", target_is_directory=True)  # stays inside
+    (root / "sub" / "loop").symlink_to(root, target_is_directory=True)   # inside, a cycle
+    return root, outside
+
+
+async def test_links_out_of_a_file_root_are_refused_and_left_out_of_listings(linked_root: tuple[Path, Path]) -> None:
+    root, outside = linked_root
+    store = Store(f"file://{root}")
+    for rel in ("secret", "outdir/secret.txt"):
+        with pytest.raises(PermissionDenied, match=f"{rel} leads out of the mount's root"):
+            await store.info(rel)
+        with pytest.raises(PermissionDenied, match="leads out"):
+            await store.read_range(rel, 0, 3)
+    with pytest.raises(PermissionDenied, match="outdir/new.txt leads out"):
+        await store.write("outdir/new.txt", b"x")
+    with pytest.raises(PermissionDenied, match="outdir leads out"):
+        await store.ls("outdir")
+    assert not (outside / "new.txt").exists()
+    assert [(s.path, s.is_dir) for s in await store.ls("")] == [("alias", True), ("ok.txt", False), ("sub", True)]
+    # A linked folder inside the root lists as a folder; a loop is walked once round.
+    assert [s.path for s in await store.walk("")] == ["alias/deep.txt", "ok.txt", "sub/deep.txt"]
+    assert [(s.path, s.is_dir) for s in await store.ls("alias")] == [("alias/deep.txt", False), ("alias/loop", True)]
+    assert await store.read_range("alias/deep.txt", 0, 4) == b"deep"
+
+
+async def test_a_store_given_allowed_roots_checks_its_root_on_every_access(tmp_path: Path) -> None:
+    allowed = tmp_path / "allowed"
+    (allowed / "data").mkdir(parents=True)
+    (allowed / "data" / "f.txt").write_bytes(b"f")
+    store = Store(f"file://{allowed}/data", allowed_roots=[str(allowed)])
+    assert [s.path for s in await store.ls("")] == ["f.txt"]
+    # The folder becomes a link out of the allowed root (on this host): nothing is served.
+    (allowed / "data").rename(tmp_path / "moved")
+    (allowed / "data").symlink_to("/etc", target_is_directory=True)
+    for call in (lambda: store.ls(""), lambda: store.info("passwd"), lambda: store.read_range("passwd", 0, 10)):
+        with pytest.raises(PermissionDenied, match="not under a folder this cluster allows"):
+            await call()
+
+
+def test_file_sources_need_an_allowed_root(tmp_path: Path) -> None:
+    allowed = tmp_path / "allowed"
+    (allowed / "data").mkdir(parents=True)
+    (allowed / "escape").symlink_to("/etc", target_is_directory=True)
+    check_source_allowed(f"file://{allowed}/data", [str(allowed)])
+    check_source_allowed("s3://bucket/x", [])  # not a host folder: nothing to allow
+    with pytest.raises(PermissionDenied, match="allows no file:// sources"):
+        check_source_allowed(f"file://{allowed}/data", [])
+    for source in ("file:///etc", f"file://{allowed}/escape", f"file://{allowed}/../allowed2", "local:///etc"):
+        with pytest.raises(PermissionDenied, match="not under a folder this cluster allows"):
+            check_source_allowed(source, [str(allowed)])
+    with pytest.raises(InvalidArgument, match="wraps another filesystem"):
+        check_source_allowed("simplecache:///etc", [str(allowed)])

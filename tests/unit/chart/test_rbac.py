@@ -197,7 +197,7 @@ def test_csi_node_plugin_rbac_allows_its_reads(render: Render) -> None:
     reader = RecordingReader({
         f"{group}/mounts/data": {"spec": {"cluster": "demo", "path": "/data"}, "status": {"phase": "Mounted"}},
         f"{group}/cacheclusters/demo": {"status": {"master": {"endpoint": "demo-master-0:19998"}}},
-        "/api/v1/namespaces/team/secrets/demo-auth": {"data": {"token": b64("t0k3n")}},
+        "/api/v1/namespaces/team/secrets/demo-auth": {"data": {"token": b64("admin"), "dataToken": b64("t0k3n")}},
     })
     source = KubeResolver(reader).resolve("team", "data", {})
     assert source.token == "t0k3n"

@@ -18,13 +18,13 @@ from strata.operator.builders.common import (
     format_quantity,
     master_endpoint,
 )
-from strata.operator.models import CacheClusterSpec, Cluster, ObjectRef
+from strata.operator.models import CacheClusterSpec, Cluster, ClusterTokens, ObjectRef
 from strata.operator.settings import OperatorSettings
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("STRATA_UPDATE_GOLDEN") == "1"
 SETTINGS = OperatorSettings(server_image="strata-server:test")
-TOKEN = "s3cr3t-token"
+TOKEN = ClusterTokens(admin="s3cr3t-token", data="d4t4-token", internal="1ntern4l-token")
 REF = ObjectRef("strata.dev/v1alpha1", "CacheCluster", "demo", "team-a", "0b1c-uid")
 
 FULL_SPEC = {
@@ -74,8 +74,8 @@ def check_golden(name: str, manifests: list[dict[str, Any]]) -> None:
 
 
 def all_children(cluster: Cluster) -> list[dict[str, Any]]:
-    return builders.build_master_children(cluster, SETTINGS, token="s3cr3t-token") + builders.build_worker_children(
-        cluster, SETTINGS, token="s3cr3t-token"
+    return builders.build_master_children(cluster, SETTINGS, TOKEN) + builders.build_worker_children(
+        cluster, SETTINGS, TOKEN
     )
 
 
@@ -143,7 +143,7 @@ def test_config_change_changes_the_pod_template_hash() -> None:
     a = builders.build_worker_statefulset(make_cluster({}), SETTINGS, TOKEN)
     b = builders.build_worker_statefulset(make_cluster({"blockSize": "8Mi"}), SETTINGS, TOKEN)
     c = builders.build_worker_statefulset(make_cluster({"worker": {"replicas": 5}}), SETTINGS, TOKEN)
-    d = builders.build_worker_statefulset(make_cluster({}), SETTINGS, "a-new-token")
+    d = builders.build_worker_statefulset(make_cluster({}), SETTINGS, ClusterTokens("s3cr3t-token", "d4t4-token", "new"))
     key = "strata.dev/config-hash"
     ha, hb, hc, hd = (s["spec"]["template"]["metadata"]["annotations"][key] for s in (a, b, c, d))
     assert ha != hb
@@ -168,9 +168,18 @@ def test_image_defaults_to_the_operator_setting() -> None:
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "mine:1"
 
 
-def test_auth_secret_holds_the_given_token() -> None:
-    secret = builders.build_auth_secret(make_cluster({}), "abc")
-    assert base64.b64decode(secret["data"]["token"]) == b"abc"
+def test_auth_secret_holds_the_given_tokens() -> None:
+    secret = builders.build_auth_secret(make_cluster({}), ClusterTokens("abc", "def", "ghi"))
+    assert {k: base64.b64decode(v) for k, v in secret["data"].items()} == {
+        "token": b"abc", "dataToken": b"def", "internalToken": b"ghi"}
+
+
+def test_local_sources_reach_the_servers_config() -> None:
+    closed = ServerConfig.model_validate(yaml.safe_load(builders.build_config_map(make_cluster({}), SETTINGS)["data"]["strata.yaml"]))
+    assert closed.local_sources.allowed_roots == ()
+    opened = make_cluster({"localSources": {"allowedRoots": ["/nfs/logs"]}})
+    config = ServerConfig.model_validate(yaml.safe_load(builders.build_config_map(opened, SETTINGS)["data"]["strata.yaml"]))
+    assert config.local_sources.allowed_roots == ("/nfs/logs",)
 
 
 def test_master_endpoint_with_and_without_cluster_domain() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from strata.cacheserver.auth import Credentials
 from strata.cacheserver.config import ServerConfig
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.operator.master import MasterClient
@@ -24,8 +25,10 @@ TOKEN = "real-master-token"
 
 @pytest.fixture
 async def real_master(tmp_path: Path) -> AsyncIterator[MasterHandle]:
-    config = ServerConfig.model_validate({"blockSize": "1Mi", "heartbeatInterval": 0.2})
-    handle = await start_master(config, journal_dir=tmp_path / "journal", token=TOKEN, bind="127.0.0.1",
+    config = ServerConfig.model_validate({"blockSize": "1Mi", "heartbeatInterval": 0.2,
+                                          "localSources": {"allowedRoots": [str(tmp_path)]}})
+    handle = await start_master(config, journal_dir=tmp_path / "journal", credentials=Credentials.from_admin(TOKEN),
+                                bind="127.0.0.1",
                                 port=0, http_port=0)
     yield handle
     await handle.stop(grace=0)
@@ -94,6 +97,17 @@ async def test_missing_source_fails_with_a_reason(deps: Deps, tmp_path: Path) ->
     stalled = cond(kube.obj("Mount", "data")["status"], "Stalled")
     assert stalled["reason"] == "SourceNotFound", stalled
     assert "no-such-dir" in stalled["message"]
+
+
+async def test_a_file_source_outside_the_allowed_roots_fails_with_what_to_change(deps: Deps) -> None:
+    kube = deps.kube
+    assert isinstance(kube, FakeKube)
+    kube.put(mount_body(source="file:///etc"))
+    out = await reconcile_mount(deps, kube.obj("Mount", "data"), ObjectState())
+    assert out.stalled
+    stalled = cond(kube.obj("Mount", "data")["status"], "Stalled")
+    assert stalled["reason"] == "SourceNotAllowed", stalled
+    assert "spec.localSources.allowedRoots" in stalled["message"]
 
 
 async def test_missing_preload_path_does_not_fail_the_mount(deps: Deps, tmp_path: Path) -> None:

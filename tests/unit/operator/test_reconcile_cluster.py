@@ -89,6 +89,25 @@ async def test_second_run_changes_nothing(world: World) -> None:
     assert world.kube.obj("Secret", "demo-auth")["data"]["token"] == token  # token kept
 
 
+async def test_a_secret_with_one_token_keeps_it_and_gets_the_data_and_internal_ones(world: World) -> None:
+    """A cluster made when there was one token: that token stays the admin one (running
+    clients keep working), and the data and internal tokens are added."""
+    old = base64.b64encode(b"the-old-token").decode()
+    world.kube.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-auth", "namespace": "ns"},
+                    "data": {"token": old}})
+    world.kube.put(cluster_body())
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    data = world.kube.obj("Secret", "demo-auth")["data"]
+    assert data["token"] == old
+    tokens = {base64.b64decode(data[k]).decode() for k in ("token", "dataToken", "internalToken")}
+    assert len(tokens) == 3 and all(len(t) >= 32 for t in tokens - {"the-old-token"})
+    pod = world.kube.obj("StatefulSet", "demo-master")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["STRATA_TOKEN_FILE"] == "/etc/strata/auth/token"
+    assert env["STRATA_DATA_TOKEN_FILE"] == "/etc/strata/auth/dataToken"
+    assert env["STRATA_INTERNAL_TOKEN_FILE"] == "/etc/strata/auth/internalToken"
+
+
 async def test_deleted_child_is_put_back(world: World) -> None:
     await ready_cluster(world)
     del world.kube.objects[("ConfigMap", "ns", "demo-config")]

@@ -35,7 +35,10 @@ def objects(*, phase: str = "Mounted", endpoint: str = "demo-master-0.demo-maste
         f"{API}/cacheclusters/demo": {"status": {"master": {"endpoint": endpoint}}},
     }
     if token is not None:
-        found["/api/v1/namespaces/team/secrets/demo-auth"] = {"data": {"token": base64.b64encode(token.encode()).decode()}}
+        found["/api/v1/namespaces/team/secrets/demo-auth"] = {"data": {
+            "token": base64.b64encode(b"the-admin-token").decode(),
+            "dataToken": base64.b64encode(token.encode()).decode(),
+        }}
     return found
 
 
@@ -45,6 +48,19 @@ def test_a_mounted_mount_gives_master_token_and_path() -> None:
     assert (source.master, source.token, source.path, source.read_only) == (
         "demo-master-0.demo-master.team.svc:19998", "s3cret", "/datasets/x", True)
     assert "s3cret" not in repr(source)
+
+
+def test_a_volume_never_gets_the_admin_token() -> None:
+    found = objects()
+    source = KubeResolver(Objects(found)).resolve("team", "data", {})
+    assert source.token == "s3cret"
+    # nodePublishSecretRef to the cluster's Secret: its data token, not its admin one.
+    source = KubeResolver(Objects(found)).resolve("team", "data", {"token": "the-admin-token", "dataToken": "s3cret"})
+    assert source.token == "s3cret"
+    # A Secret made by an operator that knew one token: the volume is refused, not given it.
+    del found["/api/v1/namespaces/team/secrets/demo-auth"]["data"]["dataToken"]
+    with pytest.raises(FailedPrecondition, match="no `dataToken`.*upgrade"):
+        KubeResolver(Objects(found)).resolve("team", "data", {})
 
 
 def test_a_token_in_the_volume_secrets_is_used_without_reading_the_secret() -> None:

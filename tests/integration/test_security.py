@@ -1,0 +1,349 @@
+"""Nobody in without the key, and a key opens only its own door: real master and worker
+processes under unauthenticated floods, callers of each role, file:// mounts with links out
+of their root, and many idle data-port connections."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from strata.cacheserver import errors, rpcutil
+from strata.cacheserver.auth import CREDENTIAL_ENV
+from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
+
+from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, free_port_range, wait_until
+from .test_cli import strata
+
+pytestmark = pytest.mark.timeout(300)
+
+MiB = 1024 * 1024
+
+
+def rss_mib(pid: int) -> float:
+    return _status_field(pid, "VmRSS") / 1024
+
+
+def threads(pid: int) -> int:
+    return _status_field(pid, "Threads")
+
+
+def _status_field(pid: int, name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"/proc/{pid}/status has no {name}")
+
+
+def flood(address: str, method: str, *, rounds: int = 4, calls: int = 6, size: int = 60 * MiB,
+          token: str | None = None) -> list[grpc.StatusCode]:
+    """`rounds` times, `calls` concurrent calls of `method` carrying a `size`-byte message,
+    each round on a new connection; the status codes the server answered."""
+    payload = b"x" * size
+    codes: list[grpc.StatusCode] = []
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    for _ in range(rounds):
+        channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 1 << 30)])
+        call = channel.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+        def one() -> None:
+            try:
+                call(payload, timeout=60, metadata=metadata)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+        workers = [threading.Thread(target=one) for _ in range(calls)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(timeout=120)
+        channel.close()
+    return codes
+
+
+@pytest.fixture
+def cluster(start_cluster: Any) -> Cluster:
+    return start_cluster(workers=1)  # type: ignore[no-any-return]
+
+
+def test_an_unauthenticated_flood_is_refused_before_its_bodies_are_read(cluster: Cluster, bucket: str) -> None:
+    master, worker = cluster.master, cluster.workers[0]
+    assert master.process is not None and worker.process is not None
+    before = {"master": rss_mib(master.process.pid), "worker": rss_mib(worker.process.pid)}
+    master_codes = flood(cluster.master_address, "/strata.v1.Master/Mount")
+    worker_codes = flood(f"127.0.0.1:{worker.port}", "/strata.v1.Worker/FreeBlocks")
+    worker_codes += flood(f"127.0.0.1:{worker.port}", "/strata.v1.Worker/WriteFile", rounds=1)
+    after = {"master": rss_mib(master.process.pid), "worker": rss_mib(worker.process.pid)}
+    print(f"RSS MiB before the flood {before}, after 4 rounds of 6 x 60 MiB unauthenticated: {after}")
+    assert set(master_codes) == {grpc.StatusCode.UNAUTHENTICATED}
+    assert set(worker_codes) == {grpc.StatusCode.UNAUTHENTICATED}
+    # 24 messages of 60 MiB went to each: 1.4 GiB if they were received.
+    for name in before:
+        assert after[name] - before[name] < 64, f"{name} RSS grew from {before[name]:.0f} to {after[name]:.0f} MiB"
+
+    # A data token at an admin door is refused the same way, before its message is read.
+    denied = flood(cluster.master_address, "/strata.v1.Master/Mount", rounds=2, token=DATA_TOKEN)
+    assert set(denied) == {grpc.StatusCode.PERMISSION_DENIED}
+    assert rss_mib(master.process.pid) - before["master"] < 64
+
+    # A caller with a token cannot send more than a message of its method's size either.
+    big = flood(cluster.master_address, "/strata.v1.Master/Mount", rounds=1, calls=2, size=40 * MiB, token=TOKEN)
+    assert set(big) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+    # Authenticated use goes on as before.
+    data = os.urandom(3 * MiB)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/d", bucket)
+    fs = cluster.data_fs(host="elsewhere")
+    assert fs.cat_file("/d/f.bin") == data
+    fs.pipe_file("/d/g.bin", data[:1000])
+    assert cluster.s3.get_object(bucket, "g.bin") == data[:1000]
+    assert rss_mib(master.process.pid) - before["master"] < 64
+
+
+def _stub(cluster: Cluster, token: str) -> pb_grpc.MasterStub:
+    return pb_grpc.MasterStub(rpcutil.sync_channel(cluster.master_address, token))
+
+
+def _code(fn: Any) -> grpc.StatusCode:
+    try:
+        fn()
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def test_each_credential_opens_only_its_own_doors(cluster: Cluster, bucket: str) -> None:
+    cluster.s3.put_object(bucket, "f.txt", b"hello")
+    cluster.mount_bucket("/d", bucket)  # admin
+    admin, data, internal = (_stub(cluster, t) for t in (TOKEN, DATA_TOKEN, INTERNAL_TOKEN))
+    wrong = _stub(cluster, "not-a-token")
+
+    # The store's credentials leave the master only to workers (the internal credential).
+    table = internal.GetMountTable(pb.GetMountTableRequest(), timeout=10)
+    assert [m.path for m in table.mounts] == ["/d"]
+    for stub in (admin, data):
+        with pytest.raises(grpc.RpcError) as denied:
+            stub.GetMountTable(pb.GetMountTableRequest(), timeout=10)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "GetMountTable needs the internal credential" in (denied.value.details() or "")
+    assert _code(lambda: wrong.ListMounts(pb.ListMountsRequest(), timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+
+    # The data credential reads and writes files, and manages nothing.
+    fs = cluster.data_fs(host="elsewhere")
+    assert fs.cat_file("/d/f.txt") == b"hello"
+    fs.pipe_file("/d/new.txt", b"written")
+    assert cluster.s3.get_object(bucket, "new.txt") == b"written"
+    assert [m.path for m in fs.client.mounts()] == ["/d"]
+    for call in (
+        lambda: data.Mount(pb.MountRequest(path="/etc", source="file:///etc"), timeout=10),
+        lambda: data.Unmount(pb.UnmountRequest(path="/d"), timeout=10),
+        lambda: data.Free(pb.FreeRequest(path="/d"), timeout=10),
+        lambda: data.SetPinned(pb.SetPinnedRequest(path="/d", pinned=True), timeout=10),
+        lambda: list(data.Load(pb.LoadRequest(path="/d"), timeout=10)),
+        lambda: data.Report(pb.ReportRequest(), timeout=10),
+        lambda: data.DecommissionWorkers(pb.DecommissionWorkersRequest(worker_ids=["worker-0"]), timeout=10),
+        lambda: data.RegisterWorker(pb.RegisterWorkerRequest(worker=pb.WorkerInfo(worker_id="x", address="1.2.3.4:1")), timeout=10),
+        lambda: data.CommitFile(pb.CommitFileRequest(path="/d/f.txt", length=1, version="evil"), timeout=10),
+    ):
+        assert _code(call) == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(errors.PermissionDenied, match="needs the admin credential"):
+        fs.client.free("/d")
+
+    # Worker doors: block management is for the master and peers only.
+    worker = pb_grpc.WorkerStub(rpcutil.sync_channel(f"127.0.0.1:{cluster.workers[0].port}", DATA_TOKEN))
+    assert _code(lambda: worker.FreeBlocks(pb.FreeBlocksRequest(mount_id=1), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _code(lambda: worker.PutBlock(iter([pb.PutBlockChunk()]), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+
+    # The admin credential manages the cache and reads files too.
+    assert admin.Report(pb.ReportRequest(), timeout=10).workers
+    assert cluster.fs().cat_file("/d/f.txt") == b"hello"
+
+
+def allow(*roots: Path) -> dict[str, Any]:
+    """start_cluster arguments that allow file:// sources under `roots` (master and workers)."""
+    sources = {"localSources": {"allowedRoots": [str(r) for r in roots]}}
+    return {"master_extra": sources, "extra": sources}
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    source = allowed / "src"
+    (source / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (source / "ok.txt").write_bytes(b"inside")
+    (source / "sub" / "deep.txt").write_bytes(b"deep")
+    (outside / "secret.txt").write_bytes(b"host secret")
+    (source / "passwd").symlink_to("/etc/passwd")
+    (source / "secret").symlink_to(outside / "secret.txt")
+    (source / "outdir").symlink_to(outside, target_is_directory=True)
+    (source / "alias.txt").symlink_to(source / "ok.txt")  # a link that stays inside is fine
+    (allowed / "escape").symlink_to(outside, target_is_directory=True)
+    yield {"allowed": allowed, "outside": outside, "source": source}
+
+
+def test_file_sources_need_a_root_the_owner_allows(start_cluster: Any, folders: dict[str, Path]) -> None:
+    closed = start_cluster(workers=1)
+    with pytest.raises(errors.PermissionDenied, match="allows no file:// sources.*allowedRoots"):
+        closed.fs().client.mount("/x", "file:///etc")
+
+    cluster = start_cluster(workers=1, **allow(folders["allowed"]))
+    client = cluster.fs().client
+    with pytest.raises(errors.PermissionDenied, match="not under a folder this cluster allows"):
+        client.mount("/x", "file:///etc")
+    with pytest.raises(errors.PermissionDenied, match="not under a folder"):
+        client.mount("/x", f"file://{folders['allowed']}/escape")  # a link out of the allowed root
+    with pytest.raises(errors.InvalidArgument, match="wraps another filesystem"):
+        client.mount("/x", "simplecache:///etc", pb.MountOptions(options={"target_protocol": "file"}))
+    client.mount("/src", f"file://{folders['source']}")
+    assert cluster.fs().cat_file("/src/ok.txt") == b"inside"
+
+
+def test_no_read_listing_or_write_leaves_a_file_root(start_cluster: Any, folders: dict[str, Path]) -> None:
+    cluster = start_cluster(workers=1, **allow(folders["allowed"]))
+    # Metadata checked on every access: each call below reaches the store.
+    cluster.fs().client.mount("/src", f"file://{folders['source']}", pb.MountOptions(metadata_sync_interval=0))
+    fs = cluster.data_fs(host="elsewhere")
+
+    for name in ("passwd", "secret"):
+        with pytest.raises(errors.PermissionDenied, match=f"src/{name} leads out of the mount's root"):
+            fs.cat_file(f"/src/{name}")
+    with pytest.raises(errors.PermissionDenied, match="outdir/secret.txt leads out"):
+        fs.cat_file("/src/outdir/secret.txt")
+    assert fs.cat_file("/src/alias.txt") == b"inside"
+
+    names = sorted(fs.ls("/src", detail=False))
+    assert names == ["/src/alias.txt", "/src/ok.txt", "/src/sub"]
+    assert sorted(fs.find("/src")) == ["/src/alias.txt", "/src/ok.txt", "/src/sub/deep.txt"]
+
+    with pytest.raises(errors.PermissionDenied, match="outdir/planted.txt leads out"):
+        fs.pipe_file("/src/outdir/planted.txt", b"x")
+    assert not (folders["outside"] / "planted.txt").exists()
+    with pytest.raises((errors.InvalidArgument, errors.NotFound, errors.PermissionDenied)):
+        fs.cat_file("/src/../allowed/escape/secret.txt")
+    fs.pipe_file("/src/sub/written.txt", b"fine")
+    assert (folders["source"] / "sub" / "written.txt").read_bytes() == b"fine"
+
+    # A file swapped for a link after its metadata was read: the worker's read refuses it.
+    same_size = folders["source"] / "swap.txt"
+    same_size.write_bytes(b"x" * len(b"host secret"))
+    cluster.fs().client.mount("/cached", f"file://{folders['source']}")  # metadata kept 30 s
+    assert fs.info("/cached/swap.txt")["size"] == len(b"host secret")
+    same_size.unlink()
+    same_size.symlink_to(folders["outside"] / "secret.txt")
+    with pytest.raises(errors.StrataError) as refused:
+        fs.cat_file("/cached/swap.txt")
+    assert "leads out of the mount's root" in str(refused.value)
+
+    # The mount's own folder swapped for a link out of the allowed root: master (listings)
+    # and worker (reads) both refuse it, each resolving links on its own host.
+    moved = folders["allowed"] / "src-moved"
+    folders["source"].rename(moved)
+    folders["source"].symlink_to(folders["outside"], target_is_directory=True)
+    for call in (lambda: fs.client.ls("/src"), lambda: fs.cat_file("/cached/ok.txt")):
+        with pytest.raises(errors.PermissionDenied, match="not under a folder this cluster allows"):
+            call()
+
+
+def test_idle_data_port_connections_are_bounded_and_closed(start_cluster: Any, bucket: str) -> None:
+    cluster = start_cluster(workers=1, extra={"dataPort": {"idleTimeout": 8}})
+    worker = cluster.workers[0]
+    assert worker.process is not None
+    fs = cluster.data_fs(host="elsewhere")
+    info = fs.client.workers()[0]
+    address = ("127.0.0.1", info.data_port)
+    data = os.urandom(2 * MiB)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/d", bucket)
+    baseline = threads(worker.process.pid)
+
+    conns = [socket.create_connection(address, timeout=10) for _ in range(800)]
+    try:
+        # Past the limit (256 by default) a connection gets a clear answer and is closed.
+        refused = []
+        for conn in conns[256:]:
+            reply = json.loads(conn.makefile("rb").readline())
+            refused.append(reply)
+        assert {r["code"] for r in refused} == {"UNAVAILABLE"}
+        assert "limit of 256 connections" in refused[0]["message"]
+        held = threads(worker.process.pid)
+        print(f"worker threads: {baseline} before, {held} with 800 idle data-port connections")
+        assert held <= baseline + 256 + 8
+        # Reads go on (over gRPC while the port is full).
+        assert fs.cat_file("/d/f.bin") == data
+        # The idle ones are closed after the idle timeout, and their threads end.
+        started = time.monotonic()
+        conns[0].settimeout(30)
+        assert conns[0].recv(1) == b""
+        closed_after = time.monotonic() - started
+        print(f"an idle data-port connection was closed after {closed_after:.1f}s (idleTimeout 8s)")
+        assert closed_after < 20
+        wait_until(lambda: threads(worker.process.pid) <= baseline + 8, 30, "connection threads to end")
+    finally:
+        for conn in conns:
+            conn.close()
+    assert fs.cat_file("/d/f.bin") == data
+    assert cluster.worker_metric(0, "strata_worker_data_port_reads") >= 1
+
+    # A reader that asks for a block and then takes none of its bytes holds its thread no
+    # longer than the idle timeout either.
+    wait_until(lambda: threads(worker.process.pid) <= baseline + 8, 30, "connection threads to end")
+    settled = threads(worker.process.pid)
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(address)
+    try:
+        ref = fs.client.block_ref(fs.client.stat("/d/f.bin"), 0)
+        stalled.sendall(request_line(DATA_TOKEN, ref, 0))
+        wait_until(lambda: threads(worker.process.pid) > settled, 10, "the stalled reader's thread to start")
+        started = time.monotonic()
+        wait_until(lambda: threads(worker.process.pid) <= settled, 30, "the stalled reader's thread to end")
+        print(f"a reader that took no bytes was dropped after {time.monotonic() - started:.1f}s")
+    finally:
+        stalled.close()
+
+
+@pytest.fixture
+def local_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {**os.environ, "STRATA_HOME": str(tmp_path / "home"), "PYTHONSAFEPATH": "1"}
+    for name in ("STRATA_MASTER", *CREDENTIAL_ENV):
+        env.pop(name, None)
+    yield env
+    strata(env, "local", "down", check=False)
+
+
+def test_a_local_cluster_gives_each_role_its_own_owner_only_token(local_env: dict[str, str], tmp_path: Path) -> None:
+    master_port, worker_port = free_port_range(2), free_port_range(3)
+    strata(local_env, "local", "up", "--workers", "1", "--mem", "16Mi",
+           "--master-port", str(master_port), "--worker-port", str(worker_port))
+    folder = tmp_path / "home" / "local"
+    tokens = {name: (folder / name) for name in ("token", "data-token", "internal-token")}
+    for path in tokens.values():
+        assert path.stat().st_mode & 0o777 == 0o600
+    assert len({p.read_text() for p in tokens.values()}) == 3
+
+    # The owner of this machine runs the cluster: file:// mounts of its folders are allowed.
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.txt").write_bytes(b"local file")
+    strata(local_env, "mount", "add", "/logs", f"file://{logs}")
+    assert strata(local_env, "fs", "cat", "/logs/a.txt").stdout == b"local file"
+
+    # With only the data credential (STRATA_DATA_TOKEN_FILE), files yes, mounts no.
+    data_env = {**local_env, "STRATA_DATA_TOKEN_FILE": str(tokens["data-token"]), "STRATA_HOME": str(tmp_path / "none"),
+                "STRATA_MASTER": f"127.0.0.1:{master_port}"}
+    assert strata(data_env, "fs", "cat", "/logs/a.txt").stdout == b"local file"
+    refused = strata(data_env, "mount", "add", "/etc", "file:///etc", check=False)
+    assert refused.returncode == 1 and b"needs the admin credential" in refused.stderr
