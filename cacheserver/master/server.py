@@ -89,14 +89,15 @@ async def start_master(
     service = MasterService(config, mounts, namespace, token)
     server = grpc.aio.server(interceptors=[TokenInterceptor(token)], options=rpcutil.CHANNEL_OPTIONS)
     pb_grpc.add_MasterServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{bind}:{port}")
-    if bound == 0:
-        raise OSError(f"master: cannot listen on {bind}:{port} (port in use?)")
-    await server.start()
+    bound = rpcutil.add_port(server, "master", bind, port)
     registry = CollectorRegistry()
     registry.register(MasterCollector(service))
     http = HttpServer(registry, healthy=lambda: True)
-    http_bound = await http.start(bind, http_port)
+    try:
+        http_bound = await http.start(bind, http_port)
+    except OSError as exc:
+        raise rpcutil.listen_error("master", "HTTP (metrics, health)", bind, http_port, "--http-port", exc) from None
+    await server.start()
 
     async def expire_loop() -> None:
         while True:

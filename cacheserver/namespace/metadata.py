@@ -19,6 +19,7 @@ The overlay and the pins are saved in the state directory, like the mount table.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -30,6 +31,8 @@ from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
 from .statefile import StateFile
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "namespace.json"
 # Directory listings (recursive ones especially) are spread over at most this many
@@ -74,6 +77,30 @@ def _fresh(started: float, now: float, interval: float) -> bool:
     if interval < 0:
         return True
     return interval > 0 and now - started <= interval
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _nameable(mount: Mount, where: str, statuses: list[UfsStatus]) -> list[UfsStatus]:
+    """`statuses` without the entries whose names are not UTF-8 (a POSIX file name may be
+    any bytes; a Strata path is text): each is left out with a warning naming it, so the
+    rest of the folder stays listable."""
+    kept = [s for s in statuses if _utf8(s.path)]
+    if len(kept) != len(statuses):
+        for status in statuses:
+            if not _utf8(status.path):
+                raw = status.path.encode("utf-8", "surrogateescape")
+                log.warning(
+                    "mount %s: left %r (in %s) out of its listing: the name is not UTF-8; "
+                    "rename it in the store to read it through Strata", mount.path, raw, where,
+                )
+    return kept
 
 
 def _rel_under(path: str, root: str) -> bool:
@@ -282,9 +309,10 @@ class Namespace:
             "walk": lambda: store.walk(rel, with_dirs=True),
         }
         try:
-            return await calls[kind]()
+            answer = await calls[kind]()
         except NotFound:
             return None
+        return answer if kind == "info" else _nameable(mount, store.url(rel), answer)
 
     def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
         """(True, status) if the cache can say what is at `rel` (None: nothing), from the

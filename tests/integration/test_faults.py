@@ -1,0 +1,113 @@
+"""The fault suite for readers: a reader never hangs, and never fails where an answer exists.
+
+Real processes throughout: moto's S3 server behind a StoreProxy that refuses, hangs or slows
+the store, a master and workers started as users start them, SIGKILL and SIGSTOP sent to
+them. Each test bounds its waits with deadlines and measures the longest stall of a reader.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from storeproxy import StoreProxy
+
+from strata.cacheserver import errors
+from strata.cacheserver.proto import strata_pb2 as pb
+
+from .conftest import BLOCK_SIZE, Cluster, free_port, metric, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """fn()'s result and how many seconds it took."""
+    start = time.monotonic()
+    result = fn()
+    return result, time.monotonic() - start
+
+
+def failure_time(fn: Callable[[], Any]) -> tuple[BaseException, float]:
+    """The error fn() raises and how many seconds it took to raise it."""
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc, time.monotonic() - start
+    raise AssertionError("expected an error, got an answer")
+
+
+# -- bad names and busy ports (item 15) ------------------------------------------------------
+
+def _listening_socket() -> tuple[Any, int]:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("server, flag", [("master", "--port"), ("master", "--http-port"),
+                                           ("worker", "--port"), ("worker", "--http-port"), ("worker", "--data-port")])
+def test_a_server_on_a_busy_port_says_so_in_one_line(tmp_path: Path, server: str, flag: str) -> None:
+    holder, busy = _listening_socket()
+    try:
+        ports = {"--port": free_port(), "--http-port": free_port(), "--data-port": free_port(), flag: busy}
+        args = [sys.executable, "-P", "-m", "strata.cacheserver", server, "--bind", "127.0.0.1",
+                "--port", str(ports["--port"]), "--http-port", str(ports["--http-port"])]
+        if server == "worker":
+            config = tmp_path / "worker.yaml"
+            config.write_text(f"tiers:\n- {{medium: SSD, quota: 16Mi, dirs: [{tmp_path / 'ssd'}]}}\n"
+                              f"masterAddress: 127.0.0.1:{free_port()}\n")
+            args += ["--config", str(config), "--data-dir", str(tmp_path / "data"), "--data-port", str(ports["--data-port"])]
+        else:
+            args += ["--journal-dir", str(tmp_path / "journal")]
+        env = {**os.environ, "STRATA_TOKEN": "t", "PYTHONSAFEPATH": "1"}
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        holder.close()
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert f"port {busy} is already in use" in done.stderr, output
+    assert flag in done.stderr, output
+    assert "Traceback" not in output, output
+
+
+def test_a_nul_byte_in_a_path_is_an_invalid_argument_naming_it(start_cluster: Any, bucket: str) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/data", bucket)
+    client = cluster.fs().client
+    for call in (lambda: client.stat("/data/a\0b"), lambda: client.ls("/data/a\0b"),
+                 lambda: client.write_file("/data/w\0x", [b"x"])):
+        with pytest.raises(errors.InvalidArgument, match=r"NUL byte") as caught:
+            call()
+        assert "\\x00" in str(caught.value)
+    assert client.ls("/data") == []  # the servers keep serving
+
+
+def test_a_name_that_is_not_utf8_is_left_out_of_its_listing_by_name(start_cluster: Any, tmp_path: Path) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    source = tmp_path / "files"
+    (source / "sub").mkdir(parents=True)
+    (source / "good.txt").write_bytes(b"fine")
+    (source / "sub" / "deep.txt").write_bytes(b"deeper")
+    os.close(os.open(os.fsencode(source) + b"/bad-\xff-name", os.O_CREAT | os.O_WRONLY, 0o600))
+    os.close(os.open(os.fsencode(source) + b"/sub/also-\xfe", os.O_CREAT | os.O_WRONLY, 0o600))
+    fs = cluster.fs()
+    fs.client.mount("/local", f"file://{source}")
+    assert sorted(fs.ls("/local", detail=False)) == ["/local/good.txt", "/local/sub"]
+    assert sorted(fs.find("/local")) == ["/local/good.txt", "/local/sub/deep.txt"]
+    assert fs.cat_file("/local/good.txt") == b"fine"
+    log = wait_until(lambda: (t := cluster.master.log.read_text()) and "bad-\\xff-name" in t and t, 10,
+                     "a warning naming the bad name")
+    assert "not UTF-8" in log
