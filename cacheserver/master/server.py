@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import rpcutil
@@ -57,6 +57,14 @@ class MasterCollector(Collector):
         for mount in s.mounts.list():
             cached.add_metric([mount.path], by_mount.get(mount.mount_id, 0))
         yield cached
+        stale = CounterMetricFamily(
+            "strata_master_stale_metadata_answers",
+            "Answers given from metadata older than the mount's sync interval because the store could not be reached",
+            labels=["mount"],
+        )
+        for path, count in sorted(s.namespace.stale_served.items()):
+            stale.add_metric([path], count)
+        yield stale
 
 
 @dataclass

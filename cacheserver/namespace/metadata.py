@@ -6,6 +6,12 @@ path is known, N serves answers at most N seconds old (measured from when the st
 started). Concurrent misses on one path share one store request (single flight), and any
 change made through Strata invalidates the affected entries at once.
 
+Stale-if-error: when the store cannot be reached (refused, timed out, 5xx: `Unavailable`)
+and the mount allows it (`stale_if_error`, on by default), an expired answer is served
+instead of the error, and counted. Only an outage is masked: a store that answers "not
+found" or refuses credentials is believed at once, and entries dropped by a change made
+through Strata are gone, not stale.
+
 Files written through Strata live in an overlay until the store's copy takes over:
 - not yet persisted (MUST_CACHE, ASYNC_THROUGH before its upload): the overlay is the only
   record; the file shows persisted=False and appears in listings;
@@ -26,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
@@ -161,6 +167,9 @@ class Namespace:
         self._overlay: dict[str, OverlayEntry] = {}
         self._pins: dict[int, set[str]] = {}
         self._seen_version = -1
+        # Answers given from expired metadata because the store could not be reached, by
+        # mount path (a metric).
+        self.stale_served: dict[str, int] = {}
         self._load()
         self._sync_mounts()
 
@@ -274,10 +283,36 @@ class Namespace:
 
     async def _fetch(self, mount: Mount, kind: str, rel: str) -> Any:
         """The store's answer for (kind, rel): cached if fresh enough, else asked once for
-        all concurrent callers. None stands for "not found"."""
+        all concurrent callers; when the store cannot be reached, the last answer it gave
+        (stale-if-error, if the mount allows it). None stands for "not found"."""
         hit = self._cached(mount, kind, rel)
         if hit is not None:
             return hit.value
+        try:
+            return await self._fetch_from_store(mount, kind, rel)
+        except Unavailable as exc:
+            stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
+            if stale is None:
+                raise
+            self.stale_served[mount.path] = self.stale_served.get(mount.path, 0) + 1
+            age = time.monotonic() - stale.started
+            log.warning("mount %s: answering %s of %r from metadata %.0fs old: the store cannot be reached (%s)",
+                        mount.path, kind, rel, age, exc)
+            return stale.value
+
+    def _stale(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
+        """The last answer the store gave for (kind, rel), however old; for "info" also
+        what the parent's listing said."""
+        entries = self._cache(mount).entries
+        hit = entries.get((kind, rel))
+        if hit is not None or kind != "info":
+            return hit
+        listing = entries.get(("list", _rel_parent(rel)))
+        if listing is None or listing.value is None:
+            return None
+        return _Fetched(next((s for s in listing.value if s.path == rel), None), listing.started)
+
+    async def _fetch_from_store(self, mount: Mount, kind: str, rel: str) -> Any:
         cache = self._cache(mount)
         interval = mount.options.metadata_sync_interval
         key = (kind, rel)

@@ -111,3 +111,60 @@ def test_a_name_that_is_not_utf8_is_left_out_of_its_listing_by_name(start_cluste
     log = wait_until(lambda: (t := cluster.master.log.read_text()) and "bad-\\xff-name" in t and t, 10,
                      "a warning naming the bad name")
     assert "not UTF-8" in log
+
+
+# -- the store behind a proxy ------------------------------------------------------------------
+
+def payload(n: int) -> bytes:
+    return (os.urandom(min(n, 1 << 20)) * (n // (1 << 20) + 1))[:n]
+
+
+@pytest.fixture
+def proxy(s3: Any) -> Iterator[StoreProxy]:
+    store = StoreProxy(target_port=int(s3.endpoint_url.rsplit(":", 1)[1]))
+    yield store
+    store.stop()
+
+
+def mount_through(cluster: Cluster, proxy: StoreProxy, path: str, bucket: str, **options: Any) -> None:
+    """Mount `bucket` at `path`, reached through the proxy."""
+    store_options = {**cluster.s3.storage_options(), "endpoint_url": proxy.endpoint_url}
+    cluster.fs().client.mount(path, f"s3://{bucket}", pb.MountOptions(options=store_options, **options))
+
+
+SYNC = 1.0  # seconds: the metadata sync interval of the mounts below
+
+
+def test_warm_data_is_read_while_the_store_is_down(start_cluster: Any, bucket: str, proxy: StoreProxy) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    data = payload(BLOCK_SIZE + 100)
+    cluster.s3.put_object(bucket, "dir/a", data)
+    cluster.s3.put_object(bucket, "dir/b", b"bee")
+    mount_through(cluster, proxy, "/warm", bucket, metadata_sync_interval=SYNC)
+    mount_through(cluster, proxy, "/strict", bucket, metadata_sync_interval=SYNC, stale_if_error=False)
+    for root in ("/warm", "/strict"):
+        assert cluster.fs().cat_file(f"{root}/dir/a") == data
+        assert sorted(cluster.fs().ls(f"{root}/dir", detail=False)) == [f"{root}/dir/a", f"{root}/dir/b"]
+    time.sleep(SYNC * 1.5)  # every answer the master holds is now older than the interval
+    with proxy.refusing():
+        got, took = timed(lambda: cluster.fs().cat_file("/warm/dir/a"))
+        assert got == data
+        assert sorted(cluster.fs().ls("/warm/dir", detail=False)) == ["/warm/dir/a", "/warm/dir/b"]
+        error, failed_after = failure_time(lambda: cluster.fs().cat_file("/strict/dir/a"))
+        assert isinstance(error, errors.Unavailable) and "could not be reached" in str(error), error
+    print(f"\nstore refused: warm read took {took:.2f}s; stale-if-error off failed after {failed_after:.2f}s")
+    answers = metric(cluster.master.metrics(), "strata_master_stale_metadata_answers", '{mount="/warm"}')
+    assert answers >= 2
+    with pytest.raises(AssertionError):
+        metric(cluster.master.metrics(), "strata_master_stale_metadata_answers", '{mount="/strict"}')
+
+
+def test_a_file_deleted_in_the_store_is_not_served_stale(start_cluster: Any, bucket: str, proxy: StoreProxy) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "gone", b"soon gone")
+    mount_through(cluster, proxy, "/warm", bucket, metadata_sync_interval=SYNC)
+    assert cluster.fs().cat_file("/warm/gone") == b"soon gone"
+    cluster.s3.client().delete_object(Bucket=bucket, Key="gone")
+    time.sleep(SYNC * 1.5)
+    with pytest.raises(FileNotFoundError):
+        cluster.fs().cat_file("/warm/gone")
