@@ -28,6 +28,11 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.enable_retries", 0),
+    # After a server restart, a channel tries to connect again at most 1 s apart (gRPC's
+    # default back-off grows to 2 min): workers re-register and clients resume within about
+    # a second of the master answering again.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 

@@ -6,7 +6,8 @@ path is known, N serves answers at most N seconds old (measured from when the st
 started). Concurrent misses on one path share one store request (single flight), and any
 change made through Strata invalidates the affected entries at once.
 
-Stale-if-error: when the store cannot be reached (refused, timed out, 5xx: `Unavailable`)
+Stale-if-error: when the store cannot be reached (refused, 5xx: `Unavailable`; hung:
+`DeadlineExceeded`)
 and the mount allows it (`stale_if_error`, on by default), an expired answer is served
 instead of the error, and counted. Only an outage is masked: a store that answers "not
 found" or refuses credentials is believed at once, and entries dropped by a change made
@@ -32,7 +33,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from ..errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
@@ -290,7 +299,7 @@ class Namespace:
             return hit.value
         try:
             return await self._fetch_from_store(mount, kind, rel)
-        except Unavailable as exc:
+        except (Unavailable, DeadlineExceeded) as exc:
             stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
             if stale is None:
                 raise

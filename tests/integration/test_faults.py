@@ -168,3 +168,97 @@ def test_a_file_deleted_in_the_store_is_not_served_stale(start_cluster: Any, buc
     time.sleep(SYNC * 1.5)
     with pytest.raises(FileNotFoundError):
         cluster.fs().cat_file("/warm/gone")
+
+
+# -- hung, refused and slow stores (item 12) -------------------------------------------------
+
+def read_by_block(fs: Any, path: str, blocks: int) -> tuple[bytes, float]:
+    """The file's bytes read one block at a time from one open file, and the longest
+    single read (the reader's longest stall)."""
+    longest = 0.0
+    parts = []
+    with fs.open(path, "rb") as f:
+        for _ in range(blocks):
+            piece, took = timed(lambda: f.read(BLOCK_SIZE))
+            parts.append(piece)
+            longest = max(longest, took)
+    return b"".join(parts), longest
+
+
+def test_a_hung_store_gives_a_cold_reader_a_clear_error_in_seconds(start_cluster: Any, bucket: str,
+                                                                    proxy: StoreProxy) -> None:
+    cluster: Cluster = start_cluster(workers=2)
+    cluster.s3.put_object(bucket, "cold/listed", payload(BLOCK_SIZE))
+    cluster.s3.put_object(bucket, "cold/never-seen", b"x")
+    mount_through(cluster, proxy, "/hung", bucket)
+    fs = cluster.fs()
+    fs.ls("/hung/cold")  # the metadata is fresh; the blocks are cold
+    with proxy.hanging():
+        error, block_after = failure_time(lambda: cluster.fs().cat_file("/hung/cold/listed"))
+        assert isinstance(error, errors.DeadlineExceeded), repr(error)
+        assert "did not answer" in str(error) and f"s3://{bucket}" in str(error), error
+        error, stat_after = failure_time(lambda: cluster.fs().info("/hung/other/never-seen"))
+        assert isinstance(error, errors.DeadlineExceeded), repr(error)
+        assert f"s3://{bucket}" in str(error), error
+    print(f"\nhung store: cold block read failed after {block_after:.1f}s, cold stat after {stat_after:.1f}s")
+    assert block_after < 30 and stat_after < 30
+    assert cluster.fs().cat_file("/hung/cold/listed") == cluster.s3.get_object(bucket, "cold/listed")  # it heals
+
+
+def test_a_refused_store_gives_a_cold_reader_a_clear_error_at_once(start_cluster: Any, bucket: str,
+                                                                    proxy: StoreProxy) -> None:
+    cluster: Cluster = start_cluster(workers=2)
+    cluster.s3.put_object(bucket, "cold", payload(BLOCK_SIZE))
+    mount_through(cluster, proxy, "/down", bucket)
+    cluster.fs().ls("/down")
+    with proxy.refusing():
+        error, after = failure_time(lambda: cluster.fs().cat_file("/down/cold"))
+    print(f"\nrefused store: cold read failed after {after:.1f}s")
+    assert isinstance(error, errors.Unavailable) and "could not be reached" in str(error), repr(error)
+    assert after < 15
+
+
+def test_a_slow_store_costs_a_reader_its_own_latency(start_cluster: Any, bucket: str, proxy: StoreProxy) -> None:
+    cluster: Cluster = start_cluster(workers=2)
+    data = payload(3 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "slow", data)
+    mount_through(cluster, proxy, "/slow", bucket)
+    cluster.fs().ls("/slow")
+    with proxy.slowed(3.0):
+        got, longest = read_by_block(cluster.fs(), "/slow/slow", 3)
+    print(f"\nstore slowed by 3s per answer: longest reader stall {longest:.1f}s")
+    assert got == data
+    assert longest < 3.0 + 8
+
+
+# -- stopped and killed workers (item 12) ----------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["SIGSTOP", "SIGKILL"])
+def test_an_open_read_goes_on_past_a_stopped_or_killed_worker(start_cluster: Any, bucket: str, sig: int) -> None:
+    cluster: Cluster = start_cluster(workers=2)
+    blocks = 8
+    data = payload(blocks * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "big", data)
+    cluster.mount_bucket("/data", bucket)
+    fs = cluster.fs()
+    assert fs.cat_file("/data/big") == data  # warm: both workers hold blocks of it
+    victim = cluster.workers[0]
+    assert victim.process is not None
+    longest = 0.0
+    parts = []
+    try:
+        with fs.open("/data/big", "rb") as f:
+            parts.append(f.read(BLOCK_SIZE))
+            os.killpg(victim.process.pid, sig)
+            for _ in range(blocks - 1):
+                piece, took = timed(lambda: f.read(BLOCK_SIZE))
+                parts.append(piece)
+                longest = max(longest, took)
+        again, longest_again = read_by_block(cluster.fs(), "/data/big", blocks)  # a new reader
+    finally:
+        if sig == signal.SIGSTOP:
+            os.killpg(victim.process.pid, signal.SIGCONT)
+    print(f"\nworker {signal.Signals(sig).name}: longest stall of an open read {longest:.1f}s, "
+          f"of a new reader {longest_again:.1f}s")
+    assert b"".join(parts) == data and again == data
+    assert longest < 10 and longest_again < 10
