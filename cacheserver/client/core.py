@@ -110,7 +110,9 @@ class StrataClient:
         self._data_readers: dict[str, DataReader] = {}
         self._held: OrderedDict[str, _Held] = OrderedDict()
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
-        self._master_away = False  # the last call to the master failed: it is down or stopped
+        # time.monotonic() of the last failed call to the master (down, stopped); None once
+        # it answers again.
+        self._master_failed_at: float | None = None
         self._lock = threading.Lock()
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -124,34 +126,41 @@ class StrataClient:
     def _within_grace(self, at: float) -> bool:
         return time.monotonic() - at <= self.settings.master_outage_grace
 
-    def _ask_master(self, method: str, request: Any, *, what: str, quick: bool) -> Any:
-        """A master call that has an answer to fall back on: it notes whether the master
-        answers, and is `quick` (master_quick_timeout) when asked or while it is away."""
-        quick = quick or self._master_away
+    def _master_just_failed(self) -> bool:
+        """The master failed a call less than WORKERS_TTL ago: calls with an answer to fall
+        back on don't ask it again until then (each ask of a stopped master costs time)."""
+        failed = self._master_failed_at
+        return failed is not None and time.monotonic() - failed < WORKERS_TTL
+
+    def _list_workers(self, timeout: float | None) -> _Workers:
         try:
-            response = self.call(method, request, what=what,
-                                 timeout=self.settings.master_quick_timeout if quick else None)
+            response = self.call("ListWorkers", pb.ListWorkersRequest(), what="listing workers", timeout=timeout)
         except _MASTER_AWAY:
-            self._master_away = True
+            self._master_failed_at = time.monotonic()
             raise
-        self._master_away = False
-        return response
+        self._master_failed_at = None
+        self._workers = _Workers(time.monotonic(), list(response.workers))
+        return self._workers
 
     def workers(self, refresh: bool = False) -> list[pb.WorkerInfo]:
+        """The live workers, as the master listed them at most WORKERS_TTL ago; while the
+        master cannot be reached, the last list (for up to `master_outage_grace`)."""
         cached = self._workers
-        if refresh or cached is None or time.monotonic() - cached.at > WORKERS_TTL:
-            try:
-                response = self._ask_master("ListWorkers", pb.ListWorkersRequest(), what="listing workers",
-                                            quick=cached is not None)
-            except _MASTER_AWAY as exc:
-                if cached is None or not self._within_grace(cached.at):
-                    raise
-                log.warning("master away (%s); reading with the %d workers it listed %.0fs ago",
-                            exc, len(cached.all), time.monotonic() - cached.at)
-                return cached.all
-            cached = _Workers(time.monotonic(), list(response.workers))
-            self._workers = cached
-        return cached.all
+        if not (refresh or cached is None or time.monotonic() - cached.at > WORKERS_TTL):
+            return cached.all
+        if cached is None:
+            return self._list_workers(None).all
+        if self._within_grace(cached.at) and self._master_just_failed():
+            return cached.all
+        try:
+            # The master answers this from memory: a short wait tells a stopped master.
+            return self._list_workers(self.settings.master_quick_timeout).all
+        except _MASTER_AWAY as exc:
+            if not self._within_grace(cached.at):
+                raise
+            log.warning("master away (%s); reading with the %d workers it listed %.0fs ago",
+                        exc, len(cached.all), time.monotonic() - cached.at)
+            return cached.all
 
     def worker_stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
         with self._lock:
@@ -233,20 +242,42 @@ class StrataClient:
     def stat(self, path: str) -> pb.FileInfo:
         """The master's metadata of `path`; while the master cannot be reached, what it
         said last (for up to `master_outage_grace` seconds), so files seen can be opened."""
+        request = pb.GetStatusRequest(path=path)
+        what = f"stat {path}"
         held = self._held_info(path)
-        try:
-            if held is None:
-                info: pb.FileInfo = self.call("GetStatus", pb.GetStatusRequest(path=path), what=f"stat {path}")
-            else:
-                info = self._ask_master("GetStatus", pb.GetStatusRequest(path=path), what=f"stat {path}", quick=False)
-        except _MASTER_AWAY as exc:
-            if held is None:
-                raise
-            log.warning("master away (%s); using the metadata of %s it gave %.0fs ago",
-                        exc, path, time.monotonic() - held.at)
+        if held is None:
+            info: pb.FileInfo = self.call("GetStatus", request, what=what)
+        elif self._master_just_failed():
             return held.info
+        else:
+            try:
+                info = self._hedged_call("GetStatus", request, what=what)
+            except _MASTER_AWAY as exc:
+                log.warning("master away (%s); using the metadata of %s it gave %.0fs ago",
+                            exc, path, time.monotonic() - held.at)
+                return held.info
         self._hold([info])
         return info
+
+    def _hedged_call(self, method: str, request: Any, *, what: str) -> Any:
+        """A master call that has an answer to fall back on. A slow answer may be a master
+        waiting on its store (wait for it) or a stopped master (don't): after
+        master_quick_timeout the worker list, which it answers from memory, tells which."""
+        where = f"{what} (master {self.master_address})"
+        future = getattr(self.master, method).future(request, timeout=self.settings.master_timeout)
+        try:
+            try:
+                return future.result(timeout=self.settings.master_quick_timeout)
+            except grpc.FutureTimeoutError:
+                pass
+            try:
+                self._list_workers(self.settings.master_quick_timeout)
+            except _MASTER_AWAY:
+                future.cancel()
+                raise
+            return future.result()
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, where) from exc
 
     def ls(self, path: str, recursive: bool = False) -> list[pb.FileInfo]:
         response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive), what=f"ls {path}")

@@ -98,14 +98,15 @@ async def start_master(
     server = grpc.aio.server(interceptors=[TokenInterceptor(token)], options=rpcutil.CHANNEL_OPTIONS)
     pb_grpc.add_MasterServicer_to_server(service, server)
     bound = rpcutil.add_port(server, "master", bind, port)
+    await server.start()
     registry = CollectorRegistry()
     registry.register(MasterCollector(service))
     http = HttpServer(registry, healthy=lambda: True)
     try:
         http_bound = await http.start(bind, http_port)
     except OSError as exc:
+        await server.stop(0)
         raise rpcutil.listen_error("master", "HTTP (metrics, health)", bind, http_port, "--http-port", exc) from None
-    await server.start()
 
     async def expire_loop() -> None:
         while True:

@@ -262,3 +262,71 @@ def test_an_open_read_goes_on_past_a_stopped_or_killed_worker(start_cluster: Any
           f"of a new reader {longest_again:.1f}s")
     assert b"".join(parts) == data and again == data
     assert longest < 10 and longest_again < 10
+
+
+# -- master outages (item 13) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["SIGSTOP", "SIGKILL"])
+def test_reads_go_on_through_a_master_outage(start_cluster: Any, bucket: str, sig: int) -> None:
+    cluster: Cluster = start_cluster(workers=2)
+    blocks = 6
+    data = payload(blocks * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "big", data)
+    cluster.s3.put_object(bucket, "small", b"small file")
+    cluster.mount_bucket("/data", bucket)
+    fs = cluster.fs()
+    assert fs.cat_file("/data/small") == b"small file"  # its metadata is now held by the client
+    master = cluster.master
+    assert master.process is not None
+    longest = 0.0
+    parts = []
+    try:
+        with fs.open("/data/big", "rb") as f:
+            parts.append(f.read(BLOCK_SIZE))
+            os.killpg(master.process.pid, sig)
+            outage_at = time.monotonic()
+            for _ in range(blocks - 1):
+                # cold blocks: the workers fetch them from the store without the master
+                piece, took = timed(lambda: f.read(BLOCK_SIZE))
+                parts.append(piece)
+                longest = max(longest, took)
+                time.sleep(max(0.0, 0.5 - took))  # spread the reads over the outage
+        assert b"".join(parts) == data
+        assert time.monotonic() - outage_at > 2.5  # past the client's 2 s worker list refresh
+        reopened, reopen_took = timed(lambda: fs.cat_file("/data/small"))  # a file seen before
+        assert reopened == b"small file"
+        assert isinstance(failure_time(lambda: fs.cat_file("/data/never-seen"))[0], errors.Unavailable | errors.DeadlineExceeded)
+    finally:
+        if sig == signal.SIGSTOP:
+            os.killpg(master.process.pid, signal.SIGCONT)
+        else:
+            master.process.wait(timeout=10)
+            master.process = None
+            master.start()
+    restarted_at = time.monotonic()
+    wait_until(lambda: http_ok(master), 60, "the master to answer again")
+    answering_at = time.monotonic()
+    cluster.s3.put_object(bucket, "after", b"after the outage")
+    resumed = wait_until(lambda: reads(fs, "/data/after"), 30, "reads to resume", interval=0.05)
+    resumed_after = time.monotonic() - restarted_at
+    registered = wait_until(lambda: len(cluster.fs().client.workers(refresh=True)) == 2 and time.monotonic(), 30,
+                            "both workers to register again", interval=0.05)
+    print(f"\nmaster {signal.Signals(sig).name}: longest stall of an open read {longest:.1f}s, reopen {reopen_took:.1f}s, "
+          f"reads resumed {resumed_after:.1f}s after the master was started again, workers registered "
+          f"{registered - answering_at:.1f}s after it answered ({answering_at - restarted_at:.1f}s start-up)")
+    assert resumed
+    assert longest < 7 and reopen_took < 7  # two master_quick_timeouts at most
+    assert registered - answering_at < 3
+
+
+def http_ok(server: Any) -> bool:
+    from .conftest import http_get
+
+    return http_get(server.http_port, "/healthz")[0] == 200
+
+
+def reads(fs: Any, path: str) -> bool:
+    try:
+        return bool(fs.cat_file(path))
+    except (errors.StrataError, OSError):
+        return False
