@@ -172,16 +172,21 @@ def test_a_file_deleted_in_the_store_is_not_served_stale(start_cluster: Any, buc
 
 # -- hung, refused and slow stores (item 12) -------------------------------------------------
 
-def read_by_block(fs: Any, path: str, blocks: int) -> tuple[bytes, float]:
+def read_by_block(fs: Any, path: str, blocks: int, *, after_first: Callable[[], None] = lambda: None,
+                  spacing: float = 0.0) -> tuple[bytes, float]:
     """The file's bytes read one block at a time from one open file, and the longest
-    single read (the reader's longest stall)."""
+    single read after the first (the reader's longest stall). `after_first` runs once the
+    first block is read (a fault hits a read already open); `spacing` spreads the reads
+    over at least that many seconds each."""
     longest = 0.0
-    parts = []
     with fs.open(path, "rb") as f:
-        for _ in range(blocks):
+        parts = [f.read(BLOCK_SIZE)]
+        after_first()
+        for _ in range(blocks - 1):
             piece, took = timed(lambda: f.read(BLOCK_SIZE))
             parts.append(piece)
             longest = max(longest, took)
+            time.sleep(max(0.0, spacing - took))
     return b"".join(parts), longest
 
 
@@ -244,23 +249,16 @@ def test_an_open_read_goes_on_past_a_stopped_or_killed_worker(start_cluster: Any
     assert fs.cat_file("/data/big") == data  # warm: both workers hold blocks of it
     victim = cluster.workers[0]
     assert victim.process is not None
-    longest = 0.0
-    parts = []
+    pid = victim.process.pid
     try:
-        with fs.open("/data/big", "rb") as f:
-            parts.append(f.read(BLOCK_SIZE))
-            os.killpg(victim.process.pid, sig)
-            for _ in range(blocks - 1):
-                piece, took = timed(lambda: f.read(BLOCK_SIZE))
-                parts.append(piece)
-                longest = max(longest, took)
+        got, longest = read_by_block(fs, "/data/big", blocks, after_first=lambda: os.killpg(pid, sig))
         again, longest_again = read_by_block(cluster.fs(), "/data/big", blocks)  # a new reader
     finally:
         if sig == signal.SIGSTOP:
-            os.killpg(victim.process.pid, signal.SIGCONT)
+            os.killpg(pid, signal.SIGCONT)
     print(f"\nworker {signal.Signals(sig).name}: longest stall of an open read {longest:.1f}s, "
           f"of a new reader {longest_again:.1f}s")
-    assert b"".join(parts) == data and again == data
+    assert got == data and again == data
     assert longest < 10 and longest_again < 10
 
 
@@ -278,21 +276,18 @@ def test_reads_go_on_through_a_master_outage(start_cluster: Any, bucket: str, si
     assert fs.cat_file("/data/small") == b"small file"  # its metadata is now held by the client
     master = cluster.master
     assert master.process is not None
-    longest = 0.0
-    parts = []
+    outage_at: list[float] = []
+
+    def stop_master() -> None:
+        assert master.process is not None
+        os.killpg(master.process.pid, sig)
+        outage_at.append(time.monotonic())
+
     try:
-        with fs.open("/data/big", "rb") as f:
-            parts.append(f.read(BLOCK_SIZE))
-            os.killpg(master.process.pid, sig)
-            outage_at = time.monotonic()
-            for _ in range(blocks - 1):
-                # cold blocks: the workers fetch them from the store without the master
-                piece, took = timed(lambda: f.read(BLOCK_SIZE))
-                parts.append(piece)
-                longest = max(longest, took)
-                time.sleep(max(0.0, 0.5 - took))  # spread the reads over the outage
-        assert b"".join(parts) == data
-        assert time.monotonic() - outage_at > 2.5  # past the client's 2 s worker list refresh
+        # cold blocks after the first: the workers fetch them from the store without the master
+        got, longest = read_by_block(fs, "/data/big", blocks, after_first=stop_master, spacing=0.5)
+        assert got == data
+        assert time.monotonic() - outage_at[0] > 2.5  # past the client's 2 s worker list refresh
         reopened, reopen_took = timed(lambda: fs.cat_file("/data/small"))  # a file seen before
         assert reopened == b"small file"
         assert isinstance(failure_time(lambda: fs.cat_file("/data/never-seen"))[0], errors.Unavailable | errors.DeadlineExceeded)
