@@ -141,7 +141,12 @@ def test_warm_data_is_read_while_the_store_is_down(start_cluster: Any, bucket: s
     cluster.s3.put_object(bucket, "dir/a", data)
     cluster.s3.put_object(bucket, "dir/b", b"bee")
     mount_through(cluster, proxy, "/warm", bucket, metadata_sync_interval=SYNC)
-    mount_through(cluster, proxy, "/strict", bucket, metadata_sync_interval=SYNC, stale_if_error=False)
+    # the switch, as a user turns it off outside Kubernetes
+    options = [f"--option={k}={v}" for k, v in {**cluster.s3.storage_options(), "endpoint_url": proxy.endpoint_url}.items()]
+    subprocess.run([sys.executable, "-P", "-m", "strata.cacheserver", "mount", "add", "/strict", f"s3://{bucket}",
+                    *options, f"--sync-interval={SYNC}s", "--no-stale-if-error"],
+                   env={**cluster.env, "STRATA_MASTER": cluster.master_address}, check=True, timeout=60)
+    assert [m.options.stale_if_error for m in cluster.fs().client.mounts()] == [False, True]
     for root in ("/warm", "/strict"):
         assert cluster.fs().cat_file(f"{root}/dir/a") == data
         assert sorted(cluster.fs().ls(f"{root}/dir", detail=False)) == [f"{root}/dir/a", f"{root}/dir/b"]
@@ -200,13 +205,14 @@ def test_a_hung_store_gives_a_cold_reader_a_clear_error_in_seconds(start_cluster
     fs.ls("/hung/cold")  # the metadata is fresh; the blocks are cold
     with proxy.hanging():
         error, block_after = failure_time(lambda: cluster.fs().cat_file("/hung/cold/listed"))
+        assert block_after < 30, f"{block_after:.0f}s to {error!r}"
         assert isinstance(error, errors.DeadlineExceeded), repr(error)
         assert "did not answer" in str(error) and f"s3://{bucket}" in str(error), error
         error, stat_after = failure_time(lambda: cluster.fs().info("/hung/other/never-seen"))
+        assert stat_after < 30, f"{stat_after:.0f}s to {error!r}"
         assert isinstance(error, errors.DeadlineExceeded), repr(error)
         assert f"s3://{bucket}" in str(error), error
     print(f"\nhung store: cold block read failed after {block_after:.1f}s, cold stat after {stat_after:.1f}s")
-    assert block_after < 30 and stat_after < 30
     assert cluster.fs().cat_file("/hung/cold/listed") == cluster.s3.get_object(bucket, "cold/listed")  # it heals
 
 
@@ -230,10 +236,11 @@ def test_a_slow_store_costs_a_reader_its_own_latency(start_cluster: Any, bucket:
     mount_through(cluster, proxy, "/slow", bucket)
     cluster.fs().ls("/slow")
     with proxy.slowed(3.0):
-        got, longest = read_by_block(cluster.fs(), "/slow/slow", 3)
-    print(f"\nstore slowed by 3s per answer: longest reader stall {longest:.1f}s")
+        (got, longest), whole = timed(lambda: read_by_block(cluster.fs(), "/slow/slow", 3))
+    print(f"\nstore slowed by 3s per answer: the cold 3-block read took {whole:.1f}s (longest stall after "
+          f"the first block {longest:.1f}s)")
     assert got == data
-    assert longest < 3.0 + 8
+    assert whole < 3 * 3.0 + 5  # about the store's latency per block, at worst one after the other
 
 
 # -- stopped and killed workers (item 12) ----------------------------------------------------
