@@ -35,5 +35,7 @@ class ClientSettings(BaseSettings):
     master_quick_timeout: float = Field(default=2.0, gt=0)
     # Seconds the client goes on with what the master last told it (the worker list, file
     # metadata it has seen) while the master cannot be reached: open reads keep reading and
-    # files already seen can be opened again. 0 turns this off.
-    master_outage_grace: float = Field(default=300.0, ge=0)
+    # files already seen can be opened again. 120 s rides out a master pod's restart; it is
+    # kept short because metadata that old may miss a change made in the store meanwhile
+    # (as metadataSync.interval may). 0 turns this off.
+    master_outage_grace: float = Field(default=120.0, ge=0)
