@@ -103,6 +103,11 @@ class StoreTimeouts(BaseSettings):
     # timeouts. Past it the caller gets DeadlineExceeded naming the store. Raise it for
     # stores whose 16 MiB block reads take longer.
     deadline: float = Field(default=20.0, gt=0)
+    # Seconds the master waits on the store for metadata older than the mount's sync
+    # interval before answering from it (stale-if-error): a hung store then costs a reader
+    # of cached files this, not the whole deadline. The store's answer, when it comes,
+    # still refreshes the metadata.
+    stale_after: float = Field(default=3.0, gt=0)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from ..errors import (
     PermissionDenied,
     Unavailable,
 )
-from ..ufs import UfsStatus
+from ..ufs import StoreTimeouts, UfsStatus
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
 from .statefile import StateFile
@@ -166,9 +166,11 @@ class _MountCache:
 class Namespace:
     """Metadata over the mount table (see the module docstring)."""
 
-    def __init__(self, mounts: MountTable, state_dir: Path | None, *, block_size: int) -> None:
+    def __init__(self, mounts: MountTable, state_dir: Path | None, *, block_size: int,
+                 timeouts: StoreTimeouts | None = None) -> None:
         if block_size <= 0:
             raise InvalidArgument(f"block size must be positive, got {block_size}")
+        self._stale_after = (timeouts or StoreTimeouts()).stale_after
         self._mounts = mounts
         self._state = StateFile(state_dir, STATE_FILE)
         self._block_size = block_size
@@ -297,17 +299,21 @@ class Namespace:
         hit = self._cached(mount, kind, rel)
         if hit is not None:
             return hit.value
-        try:
+        stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
+        if stale is None:
             return await self._fetch_from_store(mount, kind, rel)
-        except (Unavailable, DeadlineExceeded) as exc:
-            stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
-            if stale is None:
-                raise
-            self.stale_served[mount.path] = self.stale_served.get(mount.path, 0) + 1
-            age = time.monotonic() - stale.started
-            log.warning("mount %s: answering %s of %r from metadata %.0fs old: the store cannot be reached (%s)",
-                        mount.path, kind, rel, age, exc)
-            return stale.value
+        try:
+            # The store request goes on (shielded) when this wait ends: its answer, if it
+            # comes, refreshes the cache for the next caller.
+            return await asyncio.wait_for(self._fetch_from_store(mount, kind, rel), self._stale_after)
+        except (Unavailable, DeadlineExceeded) as exc:  # before TimeoutError: a subclass of it
+            reason = str(exc)
+        except TimeoutError:
+            reason = f"no answer within {self._stale_after:g}s"
+        self.stale_served[mount.path] = self.stale_served.get(mount.path, 0) + 1
+        log.warning("mount %s: answering %s of %r from metadata %.0fs old: the store is unreachable or slow (%s)",
+                    mount.path, kind, rel, time.monotonic() - stale.started, reason)
+        return stale.value
 
     def _stale(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
         """The last answer the store gave for (kind, rel), however old; for "info" also

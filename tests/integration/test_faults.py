@@ -157,9 +157,15 @@ def test_warm_data_is_read_while_the_store_is_down(start_cluster: Any, bucket: s
         assert sorted(cluster.fs().ls("/warm/dir", detail=False)) == ["/warm/dir/a", "/warm/dir/b"]
         error, failed_after = failure_time(lambda: cluster.fs().cat_file("/strict/dir/a"))
         assert isinstance(error, errors.Unavailable) and "could not be reached" in str(error), error
-    print(f"\nstore refused: warm read took {took:.2f}s; stale-if-error off failed after {failed_after:.2f}s")
+    time.sleep(SYNC * 1.5)
+    with proxy.hanging():
+        got, hung_took = timed(lambda: cluster.fs().cat_file("/warm/dir/a"))
+        assert got == data
+    print(f"\nstore refused: warm read took {took:.2f}s; stale-if-error off failed after {failed_after:.2f}s; "
+          f"store hung: warm read took {hung_took:.2f}s")
+    assert took < 5 and hung_took < 8  # STRATA_STORE_STALE_AFTER is 3 s
     answers = metric(cluster.master.metrics(), "strata_master_stale_metadata_answers", '{mount="/warm"}')
-    assert answers >= 2
+    assert answers >= 3
     with pytest.raises(AssertionError):
         metric(cluster.master.metrics(), "strata_master_stale_metadata_answers", '{mount="/strict"}')
 
