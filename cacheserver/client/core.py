@@ -12,6 +12,7 @@ open reads continue and such files can be opened again.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import logging
 import mmap
@@ -78,6 +79,23 @@ def resolve_token(token: str | None) -> str:
 def local_host() -> str:
     """This host's name as workers report theirs (the node name in Kubernetes)."""
     return os.environ.get("STRATA_NODE_NAME") or os.environ.get(constants.ENV_HOSTNAME) or socket.gethostname()
+
+
+def worker_alive(info: pb.WorkerInfo, timeout: float) -> bool:
+    """Does the worker's process answer at all? Its health endpoint is served by the same
+    event loop as its reads, so a stopped or hung worker leaves it unanswered."""
+    if not info.http_port:
+        return True  # nothing to ask: the block deadline still bounds the wait
+    host = info.address.rsplit(":", 1)[0].strip("[]")
+    conn = http.client.HTTPConnection(host, info.http_port, timeout=timeout)
+    try:
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        return True  # any answer, 503 included: the process is running
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
 
 
 @dataclass
@@ -184,24 +202,9 @@ class StrataClient:
 
     def _patience(self, info: pb.WorkerInfo) -> Patience:
         s = self.settings
+        # No reference back to the client: readers (and their sockets) go when it goes.
         return Patience(connect_timeout=s.connect_timeout, check_after=s.stall_check_after,
-                        block_timeout=s.block_timeout, alive=lambda: self._alive(info))
-
-    def _alive(self, info: pb.WorkerInfo) -> bool:
-        """Does the worker's process answer at all? Its health endpoint is served by the
-        same event loop as its reads, so a stopped or hung worker leaves it unanswered."""
-        if not info.http_port:
-            return True  # nothing to ask: the block deadline still bounds the wait
-        host = info.address.rsplit(":", 1)[0].strip("[]")
-        conn = http.client.HTTPConnection(host, info.http_port, timeout=self.settings.liveness_timeout)
-        try:
-            conn.request("GET", "/healthz")
-            conn.getresponse().read()
-            return True  # any answer, 503 included: the process is running
-        except (OSError, http.client.HTTPException):
-            return False
-        finally:
-            conn.close()
+                        block_timeout=s.block_timeout, alive=functools.partial(worker_alive, info, s.liveness_timeout))
 
     def _data_reader(self, info: pb.WorkerInfo) -> DataReader | None:
         if not info.data_port:
