@@ -6,12 +6,12 @@ path is known, N serves answers at most N seconds old (measured from when the st
 started). Concurrent misses on one path share one store request (single flight), and any
 change made through Strata invalidates the affected entries at once.
 
-Stale-if-error: when the store cannot be reached (refused, 5xx: `Unavailable`; hung:
-`DeadlineExceeded`)
-and the mount allows it (`stale_if_error`, on by default), an expired answer is served
-instead of the error, and counted. Only an outage is masked: a store that answers "not
-found" or refuses credentials is believed at once, and entries dropped by a change made
-through Strata are gone, not stale.
+Stale-if-error: when the store cannot be reached (refused, 5xx: `Unavailable`; no answer
+within its deadline: `DeadlineExceeded`; no answer within `StoreTimeouts.stale_after`) and
+the mount allows it (`stale_if_error`, on by default), an expired answer is served instead of
+the error, and counted. Only an outage is masked: a store that answers "not found" or refuses
+credentials is believed at once, and entries dropped by a change made through Strata are
+gone, not stale. (A mount synced on every access keeps no answers, so has none to serve.)
 
 Files written through Strata live in an overlay until the store's copy takes over:
 - not yet persisted (MUST_CACHE, ASYNC_THROUGH before its upload): the overlay is the only
