@@ -152,6 +152,7 @@ def cmd_mount_add(args: argparse.Namespace) -> int:
         write_type=pb.WriteType.Value(args.write_type) if args.write_type else pb.WRITE_TYPE_UNSPECIFIED,
         pin=args.pin,
         ttl_seconds=parse_duration(args.ttl, what="--ttl") if args.ttl else 0,
+        stale_if_error=args.stale_if_error,
     )
     mount = _client(args).mount(args.path, args.source, options, replace=args.replace)
     print(f"mounted {mount.path} -> {mount.source}")
@@ -397,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--credential", "-c", action="append", metavar="KEY=VALUE", help="secret storage option (key, secret)")
     p.add_argument("--read-only", action="store_true")
     p.add_argument("--sync-interval", default="30s", help="metadata sync interval: 0s = every access, -1 = never")
+    p.add_argument("--stale-if-error", action=argparse.BooleanOptionalAction, default=True,
+                   help="when the store cannot be reached, answer from older metadata (default: on)")
     p.add_argument("--read-type", choices=["CACHE", "CACHE_PROMOTE", "NO_CACHE"])
     p.add_argument("--write-type", choices=["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"])
     p.add_argument("--pin", action="store_true")

@@ -51,6 +51,13 @@ class Unavailable(StrataError, ConnectionError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class DeadlineExceeded(StrataError, TimeoutError):
+    """The store (or a server) took longer than its deadline to answer; another worker
+    would wait on the same store, so readers get this error rather than a failover."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class DataLoss(StrataError, OSError):
     """Bytes failed their checksum and no good copy could be had."""
 
@@ -71,6 +78,7 @@ _BY_CODE: dict[grpc.StatusCode, type[StrataError]] = {
         Unauthenticated,
         ResourceExhausted,
         Unavailable,
+        DeadlineExceeded,
         DataLoss,
         FailedPrecondition,
     )

@@ -3,15 +3,17 @@ channel options, authenticated channels."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
 from . import auth, constants
-from .errors import StrataError, from_status
+from .errors import FailedPrecondition, StrataError, from_status
 from .proto import strata_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,11 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.enable_retries", 0),
+    # After a server restart, a channel tries to connect again at most 1 s apart (gRPC's
+    # default back-off grows to 2 min): workers re-register and clients resume within about
+    # a second of the master answering again.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 # What a server receives in one message. Block bytes stream in STREAM_CHUNK_SIZE pieces, so
@@ -188,3 +195,43 @@ class _SyncAuthInterceptor(
 
     def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
         return continuation(self._details(details), request_iterator)
+
+
+def _port_taken(bind: str, port: int) -> bool:
+    """Whether something already listens on (bind, port): a probe bind fails with EADDRINUSE."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((bind, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def listen_error(server: str, purpose: str, bind: str, port: int, flag: str, cause: BaseException | None = None) -> StrataError:
+    """The error a server gives when it cannot listen on a port: says whether the port is
+    taken and which flag picks another, so start-up fails with one line, not a traceback."""
+    in_use = (isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE) or _port_taken(bind, port)
+    if in_use:
+        return FailedPrecondition(
+            f"{server}: port {port} is already in use ({purpose} on {bind}); stop the process that "
+            f"holds it or choose another port with {flag}"
+        )
+    reason = f": {cause.strerror or cause}" if isinstance(cause, OSError) else ""
+    return FailedPrecondition(f"{server}: cannot listen on {bind}:{port} for {purpose}{reason}; check {flag} and --bind")
+
+
+def add_port(server: grpc.aio.Server, name: str, bind: str, port: int) -> int:
+    """Listen for gRPC on (bind, port); the bound port (for port 0), or a clear error.
+    The port is probed first: gRPC servers share ports (SO_REUSEPORT), so a second server
+    on a taken port would otherwise start and receive half of another's calls."""
+    if port and _port_taken(bind, port):
+        raise listen_error(name, "gRPC", bind, port, "--port")
+    try:
+        bound = server.add_insecure_port(f"{bind}:{port}")
+    except RuntimeError as exc:  # grpc raises this when no address could be bound
+        raise listen_error(name, "gRPC", bind, port, "--port") from exc
+    if bound == 0:
+        raise listen_error(name, "gRPC", bind, port, "--port")
+    return int(bound)

@@ -3,8 +3,9 @@
 A Store turns a mount's source URL (`s3://bucket/prefix`, `file:///dir`, `memory://name`,
 `gcs://...`) and its options into async calls on paths relative to that source. Every call
 goes through `retry.call_with_backoff`, retrying only transient failures (connection errors,
-5xx answers, throttling); a missing object, a missing bucket or refused credentials become
-`NotFound` / `PermissionDenied` at once, with a message a person can act on.
+timeouts, 5xx answers, throttling), within one deadline per operation (`StoreTimeouts`); a
+missing object, a missing bucket or refused credentials become `NotFound` /
+`PermissionDenied` at once, with a message a person can act on.
 
 Async filesystems (s3fs, gcsfs, ...) run on the caller's event loop with one session per
 Store; blocking ones (file://, memory://) run in a worker thread. Each Store owns its
@@ -38,10 +39,20 @@ from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 from fsspec.spec import AbstractFileSystem
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from s3fs import S3FileSystem
 
 from .constants import FSSPEC_PROTOCOL
-from .errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, StrataError, Unavailable
+from .errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    StrataError,
+    Unavailable,
+)
 from .retry import RetrySettings, call_with_backoff
 
 log = logging.getLogger(__name__)
@@ -82,6 +93,30 @@ _HOST_READING_PROTOCOLS = frozenset({
 })
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
+
+
+class StoreTimeouts(BaseSettings):
+    """How long a store may take; `STRATA_STORE_CONNECT_TIMEOUT` etc. override the defaults.
+    A store that accepts connections but never answers costs a reader at most `deadline`
+    seconds, then a clear error (and, for metadata, the stale-if-error answer)."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_STORE_", frozen=True, extra="forbid")
+
+    # Seconds to open a connection to the store: a reachable endpoint answers a TCP
+    # handshake in milliseconds; 5 s rides out a busy one (S3 object stores).
+    connect_timeout: float = Field(default=5.0, gt=0)
+    # Seconds to wait for the next bytes of an answer (not for the whole answer): an object
+    # store starts answering within a second; 10 s tells a hung store from a slow one (S3).
+    read_timeout: float = Field(default=10.0, gt=0)
+    # Seconds for one operation, its retries included, on any store: about two read
+    # timeouts. Past it the caller gets DeadlineExceeded naming the store. Raise it for
+    # stores whose 16 MiB block reads take longer.
+    deadline: float = Field(default=20.0, gt=0)
+    # Seconds the master waits on the store for metadata older than the mount's sync
+    # interval before answering from it (stale-if-error): a hung store then costs a reader
+    # of cached files this, not the whole deadline. The store's answer, when it comes,
+    # still refreshes the metadata.
+    stale_after: float = Field(default=3.0, gt=0)
 
 
 @dataclass(frozen=True)
@@ -260,6 +295,7 @@ class Store:
         *,
         retry: RetrySettings | None = None,
         allowed_roots: Sequence[str] | None = None,
+        timeouts: StoreTimeouts | None = None,
     ) -> None:
         self.protocol, self._cls = filesystem_class(source)
         self.source = source if source.endswith(":///") else source.rstrip("/")
@@ -268,6 +304,7 @@ class Store:
             raise InvalidArgument(f"source {source!r}: a file:// source needs an absolute path, e.g. file:///data")
         self._kwargs = storage_options(self._cls, options or {})
         self._retry = retry or RetrySettings()
+        self._timeouts = timeouts or StoreTimeouts()
         self._is_async = issubclass(self._cls, AsyncFileSystem)
         self._is_s3 = issubclass(self._cls, S3FileSystem)
         # file:// stores: every path is checked, links resolved, to stay under the root, and
@@ -286,6 +323,8 @@ class Store:
             # One retry helper: botocore and s3fs make a single try each.
             config = dict(kwargs.get("config_kwargs") or {})
             config["retries"] = {"total_max_attempts": 1}
+            config.setdefault("connect_timeout", self._timeouts.connect_timeout)
+            config.setdefault("read_timeout", self._timeouts.read_timeout)
             kwargs["config_kwargs"] = config
         if self.protocol == "file":
             kwargs.setdefault("auto_mkdir", True)
@@ -462,14 +501,25 @@ class Store:
                     raise
                 raise mapped from exc
 
-        return await call_with_backoff(
-            attempt,
-            what=f"{what} {self.url(rel)}",
-            attempts=self._retry.attempts,
-            base_delay=self._retry.base_delay,
-            max_delay=self._retry.max_delay,
-            retry_on=(Unavailable,),
-        )
+        deadline = self._timeouts.deadline
+        try:
+            return await asyncio.wait_for(
+                call_with_backoff(
+                    attempt,
+                    what=f"{what} {self.url(rel)}",
+                    attempts=self._retry.attempts,
+                    base_delay=self._retry.base_delay,
+                    max_delay=self._retry.max_delay,
+                    retry_on=(Unavailable,),
+                ),
+                deadline,
+            )
+        except TimeoutError as exc:  # the deadline; attempts' own timeouts are Unavailable
+            where = self._kwargs.get("endpoint_url") or self.source
+            raise DeadlineExceeded(
+                f"store {self.source} did not answer {what} of {self.url(rel)} within {deadline:g}s "
+                f"(at {where}; STRATA_STORE_DEADLINE sets this limit)"
+            ) from exc
 
     # -- operations ---------------------------------------------------------------------------
 

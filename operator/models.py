@@ -204,6 +204,9 @@ class MountSpec(_Spec):
     pin: bool = False
     # Seconds; 0 = no TTL.
     ttl: float = 0.0
+    # Answer from metadata older than metadataSync.interval while the store cannot be
+    # reached, instead of failing reads of cached data (stale-if-error).
+    stale_if_error: bool = Field(True, alias="staleIfError")
 
     @field_validator("path")
     @classmethod

@@ -2,11 +2,18 @@
 
 A block is read from a worker on this host when there is one (by file descriptor when the
 worker allows short-circuit reads), else from the block's owner on the hash ring; when a
-worker is down the next one on the ring serves it. Reads are correct or raise a clear error.
+worker is down, stopped or too slow the next one on the ring serves it. Reads are correct or
+raise a clear error, and every call has a deadline (`ClientSettings`).
+
+While the master cannot be reached the client goes on, for a bounded time, with what the
+master last told it: the workers it listed, and the metadata of files already looked at, so
+open reads continue and such files can be opened again.
 """
 
 from __future__ import annotations
 
+import functools
+import http.client
 import logging
 import mmap
 import os
@@ -14,6 +21,7 @@ import queue
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +31,13 @@ import grpc
 from .. import constants, rpcutil
 from ..auth import load_token
 from ..blockrefs import block_count, key_of
-from ..errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable
+from ..errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
 from . import localstate
-from .transfer import DataReader, ShortCircuitReader
+from .settings import ClientSettings
+from .transfer import DataReader, Patience, ShortCircuitReader, WorkerStalled
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,10 @@ Buffer = bytes | mmap.mmap
 
 # Errors after which the next worker on the ring is tried.
 _FAILOVER = (Unavailable, FailedPrecondition)
+# Errors that say "the master could not be reached or did not answer in time".
+_MASTER_AWAY = (Unavailable, DeadlineExceeded)
+# File metadata kept for opens during a master outage (entries, most recently used kept).
+HELD_METADATA_ENTRIES = 10_000
 
 
 def resolve_master(master: str | None) -> str:
@@ -68,42 +81,104 @@ def local_host() -> str:
     return os.environ.get("STRATA_NODE_NAME") or os.environ.get(constants.ENV_HOSTNAME) or socket.gethostname()
 
 
+def worker_alive(info: pb.WorkerInfo, timeout: float) -> bool:
+    """Does the worker's process answer at all? Its health endpoint is served by the same
+    event loop as its reads, so a stopped or hung worker leaves it unanswered."""
+    if not info.http_port:
+        return True  # nothing to ask: the block deadline still bounds the wait
+    host = info.address.rsplit(":", 1)[0].strip("[]")
+    conn = http.client.HTTPConnection(host, info.http_port, timeout=timeout)
+    try:
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        return True  # any answer, 503 included: the process is running
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
 @dataclass
 class _Workers:
     at: float
     all: list[pb.WorkerInfo]
 
 
+@dataclass(frozen=True)
+class _Held:
+    """An answer of the master, kept to go on with while it cannot be reached."""
+
+    at: float  # time.monotonic() of the answer
+    info: pb.FileInfo
+
+
 class StrataClient:
     def __init__(self, master: str | None = None, token: str | None = None, host: str | None = None,
-                 short_circuit: bool = True) -> None:
+                 short_circuit: bool = True, settings: ClientSettings | None = None) -> None:
         self.master_address = resolve_master(master)
         self.token = resolve_token(token)
         self.host = host or local_host()
         self.short_circuit = short_circuit
+        self.settings = settings or ClientSettings()
         self._channel = rpcutil.sync_channel(self.master_address, self.token)
         self.master = pb_grpc.MasterStub(self._channel)
         self._workers: _Workers | None = None
         self._worker_channels: dict[str, tuple[str, grpc.Channel]] = {}
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
+        self._held: OrderedDict[str, _Held] = OrderedDict()
+        self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
+        # time.monotonic() of the last failed call to the master (down, stopped); None once
+        # it answers again.
+        self._master_failed_at: float | None = None
         self._lock = threading.Lock()
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def call(self, method: str, request: Any, *, what: str, timeout: float = 60) -> Any:
+    def call(self, method: str, request: Any, *, what: str, timeout: float | None = None) -> Any:
         try:
-            return getattr(self.master, method)(request, timeout=timeout)
+            return getattr(self.master, method)(request, timeout=timeout or self.settings.master_timeout)
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"{what} (master {self.master_address})") from exc
 
+    def _within_grace(self, at: float) -> bool:
+        return time.monotonic() - at <= self.settings.master_outage_grace
+
+    def _master_just_failed(self) -> bool:
+        """The master failed a call less than WORKERS_TTL ago: calls with an answer to fall
+        back on don't ask it again until then (each ask of a stopped master costs time)."""
+        failed = self._master_failed_at
+        return failed is not None and time.monotonic() - failed < WORKERS_TTL
+
+    def _list_workers(self, timeout: float | None) -> _Workers:
+        try:
+            response = self.call("ListWorkers", pb.ListWorkersRequest(), what="listing workers", timeout=timeout)
+        except _MASTER_AWAY:
+            self._master_failed_at = time.monotonic()
+            raise
+        self._master_failed_at = None
+        self._workers = _Workers(time.monotonic(), list(response.workers))
+        return self._workers
+
     def workers(self, refresh: bool = False) -> list[pb.WorkerInfo]:
+        """The live workers, as the master listed them at most WORKERS_TTL ago; while the
+        master cannot be reached, the last list (for up to `master_outage_grace`)."""
         cached = self._workers
-        if refresh or cached is None or time.monotonic() - cached.at > WORKERS_TTL:
-            response = self.call("ListWorkers", pb.ListWorkersRequest(), what="listing workers", timeout=10)
-            cached = _Workers(time.monotonic(), list(response.workers))
-            self._workers = cached
-        return cached.all
+        if not (refresh or cached is None or time.monotonic() - cached.at > WORKERS_TTL):
+            return cached.all
+        if cached is None:
+            return self._list_workers(None).all
+        if self._within_grace(cached.at) and self._master_just_failed():
+            return cached.all
+        try:
+            # The master answers this from memory: a short wait tells a stopped master.
+            return self._list_workers(self.settings.master_quick_timeout).all
+        except _MASTER_AWAY as exc:
+            if not self._within_grace(cached.at):
+                raise
+            log.warning("master away (%s); reading with the %d workers it listed %.0fs ago",
+                        exc, len(cached.all), time.monotonic() - cached.at)
+            return cached.all
 
     def worker_stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
         with self._lock:
@@ -121,8 +196,15 @@ class StrataClient:
         with self._lock:
             reader = self._sc_readers.get(info.domain_socket)
             if reader is None:
-                reader = self._sc_readers[info.domain_socket] = ShortCircuitReader(info.domain_socket, self.token)
+                reader = self._sc_readers[info.domain_socket] = ShortCircuitReader(
+                    info.domain_socket, self.token, self._patience(info))
         return reader
+
+    def _patience(self, info: pb.WorkerInfo) -> Patience:
+        s = self.settings
+        # No reference back to the client: readers (and their sockets) go when it goes.
+        return Patience(connect_timeout=s.connect_timeout, check_after=s.stall_check_after,
+                        block_timeout=s.block_timeout, alive=functools.partial(worker_alive, info, s.liveness_timeout))
 
     def _data_reader(self, info: pb.WorkerInfo) -> DataReader | None:
         if not info.data_port:
@@ -132,7 +214,7 @@ class StrataClient:
         with self._lock:
             reader = self._data_readers.get(where)
             if reader is None:
-                reader = self._data_readers[where] = DataReader(host, info.data_port, self.token)
+                reader = self._data_readers[where] = DataReader(host, info.data_port, self.token, self._patience(info))
         return reader
 
     def close(self) -> None:
@@ -144,12 +226,67 @@ class StrataClient:
 
     # -- metadata ----------------------------------------------------------------------------
 
+    def _hold(self, infos: Iterable[pb.FileInfo]) -> None:
+        if not self.settings.master_outage_grace:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for info in infos:
+                self._held[info.path] = _Held(now, info)
+                self._held.move_to_end(info.path)
+            while len(self._held) > HELD_METADATA_ENTRIES:
+                self._held.popitem(last=False)
+
+    def _held_info(self, path: str) -> _Held | None:
+        with self._lock:
+            held = self._held.get(path) or self._held.get("/" + path.strip("/"))
+        return held if held is not None and self._within_grace(held.at) else None
+
     def stat(self, path: str) -> pb.FileInfo:
-        return self.call("GetStatus", pb.GetStatusRequest(path=path), what=f"stat {path}")  # type: ignore[no-any-return]
+        """The master's metadata of `path`; while the master cannot be reached, what it
+        said last (for up to `master_outage_grace` seconds), so files seen can be opened."""
+        request = pb.GetStatusRequest(path=path)
+        what = f"stat {path}"
+        held = self._held_info(path)
+        if held is None:
+            info: pb.FileInfo = self.call("GetStatus", request, what=what)
+        elif self._master_just_failed():
+            return held.info
+        else:
+            try:
+                info = self._hedged_call("GetStatus", request, what=what)
+            except _MASTER_AWAY as exc:
+                log.warning("master away (%s); using the metadata of %s it gave %.0fs ago",
+                            exc, path, time.monotonic() - held.at)
+                return held.info
+        self._hold([info])
+        return info
+
+    def _hedged_call(self, method: str, request: Any, *, what: str) -> Any:
+        """A master call that has an answer to fall back on. A slow answer may be a master
+        waiting on its store (wait for it) or a stopped master (don't): after
+        master_quick_timeout the worker list, which it answers from memory, tells which."""
+        where = f"{what} (master {self.master_address})"
+        future = getattr(self.master, method).future(request, timeout=self.settings.master_timeout)
+        try:
+            try:
+                return future.result(timeout=self.settings.master_quick_timeout)
+            except grpc.FutureTimeoutError:
+                pass
+            try:
+                self._list_workers(self.settings.master_quick_timeout)
+            except _MASTER_AWAY:
+                future.cancel()
+                raise
+            return future.result()
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, where) from exc
 
     def ls(self, path: str, recursive: bool = False) -> list[pb.FileInfo]:
         response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive), what=f"ls {path}")
-        return list(response.files)
+        files = list(response.files)
+        self._hold(files)
+        return files
 
     def rm(self, path: str, recursive: bool = False) -> None:
         self.call("Delete", pb.DeleteRequest(path=path, recursive=recursive), what=f"rm {path}")
@@ -160,7 +297,7 @@ class StrataClient:
     def mount(self, path: str, source: str, options: pb.MountOptions | None = None, *,
               replace: bool = False, check: bool = True) -> pb.MountInfo:
         request = pb.MountRequest(path=path, source=source, options=options, replace=replace, check=check)
-        return self.call("Mount", request, what=f"mount {path}", timeout=120).mount  # type: ignore[no-any-return]
+        return self.call("Mount", request, what=f"mount {path}").mount  # type: ignore[no-any-return]
 
     def unmount(self, path: str, free: bool = True) -> None:
         self.call("Unmount", pb.UnmountRequest(path=path, free=free), what=f"unmount {path}")
@@ -203,10 +340,14 @@ class StrataClient:
             raise Unavailable(f"no live workers to read {ref.path} from (master {self.master_address})")
         by_id = {w.worker_id: w for w in workers}
         ranked = rank_workers(key_of(ref).block_id, by_id)
+        now = time.monotonic()
+        stalled = {w for w, until in list(self._stalled.items()) if until > now}
+        ranked = [w for w in ranked if w not in stalled] + [w for w in ranked if w in stalled]
         held = [w for w in ranked if w in set(holders)]
         local = [w for w in ranked if by_id[w].host == self.host]
         order: list[str] = []
         if ref.in_store:
+            local = [w for w in local if w not in stalled]
             order = local + held + ranked
         else:  # only the holders have it
             order = held + ranked
@@ -221,6 +362,10 @@ class StrataClient:
             for worker in self.candidates(ref, holders):
                 try:
                     return self._read_from(worker, ref, offset, length, readahead, read_type)
+                except WorkerStalled as exc:
+                    self._stalled[worker.worker_id] = time.monotonic() + self.settings.skip_stalled_for
+                    errors.append(f"{worker.worker_id}: {exc}")
+                    log.warning("block %d of %s: skipping worker %s: %s", ref.index, ref.path, worker.worker_id, exc)
                 except _FAILOVER as exc:
                     errors.append(f"{worker.worker_id}: {exc}")
                     log.debug("block %d of %s: worker %s failed: %s", ref.index, ref.path, worker.worker_id, exc)
@@ -237,6 +382,8 @@ class StrataClient:
                 if offset == 0 and want == full:
                     return reader.map(ref, read_type)
                 return reader.read(ref, offset, want, read_type)
+            except WorkerStalled:
+                raise
             except (Unavailable, ResourceExhausted, DataLoss) as exc:
                 log.debug("short-circuit to %s failed (%s); reading over the network", worker.worker_id, exc)
         data: Buffer | None = None
@@ -244,6 +391,8 @@ class StrataClient:
         if data_reader is not None:
             try:
                 data = data_reader.read(ref, offset, want, read_type, readahead)
+            except WorkerStalled:
+                raise  # no second wait on it over gRPC: the next worker serves the block
             except Unavailable as exc:  # data port unreachable (or the worker is down: gRPC tells)
                 log.debug("data port of %s failed (%s); reading over gRPC", worker.worker_id, exc)
         if data is None:
@@ -254,11 +403,17 @@ class StrataClient:
         return data
 
     def _read_grpc(self, worker: pb.WorkerInfo, request: pb.ReadBlockRequest) -> bytes:
+        timeout = self.settings.block_timeout
+        started = time.monotonic()
         try:
-            chunks = [c.data for c in self.worker_stub(worker).ReadBlock(request, timeout=300)]
+            chunks = [c.data for c in self.worker_stub(worker).ReadBlock(request, timeout=timeout)]
         except grpc.RpcError as exc:
             ref = request.block
-            raise rpcutil.raise_from_rpc_error(exc, f"reading block {ref.index} of {ref.path} from worker {worker.worker_id}") from exc
+            what = f"reading block {ref.index} of {ref.path} from worker {worker.worker_id}"
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - started >= timeout:
+                # Our own deadline (the worker's store errors come sooner): skip the worker.
+                raise WorkerStalled(f"{what}: no answer within {timeout:g}s (STRATA_CLIENT_BLOCK_TIMEOUT)") from exc
+            raise rpcutil.raise_from_rpc_error(exc, what) from exc
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def read_file(self, path: str) -> bytes:

@@ -2,7 +2,12 @@
 from the data port over TCP, received straight into the memory that is handed to the reader;
 and, on the worker's host, block files' descriptors from the short-circuit socket, whose
 chunks the reader verifies against the checksums the worker sends (the files are on the
-node's disk, which may flip bits like any other)."""
+node's disk, which may flip bits like any other).
+
+No wait is unbounded (`Patience`): a worker silent for `check_after` seconds is asked whether
+it is alive; one that is not (stopped, hung), or that takes longer than `block_timeout`,
+raises `WorkerStalled`, and the caller moves on to the next worker.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,12 +32,27 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
+class WorkerStalled(Unavailable):
+    """The worker stopped answering in the middle of a request: try another one."""
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long to wait on a worker (seconds; see `ClientSettings`)."""
+
+    connect_timeout: float
+    check_after: float  # silence before asking `alive`
+    block_timeout: float  # the most one request may take
+    alive: Callable[[], bool]  # does the worker still answer? (its health check)
+
+
 class _BlockSocketClient(ABC):
     """One connection per thread to one worker socket; a request line out, a reply line in."""
 
-    def __init__(self, where: str, token: str) -> None:
+    def __init__(self, where: str, token: str, patience: Patience) -> None:
         self.where = where
         self._token = token
+        self._patience = patience
         self._local = threading.local()
 
     @abstractmethod
@@ -45,6 +66,7 @@ class _BlockSocketClient(ABC):
                 sock = self._connect()
             except OSError as exc:
                 raise Unavailable(f"block socket {self.where}: {exc.strerror or exc}") from exc
+            sock.settimeout(self._patience.check_after)
             conn = (sock, bytearray())  # bytes received past the reply line
             self._local.conn = conn
             self._local.used = False
@@ -55,6 +77,25 @@ class _BlockSocketClient(ABC):
         if conn is not None:
             conn[0].close()
             self._local.conn = None
+
+    def _patiently(self, receive: Callable[[], T], since: float) -> T:
+        """`receive()`, called again while the worker is silent but alive and the request
+        (started at `since`) is within its deadline; WorkerStalled otherwise."""
+        while True:
+            try:
+                return receive()
+            except TimeoutError:
+                waited = time.monotonic() - since
+                if waited >= self._patience.block_timeout:
+                    raise WorkerStalled(
+                        f"worker at {self.where} took over {waited:.1f}s for one block "
+                        f"(STRATA_CLIENT_BLOCK_TIMEOUT={self._patience.block_timeout:g})"
+                    ) from None
+                if not self._patience.alive():
+                    raise WorkerStalled(
+                        f"worker at {self.where} went silent for {waited:.1f}s and does not answer "
+                        "its health check (stopped or hung)"
+                    ) from None
 
     def _receive(self, sock: socket.socket, pending: bytearray) -> list[int]:
         """More bytes into `pending`; descriptors that came with them."""
@@ -69,6 +110,7 @@ class _BlockSocketClient(ABC):
         payload starts there) and any descriptors received. Error replies raise; the caller
         owns the descriptors. A kept connection the worker has closed since (it restarted)
         gets one retry on a new one."""
+        since = time.monotonic()
         while True:
             sock, pending = self._conn()
             reused = self._local.used
@@ -77,13 +119,13 @@ class _BlockSocketClient(ABC):
             try:
                 sock.sendall(request)
                 while b"\n" not in pending:
-                    fds += self._receive(sock, pending)
+                    fds += self._patiently(lambda: self._receive(sock, pending), since)
                 break
             except (OSError, Unavailable) as exc:
                 self._drop()
                 for fd in fds:
                     os.close(fd)
-                if reused and not pending:
+                if reused and not pending and not isinstance(exc, WorkerStalled):
                     continue
                 if isinstance(exc, Unavailable):
                     raise
@@ -105,18 +147,19 @@ class _BlockSocketClient(ABC):
 class DataReader(_BlockSocketClient):
     """Block bytes from a worker's data port."""
 
-    def __init__(self, host: str, port: int, token: str) -> None:
-        super().__init__(f"{host}:{port}", token)
+    def __init__(self, host: str, port: int, token: str, patience: Patience) -> None:
+        super().__init__(f"{host}:{port}", token, patience)
         self._address = (host, port)
 
     def _connect(self) -> socket.socket:
-        sock = socket.create_connection(self._address, timeout=300)
+        sock = socket.create_connection(self._address, timeout=self._patience.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0, readahead: int = 0) -> mmap.mmap | bytes:
         """Bytes [offset, offset+length) of the block, in a private anonymous map the socket
         fills directly (one copy, by the kernel); slicing it copies only what is sliced."""
+        since = time.monotonic()
         reply, pending, _ = self._exchange(
             request_line(self._token, ref, read_type, offset=offset, length=length, readahead=readahead)
         )
@@ -134,16 +177,16 @@ class DataReader(_BlockSocketClient):
         sock = self._conn()[0]
         try:
             while got < size:
-                n = sock.recv_into(view[got:])
+                n = self._patiently(lambda: sock.recv_into(view[got:]), since)
                 if n == 0:
                     raise Unavailable(f"worker {self.where} closed the connection after {got} of {size} bytes")
                 got += n
+        except Unavailable:  # WorkerStalled included: it must keep its type
+            self._drop()
+            raise
         except OSError as exc:
             self._drop()
             raise Unavailable(f"reading block {ref.index} of {ref.path} from {self.where}: {exc}") from exc
-        except Unavailable:
-            self._drop()
-            raise
         finally:
             view.release()
         return out
@@ -154,6 +197,7 @@ class ShortCircuitReader(_BlockSocketClient):
 
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._patience.connect_timeout)
         try:
             sock.connect(self.where)
         except OSError:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import rpcutil
@@ -59,6 +59,14 @@ class MasterCollector(Collector):
         for mount in s.mounts.list():
             cached.add_metric([mount.path], by_mount.get(mount.mount_id, 0))
         yield cached
+        stale = CounterMetricFamily(
+            "strata_master_stale_metadata_answers",
+            "Answers given from metadata older than the mount's sync interval because the store could not be reached",
+            labels=["mount"],
+        )
+        for path, count in sorted(s.namespace.stale_served.items()):
+            stale.add_metric([path], count)
+        yield stale
 
 
 def drop_disallowed_mounts(mounts: MountTable, config: ServerConfig) -> None:
@@ -103,14 +111,16 @@ async def start_master(
     service = MasterService(config, mounts, namespace, credentials.internal)
     server = rpcutil.server(credentials, max_receive_bytes=rpcutil.MASTER_MAX_RECEIVE_BYTES)
     pb_grpc.add_MasterServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{bind}:{port}")
-    if bound == 0:
-        raise OSError(f"master: cannot listen on {bind}:{port} (port in use?)")
+    bound = rpcutil.add_port(server, "master", bind, port)
     await server.start()
     registry = CollectorRegistry()
     registry.register(MasterCollector(service))
     http = HttpServer(registry, healthy=lambda: True)
-    http_bound = await http.start(bind, http_port)
+    try:
+        http_bound = await http.start(bind, http_port)
+    except OSError as exc:
+        await server.stop(0)
+        raise rpcutil.listen_error("master", "HTTP (metrics, health)", bind, http_port, "--http-port", exc) from None
 
     async def expire_loop() -> None:
         while True:

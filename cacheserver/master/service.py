@@ -77,6 +77,7 @@ def options_from_proto(options: pb.MountOptions, has_options: bool) -> MountOpti
         write_type=write_type_name(options.write_type),
         pin=options.pin,
         ttl_seconds=options.ttl_seconds,
+        stale_if_error=options.stale_if_error if options.HasField("stale_if_error") else True,
     )
 
 
@@ -97,6 +98,7 @@ def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str])
             write_type=pb.WriteType.Value(o.write_type) if o.write_type else pb.WRITE_TYPE_UNSPECIFIED,
             pin=o.pin,
             ttl_seconds=o.ttl_seconds,
+            stale_if_error=o.stale_if_error,
         ),
     )
 

@@ -6,6 +6,13 @@ path is known, N serves answers at most N seconds old (measured from when the st
 started). Concurrent misses on one path share one store request (single flight), and any
 change made through Strata invalidates the affected entries at once.
 
+Stale-if-error: when the store cannot be reached (refused, 5xx: `Unavailable`; no answer
+within its deadline: `DeadlineExceeded`; no answer within `StoreTimeouts.stale_after`) and
+the mount allows it (`stale_if_error`, on by default), an expired answer is served instead of
+the error, and counted. Only an outage is masked: a store that answers "not found" or refuses
+credentials is believed at once, and entries dropped by a change made through Strata are
+gone, not stale. (A mount synced on every access keeps no answers, so has none to serve.)
+
 Files written through Strata live in an overlay until the store's copy takes over:
 - not yet persisted (MUST_CACHE, ASYNC_THROUGH before its upload): the overlay is the only
   record; the file shows persisted=False and appears in listings;
@@ -19,17 +26,28 @@ The overlay and the pins are saved in the state directory, like the mount table.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from ..ufs import UfsStatus
+from ..errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from ..ufs import StoreTimeouts, UfsStatus
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
 from .statefile import StateFile
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "namespace.json"
 # Directory listings (recursive ones especially) are spread over at most this many
@@ -77,6 +95,30 @@ def _fresh(started: float, now: float, interval: float) -> bool:
     if interval < 0:
         return True
     return interval > 0 and now - started <= interval
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _nameable(mount: Mount, where: str, statuses: list[UfsStatus]) -> list[UfsStatus]:
+    """`statuses` without the entries whose names are not UTF-8 (a POSIX file name may be
+    any bytes; a Strata path is text): each is left out with a warning naming it, so the
+    rest of the folder stays listable."""
+    kept = [s for s in statuses if _utf8(s.path)]
+    if len(kept) != len(statuses):
+        for status in statuses:
+            if not _utf8(status.path):
+                raw = status.path.encode("utf-8", "surrogateescape")
+                log.warning(
+                    "mount %s: left %r (in %s) out of its listing: the name is not UTF-8; "
+                    "rename it in the store to read it through Strata", mount.path, raw, where,
+                )
+    return kept
 
 
 def _rel_under(path: str, root: str) -> bool:
@@ -127,9 +169,11 @@ class _MountCache:
 class Namespace:
     """Metadata over the mount table (see the module docstring)."""
 
-    def __init__(self, mounts: MountTable, state_dir: Path | None, *, block_size: int) -> None:
+    def __init__(self, mounts: MountTable, state_dir: Path | None, *, block_size: int,
+                 timeouts: StoreTimeouts | None = None) -> None:
         if block_size <= 0:
             raise InvalidArgument(f"block size must be positive, got {block_size}")
+        self._stale_after = (timeouts or StoreTimeouts()).stale_after
         self._mounts = mounts
         self._state = StateFile(state_dir, STATE_FILE)
         self._block_size = block_size
@@ -137,6 +181,9 @@ class Namespace:
         self._overlay: dict[str, OverlayEntry] = {}
         self._pins: dict[int, set[str]] = {}
         self._seen_version = -1
+        # Answers given from expired metadata because the store could not be reached, by
+        # mount path (a metric).
+        self.stale_served: dict[str, int] = {}
         self._load()
         self._sync_mounts()
 
@@ -250,10 +297,40 @@ class Namespace:
 
     async def _fetch(self, mount: Mount, kind: str, rel: str) -> Any:
         """The store's answer for (kind, rel): cached if fresh enough, else asked once for
-        all concurrent callers. None stands for "not found"."""
+        all concurrent callers; when the store cannot be reached, the last answer it gave
+        (stale-if-error, if the mount allows it). None stands for "not found"."""
         hit = self._cached(mount, kind, rel)
         if hit is not None:
             return hit.value
+        stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
+        if stale is None:
+            return await self._fetch_from_store(mount, kind, rel)
+        try:
+            # The store request goes on (shielded) when this wait ends: its answer, if it
+            # comes, refreshes the cache for the next caller.
+            return await asyncio.wait_for(self._fetch_from_store(mount, kind, rel), self._stale_after)
+        except (Unavailable, DeadlineExceeded) as exc:  # before TimeoutError: a subclass of it
+            reason = str(exc)
+        except TimeoutError:
+            reason = f"no answer within {self._stale_after:g}s"
+        self.stale_served[mount.path] = self.stale_served.get(mount.path, 0) + 1
+        log.warning("mount %s: answering %s of %r from metadata %.0fs old: the store is unreachable or slow (%s)",
+                    mount.path, kind, rel, time.monotonic() - stale.started, reason)
+        return stale.value
+
+    def _stale(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
+        """The last answer the store gave for (kind, rel), however old; for "info" also
+        what the parent's listing said."""
+        entries = self._cache(mount).entries
+        hit = entries.get((kind, rel))
+        if hit is not None or kind != "info":
+            return hit
+        listing = entries.get(("list", _rel_parent(rel)))
+        if listing is None or listing.value is None:
+            return None
+        return _Fetched(next((s for s in listing.value if s.path == rel), None), listing.started)
+
+    async def _fetch_from_store(self, mount: Mount, kind: str, rel: str) -> Any:
         cache = self._cache(mount)
         interval = mount.options.metadata_sync_interval
         key = (kind, rel)
@@ -285,9 +362,10 @@ class Namespace:
             "walk": lambda: store.walk(rel, with_dirs=True),
         }
         try:
-            return await calls[kind]()
+            answer = await calls[kind]()
         except NotFound:
             return None
+        return answer if kind == "info" else _nameable(mount, store.url(rel), answer)
 
     def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
         """(True, status) if the cache can say what is at `rel` (None: nothing), from the

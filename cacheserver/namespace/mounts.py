@@ -49,6 +49,11 @@ class MountOptions:
     write_type: str = ""  # "" = the cluster's cachePolicy.writeType
     pin: bool = False  # blocks of this mount are never evicted
     ttl_seconds: float = 0.0  # free blocks unused this long; 0 = keep
+    # When the store cannot be reached (refused, timed out, 5xx), answer from metadata older
+    # than the sync interval instead of failing (stale-if-error). On by default: the cached
+    # blocks of that version are still the store's bytes as last seen; a mount whose readers
+    # must never see a file the store may have changed turns it off.
+    stale_if_error: bool = True
 
     def __post_init__(self) -> None:
         interval = self.metadata_sync_interval

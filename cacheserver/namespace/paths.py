@@ -7,10 +7,12 @@ from ..errors import InvalidArgument
 
 def normalize(path: str, *, what: str = "path") -> str:
     """The canonical form of an absolute path: `//` and `.` collapsed, `..` resolved, no
-    trailing slash except for "/". InvalidArgument (naming `what`) for relative paths and
-    for `..` that would climb above "/"."""
+    trailing slash except for "/". InvalidArgument (naming `what`) for relative paths, for
+    paths with a NUL byte and for `..` that would climb above "/"."""
     if not path.startswith("/"):
         raise InvalidArgument(f"{what} must be absolute, got {path!r}")
+    if "\0" in path:
+        raise InvalidArgument(f"{what} {path!r} contains a NUL byte, which no file name may hold")
     parts: list[str] = []
     for part in path.split("/"):
         if part in ("", "."):

@@ -274,9 +274,7 @@ async def start_worker(
     data_dir.mkdir(parents=True, exist_ok=True)
     server = rpcutil.server(credentials, max_receive_bytes=rpcutil.WORKER_MAX_RECEIVE_BYTES)
     token = credentials.internal  # what this worker presents to the master and its peers
-    bound = server.add_insecure_port(f"{bind}:{port}")
-    if bound == 0:
-        raise OSError(f"worker: cannot listen on {bind}:{port} (port in use?)")
+    bound = rpcutil.add_port(server, "worker", bind, port)
     identity = identity or identity_from_env(bound)
     reports = BlockReports()
     store = BlockStore(
@@ -310,7 +308,7 @@ async def start_worker(
         data_bound = data.start(bind, data_port)
     except OSError as exc:
         await server.stop(0)
-        raise OSError(f"worker: cannot listen on {bind}:{data_port} for block data (port in use?): {exc.strerror}") from exc
+        raise rpcutil.listen_error("worker", "block data", bind, data_port, "--data-port", exc) from None
     short_circuit = None
     if config.short_circuit:
         # One socket per worker: several workers of a cluster may share a node's folder.
@@ -323,7 +321,14 @@ async def start_worker(
         short_circuit.start()
     registry = CollectorRegistry()
     http = HttpServer(registry, healthy=lambda: handle is not None and handle.registered)
-    http_bound = await http.start(bind, http_port)
+    try:
+        http_bound = await http.start(bind, http_port)
+    except OSError as exc:
+        data.stop()
+        if short_circuit:
+            short_circuit.stop()
+        await server.stop(0)
+        raise rpcutil.listen_error("worker", "HTTP (metrics, health)", bind, http_port, "--http-port", exc) from None
     handle = WorkerHandle(
         config=config, identity=identity, token=token, service=service, server=server, port=bound,
         http=http, http_port=http_bound, data=data, data_port=data_bound, short_circuit=short_circuit, master_channel=master_channel,

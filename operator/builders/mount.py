@@ -21,6 +21,7 @@ def build_mount_request(spec: MountSpec, credentials: Mapping[str, str]) -> pb.M
         write_type=pb.WriteType.Value(spec.write_type or "WRITE_TYPE_UNSPECIFIED"),
         pin=spec.pin,
         ttl_seconds=spec.ttl,
+        stale_if_error=spec.stale_if_error,
     )
     return pb.MountRequest(path=spec.path, source=spec.source, options=options, replace=True, check=True)
 

@@ -70,7 +70,10 @@ class StoreProxy:
             transport = writer.transport
             sock = transport.get_extra_info("socket")
             if sock is not None:  # reset, not a polite FIN: the store went away
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                except OSError:
+                    pass  # the connection closed meanwhile: nothing left to reset
             transport.abort()
         self._writers.clear()
 

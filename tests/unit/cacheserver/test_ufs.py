@@ -12,9 +12,9 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from s3fs import S3FileSystem
 
-from strata.cacheserver.errors import InvalidArgument, NotFound, PermissionDenied, Unavailable
+from strata.cacheserver.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from strata.cacheserver.retry import RetrySettings
-from strata.cacheserver.ufs import Store, check_source_allowed, storage_options
+from strata.cacheserver.ufs import Store, StoreTimeouts, check_source_allowed, storage_options
 
 FAST_RETRY = RetrySettings(attempts=5, base_delay=0.001, max_delay=0.01)
 
@@ -356,6 +356,26 @@ async def test_unreachable_endpoint_is_unavailable_after_retries(s3_server: Any)
                 await store.check()
         # Five tries (the HTTP client itself may reconnect once per try).
         assert 5 <= proxy.failed <= 10
+    finally:
+        proxy.stop()
+
+
+async def test_a_store_that_never_answers_is_given_up_on_at_its_deadline(s3_server: Any, bucket: str) -> None:
+    from storeproxy import StoreProxy
+
+    s3_server.put_object(bucket, "obj", b"payload")
+    proxy = StoreProxy(target_port=int(s3_server.endpoint_url.rsplit(":", 1)[1]))
+    timeouts = StoreTimeouts(connect_timeout=0.5, read_timeout=0.5, deadline=2.0)
+    try:
+        options = {**s3_server.storage_options(), "endpoint_url": proxy.endpoint_url}
+        async with Store(f"s3://{bucket}", options, retry=FAST_RETRY, timeouts=timeouts) as store:
+            assert await store.read_range("obj", 0, 3) == b"pay"
+            with proxy.hanging():
+                started = time.monotonic()
+                with pytest.raises(DeadlineExceeded, match=rf"store s3://{bucket} did not answer read of s3://{bucket}/obj within 2s"):
+                    await store.read_range("obj", 0, 3)
+                assert time.monotonic() - started < 2.0 + 1.0
+            assert await store.read_range("obj", 0, 3) == b"pay"  # it heals
     finally:
         proxy.stop()
 

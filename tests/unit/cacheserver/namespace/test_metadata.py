@@ -19,6 +19,7 @@ from strata.cacheserver.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Unavailable,
 )
 from strata.cacheserver.namespace.metadata import FileEntry, Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
@@ -32,6 +33,8 @@ class GatedMemoryFileSystem(MemoryFileSystem):
     protocol = "gatedmem"
     calls: ClassVar[Counter[str]] = Counter()
     gate: ClassVar[threading.Event] = threading.Event()
+    # Raised by every store call while set: a store that cannot be reached, and so on.
+    failure: ClassVar[BaseException | None] = None
     _nested = threading.local()
 
     @classmethod
@@ -44,6 +47,8 @@ class GatedMemoryFileSystem(MemoryFileSystem):
             return call()
         type(self).calls[method] += 1
         assert type(self).gate.wait(10), "test left the gate closed"
+        if type(self).failure is not None:
+            raise type(self).failure
         self._nested.active = True
         try:
             return call()
@@ -92,6 +97,7 @@ def gatedmem() -> None:
     fsspec.register_implementation("gatedmem", GatedMemoryFileSystem, clobber=True)
     GatedMemoryFileSystem.calls.clear()
     GatedMemoryFileSystem.gate.set()
+    GatedMemoryFileSystem.failure = None
 
 
 def paths(entries: list[FileEntry]) -> list[str]:
@@ -202,6 +208,54 @@ async def test_interval_n_serves_from_cache_and_catches_up_within_n() -> None:
 
     await eventually(seen, timeout=interval + 5)
     assert time.monotonic() - changed_at <= interval + 0.5
+
+
+STALE_INTERVAL = 0.2
+
+
+async def expired_warm_env(**options: Any) -> Env:
+    """A mount with /m/d/f and /m/g known to the cache, their answers since expired."""
+    env = Env(None, metadata_sync_interval=STALE_INTERVAL, **options)
+    env.put("d/f", b"one")
+    env.put("g", b"gee")
+    await env.ns.get_status("/m/d/f")
+    await env.ns.list_status("/m")
+    await asyncio.sleep(STALE_INTERVAL * 1.5)  # let every answer expire
+    return env
+
+
+async def test_an_unreachable_store_is_answered_from_expired_metadata() -> None:
+    env = await expired_warm_env()
+    fresh = [await env.ns.get_status("/m/d/f"), await env.ns.list_status("/m")]
+    await asyncio.sleep(STALE_INTERVAL * 1.5)
+    GatedMemoryFileSystem.failure = ConnectionRefusedError(111, "Connection refused")
+    calls = sum(env.calls.values())
+    assert await env.ns.get_status("/m/d/f") == fresh[0]
+    assert await env.ns.list_status("/m") == fresh[1]
+    assert (await env.ns.get_status("/m/g")).length == 3  # from its parent's listing
+    assert sum(env.calls.values()) > calls  # the store was asked first
+    assert env.ns.stale_served == {"/m": 3}
+    with pytest.raises(Unavailable):  # never seen: nothing to fall back on
+        await env.ns.get_status("/m/d/never-seen")
+
+
+async def test_stale_if_error_off_fails_with_the_outage() -> None:
+    env = await expired_warm_env(stale_if_error=False)
+    GatedMemoryFileSystem.failure = ConnectionRefusedError(111, "Connection refused")
+    with pytest.raises(Unavailable, match="could not be reached"):
+        await env.ns.get_status("/m/d/f")
+    assert env.ns.stale_served == {}
+
+
+async def test_a_store_that_answers_not_found_is_believed() -> None:
+    env = await expired_warm_env()
+    env.remove("d/f")
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/d/f")
+    GatedMemoryFileSystem.failure = PermissionError(13, "Access Denied")
+    with pytest.raises(PermissionDenied):
+        await env.ns.list_status("/m")
+    assert env.ns.stale_served == {}
 
 
 async def test_interval_never_keeps_the_first_answer_until_invalidated() -> None:

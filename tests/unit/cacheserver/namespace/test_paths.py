@@ -52,3 +52,8 @@ def test_relative_join_parent_name() -> None:
     assert join("/a", "b/c") == "/a/b/c" and join("/a", "") == "/a" and join("/", "x") == "/x"
     assert parent("/a/b") == "/a" and parent("/a") == "/" and parent("/") == "/"
     assert name("/a/b") == "b" and name("/") == ""
+
+
+def test_a_nul_byte_is_refused_with_the_path() -> None:
+    with pytest.raises(InvalidArgument, match=r"'/a\\x00b' contains a NUL byte"):
+        normalize("/a\0b")

@@ -1,0 +1,41 @@
+"""How long the client waits, and what it does while a server is away.
+
+Every call the client makes has a deadline from here; `STRATA_CLIENT_MASTER_TIMEOUT` etc.
+override the defaults (seconds throughout).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ClientSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STRATA_CLIENT_", frozen=True, extra="forbid")
+
+    # Seconds for one call to the master. A metadata call may wait on the store for up to
+    # its deadline (STRATA_STORE_DEADLINE, 20 s), so this is longer than that.
+    master_timeout: float = Field(default=30.0, gt=0)
+    # Seconds one worker may take for one block, a cold fetch from the store included
+    # (longer than STRATA_STORE_DEADLINE, so a hung store reaches the reader as the
+    # store's error, not as a timeout); past it the next worker on the ring is asked.
+    block_timeout: float = Field(default=45.0, gt=0)
+    # Seconds to open a connection to a worker's data port: a live worker accepts at once.
+    connect_timeout: float = Field(default=3.0, gt=0)
+    # Seconds a worker may stay silent during a block read before the client checks that it
+    # is alive (its /healthz); a stopped or hung worker is then skipped for the next one.
+    stall_check_after: float = Field(default=2.0, gt=0)
+    # Seconds a live worker takes to answer that check (its event loop answers in ms).
+    liveness_timeout: float = Field(default=1.0, gt=0)
+    # Seconds a worker found stalled is tried last, so the next blocks don't wait on it too.
+    skip_stalled_for: float = Field(default=10.0, ge=0)
+    # Seconds for master calls it answers from memory (the worker list), and for any call
+    # the client has an answer to fall back on while the master is known to be away: a
+    # stopped master costs a reader this long, not master_timeout.
+    master_quick_timeout: float = Field(default=2.0, gt=0)
+    # Seconds the client goes on with what the master last told it (the worker list, file
+    # metadata it has seen) while the master cannot be reached: open reads keep reading and
+    # files already seen can be opened again. 120 s rides out a master pod's restart; it is
+    # kept short because metadata that old may miss a change made in the store meanwhile
+    # (as metadataSync.interval may). 0 turns this off.
+    master_outage_grace: float = Field(default=120.0, ge=0)
