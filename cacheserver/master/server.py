@@ -19,6 +19,7 @@ from ..httpserver import HttpServer, serve_until_signalled
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..proto import strata_pb2_grpc as pb_grpc
+from ..uploads import pending_upload_metrics
 from .service import MasterService
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class MasterCollector(Collector):
         for mount in s.mounts.list():
             cached.add_metric([mount.path], by_mount.get(mount.mount_id, 0))
         yield cached
+        yield from pending_upload_metrics("strata_mount", s.pending_uploads(), {m.mount_id: m.path for m in s.mounts.list()})
 
 
 @dataclass
