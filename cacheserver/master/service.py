@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,9 @@ UFS_TOTALS_MAX_AGE = 60.0
 # on object stores): writes and deletes of that path wait for it, so it must end; a worker
 # whose move timed out uploads again.
 PERSIST_MOVE_TIMEOUT = 120.0
+# Seconds a prepared write holds back older uploads of its file when its worker never says
+# how it ended (killed, or stopped that long).
+WRITE_LEASE = 600.0
 
 
 @dataclass
@@ -121,6 +125,9 @@ class MasterService(pb_grpc.MasterServicer):
         # Paths whose ASYNC_THROUGH upload is being moved into place in the store: writes,
         # deletes and renames of them wait (so no older upload lands after a newer write).
         self._moving: dict[str, asyncio.Event] = {}
+        # Writes prepared and not yet committed or aborted: path -> write id -> lease end
+        # (time.monotonic()). While one is open, older uploads of the path wait.
+        self._writing: dict[str, dict[str, float]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -199,6 +206,22 @@ class MasterService(pb_grpc.MasterServicer):
         """Wait until no upload at or below `path` is being moved into place."""
         while busy := [event for p, event in self._moving.items() if is_under(p, path)]:
             await busy[0].wait()
+
+    def _end_write(self, path: str, write_id: str) -> None:
+        open_writes = self._writing.get(path, {})
+        open_writes.pop(write_id, None)
+        if not open_writes:
+            self._writing.pop(path, None)
+
+    def _write_open(self, path: str) -> bool:
+        """Is a write of `path` prepared and not yet ended (nor its lease run out)?"""
+        now = time.monotonic()
+        open_writes = {w: end for w, end in self._writing.get(path, {}).items() if end > now}
+        if open_writes:
+            self._writing[path] = open_writes
+        else:
+            self._writing.pop(path, None)
+        return bool(open_writes)
 
     async def _remove_upload(self, mount: NsMount, version: str) -> None:
         """Remove a dropped write's upload from the store's upload folder (best effort: a
@@ -325,6 +348,7 @@ class MasterService(pb_grpc.MasterServicer):
             persisted=request.persisted,
             ufs_version=request.ufs_version or None,
         )
+        self._end_write(path, request.write_id)
         return pb.CommitFileResponse(file=self._file_info(entry))
 
     @rpcutil.unary
@@ -339,14 +363,11 @@ class MasterService(pb_grpc.MasterServicer):
                 pass
             else:
                 raise AlreadyExists(f"{path} already exists; write with overwrite to replace it")
-        # Like a create with overwrite in HDFS: the new write replaces the old file from its
-        # start. A version still waiting for its upload is dropped now, so that upload can
-        # never land after (and over) this write.
-        dropped = self.namespace.drop_unpersisted(path)
-        if dropped is not None:
-            log.info("write of %s supersedes version %s, not in the store yet", path, dropped.version)
-            self._spawn(self._remove_upload(mount, dropped.version), f"remove-upload-{dropped.version}")
-        return pb.PrepareWriteResponse()
+        # Older uploads of the file wait until this write ends: committed, it supersedes them;
+        # failed, the file stays as it was (and its upload goes on).
+        write_id = uuid.uuid4().hex
+        self._writing.setdefault(path, {})[write_id] = time.monotonic() + WRITE_LEASE
+        return pb.PrepareWriteResponse(write_id=write_id)
 
     @rpcutil.unary
     async def PersistFile(self, request: pb.PersistFileRequest, context: grpc.aio.ServicerContext) -> pb.PersistFileResponse:
@@ -356,6 +377,8 @@ class MasterService(pb_grpc.MasterServicer):
         await self._settled(path)
         target = self.namespace.pending_write(path, request.version)
         mount, _ = self.mounts.resolve(path)
+        if target is not None and self._write_open(path):
+            raise Unavailable(f"a newer write of {path} is in progress; the upload of version {request.version} waits for it")
         if target is None:
             written = self.namespace.written(path)
             if written is not None and written.version == request.version and written.persisted:
@@ -392,7 +415,8 @@ class MasterService(pb_grpc.MasterServicer):
     async def AbortWrite(self, request: pb.AbortWriteRequest, context: grpc.aio.ServicerContext) -> pb.AbortWriteResponse:
         path = normalize(request.path)
         await self._settled(path)
-        if self.namespace.drop_unpersisted(path, request.version) is not None:
+        self._end_write(path, request.write_id)
+        if request.version and self.namespace.drop_unpersisted(path, request.version) is not None:
             log.info("dropped the unacknowledged write of %s (version %s)", path, request.version)
         return pb.AbortWriteResponse()
 

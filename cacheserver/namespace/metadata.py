@@ -551,15 +551,15 @@ class Namespace:
         entry = await self.get_status(path)
         if entry.is_dir and not recursive and await self.list_status(path):
             raise FailedPrecondition(f"directory {path} is not empty; delete it recursively")
-        dropped = self._drop_written(path)
+        # The store first, also for a file not persisted yet (an older copy may be there, which
+        # must not show again): if the store cannot be reached, nothing changes.
         try:
-            if entry.persisted or entry.is_dir:
-                await self._mounts.store(mount).rm(rel, recursive=entry.is_dir)
+            await self._mounts.store(mount).rm(rel, recursive=entry.is_dir)
         except NotFound:
-            pass  # already gone from the store (or never there: a directory of written files)
+            pass  # already gone from the store (or never there: a file or folder written through Strata)
         finally:
             self.invalidate(path)
-        return dropped
+        return self._drop_written(path)
 
     async def rename(self, src: str, dst: str) -> None:
         """Move a file or directory within one mount."""

@@ -370,73 +370,88 @@ class WorkerService(pb_grpc.WorkerServicer):
             path = normalize(first.path)
             mount = await self.mounts.resolve(path)
             mount.check_writable()
-            await self._prepare(path, overwrite=first.overwrite)
             write_type = effective_write_type(first.write_type, mount, self.config)
-            return pb.WriteFileResponse(file=await self._write(staged, mount, path, length, write_type))
+            write_id = await self._prepare(path, overwrite=first.overwrite)
+            return pb.WriteFileResponse(file=await self._write(staged, mount, path, length, write_type, write_id))
         finally:
             if not self.uploads.is_pending(staged):
                 staged.unlink(missing_ok=True)
 
-    async def _prepare(self, path: str, *, overwrite: bool) -> None:
+    async def _prepare(self, path: str, *, overwrite: bool) -> str:
         """Ask the master before writing: refuses an existing file (unless overwrite) and
-        supersedes a version of it still waiting for its upload."""
+        holds back older uploads of it until this write ends. Returns the write's id."""
         try:
-            await self._master().PrepareWrite(pb.PrepareWriteRequest(path=path, overwrite=overwrite), timeout=MASTER_WRITE_TIMEOUT)
+            response = await self._master().PrepareWrite(pb.PrepareWriteRequest(path=path, overwrite=overwrite),
+                                                         timeout=MASTER_WRITE_TIMEOUT)
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"preparing the write of {path} on the master") from exc
+        return str(response.write_id)
 
-    async def _commit(self, path: str, length: int, version: str, persisted: bool, ufs_version: str) -> pb.FileInfo:
+    async def _abort(self, path: str, version: str, write_id: str) -> None:
+        """Tell the master a write ended without an acknowledgement: its commit (`version`,
+        if the master recorded it) is dropped. Best effort: the write's lease runs out anyway."""
+        try:
+            await self._master().AbortWrite(pb.AbortWriteRequest(path=path, version=version, write_id=write_id),
+                                            timeout=MASTER_WRITE_TIMEOUT)
+        except grpc.RpcError as exc:
+            log.warning("could not withdraw the failed write of %s: %s", path, exc.details() if hasattr(exc, "details") else exc)
+
+    async def _commit(self, path: str, length: int, version: str, persisted: bool, ufs_version: str, write_id: str) -> pb.FileInfo:
         try:
             response = await self._master().CommitFile(pb.CommitFileRequest(
                 path=path, length=length, version=version, block_size=self.config.block_size,
-                persisted=persisted, worker_id=self.worker_id, ufs_version=ufs_version,
+                persisted=persisted, worker_id=self.worker_id, ufs_version=ufs_version, write_id=write_id,
             ), timeout=MASTER_WRITE_TIMEOUT)
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"committing {path} on the master") from exc
         file: pb.FileInfo = response.file
         return file
 
-    async def _write(self, staged: Path, mount: MountView, path: str, length: int, write_type: pb.WriteType.ValueType) -> pb.FileInfo:
+    async def _write(self, staged: Path, mount: MountView, path: str, length: int, write_type: pb.WriteType.ValueType,
+                     write_id: str) -> pb.FileInfo:
         """Write a staged file with its write type. The writer is answered only when the
         write type's promise holds (THROUGH, CACHE_THROUGH: in the store; ASYNC_THROUGH:
         staged durably here and committed; MUST_CACHE: cached and committed); on an error
         nothing of the file stays."""
         if write_type in (pb.THROUGH, pb.CACHE_THROUGH):
-            return await self._write_through(staged, mount, path, length, cache=write_type == pb.CACHE_THROUGH)
+            return await self._write_through(staged, mount, path, length, write_id, cache=write_type == pb.CACHE_THROUGH)
         # MUST_CACHE and ASYNC_THROUGH: the cache holds the only copy, so its blocks are
         # pinned (never evicted) until the file is in the store or removed.
         version = f"{WRITTEN_VERSION_PREFIX}{uuid.uuid4().hex}"
         refs: list[pb.BlockRef] = []
-        if write_type == pb.ASYNC_THROUGH:
-            record = UploadRecord(path=path, mount_id=mount.mount_id, version=version, length=length,
-                                  block_size=self.config.block_size, acknowledged=False, staged_unix_ms=now_ms())
-            await asyncio.to_thread(self.uploads.begin, staged, record)
         try:
+            if write_type == pb.ASYNC_THROUGH:
+                record = UploadRecord(path=path, mount_id=mount.mount_id, version=version, length=length,
+                                      block_size=self.config.block_size, acknowledged=False, staged_unix_ms=now_ms(),
+                                      write_id=write_id)
+                await asyncio.to_thread(self.uploads.begin, staged, record)
             refs = await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=version,
                                           length=length, pin=True, in_store=False)
-            file = await self._commit(path, length, version, False, "")
+            file = await self._commit(path, length, version, False, "", write_id)
             if write_type == pb.ASYNC_THROUGH:
                 await self.uploads.acknowledge(staged)
             return file
         except BaseException:
-            if write_type == pb.ASYNC_THROUGH:
+            if write_type == pb.ASYNC_THROUGH and self.uploads.is_pending(staged):
                 await asyncio.shield(self.uploads.abort(staged))
             else:
-                await asyncio.shield(self._withdraw(path, version, refs))
+                await asyncio.shield(self._withdraw(path, version, refs, write_id))
             raise
 
-    async def _withdraw(self, path: str, version: str, refs: list[pb.BlockRef]) -> None:
+    async def _withdraw(self, path: str, version: str, refs: list[pb.BlockRef], write_id: str) -> None:
         """Undo a MUST_CACHE write that could not be acknowledged: its commit, if the master
         recorded it, and its blocks."""
-        try:
-            await self._master().AbortWrite(pb.AbortWriteRequest(path=path, version=version), timeout=MASTER_WRITE_TIMEOUT)
-        except grpc.RpcError as exc:
-            log.warning("could not withdraw the failed write of %s: %s", path, exc.details() if hasattr(exc, "details") else exc)
+        await self._abort(path, version, write_id)
         await self._unpin(refs, pinned=False)
 
-    async def _write_through(self, staged: Path, mount: MountView, path: str, length: int, *, cache: bool) -> pb.FileInfo:
+    async def _write_through(self, staged: Path, mount: MountView, path: str, length: int, write_id: str, *,
+                             cache: bool) -> pb.FileInfo:
         rel = mount.rel(path)
-        status = await mount.store.write_file(rel, staged)
+        try:
+            status = await mount.store.write_file(rel, staged)
+        except BaseException:
+            await asyncio.shield(self._abort(path, "", write_id))
+            raise
         try:
             if cache:
                 try:
@@ -444,13 +459,14 @@ class WorkerService(pb_grpc.WorkerServicer):
                                            length=length, pin=False, in_store=True)
                 except (StrataError, OSError) as exc:  # the file is in the store: it is written
                     log.warning("wrote %s to the store but could not cache it: %s", path, exc)
-            return await self._commit(path, length, status.version, True, status.version)
+            return await self._commit(path, length, status.version, True, status.version, write_id)
         except BaseException:
             # Not acknowledged: what went to the store must not stay listed.
             try:
                 await asyncio.shield(mount.store.rm(rel))
             except (StrataError, OSError) as exc:
                 log.warning("could not remove %s from the store after its write failed: %s", path, exc)
+            await asyncio.shield(self._abort(path, "", write_id))
             raise
 
     async def _unpin(self, refs: list[pb.BlockRef], *, pinned: bool) -> None:

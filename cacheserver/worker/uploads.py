@@ -84,6 +84,8 @@ class UploadRecord(BaseModel):
     # When the write was staged (ms since the epoch); 0 in the first format: the staged
     # file's mtime stands in.
     staged_unix_ms: int = 0
+    # The master's id of the write (PrepareWrite), ended by its commit or its withdrawal.
+    write_id: str = ""
 
     def refs(self) -> list[pb.BlockRef]:
         return [pb.BlockRef(mount_id=self.mount_id, path=self.path, version=self.version, index=i,
@@ -261,8 +263,8 @@ class Uploads:
         self._forget(upload)
 
     async def _withdraw_once(self, record: UploadRecord) -> None:
-        await self._master().AbortWrite(pb.AbortWriteRequest(path=record.path, version=record.version),
-                                        timeout=MASTER_CALL_TIMEOUT)
+        await self._master().AbortWrite(pb.AbortWriteRequest(path=record.path, version=record.version,
+                                                             write_id=record.write_id), timeout=MASTER_CALL_TIMEOUT)
 
     async def _upload(self, upload: _Upload) -> None:
         record = upload.record

@@ -154,17 +154,29 @@ def test_rm_drops_a_pending_upload_and_a_newer_write_supersedes_one(start_cluste
                                                                     proxy: StoreProxy) -> None:
     cluster = start_cluster(workers=2)
     mount_via(cluster, proxy, "/w", bucket)
-    async_fs = cluster.fs(write_type="ASYNC_THROUGH")
     old, new, newest = payload(BLOCK_SIZE + 1), payload(1000), payload(2000)
+    cluster.fs(write_type="THROUGH").pipe_file("/w/removed.bin", b"an older copy in the store")
+    async_fs = cluster.fs(host="node-0", write_type="ASYNC_THROUGH")  # through worker-0
     with proxy.refusing():
-        async_fs.pipe_file("/w/removed.bin", old)
-        async_fs.pipe_file("/w/replaced.bin", old)
-        async_fs.pipe_file("/w/through.bin", old)
-        cluster.fs().rm("/w/removed.bin")  # the only way to drop an acknowledged write
+        for name in ("removed.bin", "replaced.bin", "through.bin"):
+            async_fs.pipe_file(f"/w/{name}", old)
         cluster.fs(write_type="MUST_CACHE").pipe_file("/w/replaced.bin", new)
-    # The store is back: a THROUGH write races the pending upload of the older version.
-    cluster.fs(write_type="THROUGH").pipe_file("/w/through.bin", newest)
-    wait_until(lambda: cluster.fs().client.report().pending_uploads.count == 0, 30, "the pending uploads to settle")
+        # rm must also remove the store's older copy: while the store is down it fails,
+        # and changes nothing.
+        with pytest.raises(StrataError, match="could not be reached"):
+            cluster.fs().rm("/w/removed.bin")
+        assert cluster.fs().cat_file("/w/removed.bin") == old
+        # worker-0, holding the pending uploads, stops; the store comes back meanwhile.
+        os.killpg(cluster.workers[0].process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        cluster.wait_workers(1)
+        cluster.fs().rm("/w/removed.bin")  # the only way to drop an acknowledged write
+        cluster.fs(host="node-1", write_type="THROUGH").pipe_file("/w/through.bin", newest)
+    finally:
+        os.killpg(cluster.workers[0].process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    cluster.wait_workers(2)
+    wait_until(lambda: not staged(cluster, 0) and not staged(cluster, 1), 30, "the pending uploads to be dropped")
+    wait_until(lambda: cluster.fs().client.report().pending_uploads.count == 0, 10, "no pending uploads")
     fs = cluster.fs()
     assert not fs.exists("/w/removed.bin")
     assert fs.cat_file("/w/replaced.bin") == new and not fs.info("/w/replaced.bin")["persisted"]
@@ -173,7 +185,6 @@ def test_rm_drops_a_pending_upload_and_a_newer_write_supersedes_one(start_cluste
     assert sorted(k for k in store_keys(cluster, bucket) if not k.startswith(".strata-uploads")) == ["through.bin"]
     assert cluster.s3.get_object(bucket, "through.bin") == newest
     assert sorted(e["name"] for e in fs.ls("/w")) == ["/w/replaced.bin", "/w/through.bin"]
-    wait_until(lambda: not staged(cluster, 0) and not staged(cluster, 1), 10, "the staged copies to be removed")
 
 
 def test_unpersisted_writes_stay_pinned_through_free_unpin_ttl_eviction_and_restart(start_cluster: Any, bucket: str,

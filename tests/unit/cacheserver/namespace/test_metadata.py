@@ -399,6 +399,18 @@ async def test_delete_files_and_directories() -> None:
         await env.ns.delete("/m/a")
 
 
+async def test_deleting_a_file_written_over_a_store_copy_removes_that_copy_too() -> None:
+    # A MUST_CACHE (or not yet uploaded) write over a file the store holds: after rm the
+    # store's older copy must not show again.
+    env = Env(None, metadata_sync_interval=0)
+    env.put("f", b"older")
+    env.ns.commit_file("/m/f", length=5, version="w1", persisted=False)
+    await env.ns.delete("/m/f")
+    assert not env.exists("f")
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/f")
+
+
 async def test_delete_an_unpersisted_file() -> None:
     env = Env(None)
     env.ns.commit_file("/m/only/here", length=1, version="w", persisted=False)
