@@ -148,6 +148,8 @@ def remove_stale_staging(staging_dir: Path) -> None:
     for record in staging_dir.glob(f"*{RECORD_SUFFIX}") if staging_dir.is_dir() else []:
         if not record.with_name(record.name.removesuffix(RECORD_SUFFIX) + STAGED_SUFFIX).exists():
             record.unlink(missing_ok=True)
+    for partial in staging_dir.glob(".*.tmp") if staging_dir.is_dir() else []:  # a record cut short
+        partial.unlink(missing_ok=True)
 
 
 @dataclass
