@@ -18,6 +18,7 @@ from .client import localstate
 from .errors import InvalidArgument, StrataError
 from .proto import strata_pb2 as pb
 from .units import format_size, parse_duration
+from .uploads import oldest_age_seconds, sum_pending
 
 log = logging.getLogger("strata")
 
@@ -295,7 +296,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     print(f"capacity {format_size(report.capacity)}  used {format_size(report.used)}  "
           f"hit ratio {ratio:.2%} ({report.hits} hits, {report.misses} misses)")
-    rows: list[tuple[str, ...]] = [("WORKER", "HOST", "STATE", "TIER", "USED", "CAPACITY", "BLOCKS", "HITS", "MISSES")]
+    print(f"pending uploads {_pending(report.pending_uploads)}")
+    rows: list[tuple[str, ...]] = [("WORKER", "HOST", "STATE", "TIER", "USED", "CAPACITY", "BLOCKS", "HITS", "MISSES",
+                                    "PENDING UPLOADS")]
     for w in report.workers:
         state = "live" if w.live else "lost"
         if w.worker.decommissioning:
@@ -303,16 +306,24 @@ def cmd_report(args: argparse.Namespace) -> int:
         for i, t in enumerate(w.stats.tiers or [pb.TierStats()]):
             rows.append((w.worker.worker_id if i == 0 else "", w.worker.host if i == 0 else "", state if i == 0 else "",
                          t.medium, format_size(t.used), format_size(t.capacity), str(t.blocks),
-                         str(w.stats.hits) if i == 0 else "", str(w.stats.misses) if i == 0 else ""))
+                         str(w.stats.hits) if i == 0 else "", str(w.stats.misses) if i == 0 else "",
+                         _pending(sum_pending(w.stats.pending_uploads)) if i == 0 else ""))
     _table(rows)
     if report.mounts:
         print()
-        mrows = [("MOUNT", "SOURCE", "CACHED", "STORE")]
+        mrows = [("MOUNT", "SOURCE", "CACHED", "STORE", "PENDING UPLOADS")]
         for m in report.mounts:
             store = f"{format_size(m.ufs_total_bytes)} in {m.ufs_files} files" if m.ufs_files else "-"
-            mrows.append((m.mount.path, m.mount.source, format_size(m.cached_bytes), store))
+            mrows.append((m.mount.path, m.mount.source, format_size(m.cached_bytes), store, _pending(m.pending_uploads)))
         _table(mrows)
     return 0
+
+
+def _pending(pending: pb.PendingUploads) -> str:
+    """Pending ASYNC_THROUGH uploads as `strata report` shows them."""
+    if not pending.count:
+        return "0"
+    return (f"{pending.count} ({format_size(pending.bytes)}, oldest {oldest_age_seconds(pending):.0f}s)")
 
 
 # -- parser --------------------------------------------------------------------------------

@@ -40,5 +40,10 @@ DEFAULT_BLOCK_SIZE: Final = 16 * 1024 * 1024
 # under the 64 MiB message limit every Strata channel sets (rpcutil.CHANNEL_OPTIONS).
 STREAM_CHUNK_SIZE: Final = 4 * 1024 * 1024
 
+# ASYNC_THROUGH uploads land in this folder of the mount's store first; the master moves
+# each into place once it is whole (so an upload of a removed or replaced file never shows).
+# Listings never show it.
+UPLOAD_DIR: Final = ".strata-uploads"
+
 MEDIA: Final = ("MEM", "SSD", "HDD")  # fastest first
 XATTR_LOCATIONS: Final = "user.strata.locations"

@@ -55,25 +55,28 @@ async def call_with_backoff(
     fn: Callable[[], Awaitable[T]],
     *,
     what: str,
-    attempts: int = DEFAULT_ATTEMPTS,
+    attempts: int | None = DEFAULT_ATTEMPTS,
     base_delay: float = DEFAULT_BASE_DELAY,
     max_delay: float = DEFAULT_MAX_DELAY,
     retry_on: tuple[type[BaseException], ...],
 ) -> T:
     """Await `fn()`; when it raises one of `retry_on`, wait and call it again, at most
-    `attempts` times in all. `what` names the operation in log lines."""
-    if attempts < 1:
+    `attempts` times in all (None: until it succeeds or raises something else, for work
+    that must not be given up, such as an acknowledged write's upload). `what` names the
+    operation in log lines."""
+    if attempts is not None and attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
-    for attempt in range(attempts):
+    attempt = 0
+    while True:
         try:
             return await fn()
         except retry_on as exc:
-            if attempt + 1 >= attempts:
+            if attempts is not None and attempt + 1 >= attempts:
                 raise
             delay = backoff_delay(attempt, base_delay=base_delay, max_delay=max_delay)
             log.info(
-                "%s failed (try %d of %d), retrying in %.3fs: %s",
-                what, attempt + 1, attempts, delay, exc,
+                "%s failed (try %d of %s), retrying in %.3fs: %s",
+                what, attempt + 1, attempts or "unlimited", delay, exc,
             )
+            attempt += 1
             await asyncio.sleep(delay)
-    raise AssertionError("unreachable: the loop returns or raises")

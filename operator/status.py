@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from strata.cacheserver.constants import MEDIA
@@ -254,6 +254,15 @@ def _preload(report: pb.MountReport | None, problem: Problem | None) -> tuple[St
     return status, Condition(c.PRELOADED, False, Reason.PRELOADING, message)
 
 
+def _pending_uploads(pending: pb.PendingUploads) -> Status:
+    """Acknowledged ASYNC_THROUGH writes not in the store yet. The oldest is a time, not an
+    age, so the status changes only when the uploads do."""
+    status: Status = {"count": pending.count, "bytes": approximate_quantity(pending.bytes)}
+    if pending.count and pending.oldest_unix_ms:
+        status["oldestSince"] = timestamp(datetime.fromtimestamp(pending.oldest_unix_ms / 1000, tz=UTC))
+    return status
+
+
 def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: datetime) -> Status:
     """The Mount status for an observation, given the status stored before."""
     mounted = obs.phase == MountPhase.MOUNTED
@@ -275,6 +284,7 @@ def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: dateti
         if report.ufs_total_bytes:
             cache["cachedPercentage"] = round(100.0 * report.cached_bytes / report.ufs_total_bytes, 1)
         status["cache"] = cache
+        status["pendingUploads"] = _pending_uploads(report.pending_uploads)
     if obs.preload_requested and mounted:
         status["preload"], preloaded = _preload(report, obs.preload_problem)
         conditions.append(preloaded)

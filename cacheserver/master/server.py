@@ -21,6 +21,7 @@ from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..ufs import check_source_allowed
+from ..uploads import pending_upload_metrics
 from .service import MasterService
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class MasterCollector(Collector):
         for path, count in sorted(s.namespace.stale_served.items()):
             stale.add_metric([path], count)
         yield stale
+        yield from pending_upload_metrics("strata_mount", s.pending_uploads(), {m.mount_id: m.path for m in s.mounts.list()})
 
 
 def drop_disallowed_mounts(mounts: MountTable, config: ServerConfig) -> None:

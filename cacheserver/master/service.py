@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,8 +16,8 @@ from .. import rpcutil
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
 from ..config import ServerConfig
-from ..errors import InvalidArgument, StrataError
-from ..namespace.metadata import FileEntry, Namespace
+from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
+from ..namespace.metadata import FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, normalize
@@ -24,6 +25,7 @@ from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..ufs import Store, check_source_allowed
+from ..uploads import sum_pending
 from .blocks import BlockIndex
 from .membership import Membership, WorkerRecord
 
@@ -34,6 +36,13 @@ LOAD_CONCURRENCY = 4
 LOAD_BATCH_BLOCKS = 2
 # How long store totals of a mount (bytes, files) are reused before walking the store again.
 UFS_TOTALS_MAX_AGE = 60.0
+# Seconds the master gives the store to move an uploaded file into place (a server-side copy
+# on object stores): writes and deletes of that path wait for it, so it must end; a worker
+# whose move timed out uploads again.
+PERSIST_MOVE_TIMEOUT = 120.0
+# Seconds a prepared write holds back older uploads of its file when its worker never says
+# how it ended (killed, or stopped that long).
+WRITE_LEASE = 600.0
 
 
 @dataclass
@@ -116,6 +125,12 @@ class MasterService(pb_grpc.MasterServicer):
         self._table_version = 1
         self._worker_channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._background: set[asyncio.Task[object]] = set()
+        # Paths whose ASYNC_THROUGH upload is being moved into place in the store: writes,
+        # deletes and renames of them wait (so no older upload lands after a newer write).
+        self._moving: dict[str, asyncio.Event] = {}
+        # Writes prepared and not yet committed or aborted: path -> write id -> lease end
+        # (time.monotonic()). While one is open, older uploads of the path wait.
+        self._writing: dict[str, dict[str, float]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -180,9 +195,46 @@ class MasterService(pb_grpc.MasterServicer):
         results = await asyncio.gather(*(one(r) for r in records))
         return [r for r in results if r is not None]
 
-    async def _free_blocks(self, mount_id: int, prefix: str) -> int:
-        results = await self._broadcast("free", "FreeBlocks", pb.FreeBlocksRequest(mount_id=mount_id, path_prefix=prefix))
+    async def _free_blocks(self, mount_id: int, prefix: str, keep: list[pb.BlockRef] | None = None) -> int:
+        request = pb.FreeBlocksRequest(mount_id=mount_id, path_prefix=prefix, keep=keep or [])
+        results = await self._broadcast("free", "FreeBlocks", request)
         return sum(r.bytes_freed for r in results)  # type: ignore[attr-defined]
+
+    def _unpersisted_refs(self, path: str) -> list[pb.BlockRef]:
+        """Written files at or below `path` whose cached blocks are the only copy: a free
+        or an unpin must leave them alone."""
+        return [pb.BlockRef(mount_id=e.mount_id, path=p, version=e.version) for p, e in self.namespace.unpersisted_below(path)]
+
+    async def _settled(self, path: str) -> None:
+        """Wait until no upload at or below `path` is being moved into place."""
+        while busy := [event for p, event in self._moving.items() if is_under(p, path)]:
+            await busy[0].wait()
+
+    def _end_write(self, path: str, write_id: str) -> None:
+        open_writes = self._writing.get(path, {})
+        open_writes.pop(write_id, None)
+        if not open_writes:
+            self._writing.pop(path, None)
+
+    def _write_open(self, path: str) -> bool:
+        """Is a write of `path` prepared and not yet ended (nor its lease run out)?"""
+        now = time.monotonic()
+        open_writes = {w: end for w, end in self._writing.get(path, {}).items() if end > now}
+        if open_writes:
+            self._writing[path] = open_writes
+        else:
+            self._writing.pop(path, None)
+        return bool(open_writes)
+
+    async def _remove_upload(self, mount: NsMount, version: str) -> None:
+        """Remove a dropped write's upload from the store's upload folder (best effort: a
+        leftover there is never listed)."""
+        try:
+            await self.mounts.store(mount).rm(upload_rel(version))
+        except NotFound:
+            pass
+        except StrataError as exc:
+            log.info("could not remove the upload of version %s from %s: %s", version, mount.source, exc)
 
     # -- mount table ---------------------------------------------------------------------------
 
@@ -245,7 +297,11 @@ class MasterService(pb_grpc.MasterServicer):
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
         path = normalize(request.path)
         mount, _ = self.mounts.resolve(path)
-        await self.namespace.delete(path, request.recursive)
+        await self._settled(path)
+        dropped = await self.namespace.delete(path, request.recursive)
+        for written in dropped.values():
+            if not written.persisted:
+                self._spawn(self._remove_upload(mount, written.version), f"remove-upload-{written.version}")
         await self._free_blocks(mount.mount_id, path)
         return pb.DeleteResponse()
 
@@ -253,6 +309,8 @@ class MasterService(pb_grpc.MasterServicer):
     async def Rename(self, request: pb.RenameRequest, context: grpc.aio.ServicerContext) -> pb.RenameResponse:
         src, dst = normalize(request.src), normalize(request.dst)
         mount, _ = self.mounts.resolve(src)
+        await self._settled(src)
+        await self._settled(dst)
         await self.namespace.rename(src, dst)
         # Blocks are keyed by path: the old path's blocks can never be read again.
         await self._free_blocks(mount.mount_id, src)
@@ -286,7 +344,9 @@ class MasterService(pb_grpc.MasterServicer):
     @rpcutil.unary
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.CommitFileResponse:
         path = normalize(request.path)
-        self.namespace.commit_file(
+        # The answer is the entry just recorded: asking the store again could fail (a store
+        # outage during an ASYNC_THROUGH write) after the file was committed.
+        entry = self.namespace.commit_file(
             path,
             length=request.length,
             version=request.version,
@@ -294,7 +354,77 @@ class MasterService(pb_grpc.MasterServicer):
             ufs_version=request.ufs_version or None,
             block_size=request.block_size,
         )
-        return pb.CommitFileResponse(file=self._file_info(await self.namespace.get_status(path)))
+        self._end_write(path, request.write_id)
+        return pb.CommitFileResponse(file=self._file_info(entry))
+
+    @rpcutil.unary
+    async def PrepareWrite(self, request: pb.PrepareWriteRequest, context: grpc.aio.ServicerContext) -> pb.PrepareWriteResponse:
+        path = normalize(request.path)
+        mount, _ = self.mounts.resolve(path)
+        await self._settled(path)
+        if not request.overwrite:
+            try:
+                await self.namespace.get_status(path)
+            except NotFound:
+                pass
+            else:
+                raise AlreadyExists(f"{path} already exists; write with overwrite to replace it")
+        # Older uploads of the file wait until this write ends: committed, it supersedes them;
+        # failed, the file stays as it was (and its upload goes on).
+        write_id = uuid.uuid4().hex
+        self._writing.setdefault(path, {})[write_id] = time.monotonic() + WRITE_LEASE
+        return pb.PrepareWriteResponse(write_id=write_id)
+
+    @rpcutil.unary
+    async def PersistFile(self, request: pb.PersistFileRequest, context: grpc.aio.ServicerContext) -> pb.PersistFileResponse:
+        path = normalize(request.path)
+        if not request.version:
+            raise InvalidArgument(f"persist of {path}: the version must not be empty")
+        await self._settled(path)
+        target = self.namespace.pending_write(path, request.version)
+        mount, _ = self.mounts.resolve(path)
+        if target is not None and self._write_open(path):
+            raise Unavailable(f"a newer write of {path} is in progress; the upload of version {request.version} waits for it")
+        if target is None:
+            written = self.namespace.written(path)
+            if written is not None and written.version == request.version and written.persisted:
+                # Moved into place before (an answer the worker did not get).
+                return pb.PersistFileResponse(file=self._file_info(await self.namespace.get_status(path)))
+            log.info("dropping the upload of %s version %s: the file was removed or replaced", path, request.version)
+            self._spawn(self._remove_upload(mount, request.version), f"remove-upload-{request.version}")
+            return pb.PersistFileResponse(superseded=True)
+        mount, rel = target
+        store = self.mounts.store(mount)
+        moving = self._moving[path] = asyncio.Event()
+        try:
+            try:
+                await asyncio.wait_for(store.mv(upload_rel(request.version), rel), PERSIST_MOVE_TIMEOUT)
+            except TimeoutError:
+                raise Unavailable(
+                    f"store {mount.source} did not move the upload of {path} into place within "
+                    f"{PERSIST_MOVE_TIMEOUT:.0f}s; the worker uploads it again"
+                ) from None
+            except NotFound:
+                raise Unavailable(
+                    f"the upload of {path} version {request.version} is not in {store.url(upload_rel(request.version))}; "
+                    "the worker uploads it again"
+                ) from None
+            status = await store.info(rel)
+            entry = self.namespace.mark_persisted(path, status.version, version=request.version)
+        finally:
+            del self._moving[path]
+            moving.set()
+        log.info("%s (version %s) is in the store", path, request.version)
+        return pb.PersistFileResponse(file=self._file_info(entry))
+
+    @rpcutil.unary
+    async def AbortWrite(self, request: pb.AbortWriteRequest, context: grpc.aio.ServicerContext) -> pb.AbortWriteResponse:
+        path = normalize(request.path)
+        await self._settled(path)
+        self._end_write(path, request.write_id)
+        if request.version and self.namespace.drop_unpersisted(path, request.version) is not None:
+            log.info("dropped the unacknowledged write of %s (version %s)", path, request.version)
+        return pb.AbortWriteResponse()
 
     # -- cache management ------------------------------------------------------------------
 
@@ -370,7 +500,8 @@ class MasterService(pb_grpc.MasterServicer):
         path = normalize(request.path)
         mount, _ = self.mounts.resolve(path)
         prefix = "" if path == mount.path else path
-        return pb.FreeResponse(bytes_freed=await self._free_blocks(mount.mount_id, prefix))
+        freed = await self._free_blocks(mount.mount_id, prefix, keep=self._unpersisted_refs(path))
+        return pb.FreeResponse(bytes_freed=freed)
 
     @rpcutil.unary
     async def SetPinned(self, request: pb.SetPinnedRequest, context: grpc.aio.ServicerContext) -> pb.SetPinnedResponse:
@@ -378,8 +509,9 @@ class MasterService(pb_grpc.MasterServicer):
         mount, _ = self.mounts.resolve(path)
         self.namespace.set_pinned(path, request.pinned)
         self._bump_table()
+        keep = [] if request.pinned else self._unpersisted_refs(path)
         await self._broadcast(
-            "pin", "PinBlocks", pb.PinBlocksRequest(mount_id=mount.mount_id, path_prefix=path, pinned=request.pinned)
+            "pin", "PinBlocks", pb.PinBlocksRequest(mount_id=mount.mount_id, path_prefix=path, pinned=request.pinned, keep=keep)
         )
         return pb.SetPinnedResponse()
 
@@ -457,6 +589,8 @@ class MasterService(pb_grpc.MasterServicer):
             response.workers.append(pb.WorkerReport(worker=self.membership.to_proto(record), stats=record.stats, live=live))
             response.hits += record.stats.hits
             response.misses += record.stats.misses
+        pending = self.pending_uploads()
+        response.pending_uploads.CopyFrom(sum_pending(pending.values()))
         by_mount = self.blocks.cached_bytes_by_mount()
         for mount in self.mounts.list():
             totals = self.ufs_totals.get(mount.mount_id)
@@ -476,8 +610,17 @@ class MasterService(pb_grpc.MasterServicer):
                 ufs_total_bytes=totals.total_bytes if totals else 0,
                 ufs_files=totals.files if totals else 0,
                 load=job.progress if job else None,
+                pending_uploads=pending.get(mount.mount_id, pb.PendingUploads(mount_id=mount.mount_id)),
             ))
         return response
+
+    def pending_uploads(self) -> dict[int, pb.PendingUploads]:
+        """Pending ASYNC_THROUGH uploads per mount id, summed over live workers."""
+        parts: dict[int, list[pb.PendingUploads]] = {}
+        for record in self.membership.live():
+            for part in record.stats.pending_uploads:
+                parts.setdefault(part.mount_id, []).append(part)
+        return {mount_id: sum_pending(p, mount_id) for mount_id, p in parts.items()}
 
     async def close(self) -> None:
         for task in list(self._background):

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..constants import UPLOAD_DIR
 from ..errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -128,6 +129,17 @@ def _rel_under(path: str, root: str) -> bool:
 
 def _rel_parent(rel: str) -> str:
     return rel.rpartition("/")[0]
+
+
+def upload_rel(version: str) -> str:
+    """Where the ASYNC_THROUGH upload of a written version lands first, relative to the
+    mount's root."""
+    return f"{UPLOAD_DIR}/{version}"
+
+
+def _hidden(rel: str) -> bool:
+    """Paths of Strata's own upload folder, never shown as the mount's files."""
+    return _rel_under(rel, UPLOAD_DIR)
 
 
 class _MountCache:
@@ -361,11 +373,15 @@ class Namespace:
             "list": lambda: store.ls(rel),
             "walk": lambda: store.walk(rel, with_dirs=True),
         }
+        if _hidden(rel):
+            return None
         try:
             answer = await calls[kind]()
         except NotFound:
             return None
-        return answer if kind == "info" else _nameable(mount, store.url(rel), answer)
+        if kind == "info":
+            return answer
+        return [status for status in _nameable(mount, store.url(rel), answer) if not _hidden(status.path)]
 
     def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
         """(True, status) if the cache can say what is at `rel` (None: nothing), from the
@@ -399,6 +415,9 @@ class Namespace:
         rel = relative(path, mount.path)
         if rel == "":
             return self._mount_root(mount)
+        written = self._overlay.get(path)
+        if written is not None and written.mount_id == mount.mount_id and not written.persisted:
+            return self._overlay_entry(mount, path, written)  # only Strata has it: no store call
         entry = self._merge(mount, rel, await self._store_status(mount, rel))
         if entry is not None:
             return entry
@@ -542,15 +561,36 @@ class Namespace:
         self.invalidate(path)
         return self._overlay_entry(mount, path, written)
 
-    def mark_persisted(self, path: str, ufs_version: str) -> FileEntry:
+    def written(self, path: str) -> OverlayEntry | None:
+        """The record of a file written through Strata at `path`, if there is one."""
+        self._sync_mounts()
+        return self._overlay.get(normalize(path))
+
+    def pending_write(self, path: str, version: str) -> tuple[Mount, str] | None:
+        """(mount, relative path) of `path` if `version` of it is the current write and not
+        in the store yet; None if the file was removed, replaced or persisted since."""
+        path = normalize(path)
+        self._sync_mounts()
+        written = self._overlay.get(path)
+        mount = self._mounts.find(path)
+        if written is None or mount is None or written.mount_id != mount.mount_id:
+            return None
+        if written.version != version or written.persisted:
+            return None
+        return mount, relative(path, mount.path)
+
+    def mark_persisted(self, path: str, ufs_version: str, *, version: str | None = None) -> FileEntry:
         """A written file reached the store (e.g. an ASYNC_THROUGH upload finished); its
-        cached blocks stay valid while the store holds `ufs_version`."""
+        cached blocks stay valid while the store holds `ufs_version`. With `version`, only
+        that write of the file is marked (NotFound if it was replaced or removed)."""
         path = normalize(path)
         self._sync_mounts()
         written = self._overlay.get(path)
         mount = self._mounts.find(path)
         if written is None or mount is None or written.mount_id != mount.mount_id:
             raise NotFound(f"{path} has no write waiting to be persisted; commit it first")
+        if version is not None and written.version != version:
+            raise NotFound(f"{path} was replaced since version {version} was written (now {written.version})")
         if not ufs_version:
             raise InvalidArgument(f"persist of {path}: the store's version must not be empty")
         persisted = replace(written, persisted=True, ufs_version=ufs_version)
@@ -558,6 +598,26 @@ class Namespace:
         self._save()
         self.invalidate(path)
         return self._overlay_entry(mount, path, persisted)
+
+    def drop_unpersisted(self, path: str, version: str | None = None) -> OverlayEntry | None:
+        """Forget the write of `path` that is not in the store yet (only `version` of it, if
+        given): a newer write supersedes it, or its writer could not acknowledge it. Returns
+        the dropped entry, None if there was none."""
+        path = normalize(path)
+        self._sync_mounts()
+        written = self._overlay.get(path)
+        if written is None or written.persisted or (version is not None and written.version != version):
+            return None
+        del self._overlay[path]
+        self._save()
+        self.invalidate(path)
+        return written
+
+    def unpersisted_below(self, path: str) -> list[tuple[str, OverlayEntry]]:
+        """Written files at or below `path` that are not in the store yet: their cached
+        blocks are the only copy."""
+        path = normalize(path)
+        return sorted((p, e) for p, e in self._overlay.items() if not e.persisted and is_under(p, path))
 
     def _drop_written(self, path: str) -> dict[str, OverlayEntry]:
         """Remove and return the overlay entries at or below `path`."""
@@ -568,23 +628,24 @@ class Namespace:
             self._save()
         return dropped
 
-    async def delete(self, path: str, recursive: bool = False) -> None:
+    async def delete(self, path: str, recursive: bool = False) -> dict[str, OverlayEntry]:
         """Delete a file, or a directory (non-empty ones only with `recursive`), in the
-        store and in the overlay."""
+        store and in the overlay. Returns the written files it dropped from the overlay."""
         path = normalize(path)
         self._sync_mounts()
         mount, rel = self._writable(path, "delete")
         entry = await self.get_status(path)
         if entry.is_dir and not recursive and await self.list_status(path):
             raise FailedPrecondition(f"directory {path} is not empty; delete it recursively")
-        self._drop_written(path)
+        # The store first, also for a file not persisted yet (an older copy may be there, which
+        # must not show again): if the store cannot be reached, nothing changes.
         try:
-            if entry.persisted or entry.is_dir:
-                await self._mounts.store(mount).rm(rel, recursive=entry.is_dir)
+            await self._mounts.store(mount).rm(rel, recursive=entry.is_dir)
         except NotFound:
-            pass  # already gone from the store (or never there: a directory of written files)
+            pass  # already gone from the store (or never there: a file or folder written through Strata)
         finally:
             self.invalidate(path)
+        return self._drop_written(path)
 
     async def rename(self, src: str, dst: str) -> None:
         """Move a file or directory within one mount."""
@@ -602,6 +663,13 @@ class Namespace:
         if is_under(dst, src):
             raise InvalidArgument(f"cannot move {src} into itself ({dst})")
         entry = await self.get_status(src)
+        unpersisted = self.unpersisted_below(src)
+        if unpersisted:
+            # Cached blocks are keyed by path: a move would orphan the only copy.
+            raise FailedPrecondition(
+                f"cannot rename {src}: {unpersisted[0][0]} is not in the store yet (written with MUST_CACHE, "
+                "or its ASYNC_THROUGH upload is pending); rename it once it is persisted, or copy it"
+            )
         try:
             await self.get_status(dst)
         except NotFound:

@@ -27,9 +27,11 @@ from ..errors import StrataError
 from ..httpserver import HttpServer, serve_until_signalled
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
+from ..uploads import pending_upload_metrics
 from .mounts import WorkerMounts
 from ..blockrefs import ref_of, reported_key
-from .service import BlockReports, WorkerService, remove_stale_staging
+from .service import BlockReports, WorkerService
+from .uploads import remove_stale_staging
 from .transfer import DataServer, ShortCircuitServer
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,11 @@ class WorkerCollector(Collector):
         yield capacity
         yield used
         yield blocks
+        service = self._worker.service
+        yield from pending_upload_metrics(
+            "strata_worker", {p.mount_id: p for p in service.uploads.pending()},
+            {v.mount_id: v.path for v in service.mounts.views()},
+        )
 
 
 @dataclass
@@ -143,6 +150,7 @@ class WorkerHandle:
             tiers=[pb.TierStats(medium=t.medium, capacity=t.capacity, used=t.used, blocks=t.blocks) for t in self.service.store.stats()],
             hits=c.hits, misses=c.misses, ufs_bytes_read=c.ufs_bytes_read, bytes_served=c.bytes_served,
             short_circuit_reads=c.short_circuit_reads, cached_bytes_by_mount=by_mount,
+            pending_uploads=self.service.uploads.pending(),
         )
 
     def peer_stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
@@ -165,10 +173,9 @@ class WorkerHandle:
         if response.mount_table_version != self.service.mounts.version:
             await self.service.mounts.refresh()
         log.info("registered with the master as %s (%d blocks)", self.identity.worker_id, len(blocks))
-        try:
-            await self.service.resume_uploads()
-        except (grpc.RpcError, StrataError) as exc:
-            log.warning("staged uploads of a previous run wait for the next registration: %s", exc)
+        resumed = self.service.uploads.resume()
+        if resumed:
+            log.info("resumed %d staged uploads of a previous run", resumed)
 
     def requeue(self, added: list[pb.BlockRef], removed: list[pb.BlockRef]) -> None:
         """Deltas for a later heartbeat; newer ones of the same blocks win."""
@@ -233,10 +240,11 @@ class WorkerHandle:
     def sweep_ttl(self) -> int:
         freed = 0
         now = time.time()
+        held = self.service.unpersisted_written()
         for view in self.service.mounts.views():
             ttl = view.info.options.ttl_seconds
             if ttl > 0:
-                freed += self.service.store.free_unused_since(now - ttl, mount_matcher(view.mount_id))
+                freed += self.service.store.free_unused_since(now - ttl, mount_matcher(view.mount_id, held))
         return freed
 
     async def stop(self, grace: float = 2.0) -> None:
@@ -254,8 +262,9 @@ class WorkerHandle:
         await self.master_channel.close()
 
 
-def mount_matcher(mount_id: int) -> Callable[[BlockKey], bool]:
-    return lambda key: key.mount_id == mount_id
+def mount_matcher(mount_id: int, held: set[str] | frozenset[str] = frozenset()) -> Callable[[BlockKey], bool]:
+    """Blocks of a mount, except those whose ids are in `held`."""
+    return lambda key: key.mount_id == mount_id and key.block_id not in held
 
 
 async def start_worker(

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,6 @@ import grpc
 from pydantic import BaseModel
 
 from .. import constants, rpcutil
-from ..cache.files import write_atomically
 from ..cache.keys import BlockKey
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..config import ServerConfig
@@ -28,6 +27,7 @@ from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from .geometry import FileStatuses
 from .mounts import MountView, WorkerMounts
+from .uploads import UploadRecord, Uploads, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,11 @@ READAHEAD_CONCURRENCY = 4
 FILE_STATUS_TIMEOUT = 10.0
 # Blocks one CacheBlocks call fetches at once (a load sends a few blocks per call).
 CACHE_BLOCKS_CONCURRENCY = 4
+# Seconds for the master calls of a write (prepare, commit, withdraw).
+MASTER_WRITE_TIMEOUT = 30.0
+# Versions of files written into the cache (MUST_CACHE, ASYNC_THROUGH) start with this; their
+# blocks are pinned until the file is in the store.
+WRITTEN_VERSION_PREFIX = "w-"
 
 
 @dataclass
@@ -134,13 +139,12 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._master = master
         self._peers = peers
         self._peer_stub = peer_stub
-        self.staging_dir = staging_dir
-        self.staging_dir.mkdir(parents=True, exist_ok=True)
         self.counters = Counters()
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._background: set[asyncio.Task[object]] = set()
-        self._uploading: set[Path] = set()  # staged ASYNC_THROUGH files being uploaded
+        self.uploads = Uploads(staging_dir, master=master, mounts=mounts,
+                               release=lambda refs, keep_pinned: self._unpin(refs, pinned=keep_pinned))
         self.statuses = FileStatuses(self._file_status)
 
     async def _file_status(self, path: str) -> pb.FileInfo:
@@ -342,10 +346,9 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     @rpcutil.unary
     async def WriteFile(self, request_iterator: AsyncIterator[pb.WriteFileChunk], context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:
-        staged = self.staging_dir / f"{uuid.uuid4().hex}.part"
+        staged = self.uploads.new_staged()
         first: pb.WriteFileChunk | None = None
         length = 0
-        keep_staged = False
         try:
             with staged.open("wb") as out:
                 async for chunk in request_iterator:
@@ -358,117 +361,104 @@ class WorkerService(pb_grpc.WorkerServicer):
             path = normalize(first.path)
             mount = await self.mounts.resolve(path)
             mount.check_writable()
-            if not first.overwrite:
-                await self._refuse_existing(path)
             write_type = effective_write_type(first.write_type, mount, self.config)
-            file = await self._write(staged, mount, path, length, write_type)
-            keep_staged = write_type == pb.ASYNC_THROUGH
-            return pb.WriteFileResponse(file=file)
+            write_id = await self._prepare(path, overwrite=first.overwrite)
+            return pb.WriteFileResponse(file=await self._write(staged, mount, path, length, write_type, write_id))
         finally:
-            if not keep_staged:
+            if not self.uploads.is_pending(staged):
                 staged.unlink(missing_ok=True)
 
-    async def _refuse_existing(self, path: str) -> None:
+    async def _prepare(self, path: str, *, overwrite: bool) -> str:
+        """Ask the master before writing: refuses an existing file (unless overwrite) and
+        holds back older uploads of it until this write ends. Returns the write's id."""
         try:
-            await self._master().GetStatus(pb.GetStatusRequest(path=path), timeout=30)
+            response = await self._master().PrepareWrite(pb.PrepareWriteRequest(path=path, overwrite=overwrite),
+                                                         timeout=MASTER_WRITE_TIMEOUT)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return
-            raise rpcutil.raise_from_rpc_error(exc, f"checking {path}") from exc
-        raise AlreadyExists(f"{path} already exists; write with overwrite to replace it")
+            raise rpcutil.raise_from_rpc_error(exc, f"preparing the write of {path} on the master") from exc
+        return str(response.write_id)
 
-    async def _commit(self, path: str, length: int, version: str, persisted: bool, ufs_version: str) -> pb.FileInfo:
+    async def _abort(self, path: str, version: str, write_id: str) -> None:
+        """Tell the master a write ended without an acknowledgement: its commit (`version`,
+        if the master recorded it) is dropped. Best effort: the write's lease runs out anyway."""
+        try:
+            await self._master().AbortWrite(pb.AbortWriteRequest(path=path, version=version, write_id=write_id),
+                                            timeout=MASTER_WRITE_TIMEOUT)
+        except grpc.RpcError as exc:
+            log.warning("could not withdraw the failed write of %s: %s", path, exc.details() if hasattr(exc, "details") else exc)
+
+    async def _commit(self, path: str, length: int, version: str, persisted: bool, ufs_version: str, write_id: str) -> pb.FileInfo:
         try:
             response = await self._master().CommitFile(pb.CommitFileRequest(
                 path=path, length=length, version=version, block_size=self.config.block_size,
-                persisted=persisted, worker_id=self.worker_id, ufs_version=ufs_version,
-            ), timeout=30)
+                persisted=persisted, worker_id=self.worker_id, ufs_version=ufs_version, write_id=write_id,
+            ), timeout=MASTER_WRITE_TIMEOUT)
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"committing {path} on the master") from exc
         file: pb.FileInfo = response.file
         return file
 
-    async def _write(self, staged: Path, mount: MountView, path: str, length: int, write_type: pb.WriteType.ValueType) -> pb.FileInfo:
-        rel = mount.rel(path)
+    async def _write(self, staged: Path, mount: MountView, path: str, length: int, write_type: pb.WriteType.ValueType,
+                     write_id: str) -> pb.FileInfo:
+        """Write a staged file with its write type. The writer is answered only when the
+        write type's promise holds (THROUGH, CACHE_THROUGH: in the store; ASYNC_THROUGH:
+        staged durably here and committed; MUST_CACHE: cached and committed); on an error
+        nothing of the file stays."""
         if write_type in (pb.THROUGH, pb.CACHE_THROUGH):
-            status = await mount.store.write_file(rel, staged)
-            if write_type == pb.CACHE_THROUGH:
-                await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=status.version,
-                                       length=length, pin=False, in_store=True)
-            return await self._commit(path, length, status.version, True, status.version)
+            return await self._write_through(staged, mount, path, length, write_id, cache=write_type == pb.CACHE_THROUGH)
         # MUST_CACHE and ASYNC_THROUGH: the cache holds the only copy, so its blocks are
-        # pinned (never evicted) until the file is in the store.
-        version = f"w-{uuid.uuid4().hex}"
-        refs = await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=version,
-                                      length=length, pin=True, in_store=False)
-        file = await self._commit(path, length, version, False, "")
-        if write_type == pb.ASYNC_THROUGH:
-            # What a restarted worker needs to finish the upload (see resume_uploads).
-            pending = PendingUpload(path=path, mount_id=mount.mount_id, version=version, length=length,
-                                    block_size=self.config.block_size)
-            write_atomically(pending_file(staged), pending.model_dump_json().encode())
-            self._uploading.add(staged)
-            self._spawn(self._persist(staged, mount, path, length, version, refs), f"persist-{path}")
-        return file
-
-    async def resume_uploads(self) -> int:
-        """Start the ASYNC_THROUGH uploads a previous run of this worker left staged (it was
-        stopped or killed before they reached the store); runs on each registration with the
-        master. One whose file has changed or gone since is dropped. Returns how many were
-        started."""
-        started = 0
-        for staged in staged_files(self.staging_dir):
-            if staged in self._uploading:
-                continue
-            record = pending_file(staged)
-            try:
-                pending = PendingUpload.model_validate_json(record.read_bytes())
-            except (OSError, ValueError) as exc:
-                log.warning("dropping staged upload %s: no readable record of it (%s)", staged.name, exc)
-                staged.unlink(missing_ok=True)
-                record.unlink(missing_ok=True)
-                continue
-            current: pb.FileInfo | None = None
-            try:
-                current = await self._master().GetStatus(pb.GetStatusRequest(path=pending.path), timeout=30)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    log.warning("the staged upload of %s waits for the next start: %s", pending.path, exc.details())
-                    continue
-            try:
-                mount = await self.mounts.get(pending.mount_id)
-            except NotFound:
-                current = None  # the mount is gone
-            if current is None or current.version != pending.version or current.persisted:
-                log.info("dropping the staged upload of %s: the file changed or went since", pending.path)
-                staged.unlink(missing_ok=True)
-                record.unlink(missing_ok=True)
-                continue
-            refs = [pb.BlockRef(mount_id=pending.mount_id, path=pending.path, version=pending.version, index=i,
-                                block_size=pending.block_size, file_length=pending.length, in_store=False)
-                    for i in range(block_count(pending.length, pending.block_size))]
-            log.info("resuming the upload of %s (%d bytes) to %s", pending.path, pending.length, mount.info.source)
-            self._uploading.add(staged)
-            self._spawn(self._persist(staged, mount, pending.path, pending.length, pending.version, refs),
-                        f"persist-{pending.path}")
-            started += 1
-        return started
-
-    async def _persist(self, staged: Path, mount: MountView, path: str, length: int, version: str, refs: list[pb.BlockRef]) -> None:
-        """ASYNC_THROUGH: upload the staged copy, record it persisted, unpin its blocks."""
+        # pinned (never evicted) until the file is in the store or removed.
+        version = f"{WRITTEN_VERSION_PREFIX}{uuid.uuid4().hex}"
+        refs: list[pb.BlockRef] = []
         try:
-            status = await mount.store.write_file(mount.rel(path), staged)
-            await self._commit(path, length, version, True, status.version)
-            for ref in refs:
-                ref.in_store = True
-            await self._unpin(refs, pinned=mount.is_pinned(path))
-            log.info("persisted %s (%d bytes) to %s", path, length, mount.info.source)
-        except (StrataError, OSError) as exc:
-            log.error("could not persist %s to the store: %s; its cached copy stays pinned", path, exc)
-        finally:
-            staged.unlink(missing_ok=True)
-            pending_file(staged).unlink(missing_ok=True)
-            self._uploading.discard(staged)
+            if write_type == pb.ASYNC_THROUGH:
+                record = UploadRecord(path=path, mount_id=mount.mount_id, version=version, length=length,
+                                      block_size=self.config.block_size, acknowledged=False, staged_unix_ms=now_ms(),
+                                      write_id=write_id)
+                await asyncio.to_thread(self.uploads.begin, staged, record)
+            refs = await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=version,
+                                          length=length, pin=True, in_store=False)
+            file = await self._commit(path, length, version, False, "", write_id)
+            if write_type == pb.ASYNC_THROUGH:
+                await self.uploads.acknowledge(staged)
+            return file
+        except BaseException:
+            if write_type == pb.ASYNC_THROUGH and self.uploads.is_pending(staged):
+                await asyncio.shield(self.uploads.abort(staged))
+            else:
+                await asyncio.shield(self._withdraw(path, version, refs, write_id))
+            raise
+
+    async def _withdraw(self, path: str, version: str, refs: list[pb.BlockRef], write_id: str) -> None:
+        """Undo a MUST_CACHE write that could not be acknowledged: its commit, if the master
+        recorded it, and its blocks."""
+        await self._abort(path, version, write_id)
+        await self._unpin(refs, pinned=False)
+
+    async def _write_through(self, staged: Path, mount: MountView, path: str, length: int, write_id: str, *,
+                             cache: bool) -> pb.FileInfo:
+        rel = mount.rel(path)
+        try:
+            status = await mount.store.write_file(rel, staged)
+        except BaseException:
+            await asyncio.shield(self._abort(path, "", write_id))
+            raise
+        try:
+            if cache:
+                try:
+                    await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=status.version,
+                                           length=length, pin=False, in_store=True)
+                except (StrataError, OSError) as exc:  # the file is in the store: it is written
+                    log.warning("wrote %s to the store but could not cache it: %s", path, exc)
+            return await self._commit(path, length, status.version, True, status.version, write_id)
+        except BaseException:
+            # Not acknowledged: what went to the store must not stay listed.
+            try:
+                await asyncio.shield(mount.store.rm(rel))
+            except (StrataError, OSError) as exc:
+                log.warning("could not remove %s from the store after its write failed: %s", path, exc)
+            await asyncio.shield(self._abort(path, "", write_id))
+            raise
 
     async def _unpin(self, refs: list[pb.BlockRef], *, pinned: bool) -> None:
         if pinned:
@@ -494,60 +484,38 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     # -- cache management --------------------------------------------------------------------
 
-    def _matcher(self, mount_id: int, prefix: str) -> Callable[[BlockKey], bool]:
-        return lambda key: key.mount_id == mount_id and (not prefix or is_under(key.path, prefix))
+    def _matcher(self, mount_id: int, prefix: str, keep: Sequence[pb.BlockRef] = ()) -> Callable[[BlockKey], bool]:
+        """Blocks of a mount below a prefix, except those of the files (path, version) in
+        `keep`."""
+        kept = {(ref.path, ref.version) for ref in keep}
+        return lambda key: (key.mount_id == mount_id and (not prefix or is_under(key.path, prefix))
+                            and (key.path, key.version) not in kept)
+
+    def unpersisted_written(self) -> set[str]:
+        """Ids of pinned blocks of files written into the cache: the only copy of a file
+        not in the store yet (or pinned by a user). A TTL sweep leaves them alone."""
+        return {b.key.block_id for b in self.store.blocks()
+                if b.pinned and b.key.version.startswith(WRITTEN_VERSION_PREFIX)}
 
     @rpcutil.unary
     async def FreeBlocks(self, request: pb.FreeBlocksRequest, context: grpc.aio.ServicerContext) -> pb.FreeBlocksResponse:
-        freed = self.store.free(self._matcher(request.mount_id, request.path_prefix))
+        freed = self.store.free(self._matcher(request.mount_id, request.path_prefix, request.keep))
         return pb.FreeBlocksResponse(bytes_freed=freed)
 
     def _pin(self, request: pb.PinBlocksRequest) -> int:
         if request.blocks:
             ids = {key_of(ref).block_id for ref in request.blocks}
             return self.store.set_pinned(lambda key: key.block_id in ids, request.pinned)
-        return self.store.set_pinned(self._matcher(request.mount_id, request.path_prefix), request.pinned)
+        return self.store.set_pinned(self._matcher(request.mount_id, request.path_prefix, request.keep), request.pinned)
 
     @rpcutil.unary
     async def PinBlocks(self, request: pb.PinBlocksRequest, context: grpc.aio.ServicerContext) -> pb.PinBlocksResponse:
         return pb.PinBlocksResponse(blocks=self._pin(request))
 
     async def close(self) -> None:
+        await self.uploads.close()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.mounts.close()
         await self.store.close()
-
-
-class PendingUpload(BaseModel):
-    """The record kept next to a staged ASYNC_THROUGH file until it is in the store."""
-
-    path: str
-    mount_id: int
-    version: str
-    length: int
-    block_size: int
-
-
-def pending_file(staged: Path) -> Path:
-    return staged.with_suffix(".upload.json")
-
-
-def staged_files(staging_dir: Path) -> list[Path]:
-    return sorted(p for p in staging_dir.glob("*.part") if p.is_file()) if staging_dir.is_dir() else []
-
-
-def remove_stale_staging(staging_dir: Path) -> None:
-    """Staged files of writes a previous run did not finish are useless (the writer got an
-    error); those of ASYNC_THROUGH writes waiting for their upload stay (resume_uploads)."""
-    for path in staged_files(staging_dir):
-        if pending_file(path).exists():
-            continue
-        try:
-            os.unlink(path)
-        except OSError as exc:
-            log.warning("cannot remove stale staging file %s: %s", path, exc)
-    for record in staging_dir.glob("*.upload.json") if staging_dir.is_dir() else []:
-        if not record.with_name(record.name.removesuffix(".upload.json") + ".part").exists():
-            record.unlink(missing_ok=True)

@@ -30,6 +30,21 @@ async def test_transient_errors_are_retried_until_success() -> None:
     assert fn.calls == 3
 
 
+async def test_no_attempt_limit_retries_past_the_default_until_success() -> None:
+    fn = Flaky(retry.DEFAULT_ATTEMPTS * 4, ConnectionError("store down"))
+    result = await call_with_backoff(fn, what="test", attempts=None, base_delay=0.0001, max_delay=0.001,
+                                     retry_on=(ConnectionError,))
+    assert result == "ok"
+    assert fn.calls == retry.DEFAULT_ATTEMPTS * 4 + 1
+
+
+async def test_no_attempt_limit_still_raises_errors_it_does_not_retry() -> None:
+    fn = Flaky(3, ValueError("not transient"))
+    with pytest.raises(ValueError):
+        await call_with_backoff(fn, what="test", attempts=None, base_delay=0.0001, retry_on=(ConnectionError,))
+    assert fn.calls == 1
+
+
 async def test_last_error_is_raised_as_is_after_all_attempts() -> None:
     error = ConnectionError("down for good")
     fn = Flaky(10, error)

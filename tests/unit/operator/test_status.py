@@ -115,6 +115,18 @@ def test_mount_status_without_ufs_totals_has_no_percentage() -> None:
     assert "preload" not in status and [c["type"] for c in status["conditions"]] == ["Ready", "Reconciling", "Stalled"]
 
 
+def test_mount_status_shows_pending_uploads() -> None:
+    oldest = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    r = pb.MountReport(pending_uploads=pb.PendingUploads(count=3, bytes=5 * GiB,
+                                                         oldest_unix_ms=int(oldest.timestamp() * 1000)))
+    status = mount_status(MountObservation(1, "Mounted", report=r), {}, T0)
+    assert status["pendingUploads"] == {"count": 3, "bytes": "5Gi", "oldestSince": "2026-01-02T03:04:05Z"}
+    # Nothing pending: the count says so, and the status does not change as time passes.
+    idle = mount_status(MountObservation(1, "Mounted", report=pb.MountReport()), {}, T0)
+    assert idle["pendingUploads"] == {"count": 0, "bytes": "0"}
+    assert mount_status(MountObservation(1, "Mounted", report=pb.MountReport()), idle, T0 + timedelta(hours=1)) == idle
+
+
 def test_mount_keeps_last_sync_time_and_shows_pending_preload() -> None:
     previous = {"lastSyncTime": "2025-12-31T00:00:00Z"}
     status = mount_status(MountObservation(1, "Mounted", report=pb.MountReport(), preload_requested=True), previous, T0)

@@ -453,6 +453,18 @@ async def test_delete_files_and_directories() -> None:
         await env.ns.delete("/m/a")
 
 
+async def test_deleting_a_file_written_over_a_store_copy_removes_that_copy_too() -> None:
+    # A MUST_CACHE (or not yet uploaded) write over a file the store holds: after rm the
+    # store's older copy must not show again.
+    env = Env(None, metadata_sync_interval=0)
+    env.put("f", b"older")
+    env.ns.commit_file("/m/f", length=5, version="w1", persisted=False)
+    await env.ns.delete("/m/f")
+    assert not env.exists("f")
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/f")
+
+
 async def test_delete_an_unpersisted_file() -> None:
     env = Env(None)
     env.ns.commit_file("/m/only/here", length=1, version="w", persisted=False)
@@ -490,14 +502,52 @@ async def test_rename_moves_files_and_directories_in_the_store() -> None:
         await env.ns.rename("/m/nothing", "/m/x")
 
 
-async def test_rename_moves_unpersisted_writes() -> None:
+async def test_rename_of_unpersisted_writes_is_refused() -> None:
+    # Their cached blocks, the only copy, are keyed by path: a move would lose them.
     env = Env(None)
+    env.ns.commit_file("/m/d/staged", length=3, version="w1", persisted=False)
+    for src in ("/m/d/staged", "/m/d"):
+        with pytest.raises(FailedPrecondition, match="/m/d/staged is not in the store yet"):
+            await env.ns.rename(src, "/m/moved")
+    kept = await env.ns.get_status("/m/d/staged")
+    assert (kept.version, kept.persisted) == ("w1", False)
+
+
+async def test_unpersisted_writes_are_answered_without_the_store() -> None:
+    env = Env(None, metadata_sync_interval=0)
     env.ns.commit_file("/m/staged", length=3, version="w1", persisted=False)
-    await env.ns.rename("/m/staged", "/m/moved")
-    moved = await env.ns.get_status("/m/moved")
-    assert (moved.version, moved.persisted) == ("w1", False)
+    GatedMemoryFileSystem.gate.clear()  # a store that would hang every call
+    try:
+        staged = await asyncio.wait_for(env.ns.get_status("/m/staged"), 5)
+    finally:
+        GatedMemoryFileSystem.gate.set()
+    assert (staged.version, staged.persisted) == ("w1", False)
+
+
+async def test_a_persist_marks_only_the_version_it_uploaded() -> None:
+    env = Env(None, metadata_sync_interval=0)
+    env.ns.commit_file("/m/f", length=3, version="w1", persisted=False)
+    assert env.ns.pending_write("/m/f", "w1") is not None
+    env.ns.commit_file("/m/f", length=4, version="w2", persisted=False)
+    assert env.ns.pending_write("/m/f", "w1") is None
+    with pytest.raises(NotFound, match="replaced since version w1"):
+        env.ns.mark_persisted("/m/f", "etag", version="w1")
+    assert env.ns.drop_unpersisted("/m/f", "w1") is None
+    assert env.ns.unpersisted_below("/m")[0][0] == "/m/f"
+    dropped = env.ns.drop_unpersisted("/m/f")
+    assert dropped is not None and dropped.version == "w2"
     with pytest.raises(NotFound):
-        await env.ns.get_status("/m/staged")
+        await env.ns.get_status("/m/f")
+
+
+async def test_the_upload_folder_is_never_listed() -> None:
+    env = Env(None, metadata_sync_interval=0)
+    env.put(".strata-uploads/w-1", b"half an upload")
+    env.put("real", b"r")
+    assert paths(await env.ns.list_status("/m")) == ["/m/real"]
+    assert paths(await env.ns.list_status("/m", recursive=True)) == ["/m/real"]
+    with pytest.raises(NotFound):
+        await env.ns.get_status("/m/.strata-uploads/w-1")
 
 
 async def test_rename_across_mounts_is_refused() -> None:

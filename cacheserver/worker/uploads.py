@@ -1,0 +1,341 @@
+"""ASYNC_THROUGH uploads: an acknowledged write's staged copy goes to the store in the
+background, retried with capped exponential back-off for as long as it takes, across worker
+restarts, until it is in the store or the file is removed or replaced.
+
+On disk, in the worker's staging folder:
+
+    <id>.part              the staged bytes of one write (fsynced before the write is acknowledged)
+    <id>.upload.json       its record (`UploadRecord`): path, version, length, ...
+
+The record is written before the write's blocks are placed and rewritten with
+`acknowledged: true` once the master committed the file; only then is the writer answered.
+A record that never got there belongs to a write whose writer got an error: its commit (if
+any) is withdrawn and its blocks released. An acknowledged one is uploaded: first into the
+store's upload folder, then the master moves it into place (`PersistFile`), so an upload of
+a file removed or replaced meanwhile never shows in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ..blockrefs import block_count
+from ..errors import NotFound, StrataError
+from ..namespace.metadata import upload_rel
+from ..proto import strata_pb2 as pb
+from ..proto import strata_pb2_grpc as pb_grpc
+from ..retry import call_with_backoff
+from ..uploads import sum_pending
+from .mounts import WorkerMounts
+
+log = logging.getLogger(__name__)
+
+STAGED_SUFFIX = ".part"
+RECORD_SUFFIX = ".upload.json"
+# Seconds for one master call of an upload (a status, an abort).
+MASTER_CALL_TIMEOUT = 30.0
+# Seconds for the master to move an upload into place: its own limit (master.service
+# PERSIST_MOVE_TIMEOUT, 120 s) and some room for the answer.
+PERSIST_CALL_TIMEOUT = 150.0
+
+
+class UploadSettings(BaseSettings):
+    """How ASYNC_THROUGH uploads are retried; `STRATA_UPLOAD_MAX_DELAY` etc. override."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_UPLOAD_", frozen=True, extra="forbid")
+
+    # Seconds: the cap of the first wait after a failed try; each later cap doubles.
+    base_delay: float = Field(default=0.5, ge=0)
+    # Seconds: no wait is longer. Small enough that an upload follows a store's recovery
+    # within a few seconds, large enough that a store down for hours sees one try per worker
+    # and file every few seconds (each try itself retries a few times, retry.py).
+    max_delay: float = Field(default=5.0, ge=0)
+    # One try of an upload may take this long plus the file's size at `min_bytes_per_second`
+    # before it is given up (and tried again): a hung store must not hold an upload forever.
+    attempt_timeout: float = Field(default=60.0, gt=0)
+    min_bytes_per_second: int = Field(default=1024 * 1024, gt=0)
+
+    def timeout_for(self, length: int) -> float:
+        return self.attempt_timeout + length / self.min_bytes_per_second
+
+
+class UploadRecord(BaseModel):
+    """The record kept next to a staged ASYNC_THROUGH file until it is in the store."""
+
+    path: str
+    mount_id: int
+    version: str
+    length: int
+    block_size: int
+    # False until the master committed the file and the writer may be answered. Records of
+    # the first format were written after the commit: True.
+    acknowledged: bool = True
+    # When the write was staged (ms since the epoch); 0 in the first format: the staged
+    # file's mtime stands in.
+    staged_unix_ms: int = 0
+    # The master's id of the write (PrepareWrite), ended by its commit or its withdrawal.
+    write_id: str = ""
+
+    def refs(self) -> list[pb.BlockRef]:
+        return [pb.BlockRef(mount_id=self.mount_id, path=self.path, version=self.version, index=i,
+                            block_size=self.block_size, file_length=self.length, in_store=False)
+                for i in range(block_count(self.length, self.block_size))]
+
+
+class Superseded(Exception):
+    """The file was removed or replaced (or its mount is gone): the upload is dropped.
+    Not a StrataError, so the retry helper never retries it."""
+
+
+# Releases a write's cached blocks: (refs, keep_pinned).
+Release = Callable[[list[pb.BlockRef], bool], Awaitable[None]]
+
+
+def record_file(staged: Path) -> Path:
+    return staged.with_name(staged.name.removesuffix(STAGED_SUFFIX) + RECORD_SUFFIX)
+
+
+def staged_files(staging_dir: Path) -> list[Path]:
+    return sorted(p for p in staging_dir.glob(f"*{STAGED_SUFFIX}") if p.is_file()) if staging_dir.is_dir() else []
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write `data` under `path` atomically and fsynced (file and folder): it survives a
+    crash of the process and of the machine."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_staging(staging_dir: Path) -> None:
+    """Staged files of writes a previous run did not finish are useless (the writer got an
+    error); those with an upload record stay (`Uploads.resume`), and records without their
+    staged file go."""
+    for path in staged_files(staging_dir):
+        if record_file(path).exists():
+            continue
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            log.warning("cannot remove stale staging file %s: %s", path, exc)
+    for record in staging_dir.glob(f"*{RECORD_SUFFIX}") if staging_dir.is_dir() else []:
+        if not record.with_name(record.name.removesuffix(RECORD_SUFFIX) + STAGED_SUFFIX).exists():
+            record.unlink(missing_ok=True)
+    for partial in staging_dir.glob(".*.tmp") if staging_dir.is_dir() else []:  # a record cut short
+        partial.unlink(missing_ok=True)
+
+
+@dataclass
+class _Upload:
+    staged: Path
+    record: UploadRecord
+    task: asyncio.Task[None] | None = field(default=None)
+
+
+class Uploads:
+    """The staged ASYNC_THROUGH writes of one worker and their uploads."""
+
+    def __init__(self, staging_dir: Path, *, master: Callable[[], pb_grpc.MasterStub], mounts: WorkerMounts,
+                 release: Release, settings: UploadSettings | None = None) -> None:
+        self.staging_dir = staging_dir
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        self._master = master
+        self._mounts = mounts
+        self._release = release
+        self.settings = settings or UploadSettings()
+        self._uploads: dict[Path, _Upload] = {}
+        self._load()
+
+    # -- records ---------------------------------------------------------------------------
+
+    def new_staged(self) -> Path:
+        return self.staging_dir / f"{uuid.uuid4().hex}{STAGED_SUFFIX}"
+
+    def _load(self) -> None:
+        for staged in staged_files(self.staging_dir):
+            record_path = record_file(staged)
+            if not record_path.exists():
+                continue
+            try:
+                record = UploadRecord.model_validate_json(record_path.read_bytes())
+            except (OSError, ValueError) as exc:
+                # Records are written atomically: an unreadable one is not ours to guess at.
+                log.error("staged upload %s has an unreadable record (%s); left in place, not uploaded", staged, exc)
+                continue
+            if not record.staged_unix_ms:
+                record = record.model_copy(update={"staged_unix_ms": int(staged.stat().st_mtime * 1000)})
+            self._uploads[staged] = _Upload(staged, record)
+
+    def begin(self, staged: Path, record: UploadRecord) -> None:
+        """Make a staged write durable and known before its blocks are placed: its bytes
+        fsynced, its record (not acknowledged yet) written."""
+        with staged.open("rb+") as f:
+            os.fsync(f.fileno())
+        write_durably(record_file(staged), record.model_dump_json().encode())
+        self._uploads[staged] = _Upload(staged, record)
+
+    async def acknowledge(self, staged: Path) -> None:
+        """The master committed the write: record that, then start its upload."""
+        upload = self._uploads[staged]
+        acknowledged = upload.record.model_copy(update={"acknowledged": True})
+        await asyncio.to_thread(write_durably, record_file(staged), acknowledged.model_dump_json().encode())
+        upload.record = acknowledged
+        self._start(upload)
+
+    def _forget(self, upload: _Upload) -> None:
+        record_file(upload.staged).unlink(missing_ok=True)
+        upload.staged.unlink(missing_ok=True)
+        self._uploads.pop(upload.staged, None)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def resume(self) -> int:
+        """Start the uploads (and the withdrawals of unacknowledged writes) a previous run
+        left, once the master can be asked; returns how many were started."""
+        started = 0
+        for upload in list(self._uploads.values()):
+            if upload.task is None:
+                self._start(upload)
+                started += 1
+        return started
+
+    def _start(self, upload: _Upload) -> None:
+        work = self._upload(upload) if upload.record.acknowledged else self._withdraw(upload)
+        upload.task = asyncio.ensure_future(work)
+        upload.task.set_name(f"upload-{upload.record.path}")
+        upload.task.add_done_callback(lambda task: self._ended(upload, task))
+
+    def _ended(self, upload: _Upload, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return  # stopping: the record stays for the next run
+        if task.exception() is not None:
+            log.error("upload of %s stopped by an unexpected error; it resumes on the next registration",
+                      upload.record.path, exc_info=task.exception())
+            upload.task = None
+
+    async def abort(self, staged: Path) -> None:
+        """A write that could not be acknowledged: withdraw it now, or (master unreachable)
+        from the next run on."""
+        upload = self._uploads.get(staged)
+        if upload is None:
+            return
+        try:
+            await self._withdraw_once(upload.record)
+        except (grpc.RpcError, StrataError) as exc:
+            log.warning("could not withdraw the failed write of %s (%s); retried on the next registration",
+                        upload.record.path, exc)
+            return
+        await self._release(upload.record.refs(), False)
+        self._forget(upload)
+
+    async def _withdraw(self, upload: _Upload) -> None:
+        await call_with_backoff(
+            lambda: self._withdraw_once(upload.record), what=f"withdrawing the failed write of {upload.record.path}",
+            attempts=None, base_delay=self.settings.base_delay, max_delay=self.settings.max_delay,
+            retry_on=(grpc.RpcError, StrataError),
+        )
+        await self._release(upload.record.refs(), False)
+        self._forget(upload)
+
+    async def _withdraw_once(self, record: UploadRecord) -> None:
+        await self._master().AbortWrite(pb.AbortWriteRequest(path=record.path, version=record.version,
+                                                             write_id=record.write_id), timeout=MASTER_CALL_TIMEOUT)
+
+    async def _upload(self, upload: _Upload) -> None:
+        record = upload.record
+        try:
+            await call_with_backoff(
+                lambda: self._upload_once(upload), what=f"upload of {record.path} ({record.length} bytes)",
+                attempts=None, base_delay=self.settings.base_delay, max_delay=self.settings.max_delay,
+                retry_on=(grpc.RpcError, StrataError, OSError, TimeoutError),
+            )
+        except Superseded as exc:
+            log.info("dropping the upload of %s: %s", record.path, exc)
+            await self._release(record.refs(), False)
+            self._forget(upload)
+            return
+        try:
+            view = await self._mounts.get(record.mount_id)
+            pinned = view.is_pinned(record.path)
+        except StrataError:
+            pinned = False
+        await self._release(record.refs(), pinned)
+        self._forget(upload)
+        log.info("persisted %s (%d bytes, version %s)", record.path, record.length, record.version)
+
+    async def _upload_once(self, upload: _Upload) -> None:
+        """One try: the file still wants this upload? Upload it to the store's upload folder
+        and have the master move it into place."""
+        record = upload.record
+        try:
+            current = await self._master().GetStatus(pb.GetStatusRequest(path=record.path), timeout=MASTER_CALL_TIMEOUT)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise Superseded(f"{record.path} was removed") from None
+            raise
+        if current.version != record.version:
+            raise Superseded(f"{record.path} was replaced (now version {current.version})")
+        if current.persisted:
+            return
+        try:
+            mount = await self._mounts.get(record.mount_id)
+        except NotFound as exc:
+            raise Superseded(str(exc)) from None
+        await asyncio.wait_for(mount.store.write_file(upload_rel(record.version), upload.staged),
+                               self.settings.timeout_for(record.length))
+        response = await self._master().PersistFile(pb.PersistFileRequest(path=record.path, version=record.version),
+                                                    timeout=PERSIST_CALL_TIMEOUT)
+        if response.superseded:
+            raise Superseded(f"{record.path} was removed or replaced while it was uploaded")
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def pending(self) -> list[pb.PendingUploads]:
+        """Acknowledged uploads not in the store yet, per mount."""
+        parts: dict[int, list[pb.PendingUploads]] = {}
+        for upload in self._uploads.values():
+            r = upload.record
+            if r.acknowledged:
+                parts.setdefault(r.mount_id, []).append(
+                    pb.PendingUploads(mount_id=r.mount_id, count=1, bytes=r.length, oldest_unix_ms=r.staged_unix_ms))
+        return [sum_pending(p, mount_id) for mount_id, p in sorted(parts.items())]
+
+    def is_pending(self, staged: Path) -> bool:
+        return staged in self._uploads
+
+    async def close(self) -> None:
+        tasks = [u.task for u in self._uploads.values() if u.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,252 @@
+"""Acknowledged writes are never lost: a store outage, a worker restart, a free, an unpin, a
+full cache or a TTL never drop a write the writer was told succeeded; a write the writer was
+told failed leaves nothing behind.
+
+Real master and worker processes, moto's S3 server behind a StoreProxy that refuses
+connections (the store is down) while the test says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from storeproxy import StoreProxy
+
+from strata.cacheserver.errors import StrataError
+from strata.cacheserver.proto import strata_pb2 as pb
+
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, wait_until
+
+# Seconds the store stays down while an ASYNC_THROUGH write waits (STRATA_OUTAGE_SECONDS makes
+# it longer, to measure what an upload survives).
+OUTAGE = float(os.environ.get("STRATA_OUTAGE_SECONDS", "12"))
+
+pytestmark = pytest.mark.timeout(240 + OUTAGE)
+
+
+def payload(n: int) -> bytes:
+    return (os.urandom(min(n, 1 << 20)) * (n // (1 << 20) + 1))[:n]
+
+
+@pytest.fixture
+def proxy(s3: Any) -> Iterator[StoreProxy]:
+    port = int(s3.endpoint_url.rsplit(":", 1)[1])
+    p = StoreProxy(target_port=port)
+    yield p
+    p.stop()
+
+
+def mount_via(cluster: Cluster, proxy: StoreProxy, path: str, bucket: str, **options: Any) -> None:
+    """Mount a bucket that master and workers reach through the proxy."""
+    store_options = {**cluster.s3.storage_options(), "endpoint_url": proxy.endpoint_url}
+    cluster.fs().client.mount(path, f"s3://{bucket}", pb.MountOptions(options=store_options, **options))
+
+
+def store_keys(cluster: Cluster, bucket: str) -> list[str]:
+    return [o["Key"] for o in cluster.s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+def cli(cluster: Cluster, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**cluster.env, "STRATA_MASTER": cluster.master_address, "STRATA_TOKEN": TOKEN}
+    return subprocess.run([sys.executable, "-P", "-m", "strata.cacheserver", *args], env=env, input=input,
+                          capture_output=True, timeout=120)
+
+
+def staged(cluster: Cluster, worker: int = 0) -> list[Path]:
+    folder = cluster.root / f"worker-{worker}" / "staging"
+    return sorted(folder.glob("*.part")) if folder.is_dir() else []
+
+
+def pending_metric(cluster: Cluster, server: str, name: str, mount: str = "/w") -> float:
+    text = cluster.master.metrics() if server == "master" else cluster.workers[0].metrics()
+    return metric(text, name, f'{{mount="{mount}"}}')
+
+
+def test_an_async_write_survives_a_store_outage_and_a_worker_restart(start_cluster: Any, bucket: str,
+                                                                    proxy: StoreProxy) -> None:
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    fs = cluster.fs()
+    data = payload(2 * BLOCK_SIZE + 123)
+    with proxy.refusing():
+        put = cli(cluster, "fs", "put", "--write-type", "ASYNC_THROUGH", "-", "/w/out/a.bin", input=data)
+        # Accepted: staged durably on the worker and committed; the upload follows.
+        assert put.returncode == 0, put.stderr.decode()
+        acked = time.monotonic()
+        info = fs.info("/w/out/a.bin")
+        assert info["size"] == len(data) and not info["persisted"]
+        assert fs.cat_file("/w/out/a.bin") == data
+        # Well past the ~3 s after which the upload used to give up and delete its copy.
+        time.sleep(OUTAGE)
+        assert len(staged(cluster)) == 1, "the staged copy must stay while the store is down"
+        report = cluster.fs().client.report()
+        assert report.pending_uploads.count == 1 and report.pending_uploads.bytes == len(data)
+        assert time.time() - report.pending_uploads.oldest_unix_ms / 1000 >= OUTAGE - 2
+        [mount_report] = [m for m in report.mounts if m.mount.path == "/w"]
+        assert mount_report.pending_uploads.count == 1
+        text = cli(cluster, "report").stdout.decode()
+        assert "pending uploads 1 (" in text, text
+        assert pending_metric(cluster, "worker", "strata_worker_pending_uploads") == 1
+        assert pending_metric(cluster, "worker", "strata_worker_pending_upload_bytes") == len(data)
+        assert pending_metric(cluster, "master", "strata_mount_pending_upload_oldest_seconds") >= OUTAGE - 2
+
+        # A worker killed during the outage keeps the acknowledged write.
+        cluster.workers[0].stop(signal.SIGKILL)
+        cluster.workers[0].start()
+        cluster.workers[0].wait_healthy()
+        assert len(staged(cluster)) == 1
+        wait_until(lambda: cluster.fs().client.report().pending_uploads.count == 1, 10,
+                   "the restarted worker to report its pending upload")
+        assert not fs.info("/w/out/a.bin")["persisted"]
+        assert "out/a.bin" not in store_keys(cluster, bucket)
+        outage = time.monotonic() - acked
+    recovered = time.monotonic()
+    wait_until(lambda: fs.info("/w/out/a.bin")["persisted"], 30, "the upload after the store came back", interval=0.1)
+    to_persisted = time.monotonic() - recovered
+    print(f"outage survived {outage:.1f}s; persisted {to_persisted:.1f}s after the store came back")
+    assert cluster.s3.get_object(bucket, "out/a.bin") == data
+    assert not [k for k in store_keys(cluster, bucket) if k.startswith(".strata-uploads")]
+    wait_until(lambda: not staged(cluster), 10, "the staged copy to be removed")
+    wait_until(lambda: cluster.fs().client.report().pending_uploads.count == 0, 10, "no pending uploads")
+    assert fs.cat_file("/w/out/a.bin") == data
+    assert [e["name"] for e in fs.ls("/w/out")] == ["/w/out/a.bin"]
+
+
+@pytest.mark.parametrize("write_type", ["THROUGH", "CACHE_THROUGH", "MUST_CACHE", "ASYNC_THROUGH"])
+def test_a_write_while_the_store_is_down_is_acknowledged_as_promised_or_leaves_nothing(
+        start_cluster: Any, bucket: str, proxy: StoreProxy, write_type: str) -> None:
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    fs = cluster.fs(write_type=write_type)
+    data = payload(BLOCK_SIZE + 5)
+    with proxy.refusing():
+        try:
+            fs.pipe_file("/w/f.bin", data)
+            failed = None
+        except (StrataError, OSError) as exc:
+            failed = exc
+        if write_type in ("THROUGH", "CACHE_THROUGH"):
+            assert failed is not None, f"{write_type} cannot be in the store at ack while the store is down"
+            assert not fs.exists("/w/f.bin")
+        else:
+            assert failed is None, f"{write_type} needs no store to be acknowledged: {failed}"
+            assert fs.cat_file("/w/f.bin") == data
+    fresh = cluster.fs()
+    if write_type in ("THROUGH", "CACHE_THROUGH"):
+        assert not fresh.exists("/w/f.bin") and fresh.ls("/w") == []
+        assert store_keys(cluster, bucket) == []
+        assert not staged(cluster)
+        return
+    if write_type == "ASYNC_THROUGH":
+        wait_until(lambda: fresh.info("/w/f.bin")["persisted"], 30, "the upload after the store came back")
+        assert cluster.s3.get_object(bucket, "f.bin") == data
+    else:
+        assert not fresh.info("/w/f.bin")["persisted"] and "f.bin" not in store_keys(cluster, bucket)
+    assert fresh.cat_file("/w/f.bin") == data
+    assert [e["name"] for e in fresh.ls("/w")] == ["/w/f.bin"]
+
+
+def test_rm_drops_a_pending_upload_and_a_newer_write_supersedes_one(start_cluster: Any, bucket: str,
+                                                                    proxy: StoreProxy) -> None:
+    cluster = start_cluster(workers=2)
+    mount_via(cluster, proxy, "/w", bucket)
+    old, new, newest = payload(BLOCK_SIZE + 1), payload(1000), payload(2000)
+    cluster.fs(write_type="THROUGH").pipe_file("/w/removed.bin", b"an older copy in the store")
+    async_fs = cluster.fs(host="node-0", write_type="ASYNC_THROUGH")  # through worker-0
+    with proxy.refusing():
+        for name in ("removed.bin", "replaced.bin", "through.bin"):
+            async_fs.pipe_file(f"/w/{name}", old)
+        cluster.fs(write_type="MUST_CACHE").pipe_file("/w/replaced.bin", new)
+        # rm must also remove the store's older copy: while the store is down it fails,
+        # and changes nothing.
+        with pytest.raises(StrataError, match="could not be reached"):
+            cluster.fs().rm("/w/removed.bin")
+        assert cluster.fs().cat_file("/w/removed.bin") == old
+        # worker-0, holding the pending uploads, stops; the store comes back meanwhile.
+        os.killpg(cluster.workers[0].process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        cluster.wait_workers(1)
+        cluster.fs().rm("/w/removed.bin")  # the only way to drop an acknowledged write
+        cluster.fs(host="node-1", write_type="THROUGH").pipe_file("/w/through.bin", newest)
+    finally:
+        os.killpg(cluster.workers[0].process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    cluster.wait_workers(2)
+    wait_until(lambda: not staged(cluster, 0) and not staged(cluster, 1), 30, "the pending uploads to be dropped")
+    wait_until(lambda: cluster.fs().client.report().pending_uploads.count == 0, 10, "no pending uploads")
+    fs = cluster.fs()
+    assert not fs.exists("/w/removed.bin")
+    assert fs.cat_file("/w/replaced.bin") == new and not fs.info("/w/replaced.bin")["persisted"]
+    assert fs.cat_file("/w/through.bin") == newest
+    time.sleep(2)  # an upload that was wrongly still running would land now
+    assert sorted(k for k in store_keys(cluster, bucket) if not k.startswith(".strata-uploads")) == ["through.bin"]
+    assert cluster.s3.get_object(bucket, "through.bin") == newest
+    assert sorted(e["name"] for e in fs.ls("/w")) == ["/w/replaced.bin", "/w/through.bin"]
+
+
+def test_unpersisted_writes_stay_pinned_through_free_unpin_ttl_eviction_and_restart(start_cluster: Any, bucket: str,
+                                                                                   proxy: StoreProxy) -> None:
+    # One small tier: 8 blocks. Two written files take 4 of them; reading 40 MiB of other
+    # data cycles the rest many times.
+    cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": f"{8 * BLOCK_SIZE}"}])
+    mount_via(cluster, proxy, "/w", bucket, ttl_seconds=1.0)
+    cluster.s3.create_bucket(f"{bucket}-other")
+    cluster.mount_bucket("/other", f"{bucket}-other")  # straight to the store, not through the proxy
+    for i in range(10):
+        cluster.s3.put_object(f"{bucket}-other", f"big-{i}", payload(BLOCK_SIZE))
+    fs = cluster.fs()
+    must = payload(2 * BLOCK_SIZE)
+    pending = payload(2 * BLOCK_SIZE - 7)
+    with proxy.refusing():
+        cluster.fs(write_type="MUST_CACHE").pipe_file("/w/must.bin", must)
+        cluster.fs(write_type="ASYNC_THROUGH").pipe_file("/w/pending.bin", pending)
+        fs.client.free("/w")
+        fs.client.set_pinned("/w", True)
+        fs.client.set_pinned("/w", False)
+        for i in range(10):
+            assert fs.cat_file(f"/other/big-{i}") == cluster.s3.get_object(f"{bucket}-other", f"big-{i}")
+        time.sleep(2.5)  # past the mount's TTL, and at least one TTL sweep
+        cluster.workers[0].stop()
+        cluster.workers[0].start()
+        cluster.workers[0].wait_healthy()
+        assert fs.cat_file("/w/must.bin") == must
+        assert fs.cat_file("/w/pending.bin") == pending
+        assert fs.info("/w/must.bin")["cached_bytes"] == len(must)
+    wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload after the store came back")
+    assert cluster.s3.get_object(bucket, "pending.bin") == pending
+    # Persisted: its blocks are ordinary cache now and may go; the MUST_CACHE file's stay.
+    fs.client.free("/w")
+    wait_until(lambda: cluster.fs().info("/w/pending.bin")["cached_bytes"] == 0, 10, "the persisted file's blocks to be freed")
+    assert cluster.fs().info("/w/must.bin")["cached_bytes"] == len(must)
+    assert fs.cat_file("/w/must.bin") == must
+
+
+def test_rename_of_an_unpersisted_file_is_refused_and_keeps_it(start_cluster: Any, bucket: str) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/w", bucket)
+    fs = cluster.fs(write_type="MUST_CACHE")
+    data = payload(BLOCK_SIZE + 3)
+    fs.pipe_file("/w/d/only-here.bin", data)
+    with pytest.raises(StrataError, match="/w/d/only-here.bin is not in the store yet"):
+        fs.client.mv("/w/d", "/w/e")
+    assert fs.cat_file("/w/d/only-here.bin") == data
+
+
+def test_free_and_unpin_leave_a_must_cache_file_whole(start_cluster: Any, bucket: str) -> None:
+    # MUST_CACHE data lives only in the cache: `fs free` and `fs unpin` must not drop it.
+    cluster = start_cluster(workers=2)
+    cluster.mount_bucket("/w", bucket)
+    fs = cluster.fs(write_type="MUST_CACHE")
+    data = payload(3 * BLOCK_SIZE + 9)
+    fs.pipe_file("/w/only-here.bin", data)
+    fs.client.free("/w")
+    fs.client.set_pinned("/w", True)
+    fs.client.set_pinned("/w", False)
+    assert cluster.fs().cat_file("/w/only-here.bin") == data
