@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from datetime import datetime, timezone
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
-from ..errors import InvalidArgument, StrataError
+from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError
 from ..proto import strata_pb2 as pb
 from .core import Buffer, StrataClient, StreamingUpload
 
@@ -132,13 +133,21 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if maxdepth is not None:
             return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
         path = self._strip_protocol(path)
-        info = self.client.stat(path)
+        try:
+            info = self.client.stat(path)
+        except NotFound:
+            return {} if detail else []  # as every fsspec filesystem: nothing found
         entries = [info] if not info.is_dir else self.client.ls(path, recursive=True)
         found = {e.path: _info_dict(e) for e in entries if withdirs or not e.is_dir}
         return found if detail else sorted(found)
 
     def ukey(self, path: str) -> str:
         return str(self.info(path)["version"])
+
+    def modified(self, path: str) -> datetime:
+        """When the file last changed (the store's time, or when it was written through
+        Strata), in UTC."""
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=timezone.utc)
 
     def block_locations(self, path: str) -> list[dict[str, Any]]:
         """Per block: offset, length and the hosts holding it (for locality-aware schedulers)."""
@@ -171,6 +180,18 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         """See mkdir."""
 
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copy a file inside the cluster: a worker reads it (cache, store or the peers
+        holding it) and writes the copy with the write type; no byte passes through here.
+        A folder needs no copy: folders exist by what is below them."""
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.info(src)["type"] == "directory":
+            return
+        try:
+            self.client.copy_file(src, dst, write_type=self.write_type)
+        finally:
+            self.invalidate_cache(dst)
+
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         try:
             self.client.write_file(self._strip_protocol(path), [value], write_type=self.write_type,
@@ -189,8 +210,8 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict[str, Any] | None = None, **kwargs: Any) -> StrataFile:
-        if mode not in ("rb", "wb", "xb"):
-            raise InvalidArgument(f"strata files open with mode rb, wb or xb, not {mode!r}")
+        if mode not in ("rb", "wb", "xb", "ab"):
+            raise InvalidArgument(f"strata files open with mode rb, wb, xb or ab, not {mode!r}")
         return StrataFile(self, self._strip_protocol(path), mode, write_type=kwargs.get("write_type"))
 
 
@@ -215,10 +236,25 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self._last_index = -2
             self._lock = threading.Lock()
         else:
+            existing = self._existing_length(path) if mode in ("xb", "ab") else None
+            if mode == "xb" and existing is not None:
+                raise AlreadyExists(f"{path} already exists; open it with mode wb to replace it")
             super().__init__(fs, path, mode, block_size=4 * 1024 * 1024, cache_type="none")
+            if mode == "ab":
+                self.loc = existing or 0  # tell() counts from the end of what is there
             wt = pb.WriteType.Value(write_type) if write_type else fs.write_type
             self._upload: StreamingUpload | None = None
             self._write_type = wt
+
+    def _existing_length(self, path: str) -> int | None:
+        """The length of the file at `path`; None if there is none."""
+        try:
+            info = self.client.stat(path)
+        except NotFound:
+            return None
+        if info.is_dir:
+            raise IsADirectoryError(f"{path} is a directory; a file cannot be written there")
+        return int(info.length)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -316,7 +352,8 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     # -- writing -----------------------------------------------------------------------------
 
     def _initiate_upload(self) -> None:
-        self._upload = StreamingUpload(self.client, self.path, self._write_type, overwrite=self.mode == "wb")
+        self._upload = StreamingUpload(self.client, self.path, self._write_type, overwrite=self.mode != "xb",
+                                       append=self.mode == "ab")
 
     def _upload_chunk(self, final: bool = False) -> bool:
         if self._upload is None:
