@@ -21,8 +21,9 @@ from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError
 from ..proto import strata_pb2 as pb
 from .core import Buffer, StrataClient, StreamingUpload
 
-# Blocks a sequential reader keeps fetching ahead of itself.
-DEFAULT_READAHEAD = 2
+# Threads fetching blocks for the files of one filesystem object (the blocks a sequential
+# reader keeps in flight: the cluster's cachePolicy.readaheadBlocks, or `readahead`).
+FETCH_THREADS = 16
 # A read smaller than this that does not continue the previous one fetches just its range,
 # not the whole block (footers, indexes, random access).
 SMALL_READ = 1024 * 1024
@@ -43,6 +44,7 @@ def _info_dict(info: pb.FileInfo) -> dict[str, Any]:
         "cached_bytes": info.cached_bytes,
         "pinned": info.pinned,
         "block_size": info.block_size,
+        "readahead_blocks": info.readahead_blocks,
     }
 
 
@@ -60,14 +62,18 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     root_marker = "/"
 
     def __init__(self, master: str | None = None, token: str | None = None, *, host: str | None = None,
-                 short_circuit: bool = True, readahead: int = DEFAULT_READAHEAD, write_type: str = "",
+                 short_circuit: bool = True, readahead: int | None = None, write_type: str = "",
                  **kwargs: Any) -> None:
         kwargs.setdefault("listings_expiry_time", LISTINGS_EXPIRY)
         super().__init__(**kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit)
+        if readahead is not None and readahead < 0:
+            raise InvalidArgument(f"readahead must be a number of blocks >= 0, got {readahead}")
+        # None: each file's FileInfo.readahead_blocks (the cluster's cachePolicy.readaheadBlocks).
         self.readahead = readahead
         self.write_type = pb.WriteType.Value(write_type) if write_type else pb.WRITE_TYPE_UNSPECIFIED
-        self._pool = ThreadPoolExecutor(max_workers=max(2, readahead + 2), thread_name_prefix="strata-read")
+        threads = FETCH_THREADS if readahead is None else max(2, readahead + 2)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="strata-read")
 
     # -- paths -------------------------------------------------------------------------------
 
@@ -231,6 +237,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 locations = self.client.block_locations(path)
                 self._holders = {b.index: list(b.worker_ids) for b in locations.blocks}
             block = self.file_info.block_size or 1
+            self._readahead = fs.readahead if fs.readahead is not None else self.file_info.readahead_blocks
             super().__init__(fs, path, mode, block_size=block, cache_type="none", size=self.file_info.length)
             self._blocks: OrderedDict[int, Future[Buffer]] = OrderedDict()
             self._last_index = -2
@@ -268,7 +275,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             future = self.fs._pool.submit(self._fetch_block, index)
             self._blocks[index] = future
         self._blocks.move_to_end(index)
-        while len(self._blocks) > self.fs.readahead + 2:
+        while len(self._blocks) > self._readahead + 2:
             old, fut = self._blocks.popitem(last=False)
             fut.cancel()
         return future
@@ -296,7 +303,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             with self._lock:
                 future = self._block_future(i)
                 # Keep the next blocks in flight while this one is consumed.
-                for ahead in range(i + 1, min(blocks, i + 1 + self.fs.readahead)):
+                for ahead in range(i + 1, min(blocks, i + 1 + self._readahead)):
                     self._block_future(ahead)
             try:
                 data = future.result()
@@ -335,7 +342,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             index = self.loc // block
             with self._lock:
                 future = self._block_future(index)
-                for ahead in range(index + 1, min((self.size + block - 1) // block, index + 1 + self.fs.readahead)):
+                for ahead in range(index + 1, min((self.size + block - 1) // block, index + 1 + self._readahead)):
                     self._block_future(ahead)
             data = future.result()
             start = self.loc - index * block

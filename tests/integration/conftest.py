@@ -226,7 +226,8 @@ def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, 
     port, http_port = free_port(), free_port()
     master_cfg = root / "master.yaml"
     root.mkdir(parents=True)
-    master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10}))
+    master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10,
+                                          **(extra or {})}))
     master = Server(
         name="master",
         args=["master", "--config", str(master_cfg), "--journal-dir", str(root / "journal"),

@@ -28,7 +28,7 @@ from fsspec.tests.abstract import AbstractPipeTests, AbstractPutTests
 
 from strata.cacheserver.client.fs import StrataFileSystem
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, launch_cluster, remove_shm_tiers
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, launch_cluster, remove_shm_tiers, wait_until
 from .test_fuse import fuse_skip_reason, start_fuse, stop_fuse
 
 MOUNT = "/peers"
@@ -212,3 +212,28 @@ def test_polars_reads_the_fuse_mounts_files(peers_cluster: Cluster, sales: pa.Ta
         assert total == pytest.approx(pc.sum(sales.filter(pc.equal(sales["region"], "us"))["amount"]).as_py())
     finally:
         stop_fuse(fuse)
+
+
+# -- cachePolicy.readaheadBlocks reaches the readers ---------------------------------------------
+
+
+@pytest.mark.parametrize("policy", [0, 3])
+def test_the_clusters_readahead_policy_sets_how_far_a_sequential_reader_fetches_ahead(
+        start_cluster: Any, bucket: str, policy: int) -> None:
+    cluster = start_cluster(workers=1, extra={"cachePolicy": {"readaheadBlocks": policy}})
+    blocks = 6
+    data = os.urandom(blocks * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "seq/part-0", data)
+    cluster.mount_bucket("/ra", bucket)
+    fs = cluster.fs()
+    path = "/ra/seq/part-0"
+    assert fs.info(path)["readahead_blocks"] == policy
+
+    expected = (1 + policy) * BLOCK_SIZE  # block 0 and the `policy` blocks after it
+    with cluster.s3.recording() as rec:
+        with fs.open(path, "rb") as f:
+            assert f.read(BLOCK_SIZE) == data[:BLOCK_SIZE]  # the first block, read sequentially
+            wait_until(lambda: fs.info(path)["cached_bytes"] >= expected, 30, f"{1 + policy} blocks in the cache")
+        time.sleep(1.0)  # a bounded wait: would any more come?
+    assert fs.info(path)["cached_bytes"] == expected
+    assert len(rec.matching("GET", "/seq/part-0")) == 1 + policy
