@@ -157,6 +157,10 @@ class StrataClient:
     def mv(self, src: str, dst: str) -> None:
         self.call("Rename", pb.RenameRequest(src=src, dst=dst), what=f"mv {src} {dst}")
 
+    def set_mtime(self, path: str, mtime_unix_ms: int) -> pb.FileInfo:
+        request = pb.SetTimesRequest(path=path, mtime_unix_ms=mtime_unix_ms)
+        return self.call("SetTimes", request, what=f"set the time of {path}")  # type: ignore[no-any-return]
+
     def mount(self, path: str, source: str, options: pb.MountOptions | None = None, *,
               replace: bool = False, check: bool = True) -> pb.MountInfo:
         request = pb.MountRequest(path=path, source=source, options=options, replace=replace, check=check)

@@ -77,6 +77,7 @@ def mount_options(root: str, options: FuseOptions) -> dict[str, Any]:
         "fsname": "strata:" + root.replace("\\", "\\\\").replace(",", "\\,"),
         "subtype": "strata",
         "max_read": MAX_IO,
+        "use_ino": True,  # inode numbers from the namespace paths (stable across remounts)
     }
     if options.read_only:
         result["ro"] = True

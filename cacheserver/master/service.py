@@ -256,6 +256,10 @@ class MasterService(pb_grpc.MasterServicer):
         return pb.RenameResponse()
 
     @rpcutil.unary
+    async def SetTimes(self, request: pb.SetTimesRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
+        return self._file_info(await self.namespace.set_mtime(normalize(request.path), request.mtime_unix_ms))
+
+    @rpcutil.unary
     async def GetBlockLocations(
         self, request: pb.GetBlockLocationsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetBlockLocationsResponse:
