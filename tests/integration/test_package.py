@@ -81,7 +81,12 @@ def test_a_wheel_and_an_sdist_carry_the_stubs_and_the_installed_command_reads(
     with zipfile.ZipFile(next(from_sdist.glob("strata-*.whl"))) as zf:
         assert set(STUBS) <= set(zf.namelist())
 
-    run(*pip, "install", wheel, env=env, cwd=tmp_path)
+    # The dependencies at the versions this test runs with (resolving them afresh can take
+    # pip many minutes of backtracking; the project's lock file pins them for users).
+    constraints = tmp_path / "constraints.txt"
+    frozen = run(sys.executable, "-m", "pip", "freeze", "--exclude-editable", cwd=tmp_path)
+    constraints.write_text("\n".join(line for line in frozen.splitlines() if not line.startswith(("strata", "-e"))))
+    run(*pip, "install", "-c", constraints, wheel, env=env, cwd=tmp_path)
     strata = venv / "bin" / "strata"
     assert "usage: strata" in run(strata, "--help", env=env, cwd=tmp_path)
 
