@@ -288,13 +288,15 @@ class Namespace:
 
     def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
         """(True, status) if the cache can say what is at `rel` (None: nothing), from the
-        path's own entry or its parent's listing; (False, None) if it cannot."""
+        path's own entry or its parent's listing, whichever the store gave later (so a stat
+        and a listing never disagree about a file put into the store meanwhile); (False, None)
+        if it cannot."""
         hit = self._cached(mount, "info", rel)
+        listing = self._cached(mount, "list", _rel_parent(rel))
+        if listing is not None and listing.value is not None and (hit is None or listing.started > hit.started):
+            return True, next((s for s in listing.value if s.path == rel), None)
         if hit is not None:
             return True, hit.value
-        listing = self._cached(mount, "list", _rel_parent(rel))
-        if listing is not None and listing.value is not None:
-            return True, next((s for s in listing.value if s.path == rel), None)
         return False, None
 
     async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:
