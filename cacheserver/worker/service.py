@@ -530,12 +530,18 @@ class WorkerService(pb_grpc.WorkerServicer):
             f"({'; '.join(errors) or 'no holders'}); the file cannot be copied now"
         )
 
-    async def _stage_existing(self, path: str, out: Any) -> int:
-        """Write the bytes of the file at `path` to `out`; its length. NotFound if no file."""
+    async def _locate(self, path: str) -> pb.GetBlockLocationsResponse:
+        """The file at `path` and its blocks' holders. NotFound if no file."""
         try:
-            located = await self._master().GetBlockLocations(pb.GetBlockLocationsRequest(path=path), timeout=30)
+            located: pb.GetBlockLocationsResponse = await self._master().GetBlockLocations(
+                pb.GetBlockLocationsRequest(path=path), timeout=30)
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"locating the blocks of {path}") from exc
+        return located
+
+    async def _stage_existing(self, path: str, out: Any, located: pb.GetBlockLocationsResponse | None = None) -> int:
+        """Write the bytes of the file at `path` to `out`; its length. NotFound if no file."""
+        located = located or await self._locate(path)
         info: pb.FileInfo = located.file
         for block in located.blocks:
             ref = pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=block.index,
@@ -592,17 +598,26 @@ class WorkerService(pb_grpc.WorkerServicer):
         src, dst = normalize(request.src), normalize(request.dst)
         if src == dst:
             raise InvalidArgument(f"cannot copy {src} onto itself")
-        (await self.mounts.resolve(dst)).check_writable()
+        mount = await self.mounts.resolve(dst)
+        mount.check_writable()
         if not request.overwrite:
             await self._refuse_existing(dst)
+        located = await self._locate(src)
+        source = located.file
+        write_type = effective_write_type(request.write_type, mount, self.config)
+        if source.persisted and source.mount_id == mount.mount_id and write_type in (pb.THROUGH, pb.CACHE_THROUGH):
+            # Both in one store: the store copies (S3: server-side), no byte leaves it.
+            status = await mount.store.copy(mount.rel(src), mount.rel(dst))
+            file = await self._commit(dst, status.length, status.version, True, status.version)
+            return pb.WriteFileResponse(file=file)
         staged = self.staging_dir / f"{uuid.uuid4().hex}.part"
         try:
             with staged.open("wb") as out:
-                length = await self._stage_existing(src, out)
+                length = await self._stage_existing(src, out, located)
         except BaseException:
             staged.unlink(missing_ok=True)
             raise
-        file = await self._write_staged(staged, dst, length, request.write_type, overwrite=request.overwrite)
+        file = await self._write_staged(staged, dst, length, write_type, overwrite=request.overwrite)
         return pb.WriteFileResponse(file=file)
 
     # -- cache management --------------------------------------------------------------------

@@ -105,6 +105,17 @@ def test_append_modified_and_copies_of_files_only_the_cache_holds(peers_cluster:
     assert modified.tzinfo is not None
     assert abs(modified.timestamp() - time.time()) < 120
 
+    # Both in the store (write type CACHE_THROUGH): the store copies, no byte leaves it.
+    big = os.urandom(BLOCK_SIZE + 5)
+    fs.pipe_file(f"{base}/big.bin", big)
+    with peers_cluster.s3.recording() as rec:
+        fs.cp_file(f"{base}/big.bin", f"{base}/big-copy.bin")
+    key = f"{base.removeprefix(MOUNT + '/')}/big"
+    assert not rec.matching("GET", f"{key}.bin")
+    assert [r for r in rec.matching("PUT", f"{key}-copy.bin")
+            if any(h.lower() == "x-amz-copy-source" for h in r.headers)]
+    assert fs.cat_file(f"{base}/big-copy.bin") == big
+
     # A MUST_CACHE file is only in the workers' cache: the copy is made from there.
     cached = peers_cluster.fs(write_type="MUST_CACHE")
     data = os.urandom(BLOCK_SIZE + 17)
