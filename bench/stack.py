@@ -195,7 +195,9 @@ class Stack:
         env.pop("STRATA_MASTER", None)
         self.env = env
         port, http = free_port(), free_port()
-        (root / "master.yaml").write_text(yaml.safe_dump({"blockSize": self.settings.block_size}))
+        # The master hands the readahead policy to the readers with each file's status.
+        (root / "master.yaml").write_text(yaml.safe_dump({"blockSize": self.settings.block_size,
+                                                          "cachePolicy": {"readaheadBlocks": self.settings.readahead_blocks}}))
         master, _ = spawn("master", [*self._python(), "-m", "strata.cacheserver", "master",
                                      "--config", str(root / "master.yaml"), "--journal-dir", str(root / "journal"),
                                      "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http)],

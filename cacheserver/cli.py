@@ -376,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write type of files written (default: the Strata mount's)")
     p.add_argument("--attr-timeout", type=float, default=None, metavar="SECONDS",
                    help="how long metadata is reused (default: the mounts' metadata sync interval, at most 60)")
-    p.add_argument("--readahead", type=int, default=2, metavar="BLOCKS", help="blocks fetched ahead of sequential readers")
+    p.add_argument("--readahead", type=int, default=None, metavar="BLOCKS",
+                   help="blocks fetched ahead of sequential readers (default: the cluster's cachePolicy.readaheadBlocks)")
     p.add_argument("--spool-dir", default=None, help="where files being written are buffered (default: the temp dir)")
 
     p = add(sub, "csi", cmd_csi, "run the CSI plugin (identity, node and controller services) of driver csi.strata.dev")

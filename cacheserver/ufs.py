@@ -605,6 +605,12 @@ class Store:
         await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
         return await self.info(rel)
 
+    async def copy(self, src: str, dst: str) -> UfsStatus:
+        """Copy a file inside the store (S3: a server-side copy); the copy's status."""
+        src_path, dst_path = self._path(src), self._path(dst)
+        await self._call("copy", src, lambda: self._fs_call("cp_file", src_path, dst_path))
+        return await self.info(dst)
+
     async def rm(self, rel: str, recursive: bool = False) -> None:
         path = self._path(rel)
         await self._call("delete", rel, lambda: self._fs_call("rm", path, recursive=recursive))

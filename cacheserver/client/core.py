@@ -294,6 +294,10 @@ class StrataClient:
     def mv(self, src: str, dst: str) -> None:
         self.call("Rename", pb.RenameRequest(src=src, dst=dst), what=f"mv {src} {dst}")
 
+    def set_mtime(self, path: str, mtime_unix_ms: int) -> pb.FileInfo:
+        request = pb.SetTimesRequest(path=path, mtime_unix_ms=mtime_unix_ms)
+        return self.call("SetTimes", request, what=f"set the time of {path}")  # type: ignore[no-any-return]
+
     def mount(self, path: str, source: str, options: pb.MountOptions | None = None, *,
               replace: bool = False, check: bool = True) -> pb.MountInfo:
         request = pb.MountRequest(path=path, source=source, options=options, replace=replace, check=check)
@@ -432,7 +436,9 @@ class StrataClient:
         return (local or workers)[0]
 
     def write_file(self, path: str, chunks: Iterable[bytes], *,
-                   write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED, overwrite: bool = True) -> pb.FileInfo:
+                   write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED, overwrite: bool = True,
+                   append: bool = False) -> pb.FileInfo:
+        """Write a file through a worker (`append`: after the bytes it has, if any)."""
         worker = self.writer_worker()
 
         def messages() -> Iterator[pb.WriteFileChunk]:
@@ -448,10 +454,23 @@ class StrataClient:
             if first:
                 yield pb.WriteFileChunk(path=path, write_type=write_type, overwrite=overwrite)
 
+        stub = self.worker_stub(worker)
+        call = stub.AppendFile if append else stub.WriteFile
         try:
-            return self.worker_stub(worker).WriteFile(messages(), timeout=3600).file  # type: ignore[no-any-return]
+            return call(messages(), timeout=3600).file  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
             raise rpcutil.raise_from_rpc_error(exc, f"writing {path} through worker {worker.worker_id}") from exc
+
+    def copy_file(self, src: str, dst: str, *, overwrite: bool = True,
+                  write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED) -> pb.FileInfo:
+        """Copy a file inside the cluster (a worker reads the source and writes the copy;
+        no byte passes through this client)."""
+        worker = self.writer_worker()
+        request = pb.CopyFileRequest(src=src, dst=dst, overwrite=overwrite, write_type=write_type)
+        try:
+            return self.worker_stub(worker).CopyFile(request, timeout=3600).file  # type: ignore[no-any-return]
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"copying {src} to {dst} through worker {worker.worker_id}") from exc
 
 
 class StreamingUpload:
@@ -459,7 +478,8 @@ class StreamingUpload:
 
     _END = object()
 
-    def __init__(self, client: StrataClient, path: str, write_type: pb.WriteType.ValueType, overwrite: bool) -> None:
+    def __init__(self, client: StrataClient, path: str, write_type: pb.WriteType.ValueType, overwrite: bool,
+                 append: bool = False) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=8)
         self._result: pb.FileInfo | None = None
         self._error: BaseException | None = None
@@ -470,7 +490,8 @@ class StreamingUpload:
 
         def run() -> None:
             try:
-                self._result = client.write_file(path, chunks(), write_type=write_type, overwrite=overwrite)
+                self._result = client.write_file(path, chunks(), write_type=write_type, overwrite=overwrite,
+                                                 append=append)
             except BaseException as exc:  # noqa: BLE001 - handed to the writer's thread
                 self._error = exc
                 while True:  # unblock a producer waiting on a full queue

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from datetime import datetime, timezone
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
-from ..errors import InvalidArgument, StrataError
+from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError
 from ..proto import strata_pb2 as pb
 from .core import Buffer, StrataClient, StreamingUpload
 
-# Blocks a sequential reader keeps fetching ahead of itself.
-DEFAULT_READAHEAD = 2
+# Threads fetching blocks for the files of one filesystem object (the blocks a sequential
+# reader keeps in flight: the cluster's cachePolicy.readaheadBlocks, or `readahead`).
+FETCH_THREADS = 16
 # A read smaller than this that does not continue the previous one fetches just its range,
 # not the whole block (footers, indexes, random access).
 SMALL_READ = 1024 * 1024
@@ -42,6 +44,7 @@ def _info_dict(info: pb.FileInfo) -> dict[str, Any]:
         "cached_bytes": info.cached_bytes,
         "pinned": info.pinned,
         "block_size": info.block_size,
+        "readahead_blocks": info.readahead_blocks,
     }
 
 
@@ -59,14 +62,18 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     root_marker = "/"
 
     def __init__(self, master: str | None = None, token: str | None = None, *, host: str | None = None,
-                 short_circuit: bool = True, readahead: int = DEFAULT_READAHEAD, write_type: str = "",
+                 short_circuit: bool = True, readahead: int | None = None, write_type: str = "",
                  **kwargs: Any) -> None:
         kwargs.setdefault("listings_expiry_time", LISTINGS_EXPIRY)
         super().__init__(**kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit)
+        if readahead is not None and readahead < 0:
+            raise InvalidArgument(f"readahead must be a number of blocks >= 0, got {readahead}")
+        # None: each file's FileInfo.readahead_blocks (the cluster's cachePolicy.readaheadBlocks).
         self.readahead = readahead
         self.write_type = pb.WriteType.Value(write_type) if write_type else pb.WRITE_TYPE_UNSPECIFIED
-        self._pool = ThreadPoolExecutor(max_workers=max(2, readahead + 2), thread_name_prefix="strata-read")
+        threads = FETCH_THREADS if readahead is None else max(2, readahead + 2)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="strata-read")
 
     # -- paths -------------------------------------------------------------------------------
 
@@ -132,13 +139,21 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if maxdepth is not None:
             return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
         path = self._strip_protocol(path)
-        info = self.client.stat(path)
+        try:
+            info = self.client.stat(path)
+        except NotFound:
+            return {} if detail else []  # as every fsspec filesystem: nothing found
         entries = [info] if not info.is_dir else self.client.ls(path, recursive=True)
         found = {e.path: _info_dict(e) for e in entries if withdirs or not e.is_dir}
         return found if detail else sorted(found)
 
     def ukey(self, path: str) -> str:
         return str(self.info(path)["version"])
+
+    def modified(self, path: str) -> datetime:
+        """When the file last changed (the store's time, or when it was written through
+        Strata), in UTC."""
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=timezone.utc)
 
     def block_locations(self, path: str) -> list[dict[str, Any]]:
         """Per block: offset, length and the hosts holding it (for locality-aware schedulers)."""
@@ -171,6 +186,18 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         """See mkdir."""
 
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copy a file inside the cluster: a worker reads it (cache, store or the peers
+        holding it) and writes the copy with the write type; no byte passes through here.
+        A folder needs no copy: folders exist by what is below them."""
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.info(src)["type"] == "directory":
+            return
+        try:
+            self.client.copy_file(src, dst, write_type=self.write_type)
+        finally:
+            self.invalidate_cache(dst)
+
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         try:
             self.client.write_file(self._strip_protocol(path), [value], write_type=self.write_type,
@@ -189,8 +216,8 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict[str, Any] | None = None, **kwargs: Any) -> StrataFile:
-        if mode not in ("rb", "wb", "xb"):
-            raise InvalidArgument(f"strata files open with mode rb, wb or xb, not {mode!r}")
+        if mode not in ("rb", "wb", "xb", "ab"):
+            raise InvalidArgument(f"strata files open with mode rb, wb, xb or ab, not {mode!r}")
         return StrataFile(self, self._strip_protocol(path), mode, write_type=kwargs.get("write_type"))
 
 
@@ -210,15 +237,31 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 locations = self.client.block_locations(path)
                 self._holders = {b.index: list(b.worker_ids) for b in locations.blocks}
             block = self.file_info.block_size or 1
+            self._readahead = fs.readahead if fs.readahead is not None else self.file_info.readahead_blocks
             super().__init__(fs, path, mode, block_size=block, cache_type="none", size=self.file_info.length)
             self._blocks: OrderedDict[int, Future[Buffer]] = OrderedDict()
             self._last_index = -2
             self._lock = threading.Lock()
         else:
+            existing = self._existing_length(path) if mode in ("xb", "ab") else None
+            if mode == "xb" and existing is not None:
+                raise AlreadyExists(f"{path} already exists; open it with mode wb to replace it")
             super().__init__(fs, path, mode, block_size=4 * 1024 * 1024, cache_type="none")
+            if mode == "ab":
+                self.loc = existing or 0  # tell() counts from the end of what is there
             wt = pb.WriteType.Value(write_type) if write_type else fs.write_type
             self._upload: StreamingUpload | None = None
             self._write_type = wt
+
+    def _existing_length(self, path: str) -> int | None:
+        """The length of the file at `path`; None if there is none."""
+        try:
+            info = self.client.stat(path)
+        except NotFound:
+            return None
+        if info.is_dir:
+            raise IsADirectoryError(f"{path} is a directory; a file cannot be written there")
+        return int(info.length)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -232,7 +275,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             future = self.fs._pool.submit(self._fetch_block, index)
             self._blocks[index] = future
         self._blocks.move_to_end(index)
-        while len(self._blocks) > self.fs.readahead + 2:
+        while len(self._blocks) > self._readahead + 2:
             old, fut = self._blocks.popitem(last=False)
             fut.cancel()
         return future
@@ -260,7 +303,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             with self._lock:
                 future = self._block_future(i)
                 # Keep the next blocks in flight while this one is consumed.
-                for ahead in range(i + 1, min(blocks, i + 1 + self.fs.readahead)):
+                for ahead in range(i + 1, min(blocks, i + 1 + self._readahead)):
                     self._block_future(ahead)
             try:
                 data = future.result()
@@ -299,7 +342,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             index = self.loc // block
             with self._lock:
                 future = self._block_future(index)
-                for ahead in range(index + 1, min((self.size + block - 1) // block, index + 1 + self.fs.readahead)):
+                for ahead in range(index + 1, min((self.size + block - 1) // block, index + 1 + self._readahead)):
                     self._block_future(ahead)
             data = future.result()
             start = self.loc - index * block
@@ -316,7 +359,8 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     # -- writing -----------------------------------------------------------------------------
 
     def _initiate_upload(self) -> None:
-        self._upload = StreamingUpload(self.client, self.path, self._write_type, overwrite=self.mode == "wb")
+        self._upload = StreamingUpload(self.client, self.path, self._write_type, overwrite=self.mode != "xb",
+                                       append=self.mode == "ab")
 
     def _upload_chunk(self, final: bool = False) -> bool:
         if self._upload is None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import mfusepy
 
-from ..client.fs import DEFAULT_READAHEAD, StrataFileSystem
+from ..client.fs import StrataFileSystem
 from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, StrataError, Unavailable
 from ..namespace.paths import normalize
 from ..proto import strata_pb2 as pb
@@ -49,7 +49,7 @@ class FuseOptions:
     allow_other: bool = False        # let other users (pods running as non-root) in
     write_type: str = ""             # MUST_CACHE | CACHE_THROUGH | THROUGH | ASYNC_THROUGH; "": the mount's
     attr_timeout: float | None = None  # None: from the Strata mounts' metadata sync intervals
-    readahead: int = DEFAULT_READAHEAD  # blocks fetched ahead of a sequential reader
+    readahead: int | None = None     # blocks fetched ahead of a sequential reader; None: the cluster's policy
     spool_dir: str | None = None     # where files being written are buffered
 
 
@@ -77,6 +77,7 @@ def mount_options(root: str, options: FuseOptions) -> dict[str, Any]:
         "fsname": "strata:" + root.replace("\\", "\\\\").replace(",", "\\,"),
         "subtype": "strata",
         "max_read": MAX_IO,
+        "use_ino": True,  # inode numbers from the namespace paths (stable across remounts)
     }
     if options.read_only:
         result["ro"] = True

@@ -11,8 +11,14 @@ calls (through mfusepy), answered with the client library.
   mount's write type (or the one given), on flush/fsync/close (see handles.py). Opening an
   existing file for writing without O_TRUNC first copies it into the spool.
 - mkdir makes a directory that exists in this process until a file is written below it
-  (stores such as S3 have no empty directories). chmod, chown and utimens are accepted and
-  change nothing: modes, owners and times come from the store.
+  (stores such as S3 have no empty directories); so does removing the last entry of a folder
+  that exists in the store only as a key prefix: it stays a folder until rmdir, as on a disk
+  (rm -r, shutil.rmtree and find -delete work).
+- utimens sets a file's modification time in Strata's namespace (kept while the file's content
+  stays the same), so rsync -a finds unchanged files unchanged. chmod and chown are accepted
+  and change nothing: modes and owners come from the store.
+- Inode numbers are derived from the namespace path: the same file has the same number on
+  every mount (tools that key on st_ino, such as find and tar, see one file across remounts).
 - `user.strata.locations` lists the hosts holding each block (see locations.py).
 - A read-only mount (`--read-only`, or a Strata mount with readOnly) refuses changes with EROFS.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -81,6 +88,13 @@ _ERRNO = {
     DataLoss: errno.EIO,
     FailedPrecondition: errno.EIO,
 }
+
+
+def inode_of(ns: str) -> int:
+    """The inode number of a namespace path: the same on every mount, never 0 or 1 (the
+    kernel's own root number), 63 bits so that signed readers see it positive."""
+    digest = hashlib.blake2b(ns.encode(), digest_size=8).digest()
+    return max(2, int.from_bytes(digest, "big") >> 1)
 
 
 def errno_of(exc: StrataError) -> int:
@@ -202,12 +216,12 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
             self._attrs.put(info)
         return info
 
-    def _stat(self, *, is_dir: bool, size: int = 0, mtime_ns: int = 0, read_only: bool = False) -> dict[str, Any]:
+    def _stat(self, ns: str, *, is_dir: bool, size: int = 0, mtime_ns: int = 0, read_only: bool = False) -> dict[str, Any]:
         mode = (stat.S_IFDIR | 0o755) if is_dir else (stat.S_IFREG | 0o644)
         if read_only or self.settings.read_only:
             mode &= ~0o222
         return {
-            "st_mode": mode, "st_nlink": 2 if is_dir else 1, "st_size": size,
+            "st_ino": inode_of(ns), "st_mode": mode, "st_nlink": 2 if is_dir else 1, "st_size": size,
             "st_uid": self._uid, "st_gid": self._gid,
             "st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns,
             "st_blocks": (size + 511) // 512,
@@ -216,7 +230,7 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         }
 
     def _info_stat(self, info: pb.FileInfo) -> dict[str, Any]:
-        return self._stat(is_dir=info.is_dir, size=info.length, mtime_ns=info.mtime_unix_ms * 1_000_000,
+        return self._stat(info.path, is_dir=info.is_dir, size=info.length, mtime_ns=info.mtime_unix_ms * 1_000_000,
                           read_only=info.read_only)
 
     def _writers(self, ns: str) -> list[WriteHandle]:
@@ -316,12 +330,12 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         writers = [handle] if isinstance(handle, WriteHandle) else self._writers(ns)
         if writers:
             w = writers[-1]
-            return self._stat(is_dir=False, size=w.size, mtime_ns=w.mtime_ns)
+            return self._stat(ns, is_dir=False, size=w.size, mtime_ns=w.mtime_ns)
         try:
             return self._info_stat(self._info(ns))
         except NotFound:
             if ns in self._new_dirs:
-                return self._stat(is_dir=True, mtime_ns=time.time_ns())
+                return self._stat(ns, is_dir=True, mtime_ns=time.time_ns())
             raise
 
     @_errors
@@ -346,7 +360,10 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
             for h in self._handles.values():
                 if isinstance(h, WriteHandle) and not h.discarded and parent(h.path) == ns:
                     names.setdefault(h.path.rsplit("/", 1)[1], stat.S_IFREG)
-        return [(".", stat.S_IFDIR, 0), ("..", stat.S_IFDIR, 0)] + [(n, mode, 0) for n, mode in sorted(names.items())]
+        up = parent(ns) if ns != self.root else ns
+        return [(".", {"st_mode": stat.S_IFDIR, "st_ino": inode_of(ns)}, 0),
+                ("..", {"st_mode": stat.S_IFDIR, "st_ino": inode_of(up)}, 0)] + [
+            (n, {"st_mode": mode, "st_ino": inode_of(join(ns, n))}, 0) for n, mode in sorted(names.items())]
 
     @_errors
     def statfs(self, path: str) -> dict[str, int]:
@@ -395,7 +412,22 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
     def chown(self, path: str, uid: int, gid: int) -> int:
         return 0
 
+    @_errors
     def utimens(self, path: str, times: Any = None) -> int:
+        ns = self._ns(path)
+        mtime_ns = times[1] if times is not None else time.time_ns()
+        writers = self._writers(ns)
+        for writer in writers:  # an open file: its bytes go to the store first, then its time
+            writer.commit(self._upload)
+            writer.mtime_ns = mtime_ns
+        self._check_writable(ns)
+        try:
+            self.client.set_mtime(ns, mtime_ns // 1_000_000)
+        except NotFound:
+            if ns not in self._new_dirs and not writers:
+                raise
+        finally:
+            self._attrs.drop(ns)
         return 0
 
     # -- files -----------------------------------------------------------------------------------
@@ -517,7 +549,15 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
                 raise
         finally:
             self._forget(ns)
+        self._keep_folder(parent(ns))
         return 0
+
+    def _keep_folder(self, ns: str) -> None:
+        """A folder whose last entry was just removed stays a folder in this process until
+        rmdir (in stores such as S3 it vanishes with its last key)."""
+        if ns != self.root and is_under(ns, self.root):
+            with self._lock:
+                self._new_dirs.add(ns)
 
     @_errors
     def mkdir(self, path: str, mode: int) -> int:
@@ -558,6 +598,7 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
             with self._lock:
                 self._new_dirs.discard(ns)
             self._forget(ns)
+        self._keep_folder(parent(ns))
         return 0
 
     @_errors

@@ -172,6 +172,7 @@ class MasterService(pb_grpc.MasterServicer):
             pinned=entry.pinned,
             mount_id=entry.mount_id,
             read_only=entry.read_only,
+            readahead_blocks=0 if entry.is_dir else self.config.cache_policy.readahead_blocks,
         )
 
     def _pinned_prefixes(self, mount: NsMount) -> list[str]:
@@ -315,6 +316,10 @@ class MasterService(pb_grpc.MasterServicer):
         # Blocks are keyed by path: the old path's blocks can never be read again.
         await self._free_blocks(mount.mount_id, src)
         return pb.RenameResponse()
+
+    @rpcutil.unary
+    async def SetTimes(self, request: pb.SetTimesRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
+        return self._file_info(await self.namespace.set_mtime(normalize(request.path), request.mtime_unix_ms))
 
     @rpcutil.unary
     async def GetBlockLocations(

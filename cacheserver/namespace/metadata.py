@@ -385,13 +385,15 @@ class Namespace:
 
     def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
         """(True, status) if the cache can say what is at `rel` (None: nothing), from the
-        path's own entry or its parent's listing; (False, None) if it cannot."""
+        path's own entry or its parent's listing, whichever the store gave later (so a stat
+        and a listing never disagree about a file put into the store meanwhile); (False, None)
+        if it cannot."""
         hit = self._cached(mount, "info", rel)
+        listing = self._cached(mount, "list", _rel_parent(rel))
+        if listing is not None and listing.value is not None and (hit is None or listing.started > hit.started):
+            return True, next((s for s in listing.value if s.path == rel), None)
         if hit is not None:
             return True, hit.value
-        listing = self._cached(mount, "list", _rel_parent(rel))
-        if listing is not None and listing.value is not None:
-            return True, next((s for s in listing.value if s.path == rel), None)
         return False, None
 
     async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:
@@ -690,6 +692,30 @@ class Namespace:
         finally:
             self.invalidate(src)
             self.invalidate(dst)
+
+    async def set_mtime(self, path: str, mtime_unix_ms: int) -> FileEntry:
+        """Give a file the modification time a program set (utime). Stores such as S3 keep
+        their own times, so the namespace keeps it, as an overlay entry of the file's current
+        version: it holds while the store's file stays that version (a changed file shows the
+        store's time again), moves with renames and goes with deletes. A directory's time is
+        not kept (it is the store's, or none)."""
+        path = normalize(path)
+        self._sync_mounts()
+        mount, _ = self._writable(path, "set the time of")
+        if mtime_unix_ms < 0:
+            raise InvalidArgument(f"time of {path}: must be at or after 1970, got {mtime_unix_ms} ms")
+        entry = await self.get_status(path)
+        if entry.is_dir:
+            return entry
+        written = self._overlay.get(path)
+        if written is not None and written.mount_id == mount.mount_id:
+            timed = replace(written, mtime_unix_ms=mtime_unix_ms)
+        else:  # a file only the store knows: keep its identity, change its time
+            timed = OverlayEntry(mount_id=mount.mount_id, length=entry.length, version=entry.version,
+                                 mtime_unix_ms=mtime_unix_ms, persisted=True, ufs_version=entry.version)
+        self._overlay[path] = timed
+        self._save()
+        return self._overlay_entry(mount, path, timed)
 
     # -- pins and invalidation --------------------------------------------------------------------
 

@@ -482,6 +482,127 @@ class WorkerService(pb_grpc.WorkerServicer):
         # A peer may have been down when the block was placed; unpin any local copies too.
         self._pin(pb.PinBlocksRequest(blocks=refs, pinned=False))
 
+    # -- copies and appends -----------------------------------------------------------------
+
+    async def _block_bytes(self, ref: pb.BlockRef, holders: list[str]) -> bytes:
+        """One block of a file for a copy: from this worker's cache, else the store, else
+        (a file not in the store yet) from a peer holding it."""
+        key, length = key_of(ref), block_length(ref)
+        if self.store.lookup(key) is not None:
+            try:
+                return await self.store.read(key, 0, length)
+            except (BlockCorrupt, NotFound) as exc:  # bad or evicted since: look elsewhere
+                log.debug("block %d of %s: %s", ref.index, ref.path, exc)
+        if ref.in_store:
+            return await self.read_uncached(ref, 0, length)
+        peers = {p.worker_id: p for p in self._peers()}
+        errors = []
+        for worker_id in [h for h in holders if h in peers and h != self.worker_id]:
+            request = pb.ReadBlockRequest(block=ref, length=length)
+            try:
+                chunks = [c.data async for c in self._peer_stub(peers[worker_id]).ReadBlock(request, timeout=120)]
+            except grpc.RpcError as exc:
+                errors.append(f"{worker_id}: {exc.details() if hasattr(exc, 'details') else exc}")
+                continue
+            data = b"".join(chunks)
+            if len(data) == length:
+                return data
+            errors.append(f"{worker_id}: sent {len(data)} of {length} bytes")
+        raise FailedPrecondition(
+            f"block {ref.index} of {ref.path} is not in the store and no worker holding it answered "
+            f"({'; '.join(errors) or 'no holders'}); the file cannot be copied now"
+        )
+
+    async def _locate(self, path: str) -> pb.GetBlockLocationsResponse:
+        """The file at `path` and its blocks' holders. NotFound if no file."""
+        try:
+            located: pb.GetBlockLocationsResponse = await self._master().GetBlockLocations(
+                pb.GetBlockLocationsRequest(path=path), timeout=30)
+        except grpc.RpcError as exc:
+            raise rpcutil.raise_from_rpc_error(exc, f"locating the blocks of {path}") from exc
+        return located
+
+    async def _stage_existing(self, path: str, out: Any, located: pb.GetBlockLocationsResponse | None = None) -> int:
+        """Write the bytes of the file at `path` to `out`; its length. NotFound if no file."""
+        located = located or await self._locate(path)
+        info: pb.FileInfo = located.file
+        for block in located.blocks:
+            ref = pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=block.index,
+                              block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+            data = await self._block_bytes(ref, list(block.worker_ids))
+            await asyncio.to_thread(out.write, data)
+        return int(info.length)
+
+    async def _write_staged(self, staged: Path, path: str, length: int, write_type: pb.WriteType.ValueType,
+                            overwrite: bool) -> pb.FileInfo:
+        """Write a staged file to `path` with the write type (the mount's if unspecified);
+        the staged file is removed unless an ASYNC_THROUGH upload still needs it."""
+        keep_staged = False
+        try:
+            mount = await self.mounts.resolve(path)
+            mount.check_writable()
+            if not overwrite:
+                await self._refuse_existing(path)
+            effective = effective_write_type(write_type, mount, self.config)
+            file = await self._write(staged, mount, path, length, effective)
+            keep_staged = effective == pb.ASYNC_THROUGH
+            return file
+        finally:
+            if not keep_staged:
+                staged.unlink(missing_ok=True)
+
+    @rpcutil.unary
+    async def AppendFile(self, request_iterator: AsyncIterator[pb.WriteFileChunk], context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:
+        staged = self.staging_dir / f"{uuid.uuid4().hex}.part"
+        try:
+            first: pb.WriteFileChunk | None = None
+            length = 0
+            with staged.open("wb") as out:
+                async for chunk in request_iterator:
+                    if first is None:
+                        first = chunk
+                        path = normalize(chunk.path)
+                        (await self.mounts.resolve(path)).check_writable()
+                        try:
+                            length = await self._stage_existing(path, out)
+                        except NotFound:
+                            length = 0  # appending to nothing makes a new file
+                    await asyncio.to_thread(out.write, chunk.data)
+                    length += len(chunk.data)
+            if first is None:
+                raise InvalidArgument("AppendFile: empty stream; the first message must name the path")
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+        return pb.WriteFileResponse(file=await self._write_staged(staged, path, length, first.write_type, overwrite=True))
+
+    @rpcutil.unary
+    async def CopyFile(self, request: pb.CopyFileRequest, context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:
+        src, dst = normalize(request.src), normalize(request.dst)
+        if src == dst:
+            raise InvalidArgument(f"cannot copy {src} onto itself")
+        mount = await self.mounts.resolve(dst)
+        mount.check_writable()
+        if not request.overwrite:
+            await self._refuse_existing(dst)
+        located = await self._locate(src)
+        source = located.file
+        write_type = effective_write_type(request.write_type, mount, self.config)
+        if source.persisted and source.mount_id == mount.mount_id and write_type in (pb.THROUGH, pb.CACHE_THROUGH):
+            # Both in one store: the store copies (S3: server-side), no byte leaves it.
+            status = await mount.store.copy(mount.rel(src), mount.rel(dst))
+            file = await self._commit(dst, status.length, status.version, True, status.version)
+            return pb.WriteFileResponse(file=file)
+        staged = self.staging_dir / f"{uuid.uuid4().hex}.part"
+        try:
+            with staged.open("wb") as out:
+                length = await self._stage_existing(src, out, located)
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+        file = await self._write_staged(staged, dst, length, write_type, overwrite=request.overwrite)
+        return pb.WriteFileResponse(file=file)
+
     # -- cache management --------------------------------------------------------------------
 
     def _matcher(self, mount_id: int, prefix: str, keep: Sequence[pb.BlockRef] = ()) -> Callable[[BlockKey], bool]:

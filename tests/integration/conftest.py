@@ -226,6 +226,45 @@ def bucket(s3: Any, request: pytest.FixtureRequest) -> str:
     return name
 
 
+def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, Any]] | None = None,
+                   extra: dict[str, Any] | None = None, clusters: list[Cluster] | None = None, *,
+                   master_extra: dict[str, Any] | None = None) -> Cluster:
+    """Start a master and `workers` workers under `root` (added to `clusters` as soon as the
+    master runs, so a failed start is still stopped by whoever owns the list)."""
+    env = {**os.environ, "STRATA_TOKEN": TOKEN, "STRATA_DATA_TOKEN": DATA_TOKEN,
+           "STRATA_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info"}
+    env.pop("STRATA_MASTER", None)
+    port, http_port = free_port(), free_port()
+    master_cfg = root / "master.yaml"
+    root.mkdir(parents=True)
+    master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10,
+                                          **(extra or {}), **(master_extra or {})}))
+    master = Server(
+        name="master",
+        args=["master", "--config", str(master_cfg), "--journal-dir", str(root / "journal"),
+              "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http_port)],
+        env=env, log=root / "logs" / "master.log", http_port=http_port, port=port,
+    )
+    master.start()
+    cluster = Cluster(root=root, master=master, workers=[], s3=s3, env=env)
+    if clusters is not None:
+        clusters.append(cluster)
+    master.wait_healthy()
+    for i in range(workers):
+        worker = make_worker(root, i, port, env, tiers=tiers, extra=extra)
+        worker.start()
+        cluster.workers.append(worker)
+    for worker in cluster.workers:
+        worker.wait_healthy()
+    cluster.wait_workers(workers)
+    return cluster
+
+
+def remove_shm_tiers() -> None:
+    for shm in Path("/dev/shm").glob(f"strata-it-{os.getpid()}-*"):
+        subprocess.run(["rm", "-rf", str(shm)], check=False)
+
+
 @pytest.fixture
 def start_cluster(tmp_path: Path, s3: Any) -> Iterator[Any]:
     """Start a master and N workers; `start_cluster(workers=2, tiers=...)`."""
@@ -233,36 +272,10 @@ def start_cluster(tmp_path: Path, s3: Any) -> Iterator[Any]:
 
     def start(workers: int = 2, tiers: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
               master_extra: dict[str, Any] | None = None) -> Cluster:
-        root = tmp_path / f"cluster-{len(clusters)}"
-        env = {**os.environ, "STRATA_TOKEN": TOKEN, "STRATA_DATA_TOKEN": DATA_TOKEN,
-               "STRATA_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info"}
-        env.pop("STRATA_MASTER", None)
-        port, http_port = free_port(), free_port()
-        master_cfg = root / "master.yaml"
-        root.mkdir(parents=True)
-        master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10,
-                                              **(master_extra or {})}))
-        master = Server(
-            name="master",
-            args=["master", "--config", str(master_cfg), "--journal-dir", str(root / "journal"),
-                  "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http_port)],
-            env=env, log=root / "logs" / "master.log", http_port=http_port, port=port,
-        )
-        master.start()
-        cluster = Cluster(root=root, master=master, workers=[], s3=s3, env=env)
-        clusters.append(cluster)
-        master.wait_healthy()
-        for i in range(workers):
-            worker = make_worker(root, i, port, env, tiers=tiers, extra=extra)
-            worker.start()
-            cluster.workers.append(worker)
-        for worker in cluster.workers:
-            worker.wait_healthy()
-        cluster.wait_workers(workers)
-        return cluster
+        return launch_cluster(tmp_path / f"cluster-{len(clusters)}", s3, workers, tiers, extra, clusters,
+                              master_extra=master_extra)
 
     yield start
     for cluster in clusters:
         cluster.stop()
-    for shm in Path("/dev/shm").glob(f"strata-it-{os.getpid()}-*"):
-        subprocess.run(["rm", "-rf", str(shm)], check=False)
+    remove_shm_tiers()

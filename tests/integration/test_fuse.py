@@ -401,3 +401,96 @@ def test_a_crashed_mounts_point_is_replaced_by_the_next_mount(
     replacement.wait()
     assert wait_unmounted(replacement.path, 10)
     assert (mount_fuse(cluster).path / "c" / "f").read_bytes() == b"still here"
+
+
+# -- the mount as tools use it ---------------------------------------------------------------------
+
+
+def test_tools_remove_folders_that_exist_only_as_key_prefixes(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    for tree in ("by-rm", "by-rmtree", "by-find"):
+        for key in ("a/b/f1", "a/f2", "c/f3", "top"):
+            cluster.s3.put_object(bucket, f"{tree}/{key}", b"x")
+    cluster.s3.put_object(bucket, "keep/only", b"x")
+    cluster.mount_bucket("/p", bucket, metadata_sync_interval=30)
+    mnt = mount_fuse(cluster).path / "p"
+    assert sorted(os.listdir(mnt / "by-rm")) == ["a", "c", "top"]
+
+    subprocess.run(["rm", "-r", str(mnt / "by-rm")], check=True, capture_output=True, timeout=60)
+    shutil.rmtree(mnt / "by-rmtree")
+    subprocess.run(["find", str(mnt / "by-find"), "-delete"], check=True, capture_output=True, timeout=60)
+    for tree in ("by-rm", "by-rmtree", "by-find"):
+        assert not (mnt / tree).exists()
+    assert os.listdir(mnt) == ["keep"]
+    assert store_keys(cluster, bucket) == {"keep/only"}
+
+    # An emptied folder stays a folder until it is removed, as on a disk.
+    os.unlink(mnt / "keep" / "only")
+    assert (mnt / "keep").is_dir() and os.listdir(mnt / "keep") == []
+    os.rmdir(mnt / "keep")
+    assert not (mnt / "keep").exists()
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed (scripts/install-system-deps.sh)")
+def test_rsync_into_the_mount_twice_sends_nothing_the_second_time(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/r", bucket)
+    mnt = mount_fuse(cluster).path / "r"
+    source = tmp_path / "source"
+    files = {"a.txt": b"alpha", "sub/b.bin": payload(70_000), "sub/deeper/c": b""}
+    for i, (name, data) in enumerate(sorted(files.items())):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(data)
+        os.utime(source / name, ns=(1_600_000_000_000_000_000 + i * 10**9,) * 2)
+
+    def rsync() -> int:
+        result = subprocess.run(["rsync", "-a", "--stats", f"{source}/", f"{mnt}/copy/"], capture_output=True,
+                                timeout=120, text=True)
+        assert result.returncode == 0, result.stderr
+        sent = [line for line in result.stdout.splitlines() if line.startswith("Number of regular files transferred")]
+        return int(sent[0].split(":")[1].replace(",", ""))
+
+    assert rsync() == 3
+    for name, data in files.items():
+        assert (mnt / "copy" / name).read_bytes() == data
+        assert (mnt / "copy" / name).stat().st_mtime_ns == (source / name).stat().st_mtime_ns
+    assert rsync() == 0
+
+
+def test_inode_numbers_stay_the_same_across_remounts(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    for key in ("d/one", "d/two", "three"):
+        cluster.s3.put_object(bucket, key, b"x")
+    cluster.mount_bucket("/i", bucket)
+    names = ["i", "i/d", "i/d/one", "i/d/two", "i/three"]
+    first = mount_fuse(cluster, name="first")
+    before = {n: (first.path / n).stat().st_ino for n in names}
+    listed = {e.name: e.inode() for e in os.scandir(first.path / "i" / "d")}
+    stop_fuse(first)
+    second = mount_fuse(cluster, name="second")
+    after = {n: (second.path / n).stat().st_ino for n in reversed(names)}  # the kernel numbers in order
+    assert after == before
+    assert len(set(before.values())) == len(names)
+    assert listed == {"one": before["i/d/one"], "two": before["i/d/two"]}
+
+
+def test_listing_and_stat_agree_on_a_file_put_into_the_store(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "e/old", b"x")
+    sync = 5.0
+    cluster.mount_bucket("/l", bucket, metadata_sync_interval=sync)
+    mnt = mount_fuse(cluster).path / "l"
+    time.sleep(sync + 0.5)  # what the master learnt at mount time (a walk of the store) is stale now
+
+    # Looked up (absent), then put into the store directly, then listed: the listing is the
+    # newer answer, and a stat must not contradict it with the older one.
+    assert not (mnt / "e" / "new").exists()
+    cluster.s3.put_object(bucket, "e/new", b"new bytes")
+    listed = "new" in os.listdir(mnt / "e")
+    readable = (mnt / "e" / "new").exists()
+    assert listed and readable, f"stat says {readable}, ls says {listed}"
+    assert (mnt / "e" / "new").read_bytes() == b"new bytes"

@@ -154,6 +154,17 @@ async def test_rm_mv_mkdir_and_upload(backend: Backend, tmp_path: Path) -> None:
         assert (await store.info("newdir/inner")).is_dir
 
 
+async def test_copy_makes_a_second_file_in_the_store(backend: Backend) -> None:
+    store = backend.store
+    await store.write("src/a", b"bytes to copy")
+    copied = await store.copy("src/a", "dst/a")
+    assert copied.path == "dst/a" and copied.length == len(b"bytes to copy")
+    assert await store.read_range("dst/a", 0, 100) == b"bytes to copy"
+    assert await store.read_range("src/a", 0, 100) == b"bytes to copy"
+    with pytest.raises(NotFound):
+        await store.copy("src/missing", "dst/b")
+
+
 async def test_paths_cannot_climb_out_of_the_root(backend: Backend) -> None:
     with pytest.raises(InvalidArgument, match="'..'"):
         await backend.store.info("a/../../etc/passwd")
