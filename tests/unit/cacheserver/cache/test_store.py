@@ -26,7 +26,9 @@ from strata.cacheserver.cache import (
     TierConfig,
     default_mem_dir,
 )
+from strata.cacheserver.cache import BlockMetadata
 from strata.cacheserver.cache import store as store_module
+from strata.cacheserver.cache.metadata import compute_checksums
 from strata.cacheserver.constants import DEFAULT_BLOCK_SIZE
 from strata.cacheserver.errors import (
     DataLoss,
@@ -684,3 +686,19 @@ async def test_a_tier_on_a_disk_smaller_than_its_quota_evicts_before_the_disk_is
             assert await store.read(k, 0, block) == payload(block, seed=99)
             usage = store.stats()[0]
             assert usage.used <= usage.capacity <= (64 << 20) - filler.stat().st_size
+
+
+async def test_a_block_checksummed_in_other_chunks_stays_valid(make_store: Any, dirs: Any) -> None:
+    # Sidecars record their chunk size: blocks cached before CHUNK_SIZE changed still verify.
+    first = await make_store(("SSD", 8 << 20))
+    data = payload(3 << 20)
+    k = key(0, length=len(data))
+    await first.put(k, data)
+    await first.close()
+    old = BlockMetadata(k, len(data), "SSD", compute_checksums(data, 1 << 20), 1.0, 1.0, chunk_size=1 << 20)
+    old.write(dirs("SSD") / f"{k.block_id}.meta")
+    second = await make_store(("SSD", 8 << 20))
+    fd, block = second.open_fd(k)
+    os.close(fd)
+    assert (block.chunk_size, len(block.checksums)) == (1 << 20, 3)
+    assert await second.read(k, 5, 100) == data[5:105]
