@@ -82,6 +82,10 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
     botocore.exceptions.ConnectionError,
     ResponseParserError,
 )
+# Operations whose work is bounded (one object's status, one folder's entries, one block's
+# bytes): a reader waits on them, so they get StoreTimeouts.deadline. The others (uploads of
+# any size, walks of whole trees, copies) are bounded by the read timeout of each request.
+_BOUNDED = frozenset({"check", "info", "list", "read"})
 # Storage options that Strata sets itself; a Mount cannot override them.
 _MANAGED_OPTIONS = frozenset({"asynchronous", "loop", "skip_instance_cache", "use_listings_cache"})
 # Schemes whose filesystem wraps another one or reads files of the server's host (caches,
@@ -108,9 +112,10 @@ class StoreTimeouts(BaseSettings):
     # Seconds to wait for the next bytes of an answer (not for the whole answer): an object
     # store starts answering within a second; 10 s tells a hung store from a slow one (S3).
     read_timeout: float = Field(default=10.0, gt=0)
-    # Seconds for one operation, its retries included, on any store: about two read
-    # timeouts. Past it the caller gets DeadlineExceeded naming the store. Raise it for
-    # stores whose 16 MiB block reads take longer.
+    # Seconds for one bounded operation (a status, a folder listing, a block read), its
+    # retries included, on any store: about two read timeouts. Past it the caller gets
+    # DeadlineExceeded naming the store. Raise it for stores whose 16 MiB block reads take
+    # longer. Uploads and walks of whole trees are bounded by read_timeout per request.
     deadline: float = Field(default=20.0, gt=0)
     # Seconds the master waits on the store for metadata older than the mount's sync
     # interval before answering from it (stale-if-error): a hung store then costs a reader
@@ -490,7 +495,8 @@ class Store:
         return exc
 
     async def _call(self, what: str, rel: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run one store operation with retries on transient errors and mapped errors."""
+        """Run one store operation with retries on transient errors and mapped errors,
+        within the deadline when its size is bounded (see `_BOUNDED`)."""
 
         async def attempt() -> T:
             try:
@@ -501,19 +507,19 @@ class Store:
                     raise
                 raise mapped from exc
 
+        retried = call_with_backoff(
+            attempt,
+            what=f"{what} {self.url(rel)}",
+            attempts=self._retry.attempts,
+            base_delay=self._retry.base_delay,
+            max_delay=self._retry.max_delay,
+            retry_on=(Unavailable,),
+        )
+        if what not in _BOUNDED:
+            return await retried
         deadline = self._timeouts.deadline
         try:
-            return await asyncio.wait_for(
-                call_with_backoff(
-                    attempt,
-                    what=f"{what} {self.url(rel)}",
-                    attempts=self._retry.attempts,
-                    base_delay=self._retry.base_delay,
-                    max_delay=self._retry.max_delay,
-                    retry_on=(Unavailable,),
-                ),
-                deadline,
-            )
+            return await asyncio.wait_for(retried, deadline)
         except TimeoutError as exc:  # the deadline; attempts' own timeouts are Unavailable
             where = self._kwargs.get("endpoint_url") or self.source
             raise DeadlineExceeded(

@@ -391,6 +391,32 @@ async def test_a_store_that_never_answers_is_given_up_on_at_its_deadline(s3_serv
         proxy.stop()
 
 
+class SlowMemoryFileSystem(MemoryFileSystem):
+    """memory:// whose writes and reads take 0.6 s (a store busy with big objects)."""
+
+    protocol = "slowmem"
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return str(MemoryFileSystem._strip_protocol(path.removeprefix("slowmem://")))
+
+    def pipe_file(self, path: str, value: bytes, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.6)
+        super().pipe_file(path, value, *args, **kwargs)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        time.sleep(0.6)
+        return bytes(super().cat_file(path, start=start, end=end, **kwargs))
+
+
+async def test_the_deadline_bounds_reads_not_writes() -> None:
+    fsspec.register_implementation("slowmem", SlowMemoryFileSystem, clobber=True)
+    store = Store(f"slowmem:///t-{uuid.uuid4().hex}", timeouts=StoreTimeouts(deadline=0.3))
+    assert (await store.write("big", b"a big upload")).length == 12  # takes 0.6 s: not cut
+    with pytest.raises(DeadlineExceeded, match=r"did not answer read of .*/big within 0\.3s"):
+        await store.read_range("big", 0, 3)
+
+
 async def test_throttling_is_retried_then_succeeds(s3_server: Any, bucket: str) -> None:
     s3_server.put_object(bucket, "obj", b"payload")
     upstream = s3_server.endpoint_url.split("//", 1)[1]
