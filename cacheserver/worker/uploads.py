@@ -291,8 +291,18 @@ class Uploads:
         log.info("persisted %s (%d bytes, version %s)", record.path, record.length, record.version)
 
     async def _upload_once(self, upload: _Upload) -> None:
-        """One try: the file still wants this upload? Upload it to the store's upload folder
-        and have the master move it into place."""
+        """One try; an error no other type covers (a store library's own) is retried too:
+        acknowledged data is never given up."""
+        try:
+            await self._try_upload(upload)
+        except (Superseded, StrataError, grpc.RpcError, OSError, TimeoutError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - retried like any store error
+            raise StrataError(f"upload of {upload.record.path} failed: {exc!r}") from exc
+
+    async def _try_upload(self, upload: _Upload) -> None:
+        """The file still wants this upload? Upload it to the store's upload folder and have
+        the master move it into place."""
         record = upload.record
         try:
             current = await self._master().GetStatus(pb.GetStatusRequest(path=record.path), timeout=MASTER_CALL_TIMEOUT)

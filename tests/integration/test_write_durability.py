@@ -250,3 +250,17 @@ def test_free_and_unpin_leave_a_must_cache_file_whole(start_cluster: Any, bucket
     fs.client.set_pinned("/w", True)
     fs.client.set_pinned("/w", False)
     assert cluster.fs().cat_file("/w/only-here.bin") == data
+
+
+def test_a_failed_overwrite_leaves_the_pending_file_as_it_was(start_cluster: Any, bucket: str, proxy: StoreProxy) -> None:
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    first = payload(BLOCK_SIZE + 77)
+    with proxy.refusing():
+        cluster.fs(write_type="ASYNC_THROUGH").pipe_file("/w/f.bin", first)
+        with pytest.raises(StrataError):
+            cluster.fs(write_type="THROUGH").pipe_file("/w/f.bin", b"this overwrite cannot reach the store")
+        assert cluster.fs().cat_file("/w/f.bin") == first
+    wait_until(lambda: cluster.fs().info("/w/f.bin")["persisted"], 30, "the first write's upload")
+    assert cluster.s3.get_object(bucket, "f.bin") == first
+    assert cluster.fs().cat_file("/w/f.bin") == first
