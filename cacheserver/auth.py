@@ -59,12 +59,13 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
         "DecommissionWorkers": _ADMIN, "Report": _ADMIN,
         "ListMounts": _DATA, "GetStatus": _DATA, "ListStatus": _DATA, "Delete": _DATA,
         "Rename": _DATA, "GetBlockLocations": _DATA, "ListWorkers": _DATA, "GetCapacity": _DATA,
+        "SetTimes": _DATA,
         "CommitFile": _INTERNAL, "RegisterWorker": _INTERNAL, "Heartbeat": _INTERNAL,
-        "GetMountTable": _INTERNAL,
+        "GetMountTable": _INTERNAL, "PrepareWrite": _INTERNAL, "PersistFile": _INTERNAL, "AbortWrite": _INTERNAL,
     }.items()},
     **{f"/{constants.GRPC_PACKAGE}.Worker/{name}": roles for name, roles in {
-        "ReadBlock": _DATA, "WriteFile": _DATA,
-        "CacheBlocks": _INTERNAL, "PutBlock": _INTERNAL, "FreeBlocks": _INTERNAL, "PinBlocks": _INTERNAL,
+        "ReadBlock": _DATA, "WriteFile": _DATA, "AppendFile": _DATA, "CopyFile": _DATA,
+        "CacheBlocks": _INTERNAL, "FreeBlocks": _INTERNAL, "PinBlocks": _INTERNAL,
     }.items()},
     BLOCK_SOCKET: _DATA,
 }

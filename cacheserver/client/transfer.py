@@ -78,7 +78,7 @@ class _BlockSocketClient(ABC):
             conn[0].close()
             self._local.conn = None
 
-    def _patiently(self, receive: Callable[[], T], since: float) -> T:
+    def _patiently(self, receive: Callable[[], _T], since: float) -> _T:
         """`receive()`, called again while the worker is silent but alive and the request
         (started at `since`) is within its deadline; WorkerStalled otherwise."""
         while True:

@@ -164,7 +164,7 @@ def test_each_credential_opens_only_its_own_doors(cluster: Cluster, bucket: str)
     # Worker doors: block management is for the master and peers only.
     worker = pb_grpc.WorkerStub(rpcutil.sync_channel(f"127.0.0.1:{cluster.workers[0].port}", DATA_TOKEN))
     assert _code(lambda: worker.FreeBlocks(pb.FreeBlocksRequest(mount_id=1), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
-    assert _code(lambda: worker.PutBlock(iter([pb.PutBlockChunk()]), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _code(lambda: worker.PinBlocks(pb.PinBlocksRequest(), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
 
     # The admin credential manages the cache and reads files too.
     assert admin.Report(pb.ReportRequest(), timeout=10).workers

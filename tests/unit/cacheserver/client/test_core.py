@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from strata.cacheserver.auth import Credentials
 from strata.cacheserver.client.core import StrataClient
 from strata.cacheserver.client.settings import ClientSettings
 from strata.cacheserver.config import ServerConfig
@@ -33,9 +34,9 @@ def master(tmp_path: Path) -> Iterator[tuple[MasterHandle, Run[Any]]]:
     def run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=30)
 
-    config = ServerConfig.model_validate({"blockSize": "1Mi"})
-    handle = run(start_master(config, journal_dir=tmp_path / "journal", token=TOKEN, bind="127.0.0.1",
-                              port=0, http_port=0))
+    config = ServerConfig.model_validate({"blockSize": "1Mi", "localSources": {"allowedRoots": [str(tmp_path)]}})
+    handle = run(start_master(config, journal_dir=tmp_path / "journal", credentials=Credentials.from_admin(TOKEN),
+                              bind="127.0.0.1", port=0, http_port=0))
     try:
         yield handle, run
     finally:
