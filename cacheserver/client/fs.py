@@ -187,9 +187,10 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """See mkdir."""
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
-        """Copy a file inside the cluster: a worker reads it (cache, store or the peers
-        holding it) and writes the copy with the write type; no byte passes through here.
-        A folder needs no copy: folders exist by what is below them."""
+        """Copy a file inside the cluster: the store copies it (both in one mount, a write
+        type that writes the store), else a worker reads it (cache, store or the peers holding
+        it) and writes the copy with the write type; no byte passes through this client. A
+        folder needs no copy: folders exist by what is below them."""
         src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
         if self.info(src)["type"] == "directory":
             return

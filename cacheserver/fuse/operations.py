@@ -76,6 +76,9 @@ STATFS_TTL = 5.0
 REMEMBERED = 100_000
 STATFS_BLOCK = 4096
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+# utimensat's "now" and "leave as is", as libfuse hands them over (seconds 0, these nanoseconds).
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
 
 _ERRNO = {
     NotFound: errno.ENOENT,
@@ -415,7 +418,11 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
     @_errors
     def utimens(self, path: str, times: Any = None) -> int:
         ns = self._ns(path)
-        mtime_ns = times[1] if times is not None else time.time_ns()
+        mtime_ns = times[1] if times is not None else UTIME_NOW
+        if mtime_ns == UTIME_OMIT:  # only the access time, which is not kept
+            return 0
+        if mtime_ns == UTIME_NOW:
+            mtime_ns = time.time_ns()
         writers = self._writers(ns)
         for writer in writers:  # an open file: its bytes go to the store first, then its time
             writer.commit(self._upload)

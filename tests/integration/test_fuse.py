@@ -458,6 +458,13 @@ def test_rsync_into_the_mount_twice_sends_nothing_the_second_time(
         assert (mnt / "copy" / name).stat().st_mtime_ns == (source / name).stat().st_mtime_ns
     assert rsync() == 0
 
+    touched = mnt / "copy" / "a.txt"
+    subprocess.run(["touch", "-a", str(touched)], check=True, timeout=30)  # the access time only
+    assert touched.stat().st_mtime_ns == (source / "a.txt").stat().st_mtime_ns
+    subprocess.run(["touch", str(touched)], check=True, timeout=30)  # now
+    assert abs(touched.stat().st_mtime - time.time()) < 60
+    assert touched.read_bytes() == b"alpha"
+
 
 def test_inode_numbers_stay_the_same_across_remounts(
         start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:

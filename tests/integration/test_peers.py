@@ -4,6 +4,7 @@ results must equal reading the store directly. A real master and workers over mo
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import posixpath
 import time
@@ -248,3 +249,28 @@ def test_the_clusters_readahead_policy_sets_how_far_a_sequential_reader_fetches_
         time.sleep(1.0)  # a bounded wait: would any more come?
     assert fs.info(path)["cached_bytes"] == expected
     assert len(rec.matching("GET", "/seq/part-0")) == 1 + policy
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(fuse_skip_reason() is not None, reason=str(fuse_skip_reason()))
+@pytest.mark.skipif(os.environ.get("STRATA_TEST_SPARK") != "1" or importlib.util.find_spec("pyspark") is None,
+                    reason="opt-in: set STRATA_TEST_SPARK=1 with pyspark installed (and Java)")
+def test_spark_reads_the_fuse_mounts_parquet(peers_cluster: Cluster, sales: pa.Table, tmp_path: Path) -> None:
+    from pyspark.sql import SparkSession, functions
+
+    fuse = start_fuse(peers_cluster, tmp_path / "mnt")
+    spark: Any = None
+    try:
+        spark = (SparkSession.builder.master("local[2]").appName("strata-peers")
+                 .config("spark.ui.enabled", "false").config("spark.driver.bindAddress", "127.0.0.1")
+                 .config("spark.driver.host", "127.0.0.1").getOrCreate())
+        frame = spark.read.parquet(str(tmp_path / "mnt" / MOUNT.lstrip("/") / DATASET))
+        assert frame.count() == sales.num_rows
+        sums = {r["region"]: r["total"] for r in frame.groupBy("region").agg(functions.sum("amount").alias("total")).collect()}
+        expected = sales.group_by("region").aggregate([("amount", "sum")])
+        assert sums == pytest.approx(dict(zip(expected["region"].to_pylist(), expected["amount_sum"].to_pylist())))
+        assert sorted(r["year"] for r in frame.select("year").distinct().collect()) == [2023, 2024]
+    finally:
+        if spark is not None:
+            spark.stop()
+        stop_fuse(fuse)
