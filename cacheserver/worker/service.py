@@ -25,6 +25,7 @@ from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
+from ..ufs import UfsStatus
 from .geometry import FileStatuses
 from .mounts import MountView, WorkerMounts
 from .uploads import UploadRecord, Uploads, now_ms
@@ -405,7 +406,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         staged durably here and committed; MUST_CACHE: cached and committed); on an error
         nothing of the file stays."""
         if write_type in (pb.THROUGH, pb.CACHE_THROUGH):
-            return await self._write_through(staged, mount, path, length, write_id, cache=write_type == pb.CACHE_THROUGH)
+            return await self._write_through(
+                mount, path, length, write_id, put=lambda: mount.store.write_file(mount.rel(path), staged),
+                cache_from=staged if write_type == pb.CACHE_THROUGH else None,
+            )
         # MUST_CACHE and ASYNC_THROUGH: the cache holds the only copy, so its blocks are
         # pinned (never evicted) until the file is in the store or removed.
         version = f"{WRITTEN_VERSION_PREFIX}{uuid.uuid4().hex}"
@@ -435,18 +439,20 @@ class WorkerService(pb_grpc.WorkerServicer):
         await self._abort(path, version, write_id)
         await self._unpin(refs, pinned=False)
 
-    async def _write_through(self, staged: Path, mount: MountView, path: str, length: int, write_id: str, *,
-                             cache: bool) -> pb.FileInfo:
+    async def _write_through(self, mount: MountView, path: str, length: int, write_id: str, *,
+                             put: Callable[[], Coroutine[Any, Any, UfsStatus]], cache_from: Path | None) -> pb.FileInfo:
+        """Put the file into the store (`put`), cache it from `cache_from` if given, then
+        commit it. Not acknowledged (an error anywhere): nothing of it stays listed."""
         rel = mount.rel(path)
         try:
-            status = await mount.store.write_file(rel, staged)
+            status = await put()
         except BaseException:
             await asyncio.shield(self._abort(path, "", write_id))
             raise
         try:
-            if cache:
+            if cache_from is not None:
                 try:
-                    await self._cache_file(staged, mount_id=mount.mount_id, path=path, version=status.version,
+                    await self._cache_file(cache_from, mount_id=mount.mount_id, path=path, version=status.version,
                                            length=length, pin=False, in_store=True)
                 except (StrataError, OSError) as exc:  # the file is in the store: it is written
                     log.warning("wrote %s to the store but could not cache it: %s", path, exc)
@@ -487,7 +493,8 @@ class WorkerService(pb_grpc.WorkerServicer):
     async def _block_bytes(self, ref: pb.BlockRef, holders: list[str]) -> bytes:
         """One block of a file for a copy: from this worker's cache, else the store, else
         (a file not in the store yet) from a peer holding it."""
-        key, length = key_of(ref), block_length(ref)
+        key = key_of(ref)
+        length = key.length
         if self.store.lookup(key) is not None:
             try:
                 return await self.store.read(key, 0, length)
@@ -537,23 +544,19 @@ class WorkerService(pb_grpc.WorkerServicer):
                             overwrite: bool) -> pb.FileInfo:
         """Write a staged file to `path` with the write type (the mount's if unspecified);
         the staged file is removed unless an ASYNC_THROUGH upload still needs it."""
-        keep_staged = False
         try:
             mount = await self.mounts.resolve(path)
             mount.check_writable()
-            if not overwrite:
-                await self._refuse_existing(path)
             effective = effective_write_type(write_type, mount, self.config)
-            file = await self._write(staged, mount, path, length, effective)
-            keep_staged = effective == pb.ASYNC_THROUGH
-            return file
+            write_id = await self._prepare(path, overwrite=overwrite)
+            return await self._write(staged, mount, path, length, effective, write_id)
         finally:
-            if not keep_staged:
+            if not self.uploads.is_pending(staged):
                 staged.unlink(missing_ok=True)
 
     @rpcutil.unary
     async def AppendFile(self, request_iterator: AsyncIterator[pb.WriteFileChunk], context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:
-        staged = self.staging_dir / f"{uuid.uuid4().hex}.part"
+        staged = self.uploads.new_staged()
         try:
             first: pb.WriteFileChunk | None = None
             length = 0
@@ -583,17 +586,16 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise InvalidArgument(f"cannot copy {src} onto itself")
         mount = await self.mounts.resolve(dst)
         mount.check_writable()
-        if not request.overwrite:
-            await self._refuse_existing(dst)
         located = await self._locate(src)
         source = located.file
         write_type = effective_write_type(request.write_type, mount, self.config)
         if source.persisted and source.mount_id == mount.mount_id and write_type in (pb.THROUGH, pb.CACHE_THROUGH):
             # Both in one store: the store copies (S3: server-side), no byte leaves it.
-            status = await mount.store.copy(mount.rel(src), mount.rel(dst))
-            file = await self._commit(dst, status.length, status.version, True, status.version)
+            write_id = await self._prepare(dst, overwrite=request.overwrite)
+            file = await self._write_through(mount, dst, int(source.length), write_id, cache_from=None,
+                                             put=lambda: mount.store.copy(mount.rel(src), mount.rel(dst)))
             return pb.WriteFileResponse(file=file)
-        staged = self.staging_dir / f"{uuid.uuid4().hex}.part"
+        staged = self.uploads.new_staged()
         try:
             with staged.open("wb") as out:
                 length = await self._stage_existing(src, out, located)

@@ -227,8 +227,7 @@ def bucket(s3: Any, request: pytest.FixtureRequest) -> str:
 
 
 def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, Any]] | None = None,
-                   extra: dict[str, Any] | None = None, clusters: list[Cluster] | None = None, *,
-                   master_extra: dict[str, Any] | None = None) -> Cluster:
+                   extra: dict[str, Any] | None = None, clusters: list[Cluster] | None = None) -> Cluster:
     """Start a master and `workers` workers under `root` (added to `clusters` as soon as the
     master runs, so a failed start is still stopped by whoever owns the list)."""
     env = {**os.environ, "STRATA_TOKEN": TOKEN, "STRATA_DATA_TOKEN": DATA_TOKEN,
@@ -238,7 +237,7 @@ def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, 
     master_cfg = root / "master.yaml"
     root.mkdir(parents=True)
     master_cfg.write_text(yaml.safe_dump({"blockSize": BLOCK_SIZE, "heartbeatInterval": 0.2, "heartbeatMisses": 10,
-                                          **(extra or {}), **(master_extra or {})}))
+                                          **(extra or {})}))
     master = Server(
         name="master",
         args=["master", "--config", str(master_cfg), "--journal-dir", str(root / "journal"),
@@ -260,6 +259,11 @@ def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, 
     return cluster
 
 
+def allow(*roots: Path) -> dict[str, Any]:
+    """start_cluster arguments that allow file:// sources under `roots` (master and workers)."""
+    return {"extra": {"localSources": {"allowedRoots": [str(r) for r in roots]}}}
+
+
 def remove_shm_tiers() -> None:
     for shm in Path("/dev/shm").glob(f"strata-it-{os.getpid()}-*"):
         subprocess.run(["rm", "-rf", str(shm)], check=False)
@@ -270,10 +274,8 @@ def start_cluster(tmp_path: Path, s3: Any) -> Iterator[Any]:
     """Start a master and N workers; `start_cluster(workers=2, tiers=...)`."""
     clusters: list[Cluster] = []
 
-    def start(workers: int = 2, tiers: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
-              master_extra: dict[str, Any] | None = None) -> Cluster:
-        return launch_cluster(tmp_path / f"cluster-{len(clusters)}", s3, workers, tiers, extra, clusters,
-                              master_extra=master_extra)
+    def start(workers: int = 2, tiers: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None) -> Cluster:
+        return launch_cluster(tmp_path / f"cluster-{len(clusters)}", s3, workers, tiers, extra, clusters)
 
     yield start
     for cluster in clusters:

@@ -22,7 +22,7 @@ from storeproxy import StoreProxy
 from strata.cacheserver import errors
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, Cluster, free_port, metric, wait_until
+from .conftest import BLOCK_SIZE, Cluster, allow, free_port, metric, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -96,7 +96,7 @@ def test_a_nul_byte_in_a_path_is_an_invalid_argument_naming_it(start_cluster: An
 
 
 def test_a_name_that_is_not_utf8_is_left_out_of_its_listing_by_name(start_cluster: Any, tmp_path: Path) -> None:
-    cluster: Cluster = start_cluster(workers=1)
+    cluster: Cluster = start_cluster(workers=1, **allow(tmp_path))
     source = tmp_path / "files"
     (source / "sub").mkdir(parents=True)
     (source / "good.txt").write_bytes(b"fine")

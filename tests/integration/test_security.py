@@ -22,7 +22,7 @@ from strata.cacheserver.blockwire import request_line
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 
-from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, free_port_range, wait_until
+from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, allow, free_port_range, wait_until
 from .test_cli import strata
 
 pytestmark = pytest.mark.timeout(300)
@@ -169,12 +169,6 @@ def test_each_credential_opens_only_its_own_doors(cluster: Cluster, bucket: str)
     # The admin credential manages the cache and reads files too.
     assert admin.Report(pb.ReportRequest(), timeout=10).workers
     assert cluster.fs().cat_file("/d/f.txt") == b"hello"
-
-
-def allow(*roots: Path) -> dict[str, Any]:
-    """start_cluster arguments that allow file:// sources under `roots` (master and workers)."""
-    sources = {"localSources": {"allowedRoots": [str(r) for r in roots]}}
-    return {"master_extra": sources, "extra": sources}
 
 
 @pytest.fixture
