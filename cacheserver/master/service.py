@@ -173,6 +173,7 @@ class MasterService(pb_grpc.MasterServicer):
             mount_id=entry.mount_id,
             read_only=entry.read_only,
             readahead_blocks=0 if entry.is_dir else self.config.cache_policy.readahead_blocks,
+            store_version=entry.store_version,
         )
 
     def _pinned_prefixes(self, mount: NsMount) -> list[str]:

@@ -158,14 +158,17 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise rpcutil.raise_from_rpc_error(exc, f"status of {path} from the master") from exc
         return info
 
-    async def _check_in_store(self, ref: pb.BlockRef) -> None:
-        """Refuse to fetch a block from the store unless the namespace says the reader's
-        file is that file now and it is in the store: bytes fetched are kept (or served)
-        under the reader's name for them, so that name must be the true one."""
+    async def _store_version(self, ref: pb.BlockRef) -> str:
+        """The store's version of the object the block `ref` names is read from. Refuses
+        to fetch a block from the store unless the namespace says the reader's file is that
+        file now and it is in the store: bytes fetched are kept (or served) under the
+        reader's name for them, so that name must be the true one; the store read then
+        insists on this version (`Store.read_range`), so an object changed in the store
+        since the namespace last looked is refused rather than cached under the old name."""
         if ref.in_store:
             info = await self.statuses.check(ref)
             if info.persisted:
-                return
+                return info.store_version or info.version
         raise FailedPrecondition(
             f"block {ref.index} of {ref.path} is not cached on worker {self.worker_id} and "
             "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
@@ -185,8 +188,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         mount = await self.mounts.get(ref.mount_id)
 
         async def fetch() -> bytes:
-            await self._check_in_store(ref)
-            data = await mount.store.read_range(mount.rel(key.path), key.offset, key.offset + key.length)
+            version = await self._store_version(ref)
+            data = await mount.store.read_range(mount.rel(key.path), key.offset, key.offset + key.length,
+                                                version=version)
             self.counters.misses += 1
             self.counters.ufs_bytes_read += len(data)
             return data
@@ -200,10 +204,10 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes straight from the store, when the cache cannot take the block."""
-        await self._check_in_store(ref)
+        version = await self._store_version(ref)
         mount = await self.mounts.get(ref.mount_id)
         start = key_of(ref).offset + offset
-        data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
+        data = await mount.store.read_range(mount.rel(ref.path), start, start + length, version=version)
         self.counters.misses += 1
         self.counters.ufs_bytes_read += len(data)
         return data
