@@ -291,6 +291,10 @@ def _mtime_seconds(info: Mapping[str, Any]) -> float:
     return 0.0
 
 
+class VersionChanged(FailedPrecondition):
+    """A read of one version of a file found another one in the store."""
+
+
 def _local_version(st: os.stat_result) -> str:
     """The version `Store._status` gives a local file, from its stat."""
     return _size_mtime_version(st.st_size, st.st_mtime)
@@ -594,7 +598,7 @@ class Store:
         ranged GET.
 
         With `version` (a `UfsStatus.version`), the bytes are of that version of the file or
-        the read fails with FailedPrecondition ("the file changed in the store"): S3 sends the
+        the read fails with VersionChanged ("the file changed in the store"): S3 sends the
         etag as If-Match, so the store itself refuses another object; file:// compares size
         and mtime of the opened file before and after reading it; other stores compare the
         file's status after the read (an object replaced during the read and replaced back
@@ -625,7 +629,7 @@ class Store:
 
     def _check_version(self, rel: str, wanted: str, found: str) -> None:
         if found != wanted:
-            raise FailedPrecondition(
+            raise VersionChanged(
                 f"{self.url(rel)} changed in the store: it is version {found!r} now, the file was "
                 f"opened as version {wanted!r}; open it again to read the new version"
             )
@@ -644,7 +648,7 @@ class Store:
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") if error else None
             if error is not None and (error.response.get("Error", {}).get("Code") == "PreconditionFailed"
                                       or status == 412):
-                raise FailedPrecondition(
+                raise VersionChanged(
                     f"{self.url(self._rel(path))} changed in the store: it is no longer version "
                     f"{version!r}, the version the file was opened as; open it again to read the new version"
                 ) from exc

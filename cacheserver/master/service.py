@@ -288,7 +288,10 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
-        return self._file_info(await self.namespace.get_status(normalize(request.path)))
+        path = normalize(request.path)
+        if request.refresh:
+            self.namespace.invalidate(path)
+        return self._file_info(await self.namespace.get_status(path))
 
     @rpcutil.unary
     async def ListStatus(self, request: pb.ListStatusRequest, context: grpc.aio.ServicerContext) -> pb.ListStatusResponse:
