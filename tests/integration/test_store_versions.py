@@ -18,7 +18,7 @@ import pytest
 from strata.cacheserver.errors import FailedPrecondition
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, Cluster
+from .conftest import BLOCK_SIZE, Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -116,3 +116,20 @@ def test_a_file_rewritten_in_place_in_a_file_mount_is_never_mixed(start_cluster:
             f.read(BLOCK_SIZE)
     assert_changed_error(raised.value)
     assert cluster.fs(host="elsewhere", readahead=0).cat_file("/local/f.bin") == new
+
+
+def test_a_file_written_through_strata_is_fetched_as_its_stored_copy(start_cluster: Any, bucket: str) -> None:
+    """A file written through Strata has a version of Strata's own; its blocks come from the
+    store only as the object the write stored (the store's version the master recorded)."""
+    cluster: Cluster = start_cluster(workers=1)
+    old, new = two_versions()
+    cluster.mount_bucket("/d", bucket, metadata_sync_interval=3600)
+    fs = cluster.fs(host="elsewhere", readahead=0, write_type="ASYNC_THROUGH")
+    fs.pipe_file("/d/w.bin", old)
+    wait_until(lambda: fs.info("/d/w.bin")["persisted"], 30, "the write to be persisted")
+    assert fs.client.free("/d/w.bin") == SIZE
+    assert read_all_blocks(fs, "/d/w.bin") == old  # from the store, the stored copy
+    assert fs.client.free("/d/w.bin") == SIZE
+    cluster.s3.put_object(bucket, "w.bin", new)
+    assert_changed_error(read_all_blocks(fs, "/d/w.bin"))
+    assert read_all_blocks(fs, "/d/w.bin") == new
