@@ -47,6 +47,7 @@ from .constants import FSSPEC_PROTOCOL
 from .errors import (
     AlreadyExists,
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -290,6 +291,19 @@ def _mtime_seconds(info: Mapping[str, Any]) -> float:
     return 0.0
 
 
+class VersionChanged(FailedPrecondition):
+    """A read of one version of a file found another one in the store."""
+
+
+def _local_version(st: os.stat_result) -> str:
+    """The version `Store._status` gives a local file, from its stat."""
+    return _size_mtime_version(st.st_size, st.st_mtime)
+
+
+def _size_mtime_version(length: int, mtime: float) -> str:
+    return f"{length}-{int(mtime * 1e9)}"
+
+
 class Store:
     """One mount's store: async operations on paths relative to the source URL."""
 
@@ -430,7 +444,7 @@ class Store:
             version = ""
         else:
             etag = info.get("ETag") or info.get("etag") or ""
-            version = str(etag).strip('"') or f"{length}-{int(mtime * 1e9)}"
+            version = str(etag).strip('"') or _size_mtime_version(length, mtime)
         name = posixpath.basename(rel) if rel else posixpath.basename(self._root.rstrip("/"))
         return UfsStatus(path=rel, name=name, is_dir=is_dir, length=length,
                          mtime_unix_ms=int(mtime * 1000), version=version)
@@ -579,25 +593,85 @@ class Store:
             await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
         return sorted(out, key=lambda s: s.path)
 
-    async def read_range(self, rel: str, start: int, end: int) -> bytes:
+    async def read_range(self, rel: str, start: int, end: int, *, version: str | None = None) -> bytes:
         """Bytes [start, end) of a file; fewer if the file ends first. On S3 this is one
-        ranged GET."""
+        ranged GET.
+
+        With `version` (a `UfsStatus.version`), the bytes are of that version of the file or
+        the read fails with VersionChanged ("the file changed in the store"): S3 sends the
+        etag as If-Match, so the store itself refuses another object; file:// compares size
+        and mtime of the opened file before and after reading it; other stores compare the
+        file's status after the read (an object replaced during the read and replaced back
+        before that check would pass: those stores offer no conditional read)."""
         if start < 0 or end < start:
             raise InvalidArgument(f"read of {self.url(rel)}: bad range [{start}, {end})")
-        if start == end:
+        if start == end and version is None:
             return b""
         path = self._path(rel)
 
         async def read() -> bytes:
             try:
-                return bytes(await self._fs_call("cat_file", path, start=start, end=end))
+                if version is not None and self._is_s3:
+                    return await self._read_s3_if_match(path, start, end, version)
+                if version is not None and self._local:
+                    return await asyncio.to_thread(self._read_local_checked, rel, path, start, end, version)
+                data = bytes(await self._fs_call("cat_file", path, start=start, end=end)) if end > start else b""
             except OSError as exc:
                 error = _client_error(exc)
                 if error is not None and error.response.get("Error", {}).get("Code") == "InvalidRange":
                     return b""  # start at or past the end of the object
                 raise
+            if version is not None:
+                self._check_version(rel, version, self._status(await self._fs_call("info", path)).version)
+            return data
 
         return await self._call("read", rel, read)
+
+    def _check_version(self, rel: str, wanted: str, found: str) -> None:
+        if found != wanted:
+            raise VersionChanged(
+                f"{self.url(rel)} changed in the store: it is version {found!r} now, the file was "
+                f"opened as version {wanted!r}; open it again to read the new version"
+            )
+
+    async def _read_s3_if_match(self, path: str, start: int, end: int, version: str) -> bytes:
+        """One ranged GET that the store answers only if the object's etag is `version`."""
+        fs = await self._filesystem()
+        bucket, key, version_id = fs.split_path(path)
+        extra = {"VersionId": version_id} if version_id else {}
+        if end > start:
+            extra["Range"] = f"bytes={start}-{end - 1}"
+        try:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=f'"{version}"', **extra)
+        except OSError as exc:
+            error = _client_error(exc)
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") if error else None
+            if error is not None and (error.response.get("Error", {}).get("Code") == "PreconditionFailed"
+                                      or status == 412):
+                raise VersionChanged(
+                    f"{self.url(self._rel(path))} changed in the store: it is no longer version "
+                    f"{version!r}, the version the file was opened as; open it again to read the new version"
+                ) from exc
+            raise
+        body = response["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return bytes(data) if end > start else b""
+
+    def _read_local_checked(self, rel: str, path: str, start: int, end: int, version: str) -> bytes:
+        """pread of an opened file whose size and mtime (its version) are the same before and
+        after the read (blocking). A rewrite within one tick of the file system's clock
+        (nanoseconds on ext4, xfs and tmpfs) that keeps the size would go unseen."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self._check_version(rel, version, _local_version(os.fstat(fd)))
+            data = os.pread(fd, max(0, end - start), start) if end > start else b""
+            self._check_version(rel, version, _local_version(os.fstat(fd)))
+            return data
+        finally:
+            os.close(fd)
 
     async def write(self, rel: str, data: bytes) -> UfsStatus:
         """Create or replace a file with `data`."""

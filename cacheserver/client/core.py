@@ -362,6 +362,7 @@ class StrataClient:
                    readahead: int = 0, read_type: pb.ReadType.ValueType = pb.READ_TYPE_UNSPECIFIED, holders: Iterable[str] = ()) -> Buffer:
         """Bytes of one block (length 0: to its end), failing over along the ring."""
         errors: list[str] = []
+        refused = True  # every worker refused the block (e.g. the file changed in the store)
         for attempt in range(2):
             for worker in self.candidates(ref, holders):
                 try:
@@ -369,12 +370,15 @@ class StrataClient:
                 except WorkerStalled as exc:
                     self._stalled[worker.worker_id] = time.monotonic() + self.settings.skip_stalled_for
                     errors.append(f"{worker.worker_id}: {exc}")
+                    refused = False
                     log.warning("block %d of %s: skipping worker %s: %s", ref.index, ref.path, worker.worker_id, exc)
                 except _FAILOVER as exc:
                     errors.append(f"{worker.worker_id}: {exc}")
+                    refused = refused and isinstance(exc, FailedPrecondition)
                     log.debug("block %d of %s: worker %s failed: %s", ref.index, ref.path, worker.worker_id, exc)
             self.workers(refresh=True)
-        raise Unavailable(f"cannot read block {ref.index} of {ref.path}: " + "; ".join(errors))
+        message = f"cannot read block {ref.index} of {ref.path}: " + "; ".join(errors)
+        raise FailedPrecondition(message) if refused and errors else Unavailable(message)
 
     def _read_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, length: int,
                    readahead: int, read_type: pb.ReadType.ValueType) -> Buffer:

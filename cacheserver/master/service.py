@@ -173,6 +173,7 @@ class MasterService(pb_grpc.MasterServicer):
             mount_id=entry.mount_id,
             read_only=entry.read_only,
             readahead_blocks=0 if entry.is_dir else self.config.cache_policy.readahead_blocks,
+            store_version=entry.store_version,
         )
 
     def _pinned_prefixes(self, mount: NsMount) -> list[str]:
@@ -287,7 +288,10 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
-        return self._file_info(await self.namespace.get_status(normalize(request.path)))
+        path = normalize(request.path)
+        if request.refresh:
+            self.namespace.invalidate(path)
+        return self._file_info(await self.namespace.get_status(path))
 
     @rpcutil.unary
     async def ListStatus(self, request: pb.ListStatusRequest, context: grpc.aio.ServicerContext) -> pb.ListStatusResponse:

@@ -69,6 +69,9 @@ class FileEntry:
     pinned: bool
     mount_id: int  # 0 for "/" and the directories that only hold mount points
     read_only: bool
+    # The store's version of the object the file's bytes are read from ("" while the file
+    # is not in the store): blocks are fetched from the store only while it holds this one.
+    store_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -257,7 +260,7 @@ class Namespace:
             path=path, name=name(path), is_dir=status.is_dir, length=status.length,
             mtime_unix_ms=status.mtime_unix_ms, version=status.version,
             block_size=self._block_size, persisted=True, pinned=self._pinned(mount, path),
-            mount_id=mount.mount_id, read_only=mount.options.read_only,
+            mount_id=mount.mount_id, read_only=mount.options.read_only, store_version=status.version,
         )
 
     def _overlay_entry(self, mount: Mount, path: str, entry: OverlayEntry) -> FileEntry:
@@ -267,6 +270,7 @@ class Namespace:
             block_size=entry.block_size or self._block_size, persisted=entry.persisted,
             pinned=self._pinned(mount, path), mount_id=mount.mount_id,
             read_only=mount.options.read_only,
+            store_version=(entry.ufs_version or "") if entry.persisted else "",
         )
 
     def _merge(self, mount: Mount, rel: str, status: UfsStatus | None) -> FileEntry | None:

@@ -79,6 +79,10 @@ class FileStatuses:
                 del self._known[old]
         return info
 
+    def forget(self, path: str) -> None:
+        """Ask the master again on the next check of `path`."""
+        self._known.pop(path, None)
+
     async def check(self, ref: pb.BlockRef) -> pb.FileInfo:
         """The file's status when the block `ref` names is a block of the file as the
         namespace holds it now; FailedPrecondition (the reader should open the file again)

@@ -25,7 +25,7 @@ from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
-from ..ufs import UfsStatus
+from ..ufs import UfsStatus, VersionChanged
 from .geometry import FileStatuses
 from .mounts import MountView, WorkerMounts
 from .uploads import UploadRecord, Uploads, now_ms
@@ -148,9 +148,9 @@ class WorkerService(pb_grpc.WorkerServicer):
                                release=lambda refs, keep_pinned: self._unpin(refs, pinned=keep_pinned))
         self.statuses = FileStatuses(self._file_status)
 
-    async def _file_status(self, path: str) -> pb.FileInfo:
+    async def _file_status(self, path: str, *, refresh: bool = False) -> pb.FileInfo:
         try:
-            info: pb.FileInfo = await self._master().GetStatus(pb.GetStatusRequest(path=path),
+            info: pb.FileInfo = await self._master().GetStatus(pb.GetStatusRequest(path=path, refresh=refresh),
                                                                timeout=FILE_STATUS_TIMEOUT)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -159,14 +159,17 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise rpcutil.raise_from_rpc_error(exc, f"status of {path} from the master") from exc
         return info
 
-    async def _check_in_store(self, ref: pb.BlockRef) -> None:
-        """Refuse to fetch a block from the store unless the namespace says the reader's
-        file is that file now and it is in the store: bytes fetched are kept (or served)
-        under the reader's name for them, so that name must be the true one."""
+    async def _store_version(self, ref: pb.BlockRef) -> str:
+        """The store's version of the object the block `ref` names is read from. Refuses
+        to fetch a block from the store unless the namespace says the reader's file is that
+        file now and it is in the store: bytes fetched are kept (or served) under the
+        reader's name for them, so that name must be the true one; the store read then
+        insists on this version (`Store.read_range`), so an object changed in the store
+        since the namespace last looked is refused rather than cached under the old name."""
         if ref.in_store:
             info = await self.statuses.check(ref)
             if info.persisted:
-                return
+                return info.store_version or info.version
         raise FailedPrecondition(
             f"block {ref.index} of {ref.path} is not cached on worker {self.worker_id} and "
             "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
@@ -186,11 +189,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         mount = await self.mounts.get(ref.mount_id)
 
         async def fetch() -> bytes:
-            await self._check_in_store(ref)
-            data = await mount.store.read_range(mount.rel(key.path), key.offset, key.offset + key.length)
-            self.counters.misses += 1
-            self.counters.ufs_bytes_read += len(data)
-            return data
+            return await self._read_store(ref, key.offset, key.offset + key.length)
 
         block, hit = await self.store.get_or_fetch(
             key, fetch, promote=promote, pin=mount.is_pinned(ref.path)
@@ -201,10 +200,25 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes straight from the store, when the cache cannot take the block."""
-        await self._check_in_store(ref)
-        mount = await self.mounts.get(ref.mount_id)
         start = key_of(ref).offset + offset
-        data = await mount.store.read_range(mount.rel(ref.path), start, start + length)
+        return await self._read_store(ref, start, start + length)
+
+    async def _read_store(self, ref: pb.BlockRef, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the file `ref` names, from the store, of the version the
+        namespace gives it. If the store holds another version now, the master is told to
+        look again (so that the reader's next open names the new version) before the reader
+        gets the error."""
+        version = await self._store_version(ref)
+        mount = await self.mounts.get(ref.mount_id)
+        try:
+            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version)
+        except VersionChanged:
+            self.statuses.forget(ref.path)
+            try:
+                await self._file_status(ref.path, refresh=True)
+            except StrataError as exc:
+                log.warning("could not have the master look at %s again: %s", ref.path, exc)
+            raise
         self.counters.misses += 1
         self.counters.ufs_bytes_read += len(data)
         return data

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -12,9 +13,9 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from s3fs import S3FileSystem
 
-from strata.cacheserver.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from strata.cacheserver.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from strata.cacheserver.retry import RetrySettings
-from strata.cacheserver.ufs import Store, StoreTimeouts, check_source_allowed, storage_options
+from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
 
 FAST_RETRY = RetrySettings(attempts=5, base_delay=0.001, max_delay=0.01)
 
@@ -113,6 +114,74 @@ async def test_read_range_returns_exactly_the_bytes_asked_for(backend: Backend) 
     assert await store.read_range("data", 150, 160) == b""
     with pytest.raises(InvalidArgument, match=r"bad range \[20, 10\)"):
         await store.read_range("data", 20, 10)
+
+
+async def test_a_read_of_a_version_gets_its_bytes_or_fails_if_the_file_changed(backend: Backend) -> None:
+    old = bytes(range(100))
+    backend.put_outside("data", old)
+    store = backend.store
+    version = (await store.info("data")).version
+    assert await store.read_range("data", 10, 20, version=version) == old[10:20]
+    assert await store.read_range("data", 100, 150, version=version) == b""
+    time.sleep(0.01)  # a later mtime on file systems with coarse clocks
+    new = bytes(reversed(old))  # same length: only the version tells them apart
+    backend.put_outside("data", new)
+    with pytest.raises(FailedPrecondition, match=r"data changed in the store.*open it again") as raised:
+        await store.read_range("data", 10, 20, version=version)
+    assert version in str(raised.value)
+    current = (await store.info("data")).version
+    assert current != version
+    assert await store.read_range("data", 10, 20, version=current) == new[10:20]
+
+
+async def test_a_read_of_a_version_of_a_missing_file_is_not_found(backend: Backend) -> None:
+    with pytest.raises(NotFound):
+        await backend.store.read_range("gone", 0, 10, version="1-2")
+
+
+async def test_a_local_file_rewritten_in_place_during_a_read_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is rewritten (same length, same inode) between the first look at its version
+    and the read: os.pread is wrapped to do that, the file system is real."""
+    target = tmp_path / "f"
+    target.write_bytes(b"a" * 100)
+    store = Store(f"file://{tmp_path}")
+    version = (await store.info("f")).version
+    real_pread = os.pread
+
+    def pread_then_rewrite(fd: int, length: int, offset: int) -> bytes:
+        data = real_pread(fd, length, offset)
+        with open(target, "r+b") as out:
+            out.write(b"b" * 100)
+        os.utime(target, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+        return data
+
+    monkeypatch.setattr(os, "pread", pread_then_rewrite)
+    with pytest.raises(VersionChanged, match="changed in the store"):
+        await store.read_range("f", 0, 50, version=version)
+
+
+async def test_a_store_without_conditional_reads_checks_the_version_after_the_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """memory:// has no conditional read: the object is replaced while it is read (its
+    cat_file is wrapped to do that), and the status after the read gives it away."""
+    root = f"/t-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"{root}/f", b"a" * 100)
+    store = Store(f"memory://{root}")
+    version = (await store.info("f")).version
+    real_cat = MemoryFileSystem.cat_file
+
+    def cat_then_replace(self: MemoryFileSystem, path: str, start: int | None = None, end: int | None = None,
+                         **kwargs: Any) -> bytes:
+        data: bytes = real_cat(self, path, start=start, end=end, **kwargs)
+        time.sleep(0.01)
+        fs.pipe_file(f"{root}/f", b"b" * 100)
+        return data
+
+    monkeypatch.setattr(MemoryFileSystem, "cat_file", cat_then_replace)
+    with pytest.raises(VersionChanged, match="changed in the store"):
+        await store.read_range("f", 0, 50, version=version)
 
 
 async def test_missing_paths_raise_not_found_with_the_url(backend: Backend) -> None:
@@ -305,6 +374,20 @@ async def test_read_range_on_s3_is_one_ranged_get(s3_server: Any, bucket: str) -
     assert [(r.method, r.path, r.range) for r in seen.requests] == [
         ("GET", f"/{bucket}/big/object", "bytes=1000-66535")
     ]
+
+
+async def test_a_read_of_a_version_on_s3_is_one_conditional_get(s3_server: Any, bucket: str) -> None:
+    s3_server.put_object(bucket, "big/object", bytes(range(256)) * 4096)
+    async with Store(f"s3://{bucket}/big", s3_server.storage_options()) as store:
+        version = (await store.info("object")).version
+        with s3_server.recording() as seen:
+            data = await store.read_range("object", 1000, 2000, version=version)
+        assert data == (bytes(range(256)) * 4096)[1000:2000]
+        assert [(r.method, r.range) for r in seen.requests] == [("GET", "bytes=1000-1999")]
+        s3_server.put_object(bucket, "big/object", bytes(range(255, -1, -1)) * 4096)
+        with s3_server.recording() as seen, pytest.raises(FailedPrecondition, match="changed in the store"):
+            await store.read_range("object", 1000, 2000, version=version)
+        assert len(seen.requests) == 1  # the store refused it (412): not retried, no second look
 
 
 async def test_missing_object_is_asked_for_once(s3_server: Any, bucket: str) -> None:
