@@ -51,6 +51,12 @@ class Unavailable(StrataError, ConnectionError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Unreachable(Unavailable):
+    """No answer at all from a server: it could not be reached, or nothing came back within
+    the caller's deadline. A server's own error answer (e.g. "its store is down") is never
+    this: only this means the server itself is away."""
+
+
 class DeadlineExceeded(StrataError, TimeoutError):
     """The store (or a server) took longer than its deadline to answer; another worker
     would wait on the same store, so readers get this error rather than a failover."""

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import grpc
 
 from . import auth, constants
-from .errors import FailedPrecondition, StrataError, from_status
+from .errors import FailedPrecondition, StrataError, Unreachable, from_status
 from .proto import strata_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,24 @@ def server(credentials: auth.Credentials, *, max_receive_bytes: int) -> grpc.aio
     )
 
 
+# Trailing metadata on every error a Strata server answers itself, so that a client tells a
+# server that answered UNAVAILABLE (say, its store is down) from one it could not reach.
+ANSWERED_KEY = "strata-answered"
+_ANSWERED = ((ANSWERED_KEY, "1"),)
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, StrataError):
-        await context.abort(exc.code, str(exc))
+        await context.abort(exc.code, str(exc), trailing_metadata=_ANSWERED)
     log.exception("unexpected error in %s", method)
-    await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}")
+    await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}",
+                        trailing_metadata=_ANSWERED)
+
+
+def answered_by_server(exc: grpc.RpcError) -> bool:
+    """Whether the server itself answered with this error (see ANSWERED_KEY)."""
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return any(key == ANSWERED_KEY for key, _ in trailing or ())
 
 
 def unary(
@@ -124,6 +137,8 @@ def raise_from_rpc_error(exc: grpc.RpcError, what: str) -> StrataError:
         details = f"{what}: {details}"
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
         details = f"{what}: timed out ({details})"
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not answered_by_server(exc):
+        return Unreachable(details)
     return from_status(code, details or f"{what} failed")
 
 

@@ -31,7 +31,7 @@ import grpc
 from .. import constants, rpcutil
 from ..auth import load_token
 from ..blockrefs import block_count, key_of
-from ..errors import DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable
+from ..errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable, Unreachable
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
@@ -49,8 +49,10 @@ Buffer = bytes | mmap.mmap
 
 # Errors after which the next worker on the ring is tried.
 _FAILOVER = (Unavailable, FailedPrecondition)
-# Errors that say "the master could not be reached or did not answer in time".
-_MASTER_AWAY = (Unavailable, DeadlineExceeded)
+# A master that did not answer at all. One that answered an error (e.g. its store is down)
+# is there and its answer stands: falling back on held metadata then could serve a file
+# older than its last acknowledged write.
+_MASTER_AWAY = (Unreachable,)
 # File metadata kept for opens during a master outage (entries, most recently used kept).
 HELD_METADATA_ENTRIES = 10_000
 

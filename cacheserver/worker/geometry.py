@@ -25,6 +25,9 @@ STATUS_TTL = 1.0
 # serves: readers of files they opened go on (their blocks were in the store when the master
 # last said so), and a worker that never saw a file's status refuses its blocks.
 STATUS_KEPT_IN_OUTAGE = 300.0
+# How long a miss waits for the master's answer (seconds) when an older status is at hand:
+# a stopped master must not hold every miss for the whole call deadline.
+STATUS_PATIENCE = 2.0
 
 
 def mismatch(ref: pb.BlockRef, info: pb.FileInfo) -> str | None:
@@ -46,29 +49,34 @@ class FileStatuses:
 
     def __init__(self, get_status: Callable[[str], Awaitable[pb.FileInfo]], *,
                  ttl: float = STATUS_TTL, kept_in_outage: float = STATUS_KEPT_IN_OUTAGE,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 patience: float = STATUS_PATIENCE, clock: Callable[[], float] = time.monotonic) -> None:
         self._get_status = get_status
         self._ttl = ttl
         self._kept_in_outage = kept_in_outage
+        self._patience = patience
         self._clock = clock
         self._known: dict[str, tuple[float, pb.FileInfo]] = {}
-        self._flights: dict[str, asyncio.Task[pb.FileInfo]] = {}
+        self._flights: dict[str, tuple[float, asyncio.Task[pb.FileInfo]]] = {}
 
     async def _status(self, path: str, *, fresh: bool) -> pb.FileInfo:
         known = self._known.get(path)
         if known is not None and not fresh and self._clock() - known[0] <= self._ttl:
             return known[1]
-        flight = self._flights.get(path)
-        if flight is None:
-            flight = asyncio.ensure_future(self._ask(path))
-            self._flights[path] = flight
-            flight.add_done_callback(lambda _: self._flights.pop(path, None))
-        try:
+        if path not in self._flights:
+            task = asyncio.ensure_future(self._ask(path))
+            self._flights[path] = (self._clock(), task)
+            task.add_done_callback(lambda _: self._flights.pop(path, None))
+        started, flight = self._flights[path]
+        if known is None:
             return await asyncio.shield(flight)
-        except Unavailable:
-            if known is None or self._clock() - known[0] > self._kept_in_outage:
-                raise
-            return known[1]
+        try:
+            # The call goes on (shielded) and refreshes the status when it answers.
+            wait = max(0.0, started + self._patience - self._clock())
+            return await asyncio.wait_for(asyncio.shield(flight), timeout=wait)
+        except (Unavailable, TimeoutError):
+            if self._clock() - known[0] <= self._kept_in_outage:
+                return known[1]
+        return await asyncio.shield(flight)  # too old to stand in: the master's answer or error
 
     async def _ask(self, path: str) -> pb.FileInfo:
         asked = self._clock()

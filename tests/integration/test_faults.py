@@ -135,6 +135,25 @@ def mount_through(cluster: Cluster, proxy: StoreProxy, path: str, bucket: str, *
 SYNC = 1.0  # seconds: the metadata sync interval of the mounts below
 
 
+def test_a_master_that_answers_its_store_is_down_is_not_away(start_cluster: Any, bucket: str, proxy: StoreProxy) -> None:
+    """Metadata a client holds stands in only for a master that does not answer at all. A
+    master answering that its store is down is there: a file rewritten since the client
+    looked at it must never be read as it was (found by the randomized fault test)."""
+    cluster: Cluster = start_cluster(workers=1)
+    mount_through(cluster, proxy, "/strict", bucket, metadata_sync_interval=0, stale_if_error=False,
+                  write_type=pb.THROUGH)
+    fs = cluster.fs()
+    old, new = payload(BLOCK_SIZE + 7), payload(BLOCK_SIZE - 7)
+    fs.pipe_file("/strict/f", old)
+    assert fs.cat_file("/strict/f") == old  # the client now holds the old metadata
+    fs.pipe_file("/strict/f", new)
+    with proxy.refusing():
+        error, _ = failure_time(lambda: fs.cat_file("/strict/f"))
+    assert isinstance(error, errors.Unavailable) and not isinstance(error, errors.Unreachable), error
+    assert "could not be reached" in str(error)
+    assert fs.cat_file("/strict/f") == new
+
+
 def test_warm_data_is_read_while_the_store_is_down(start_cluster: Any, bucket: str, proxy: StoreProxy) -> None:
     cluster: Cluster = start_cluster(workers=1)
     data = payload(BLOCK_SIZE + 100)

@@ -20,7 +20,7 @@ from strata.cacheserver import rpcutil
 from strata.cacheserver.blockwire import request_line
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric
+from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric
 from .test_data_port import exchange
 
 pytestmark = pytest.mark.timeout(240)
@@ -160,12 +160,14 @@ def test_no_call_takes_block_bytes(start_cluster: Any, bucket: str) -> None:
     worker = client.workers()[0]
     # PutBlock(stream PutBlockChunk{block = 1, data = 3}) as it was on the wire.
     chunk = _field(1, ref.SerializeToString()) + _field(3, b"X" * BLOCK_SIZE)
-    channel = rpcutil.sync_channel(worker.address, TOKEN)
+    channel = rpcutil.sync_channel(worker.address, INTERNAL_TOKEN)  # not even the servers' own credential
     try:
         put = channel.stream_unary("/strata.v1.Worker/PutBlock")
         with pytest.raises(grpc.RpcError) as refused:
             put(iter([chunk]), timeout=30)
-        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # No such method: the role table opens it to nobody (and no handler would take it).
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "not open to any caller" in (refused.value.details() or "")
     finally:
         channel.close()
     assert cluster.fs(host="elsewhere").cat_file("/p/p.bin") == data

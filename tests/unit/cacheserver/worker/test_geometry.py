@@ -94,3 +94,25 @@ async def test_while_the_master_is_unreachable_a_recent_status_serves() -> None:
     with pytest.raises(Unavailable):  # a file never seen: nothing to go on
         await statuses.check(pb.BlockRef(mount_id=3, path="/d/other", version="v1", index=0,
                                          block_size=4 * MiB, file_length=MiB, in_store=True))
+
+
+async def test_a_stopped_master_holds_a_miss_only_for_the_patience_when_a_status_is_at_hand() -> None:
+    answered = asyncio.Event()
+    calls = 0
+
+    async def get_status(path: str) -> pb.FileInfo:
+        nonlocal calls
+        calls += 1
+        if calls > 1:  # the master stops answering (a SIGSTOPped process): no error, no answer
+            await answered.wait()
+        return info()
+
+    statuses = FileStatuses(get_status, ttl=0.0, kept_in_outage=60.0, patience=0.05)
+    await statuses.check(ref())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for _ in range(3):  # the first waits out the patience, the others share the slow call
+        assert (await statuses.check(ref())).version == "v1"
+    assert loop.time() - started < 1.0
+    assert calls == 2
+    answered.set()
