@@ -33,6 +33,12 @@ from kit import REPO, Cluster, wait_until  # noqa: E402
 from harness import binaries  # noqa: E402
 
 HARNESS_START_TIMEOUT = 120.0
+KUBELET_START_TIMEOUT = 600.0  # three containerds importing every image on 2 busy cores
+
+
+def _kubelet_harness() -> bool:
+    """STRATA_E2E_KUBELET=1: the harness runs real kubelets (else the node agent)."""
+    return os.environ.get("STRATA_E2E_KUBELET") == "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -56,7 +62,8 @@ def _term_with_parent() -> None:
 
 
 def _start_harness(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, object], Path]:
-    missing = binaries.missing()
+    kubelet = _kubelet_harness()
+    missing = binaries.missing(binaries.CONTROL_PLANE + (binaries.NODES if kubelet else ()))
     if missing:
         pytest.skip(
             f"no KUBECONFIG and the harness binaries are not built ({', '.join(missing)} missing in "
@@ -70,7 +77,8 @@ def _start_harness(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, object
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "harness", "up", "--ready-file", str(ready),
-             *(["--keep-state"] if os.environ.get("STRATA_E2E_KEEP") else [])],
+             *(["--keep-state"] if os.environ.get("STRATA_E2E_KEEP") else []),
+             *(["--kubelet"] if kubelet else [])],
             cwd=str(HERE), env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_term_with_parent,
         )
 
@@ -83,7 +91,8 @@ def _start_harness(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, object
         return None
 
     try:
-        info = wait_until(started, timeout=HARNESS_START_TIMEOUT, what="the e2e harness to start",
+        info = wait_until(started, timeout=KUBELET_START_TIMEOUT if kubelet else HARNESS_START_TIMEOUT,
+                          what="the e2e harness to start", interval=1.0,
                           diagnose=lambda: log.read_text(errors="replace")[-4000:])
     except (TimeoutError, RuntimeError) as exc:
         _stop_harness(proc)
@@ -111,6 +120,9 @@ def cluster() -> Iterator[Cluster]:
         yield Cluster(kubeconfig=existing)
         return
     tmp = Path(tempfile.mkdtemp(prefix="strata-e2e-session-"))
+    if _kubelet_harness():
+        # Test pods run a plain Python image (the Debian base of our images), not ours.
+        os.environ.setdefault("STRATA_E2E_PYTHON_IMAGE", "localhost/python:3.11")
     started = time.monotonic()
     proc, info, log = _start_harness(tmp)
     info["startup_seconds"] = round(time.monotonic() - started, 1)

@@ -8,7 +8,6 @@ leftover bridge or namespaces from a killed run are removed at the next start.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from harness.agent import PROVISIONER, Agent
 from harness.controlplane import ControlPlane
 from harness.kube import ApiError, Kube
 from harness.network import Network, NetworkError
-from harness.processes import wait_for
+from harness.processes import take_lock, wait_for
 
 LOCK = Path("/run/lock/strata-e2e.lock")
 
@@ -110,20 +109,7 @@ class Cluster:
         self._release_lock()
 
     def _take_lock(self) -> None:
-        LOCK.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise RuntimeError(
-                f"another e2e harness holds {LOCK} (pid {holder or '?'}): it owns the pod bridge; "
-                "stop it first, or point KUBECONFIG at a running cluster"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd = take_lock(LOCK, "the pod bridge")
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
