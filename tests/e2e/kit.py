@@ -116,16 +116,11 @@ class Cluster:
         return "pods:\n  " + "\n  ".join(lines) + "\nevents:\n" + events[-3000:]
 
     def container_logs(self, pod: Obj, lines: int = 15) -> list[str]:
-        """The last lines each container printed. On the harness they are files
-        in its state folder; elsewhere `kubectl logs`."""
+        """The last lines each container printed (`kubectl logs`)."""
         out = []
         for c in pod["spec"].get("containers", []):
-            if self.harness and self.harness.get("kind") != "kubelet":
-                log = Path(str(self.harness["state"])) / "pods" / pod["metadata"]["uid"] / "logs" / f"{c['name']}.log"
-                text = log.read_text(errors="replace") if log.exists() else ""
-            else:
-                text = self.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
-                                    "-c", c["name"], f"--tail={lines}", check=False)
+            text = self.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
+                                "-c", c["name"], f"--tail={lines}", check=False)
             out += [f"    {c['name']}| {line}" for line in text.splitlines()[-lines:]]
         return out
 

@@ -1,8 +1,7 @@
 """Pods are containers a kubelet runs: `kubectl logs` shows what they print, `kubectl exec`
 runs a command inside them, a memory limit is enforced by the kernel.
 
-These hold on any real cluster (kind included); only the harness' old node agent, which
-runs pods as local processes, cannot serve them.
+These hold on any real cluster (kind included).
 """
 
 from __future__ import annotations
@@ -16,37 +15,30 @@ from kit import Cluster, python_pod, wait_until
 pytestmark = pytest.mark.smoke
 
 
-@pytest.fixture
-def real_pods(cluster: Cluster) -> Cluster:
-    if cluster.harness and cluster.harness.get("kind") != "kubelet":
-        pytest.skip("the node agent runs pods as processes: no `kubectl logs`/`exec` (STRATA_E2E_KUBELET=1)")
-    return cluster
-
-
 def running(cluster: Cluster, namespace: str, name: str) -> None:
     cluster.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace, "--timeout=120s")
 
 
-def test_kubectl_logs_and_exec_reach_the_container(real_pods: Cluster, namespace: str) -> None:
+def test_kubectl_logs_and_exec_reach_the_container(cluster: Cluster, namespace: str) -> None:
     script = "import sys, time\nprint('hello from', sys.argv, flush=True)\ntime.sleep(3600)\n"
     pod = python_pod("talker", script)
-    real_pods.apply(pod, namespace)
-    running(real_pods, namespace, "talker")
-    wait_until(lambda: "hello from" in real_pods.kubectl("logs", "talker", "-n", namespace),
+    cluster.apply(pod, namespace)
+    running(cluster, namespace, "talker")
+    wait_until(lambda: "hello from" in cluster.kubectl("logs", "talker", "-n", namespace),
                timeout=30, what="the pod's output in `kubectl logs`")
     # A file written inside the container is there for the next exec, and nowhere else.
-    real_pods.kubectl("exec", "talker", "-n", namespace, "--", "sh", "-c", "echo inside > /tmp/mark")
-    out = real_pods.kubectl("exec", "talker", "-n", namespace, "--", "python3", "-c",
+    cluster.kubectl("exec", "talker", "-n", namespace, "--", "sh", "-c", "echo inside > /tmp/mark")
+    out = cluster.kubectl("exec", "talker", "-n", namespace, "--", "python3", "-c",
                             "import json, os; print(json.dumps({'mark': open('/tmp/mark').read(), "
                             "'pid1': open('/proc/1/cmdline').read().split(chr(0))[0], 'uid': os.getuid()}))")
     info = json.loads(out)
     assert info["mark"] == "inside\n"
     assert info["pid1"] in ("python3", "/pause"), info  # the container's own PID namespace
-    proc = real_pods.kubectl_result("exec", "talker", "-n", namespace, "--", "sh", "-c", "exit 7")
+    proc = cluster.kubectl_result("exec", "talker", "-n", namespace, "--", "sh", "-c", "exit 7")
     assert proc.returncode == 7, "the exit status of the command comes back through exec"
 
 
-def test_memory_limit_is_enforced_by_the_kernel(real_pods: Cluster, namespace: str) -> None:
+def test_memory_limit_is_enforced_by_the_kernel(cluster: Cluster, namespace: str) -> None:
     """Allocating past the limit kills the container (OOMKilled), allocating under it does not."""
     script = ("import sys\nchunks = []\nfor i in range(int(sys.argv[1])):\n"
               "    chunks.append(bytearray(16 << 20))\n    print(i, flush=True)\n")
@@ -54,16 +46,16 @@ def test_memory_limit_is_enforced_by_the_kernel(real_pods: Cluster, namespace: s
         pod = python_pod(name, script)
         pod["spec"]["containers"][0]["command"] += [str(chunks)]
         pod["spec"]["containers"][0]["resources"] = {"limits": {"memory": "128Mi"}, "requests": {"memory": "128Mi"}}
-        real_pods.apply(pod, namespace)
+        cluster.apply(pod, namespace)
 
     def terminated(name: str) -> dict[str, object] | None:
-        st = real_pods.get("pod", name, namespace)["status"].get("containerStatuses", [{}])[0]
+        st = cluster.get("pod", name, namespace)["status"].get("containerStatuses", [{}])[0]
         t = st.get("state", {}).get("terminated")
         return dict(t) if t else None
 
     under = wait_until(lambda: terminated("under"), timeout=120, what="pod under to finish",
-                       diagnose=lambda: real_pods.describe_pods(namespace))
+                       diagnose=lambda: cluster.describe_pods(namespace))
     over = wait_until(lambda: terminated("over"), timeout=120, what="pod over to finish",
-                      diagnose=lambda: real_pods.describe_pods(namespace))
+                      diagnose=lambda: cluster.describe_pods(namespace))
     assert under["exitCode"] == 0, under
     assert over["reason"] == "OOMKilled" and over["exitCode"] == 137, over

@@ -58,7 +58,7 @@ def strata(cluster: Cluster, chart_dir: Path) -> Iterator[Cluster]:
 def s3(cluster: Cluster) -> Iterator[dict[str, str]]:
     """An S3 store (moto) that pods and this process both reach, with one IAM
     user whose key is valid: {endpoint, key, secret}. On the harness moto
-    listens on the pod bridge's address; elsewhere set STRATA_E2E_S3_ENDPOINT
+    listens on the API server's address, which pods reach; elsewhere set STRATA_E2E_S3_ENDPOINT
     (plus STRATA_E2E_S3_KEY/SECRET) to a store the cluster reaches."""
     endpoint = os.environ.get("STRATA_E2E_S3_ENDPOINT")
     if endpoint:
@@ -361,31 +361,25 @@ def test_csi_sanity(strata: Cluster, namespace: str, s3: dict[str, str], dataset
         pytest.skip("CSIDriver csi.strata.dev is not installed (the CSI plugin is issue 5)")
     if not strata.harness:
         pytest.skip("csi-sanity needs the plugin's socket on this machine (harness only)")
-    nodes: dict[str, Any] = strata.harness["nodes"]
-    node = next(iter(nodes.values()))
+    name, node = next(iter(strata.harness["nodes"].items()))
     ready_cluster(strata, namespace)
     strata.apply(s3_mount(s3), namespace)
     wait_until(lambda: strata.get("mount", "data", namespace).get("status", {}).get("phase") == "Mounted",
                timeout=120, what="Mount data phase Mounted")
     parameters = Path(node["root"]) / "csi-sanity-parameters.yaml"
     parameters.write_text(json.dumps({"mount": "data", "namespace": namespace}))
-    if strata.harness.get("kind") == "kubelet":
-        # csi-sanity runs in the node's mount namespace, where the plugin's socket and the
-        # pods folder (which the plugin's container shares, Bidirectional) are where
-        # kubelet has them.
-        kubelet = Path("/var/lib/kubelet")
-        socket = Path(node["kubelet_dir"]) / "plugins/csi.strata.dev/csi.sock"
-        endpoint = kubelet / "plugins/csi.strata.dev/csi.sock"
-        work = kubelet / "pods" / f"csi-sanity-{namespace}"
-        prefix = ["nsenter", f"--mount={node['mount_ns']}", "--"]
-    else:
-        # Under the node's root, which is a shared mount: what the plugin mounts in
-        # its own mount namespace shows here too.
-        root = Path(node["root"])
-        socket = endpoint = root / "var/lib/kubelet/plugins/csi.strata.dev/csi.sock"
-        work = root / "csi-sanity"
-        work.mkdir(exist_ok=True)
-        prefix = []
+    # csi-sanity runs in the node's mount namespace, where the plugin's socket and the pods
+    # folder (which the plugin's container shares, Bidirectional) are where kubelet has them.
+    # Its folders go into the plugin pod's own folder: kubelet removes any other folder in
+    # pods/ that belongs to no pod of its own.
+    plugin = next(p for p in strata.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=csi-node")
+                  if p["spec"]["nodeName"] == name)
+    kubelet = Path("/var/lib/kubelet")
+    socket = Path(node["kubelet_dir"]) / "plugins/csi.strata.dev/csi.sock"
+    endpoint = kubelet / "plugins/csi.strata.dev/csi.sock"
+    work = kubelet / "pods" / plugin["metadata"]["uid"] / f"csi-sanity-{namespace}"
+    prefix = ["nsenter", f"--mount={node['mount_ns']}", "--"]
+    (Path(node["kubelet_dir"]) / "pods" / plugin["metadata"]["uid"] / work.name).mkdir()  # the same folder, from here
     wait_until(socket.exists, timeout=120, what=f"the CSI node plugin socket {socket}")
     proc = subprocess.run(
         [*prefix, sanity, f"--csi.endpoint=unix://{endpoint}", f"--csi.mountdir={work / 'mnt'}",
@@ -397,12 +391,7 @@ def test_csi_sanity(strata: Cluster, namespace: str, s3: dict[str, str], dataset
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
 
 
-# -- only a real kubelet can show these ---------------------------------------------------
-def _needs_real_pods(cluster: Cluster) -> None:
-    if cluster.harness and cluster.harness.get("kind") != "kubelet":
-        pytest.skip("the node agent runs pods as processes: no memory cgroups, logs or drain (STRATA_E2E_KUBELET=1)")
-
-
+# -- what only real kubelets show: memory cgroups, node folders, drains, logs ---------------
 def _bucket(s3: dict[str, str], bucket: str, files: dict[str, bytes]) -> None:
     client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
                           aws_access_key_id=s3["key"], aws_secret_access_key=s3["secret"])
@@ -434,7 +423,7 @@ def _worker_metrics(cluster: Cluster, namespace: str, pod: Obj) -> dict[str, flo
     for line in text.splitlines():
         if line.startswith("strata_worker_") and " " in line:
             key, value = line.rsplit(" ", 1)
-            out[key.split("{")[0]] = float(value)
+            out[key.split("{")[0].removesuffix("_total")] = float(value)
     return out
 
 
@@ -454,7 +443,6 @@ def test_mem_tier_counts_against_the_worker_memory_limit(
     """The MEM tier is tmpfs charged to the worker container's memory cgroup: filling it to
     its quota shows in the container's memory use, and a limit above quota + the process
     is never exceeded (no OOM kill)."""
-    _needs_real_pods(strata)
     files = {"big/a.bin": _big_file(48 << 20, "a"), "big/b.bin": _big_file(48 << 20, "b")}
     _bucket(s3, "e2e-mem", files)
     cc = cache_cluster(workers=1)
@@ -479,7 +467,6 @@ def test_mem_tier_counts_against_the_worker_memory_limit(
 def test_restarted_worker_serves_its_ssd_blocks_without_store_reads(
     strata: Cluster, namespace: str, s3: dict[str, str]
 ) -> None:
-    _needs_real_pods(strata)
     files = {f"ssd/part-{i}.bin": _big_file(4 << 20, f"ssd{i}") for i in range(3)}
     _bucket(s3, "e2e-ssd", files)
     node = sorted(n["metadata"]["name"] for n in strata.items("nodes"))[0]
@@ -510,7 +497,6 @@ def test_restarted_worker_serves_its_ssd_blocks_without_store_reads(
 def test_drained_node_moves_pods_and_readers_keep_reading(
     strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
 ) -> None:
-    _needs_real_pods(strata)
     ready_cluster(strata, namespace)
     strata.apply(s3_mount(s3), namespace)
     master = strata.get("pod", "demo-master-0", namespace)["spec"]["nodeName"]
@@ -552,7 +538,6 @@ def test_drained_node_moves_pods_and_readers_keep_reading(
 def test_every_component_log_is_readable(strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]) -> None:
     """`kubectl logs` of the operator, master, workers, CSI plugin and registrar: lines a
     person can follow, each JSON or plain text."""
-    _needs_real_pods(strata)
     ready_cluster(strata, namespace)
     strata.apply(s3_mount(s3), namespace)
     _read_all(strata, namespace, "reader", dataset)

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 from harness.cluster import Cluster, default_state
-from harness.kubeletcluster import KubeletCluster
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,18 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, default=None, help="folder for certs, logs and pods (default: a temp dir)")
     parser.add_argument("--keep-state", action="store_true", help="leave the state folder (logs) behind")
     parser.add_argument("--ready-file", type=Path, default=None, help="write the cluster's description here when ready")
-    parser.add_argument("--kubelet", action="store_true",
-                        help="real kubelets with containerd (default while the node agent is the default)")
     args = parser.parse_args(argv)
 
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: done.set())
-    cluster: Cluster | KubeletCluster
-    if args.kubelet:
-        cluster = KubeletCluster(state=args.state or default_state(), nodes=args.nodes, keep_state=args.keep_state)
-    else:
-        cluster = Cluster(state=args.state or default_state(), nodes=args.nodes, keep_state=args.keep_state)
+    cluster = Cluster(state=args.state or default_state(), nodes=args.nodes, keep_state=args.keep_state)
     try:
         cluster.up()
     except Exception as exc:
@@ -50,12 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         print(f"export KUBECONFIG={info['kubeconfig']}", flush=True)
         while not done.wait(1.0):
-            if isinstance(cluster, KubeletCluster):
-                dead = cluster.check_alive()
-            else:
-                dead = cluster.control_plane.check_alive() if cluster.control_plane else []
+            dead = cluster.check_alive()
             if dead:
-                print(f"harness: control-plane component(s) exited: {', '.join(dead)}", file=sys.stderr)
+                print(f"harness: component(s) exited: {', '.join(dead)}", file=sys.stderr)
                 return 1
     finally:
         notes = cluster.down()

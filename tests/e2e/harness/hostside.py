@@ -167,6 +167,7 @@ class HostSide:
             except ValueError:
                 old = {}
             HostSide(state=Path(old.get("state", self.state)), record=old).restore()
+            RUN.mkdir(parents=True, exist_ok=True)
         self.record = {
             "state": str(self.state),
             "sysctls": read_sysctls(),
