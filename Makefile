@@ -6,15 +6,22 @@ PY := $(VENV)/bin/python
 # standard library's `operator` module.
 export PYTHONSAFEPATH := 1
 
-.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools lint install-yaml demo clean
+.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools e2e-images lint install-yaml demo clean lock
 
-$(VENV)/.installed: pyproject.toml setup.py cacheserver/proto/strata.proto
+# Every Python package at the version pinned in requirements.lock (scripts/lock.sh makes it
+# from pyproject.toml): no resolving, the same versions as the images and CI.
+LOCK := requirements.lock
+$(VENV)/.installed: pyproject.toml setup.py cacheserver/proto/strata.proto $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet grpcio-tools mypy-protobuf
+	$(PY) -m pip install --quiet --constraint $(LOCK) grpcio-tools mypy-protobuf
 	PYTHON=$(PY) scripts/gen_protos.sh
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --constraint $(LOCK) -e '.[test]'
 	touch $@
+
+# Re-pin requirements.lock after changing the dependencies in pyproject.toml.
+lock:
+	scripts/lock.sh
 
 venv: $(VENV)/.installed
 
@@ -27,7 +34,7 @@ deps-system:
 
 # Everything: unit, integration (real processes) and end-to-end (a real Kubernetes control
 # plane built from Go modules into ~/.cache/strata/e2e-bin on first use) in one pytest run.
-test: venv deps-system protos e2e-tools lint
+test: venv deps-system protos e2e-tools e2e-images lint
 	$(VENV)/bin/pytest tests/unit tests/integration tests/e2e
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
@@ -44,11 +51,16 @@ test-integration: venv protos
 e2e-tools:
 	tests/e2e/tools/build.sh
 
+# The e2e images (a Debian base, both Dockerfiles, pause, CoreDNS, the CSI registrar) into
+# ~/.cache/strata/e2e-images, rebuilt only when their inputs change.
+e2e-images: deps-system e2e-tools
+	tests/e2e/images/build.sh
+
 # manifests/install.yaml from the chart (a unit test fails when it is stale).
 install-yaml: e2e-tools
 	scripts/render-install.sh
 
-test-e2e: venv deps-system protos e2e-tools
+test-e2e: venv deps-system protos e2e-tools e2e-images
 	$(VENV)/bin/pytest tests/e2e
 
 demo: venv deps-system protos

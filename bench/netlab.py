@@ -21,7 +21,7 @@ from types import TracebackType
 NETNS = "sbench-s3"
 HOST_IF = "sbench-h"  # the end in the root namespace
 NS_IF = "sbench-n"    # the end in the store's namespace
-# A private /30 nothing else on this machine uses (the e2e harness takes 10.244/16, 10.96/16).
+# A private /30 nothing else on this machine uses (the e2e cluster takes 10.250/16, 10.97/16).
 HOST_ADDRESS = "10.213.7.1"
 NS_ADDRESS = "10.213.7.2"
 PREFIX_LEN = 30

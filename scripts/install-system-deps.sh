@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
 # Install the Debian packages Strata's tests and demo use, where they are missing.
+#   fuse3, libfuse3-3, attr  FUSE mounts and xattrs (integration tests, demo)
+#   iproute2                 network namespaces, bridges
+#   rsync                    the FUSE test of `rsync -a` into a mount
+#   runc, containernetworking-plugins, nftables, conntrack, iptables
+#                            the e2e cluster's nodes: containerd's runtime, pod networking
+#                            (CNI bridge), kube-proxy (nftables mode)
+#   podman, buildah, mmdebstrap, uidmap
+#                            the e2e images: a Debian base made with mmdebstrap, both
+#                            Dockerfiles built with podman (no Docker engine, no registry)
 set -euo pipefail
 need=()
-command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+have_cmd fusermount3 || need+=(fuse3)
 [ -e /usr/lib/x86_64-linux-gnu/libfuse3.so.3 ] || ls /usr/lib/*/libfuse3.so.3 >/dev/null 2>&1 || need+=(libfuse3-3)
-command -v ip >/dev/null 2>&1 || need+=(iproute2)
-command -v getfattr >/dev/null 2>&1 || need+=(attr)
-command -v rsync >/dev/null 2>&1 || need+=(rsync)
+have_cmd ip || need+=(iproute2)
+have_cmd getfattr || need+=(attr)
+have_cmd rsync || need+=(rsync)
+for pkg in runc containernetworking-plugins nftables conntrack iptables podman buildah mmdebstrap uidmap; do
+  have_pkg "$pkg" || need+=("$pkg")
+done
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   echo "installing Debian packages: ${need[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi

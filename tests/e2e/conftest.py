@@ -2,9 +2,9 @@
 
 The suite takes $KUBECONFIG when it is set (kind, a real cluster). Otherwise it
 starts the harness (tests/e2e/harness: etcd, kube-apiserver, controller-manager,
-scheduler, and a node agent for three nodes) in a child process for the session,
-and stops it at the end, also when tests fail. STRATA_E2E_HARNESS=1 forces the
-harness even with $KUBECONFIG set.
+scheduler, and three real kubelet nodes with containerd, kube-proxy and CoreDNS)
+in a child process for the session, and stops it at the end, also when tests
+fail. STRATA_E2E_HARNESS=1 forces the harness even with $KUBECONFIG set.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from kit import REPO, Cluster, wait_until  # noqa: E402
 
 from harness import binaries  # noqa: E402
 
-HARNESS_START_TIMEOUT = 120.0
+# The first start after an image changed imports every image into containerd (minutes on
+# 2 busy cores); later starts copy that store.
+HARNESS_START_TIMEOUT = 900.0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -56,14 +58,14 @@ def _term_with_parent() -> None:
 
 
 def _start_harness(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, object], Path]:
-    missing = binaries.missing()
+    missing = binaries.missing(binaries.CONTROL_PLANE + binaries.NODES)
     if missing:
         pytest.skip(
             f"no KUBECONFIG and the harness binaries are not built ({', '.join(missing)} missing in "
             f"{binaries.bin_dir()}): run {binaries.BUILD_SCRIPT}"
         )
     if os.geteuid() != 0:
-        pytest.skip("the harness makes network namespaces and bind mounts: it needs root (or set KUBECONFIG)")
+        pytest.skip("the harness runs kubelets, containerd and mounts: it needs root (or set KUBECONFIG)")
     ready = tmp / "ready.json"
     log = tmp / "harness.log"
     env = {**os.environ, "PYTHONPATH": str(HERE), "STRATA_E2E_STATE": str(tmp / "state")}
@@ -83,7 +85,7 @@ def _start_harness(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, object
         return None
 
     try:
-        info = wait_until(started, timeout=HARNESS_START_TIMEOUT, what="the e2e harness to start",
+        info = wait_until(started, timeout=HARNESS_START_TIMEOUT, what="the e2e harness to start", interval=1.0,
                           diagnose=lambda: log.read_text(errors="replace")[-4000:])
     except (TimeoutError, RuntimeError) as exc:
         _stop_harness(proc)
@@ -98,7 +100,7 @@ def _stop_harness(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=300)  # teardown restores the host: give it time
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -111,6 +113,8 @@ def cluster() -> Iterator[Cluster]:
         yield Cluster(kubeconfig=existing)
         return
     tmp = Path(tempfile.mkdtemp(prefix="strata-e2e-session-"))
+    # Test pods run a plain Python image (the Debian base of our images), not ours.
+    os.environ.setdefault("STRATA_E2E_PYTHON_IMAGE", "localhost/python:3.11")
     started = time.monotonic()
     proc, info, log = _start_harness(tmp)
     info["startup_seconds"] = round(time.monotonic() - started, 1)

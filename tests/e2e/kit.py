@@ -24,6 +24,11 @@ Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SERVER_IMAGE = os.environ.get("STRATA_E2E_SERVER_IMAGE", "localhost/strata-server:e2e")
+
+
+def python_image() -> str:
+    """The image of test pods: STRATA_E2E_PYTHON_IMAGE (any image with python3), else ours."""
+    return os.environ.get("STRATA_E2E_PYTHON_IMAGE") or SERVER_IMAGE
 wait_until = wait_for  # one polling helper for the harness and the tests
 
 
@@ -111,16 +116,11 @@ class Cluster:
         return "pods:\n  " + "\n  ".join(lines) + "\nevents:\n" + events[-3000:]
 
     def container_logs(self, pod: Obj, lines: int = 15) -> list[str]:
-        """The last lines each container printed. On the harness they are files
-        in its state folder; elsewhere `kubectl logs`."""
+        """The last lines each container printed (`kubectl logs`)."""
         out = []
         for c in pod["spec"].get("containers", []):
-            if self.harness:
-                log = Path(str(self.harness["state"])) / "pods" / pod["metadata"]["uid"] / "logs" / f"{c['name']}.log"
-                text = log.read_text(errors="replace") if log.exists() else ""
-            else:
-                text = self.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
-                                    "-c", c["name"], f"--tail={lines}", check=False)
+            text = self.kubectl("logs", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"],
+                                "-c", c["name"], f"--tail={lines}", check=False)
             out += [f"    {c['name']}| {line}" for line in text.splitlines()[-lines:]]
         return out
 
@@ -153,11 +153,11 @@ def python_pod(
     readiness_port: int | None = None,
     affinity: Obj | None = None,
 ) -> Obj:
-    """A pod of the server image that runs a Python script (the image has Python)."""
+    """A pod that runs a Python script."""
     container: Obj = {
         "name": "main",
-        "image": SERVER_IMAGE,
-        "command": ["python", "-c", script],
+        "image": python_image(),
+        "command": ["python3", "-c", script],
         "ports": [{"containerPort": p} for p in ports],
     }
     if readiness_port:

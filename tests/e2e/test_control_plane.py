@@ -2,7 +2,8 @@
 Ready, Service and pod DNS names across nodes, in-cluster API access, env and
 volumes from the downward API, ConfigMaps and Secrets, restarts and deletion.
 
-These hold on any conformant cluster; on the harness they check the node agent.
+These hold on any conformant cluster; on the harness they check its kubelets, kube-proxy
+and CoreDNS.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ def strata(cluster: Cluster, chart_dir: Path) -> Iterator[Cluster]:
     if find_tool("helm") is None:
         pytest.skip("helm is not built: run tests/e2e/tools/build.sh")
     extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", ""))
+    if not extra and cluster.harness:
+        extra = list(cluster.harness.get("helm_args", []))  # the images the harness built
     cluster.run("helm", "upgrade", "--install", RELEASE, str(chart_dir), "-n", RELEASE_NS, "--create-namespace",
                 *extra, timeout=120)
     try:
@@ -56,7 +58,7 @@ def strata(cluster: Cluster, chart_dir: Path) -> Iterator[Cluster]:
 def s3(cluster: Cluster) -> Iterator[dict[str, str]]:
     """An S3 store (moto) that pods and this process both reach, with one IAM
     user whose key is valid: {endpoint, key, secret}. On the harness moto
-    listens on the pod bridge's address; elsewhere set STRATA_E2E_S3_ENDPOINT
+    listens on the API server's address, which pods reach; elsewhere set STRATA_E2E_S3_ENDPOINT
     (plus STRATA_E2E_S3_KEY/SECRET) to a store the cluster reaches."""
     endpoint = os.environ.get("STRATA_E2E_S3_ENDPOINT")
     if endpoint:
@@ -359,25 +361,198 @@ def test_csi_sanity(strata: Cluster, namespace: str, s3: dict[str, str], dataset
         pytest.skip("CSIDriver csi.strata.dev is not installed (the CSI plugin is issue 5)")
     if not strata.harness:
         pytest.skip("csi-sanity needs the plugin's socket on this machine (harness only)")
-    nodes: dict[str, Any] = strata.harness["nodes"]
-    root = Path(next(iter(nodes.values()))["root"])
-    socket = root / "var/lib/kubelet/plugins/csi.strata.dev/csi.sock"
-    wait_until(socket.exists, timeout=120, what=f"the CSI node plugin socket {socket}")
+    name, node = next(iter(strata.harness["nodes"].items()))
     ready_cluster(strata, namespace)
     strata.apply(s3_mount(s3), namespace)
     wait_until(lambda: strata.get("mount", "data", namespace).get("status", {}).get("phase") == "Mounted",
                timeout=120, what="Mount data phase Mounted")
-    # Under the node's root, which is a shared mount: what the plugin mounts in
-    # its own mount namespace shows here too.
-    work = root / "csi-sanity"
-    work.mkdir(exist_ok=True)
-    parameters = work / "parameters.yaml"
+    parameters = Path(node["root"]) / "csi-sanity-parameters.yaml"
     parameters.write_text(json.dumps({"mount": "data", "namespace": namespace}))
+    # csi-sanity runs in the node's mount namespace, where the plugin's socket and the pods
+    # folder (which the plugin's container shares, Bidirectional) are where kubelet has them.
+    # Its folders go into the plugin pod's own folder: kubelet removes any other folder in
+    # pods/ that belongs to no pod of its own.
+    plugin = next(p for p in strata.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=csi-node")
+                  if p["spec"]["nodeName"] == name)
+    kubelet = Path("/var/lib/kubelet")
+    socket = Path(node["kubelet_dir"]) / "plugins/csi.strata.dev/csi.sock"
+    endpoint = kubelet / "plugins/csi.strata.dev/csi.sock"
+    work = kubelet / "pods" / plugin["metadata"]["uid"] / f"csi-sanity-{namespace}"
+    prefix = ["nsenter", f"--mount={node['mount_ns']}", "--"]
+    (Path(node["kubelet_dir"]) / "pods" / plugin["metadata"]["uid"] / work.name).mkdir()  # the same folder, from here
+    wait_until(socket.exists, timeout=120, what=f"the CSI node plugin socket {socket}")
     proc = subprocess.run(
-        [sanity, f"--csi.endpoint=unix://{socket}", f"--csi.mountdir={work / 'mnt'}",
+        [*prefix, sanity, f"--csi.endpoint=unix://{endpoint}", f"--csi.mountdir={work / 'mnt'}",
          f"--csi.stagingdir={work / 'stage'}", f"--csi.testvolumeparameters={parameters}",
          "--ginkgo.no-color", "--ginkgo.v"],
         capture_output=True, text=True, timeout=600,
     )
     print("\n".join(line for line in proc.stdout.splitlines() if "Passed" in line or "Ran " in line))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+# -- what only real kubelets show: memory cgroups, node folders, drains, logs ---------------
+def _bucket(s3: dict[str, str], bucket: str, files: dict[str, bytes]) -> None:
+    client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
+                          aws_access_key_id=s3["key"], aws_secret_access_key=s3["secret"])
+    client.create_bucket(Bucket=bucket)
+    for key, body in files.items():
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def _big_file(size: int, seed: str) -> bytes:
+    block = hashlib.sha512(seed.encode()).digest() * 16384  # 1 MiB
+    return b"".join(hashlib.sha256(block[:64] + bytes([i % 256])).digest() + block[32:] for i in range(size >> 20))
+
+
+def _worker_pods(cluster: Cluster, namespace: str, name: str = "demo") -> list[Obj]:
+    return cluster.items("pods", namespace, selector=f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker")
+
+
+def _exec_python(cluster: Cluster, namespace: str, pod: str, code: str, container: str | None = None) -> str:
+    args = ["exec", pod, "-n", namespace] + (["-c", container] if container else []) + ["--", "python3", "-c", code]
+    return cluster.kubectl(*args)
+
+
+def _worker_metrics(cluster: Cluster, namespace: str, pod: Obj) -> dict[str, float]:
+    """The worker's Prometheus counters, read inside its container (as a person would)."""
+    port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", []) if p.get("name") == "http")
+    text = _exec_python(cluster, namespace, pod["metadata"]["name"],
+                        f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())")
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("strata_worker_") and " " in line:
+            key, value = line.rsplit(" ", 1)
+            out[key.split("{")[0].removesuffix("_total")] = float(value)
+    return out
+
+
+def _read_all(cluster: Cluster, namespace: str, name: str, files: dict[str, bytes], node: str | None = None) -> None:
+    pod = _reader_pod(name, sorted(files), {"strata.dev/locality": "disabled"})
+    if node:
+        pod["spec"]["nodeName"] = node
+    cluster.apply(pod, namespace)
+    out = json.loads(_finished(cluster, namespace, name)["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    for key, body in files.items():
+        assert out[key] == hashlib.sha256(body).hexdigest(), key
+
+
+def test_mem_tier_counts_against_the_worker_memory_limit(
+    strata: Cluster, namespace: str, s3: dict[str, str]
+) -> None:
+    """The MEM tier is tmpfs charged to the worker container's memory cgroup: filling it to
+    its quota shows in the container's memory use, and a limit above quota + the process
+    is never exceeded (no OOM kill)."""
+    files = {"big/a.bin": _big_file(48 << 20, "a"), "big/b.bin": _big_file(48 << 20, "b")}
+    _bucket(s3, "e2e-mem", files)
+    cc = cache_cluster(workers=1)
+    cc["spec"]["tiers"] = [{"medium": "MEM", "quota": "64Mi"}]
+    cc["spec"]["worker"]["resources"] = {"requests": {"memory": "384Mi"}, "limits": {"memory": "384Mi"}}
+    strata.apply(cc, namespace)
+    wait_ready(strata, namespace)
+    strata.apply(s3_mount(s3, bucket="e2e-mem"), namespace)
+    (worker,) = _worker_pods(strata, namespace)
+    shmem = ("import re; s = open('/sys/fs/cgroup/memory/memory.stat').read(); "
+             "print(int(re.search(r'^shmem (\\d+)$', s, re.M).group(1)))")
+    before = int(_exec_python(strata, namespace, worker["metadata"]["name"], shmem))
+    _read_all(strata, namespace, "reader", files)  # 96 MiB through a 64 MiB tier
+    after = int(_exec_python(strata, namespace, worker["metadata"]["name"], shmem))
+    assert after - before >= 32 << 20, f"the MEM tier's blocks should count as the container's memory ({before} -> {after})"
+    assert after <= (64 << 20) + (8 << 20), f"the MEM tier holds at most its quota ({after} bytes of shmem)"
+    (worker,) = _worker_pods(strata, namespace)
+    status = worker["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 0 and "running" in status["state"], status
+
+
+def test_restarted_worker_serves_its_ssd_blocks_without_store_reads(
+    strata: Cluster, namespace: str, s3: dict[str, str]
+) -> None:
+    files = {f"ssd/part-{i}.bin": _big_file(4 << 20, f"ssd{i}") for i in range(3)}
+    _bucket(s3, "e2e-ssd", files)
+    node = sorted(n["metadata"]["name"] for n in strata.items("nodes"))[0]
+    cc = cache_cluster(workers=1)
+    # A node folder (hostPath): what the worker cached outlives its pod. /run/strata is a
+    # folder of the node's own on the harness.
+    cc["spec"]["tiers"] = [{"medium": "SSD", "quota": "256Mi", "volume": {"hostPath": {"path": "/run/strata/e2e-ssd"}}}]
+    cc["spec"]["worker"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    strata.apply(cc, namespace)
+    wait_ready(strata, namespace)
+    strata.apply(s3_mount(s3, bucket="e2e-ssd"), namespace)
+    _read_all(strata, namespace, "first", files)
+    (worker,) = _worker_pods(strata, namespace)
+    warm = _worker_metrics(strata, namespace, worker)
+    assert warm.get("strata_worker_ufs_bytes_read", 0) >= sum(map(len, files.values())), warm
+    strata.kubectl("delete", "pod", worker["metadata"]["name"], "-n", namespace, "--wait=true", "--timeout=120s")
+    wait_until(lambda: (ws := _worker_pods(strata, namespace)) and ws[0]["metadata"]["uid"] != worker["metadata"]["uid"]
+               and pod_ready(ws[0]), timeout=180, what="the worker pod to come back Ready",
+               diagnose=lambda: strata.describe_pods(namespace))
+    wait_ready(strata, namespace)
+    _read_all(strata, namespace, "second", files)
+    (again,) = _worker_pods(strata, namespace)
+    metrics = _worker_metrics(strata, namespace, again)
+    assert metrics.get("strata_worker_ufs_bytes_read", -1) == 0, f"the restarted worker read the store: {metrics}"
+    assert metrics.get("strata_worker_cache_hits", 0) > 0, metrics
+
+
+def test_drained_node_moves_pods_and_readers_keep_reading(
+    strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
+) -> None:
+    ready_cluster(strata, namespace)
+    strata.apply(s3_mount(s3), namespace)
+    master = strata.get("pod", "demo-master-0", namespace)["spec"]["nodeName"]
+    workers = _worker_pods(strata, namespace)
+    candidates = sorted({w["spec"]["nodeName"] for w in workers} - {master})
+    if not candidates:
+        pytest.skip(f"both workers run on the master's node {master}")
+    drained = candidates[0]
+    readers = sorted(n["metadata"]["name"] for n in strata.items("nodes") if n["metadata"]["name"] != drained)
+    # Reads every file over and over for 90 s, counting good reads and failures.
+    script = ("import hashlib, json, time\nwant = %r\ngood, bad, errors = 0, 0, []\nend = time.time() + 90\n"
+              "while time.time() < end:\n    for p, h in want.items():\n        try:\n"
+              "            ok = hashlib.sha256(open('/data/' + p, 'rb').read()).hexdigest() == h\n"
+              "            good, bad = good + ok, bad + (not ok)\n"
+              "        except OSError as exc:\n            errors.append(repr(exc)[:200])\n"
+              "    time.sleep(0.2)\n"
+              "open('/dev/termination-log', 'w').write(json.dumps({'good': good, 'bad': bad, 'errors': errors[:5], "
+              "'n_errors': len(errors)}))\n" % {k: hashlib.sha256(v).hexdigest() for k, v in dataset.items()})
+    pod = _reader_pod("steady", [], {"strata.dev/locality": "disabled"})
+    pod["spec"]["containers"][0]["command"] = ["python3", "-c", script]
+    pod["spec"]["nodeName"] = readers[0]
+    strata.apply(pod, namespace)
+    strata.kubectl("wait", "--for=condition=Ready", "pod/steady", "-n", namespace, "--timeout=120s")
+    moved = [w["metadata"]["name"] for w in workers if w["spec"]["nodeName"] == drained]
+    try:
+        strata.kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s")
+        wait_until(lambda: all((p := strata.get_or_none("pod", n, namespace)) and pod_ready(p)
+                               and p["spec"]["nodeName"] != drained for n in moved),
+                   timeout=240, what=f"workers {moved} to run again on another node",
+                   diagnose=lambda: strata.describe_pods(namespace))
+        wait_ready(strata, namespace)
+    finally:
+        strata.kubectl("uncordon", drained, check=False)
+    out = json.loads(_finished(strata, namespace, "steady")["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    assert out["bad"] == 0 and out["n_errors"] == 0, out
+    assert out["good"] > 0, out
+
+
+def test_every_component_log_is_readable(strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]) -> None:
+    """`kubectl logs` of the operator, master, workers, CSI plugin and registrar: lines a
+    person can follow, each JSON or plain text."""
+    ready_cluster(strata, namespace)
+    strata.apply(s3_mount(s3), namespace)
+    _read_all(strata, namespace, "reader", dataset)
+    pods = strata.items("pods", RELEASE_NS) + [p for p in strata.items("pods", namespace) if p["metadata"]["name"] != "reader"]
+    seen = set()
+    for pod in pods:
+        for c in pod["spec"]["containers"]:
+            text = strata.kubectl("logs", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"], "-c", c["name"])
+            where = f"{pod['metadata']['name']}/{c['name']}"
+            lines = [line for line in text.splitlines() if line.strip()]
+            assert lines, f"{where} logged nothing"
+            for line in lines:
+                if line.lstrip().startswith("{"):
+                    json.loads(line)  # a JSON line must parse
+                else:
+                    assert line.isprintable(), f"{where}: unreadable line {line!r}"
+            seen.add(pod["metadata"]["labels"].get("app.kubernetes.io/component", "?"))
+    assert {"operator", "master", "worker", "csi-node"} <= seen, seen

@@ -1,1 +1,1 @@
-"""The Strata e2e harness: a real Kubernetes control plane and a node agent on one machine."""
+"""The Strata e2e harness: a Kubernetes control plane and three real kubelet nodes on one machine."""

@@ -43,12 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         print(f"export KUBECONFIG={info['kubeconfig']}", flush=True)
         while not done.wait(1.0):
-            dead = cluster.control_plane.check_alive() if cluster.control_plane else []
+            dead = cluster.check_alive()
             if dead:
-                print(f"harness: control-plane component(s) exited: {', '.join(dead)}", file=sys.stderr)
+                print(f"harness: component(s) exited: {', '.join(dead)}", file=sys.stderr)
                 return 1
     finally:
-        cluster.down()
+        notes = cluster.down()
+        if notes:
+            print("harness: could not undo:\n  " + "\n  ".join(notes), file=sys.stderr)
     return 0
 
 

@@ -13,8 +13,14 @@ NAMES = (
     "kubectl",
     "helm",
     "csi-sanity",
+    "kubelet",
+    "kube-proxy",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
 )
 CONTROL_PLANE = NAMES[:4]
+NODES = NAMES[7:]
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "build.sh"
 
 

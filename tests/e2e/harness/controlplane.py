@@ -30,6 +30,7 @@ class ControlPlane:
     bind_ip: str = "127.0.0.1"
     service_cidr: str = "10.96.0.0/16"
     kubernetes_service_ip: str = "10.96.0.1"
+    nodes: tuple[str, ...] = ()  # names of the kubelets to issue client certificates for
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     pki: Pki | None = None
     port: int = 0
@@ -54,6 +55,7 @@ class ControlPlane:
         pki = self.pki = make_pki(
             self.state / "pki",
             apiserver_ips=(self.bind_ip, "127.0.0.1", self.kubernetes_service_ip),
+            nodes=self.nodes,
         )
         self.port = free_port(self.bind_ip)
         self.kubeconfig = write_kubeconfig(
@@ -150,6 +152,11 @@ class ControlPlane:
                 # which the API server reaches over the bridge; ClusterIPs need
                 # the agent's proxy, which the API server does not need then.
                 "--enable-aggregator-routing=true",
+                # `kubectl logs/exec` go to a kubelet at its node's InternalIP (node
+                # names resolve nowhere), as this client.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-client-certificate={pki.kubelet_client.cert}",
+                f"--kubelet-client-key={pki.kubelet_client.key}",
                 "--profiling=false",
                 "--v=1",
             ],

@@ -38,6 +38,9 @@ class Pki:
     admin: KeyPair
     controller_manager: KeyPair
     scheduler: KeyPair
+    kubelet_client: KeyPair  # the API server's identity towards kubelets (logs, exec)
+    kube_proxy: KeyPair
+    nodes: dict[str, KeyPair]  # each kubelet's client certificate, by node name
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
@@ -127,9 +130,10 @@ class _Authority:
         return self._save(stem, builder.sign(self.key, hashes.SHA256()), key)
 
 
-def make_pki(directory: Path, *, apiserver_ips: tuple[str, ...]) -> Pki:
+def make_pki(directory: Path, *, apiserver_ips: tuple[str, ...], nodes: tuple[str, ...] = ()) -> Pki:
     """Create the CA, the API server's serving cert, the service-account key
-    pair and client certs for the admin, controller-manager and scheduler."""
+    pair and client certs for the admin, controller-manager, scheduler, the API
+    server towards kubelets, kube-proxy and each node's kubelet."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = _Authority(directory)
     sa_key = ec.generate_private_key(ec.SECP256R1())
@@ -153,4 +157,8 @@ def make_pki(directory: Path, *, apiserver_ips: tuple[str, ...]) -> Pki:
         admin=ca.issue("admin", "strata-e2e-admin", "system:masters"),
         controller_manager=ca.issue("controller-manager", "system:kube-controller-manager"),
         scheduler=ca.issue("scheduler", "system:kube-scheduler"),
+        kubelet_client=ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"),
+        kube_proxy=ca.issue("kube-proxy", "system:kube-proxy"),
+        # The Node authorizer and NodeRestriction know a kubelet by this name and group.
+        nodes={n: ca.issue(f"node-{n}", f"system:node:{n}", "system:nodes") for n in nodes},
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import socket
@@ -115,3 +116,23 @@ def tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return f"(no log at {path})"
     return "\n".join(f"  | {line}" for line in text[-lines:])
+
+
+def take_lock(path: Path, owns: str) -> int:
+    """An exclusive lock on `path` holding this pid, as an open fd (close it to release).
+    RuntimeError naming the holder when another process has it; `owns` says what the
+    lock protects."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise RuntimeError(
+            f"another e2e harness holds {path} (pid {holder or '?'}): it owns {owns}; "
+            "stop it first, or point KUBECONFIG at a running cluster"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Build the e2e binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, helm, csi-sanity) from the pinned Go modules in this
-# folder into ${STRATA_E2E_BIN:-$HOME/.cache/strata/e2e-bin}.
+# Build the e2e binaries into ${STRATA_E2E_BIN:-$HOME/.cache/strata/e2e-bin}:
+#   control plane   etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+#   nodes           kubelet, kube-proxy, pause (pod sandbox), csi-registrar (registers
+#                   a CSI plugin with kubelet), and, from their own modules at a pinned
+#                   version, containerd + containerd-shim-runc-v2 + ctr, coredns
+#   clients         kubectl, helm, csi-sanity
+# The first group and the clients come from the pinned Go module in this folder.
 #
 # A binary is rebuilt only when its stamp (module version + Go version + the
-# go.sum hash) differs from the one recorded beside it. Each step prints how long
+# go.sum hash, or the pinned version for the others) differs from the one
+# recorded beside it. Each step prints how long
 # it took. A binary that fails to build is reported with its error and the rest
 # are still built; the exit status is non-zero if any failed.
 #
@@ -30,6 +35,21 @@ targets=(
   "kubectl|k8s.io/kubernetes/cmd/kubectl|k8s.io/kubernetes"
   "helm|helm.sh/helm/v3/cmd/helm|helm.sh/helm/v3"
   "csi-sanity|github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity|github.com/kubernetes-csi/csi-test/v5"
+  "kubelet|k8s.io/kubernetes/cmd/kubelet|k8s.io/kubernetes"
+  "kube-proxy|k8s.io/kubernetes/cmd/kube-proxy|k8s.io/kubernetes"
+  "pause|./cmd/pause|strata.dev/e2e/tools"
+  "csi-registrar|./cmd/csi-registrar|strata.dev/e2e/tools"
+)
+# Built with `go install <package>@<version>` from their own modules (their go.mod
+# files do not mix with Kubernetes' pins): name | package@version | build tags
+containerd_version=v2.4.2
+coredns_version=v1.14.7
+containerd_tags="no_btrfs no_devmapper no_zfs no_aufs"
+installs=(
+  "containerd|github.com/containerd/containerd/v2/cmd/containerd@$containerd_version|$containerd_tags"
+  "containerd-shim-runc-v2|github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version|$containerd_tags"
+  "ctr|github.com/containerd/containerd/v2/cmd/ctr@$containerd_version|$containerd_tags"
+  "coredns|github.com/coredns/coredns@$coredns_version|"
 )
 
 now() { date +%s.%N; }
@@ -52,7 +72,11 @@ failed=()
 for t in "${targets[@]}"; do
   IFS='|' read -r name pkg mod <<<"$t"
   if [[ $# -gt 0 ]] && [[ " $* " != *" $name "* ]]; then continue; fi
-  version="$("$go" list -m -f '{{.Version}}' "$mod")"
+  if [[ "$mod" == strata.dev/e2e/tools ]]; then
+    version="$(cat "${pkg#./}"/*.go | sha256sum | cut -c1-16)"
+  else
+    version="$("$go" list -m -f '{{.Version}}' "$mod")"
+  fi
   stamp="$mod@$version $go_version $sum_hash"
   if [[ -x "$bin/$name" && -f "$bin/$name.stamp" && "$(cat "$bin/$name.stamp")" == "$stamp" ]]; then
     echo "== $name: up to date ($mod@$version)"
@@ -81,6 +105,33 @@ for t in "${targets[@]}"; do
     echo "   built in $(elapsed "$ts")s"
   else
     rm -f "$bin/$name.tmp" "$bin/$name.stamp"
+    echo "   FAILED after $(elapsed "$ts")s; error (from $log):"
+    sed 's/^/   | /' "$log" | tail -20
+    failed+=("$name")
+  fi
+done
+
+for t in "${installs[@]}"; do
+  IFS='|' read -r name pkg tags <<<"$t"
+  if [[ $# -gt 0 ]] && [[ " $* " != *" $name "* ]]; then continue; fi
+  stamp="$pkg tags=$tags $go_version"
+  if [[ -x "$bin/$name" && -f "$bin/$name.stamp" && "$(cat "$bin/$name.stamp")" == "$stamp" ]]; then
+    echo "== $name: up to date ($pkg)"
+    continue
+  fi
+  echo "== $name ($pkg)"
+  ts=$(now)
+  log="$bin/$name.build.log"
+  gobin="$bin/.install-$name"
+  rm -rf "$gobin"
+  # Outside this module: its own go.mod decides, so no -mod=mod here.
+  if GOFLAGS=-trimpath GOBIN="$gobin" "$go" install -tags "$tags" -ldflags "-s -w" "$pkg" >"$log" 2>&1 \
+      && mv -f "$gobin/$(basename "${pkg%@*}")" "$bin/$name"; then
+    echo "$stamp" >"$bin/$name.stamp"
+    rm -rf "$log" "$gobin"
+    echo "   built in $(elapsed "$ts")s"
+  else
+    rm -rf "$gobin" "$bin/$name.stamp"
     echo "   FAILED after $(elapsed "$ts")s; error (from $log):"
     sed 's/^/   | /' "$log" | tail -20
     failed+=("$name")
