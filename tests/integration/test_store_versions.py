@@ -18,7 +18,7 @@ import pytest
 from strata.cacheserver.errors import FailedPrecondition
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, Cluster, wait_until
+from .conftest import BLOCK_SIZE, Cluster, allow, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -98,8 +98,7 @@ def test_a_fresh_open_within_the_sync_interval_reads_one_version_whole(start_clu
 
 
 def test_a_file_rewritten_in_place_in_a_file_mount_is_never_mixed(start_cluster: Any, tmp_path: Path) -> None:
-    sources = {"localSources": {"allowedRoots": [str(tmp_path)]}}
-    cluster: Cluster = start_cluster(workers=1, master_extra=sources, extra=sources)
+    cluster: Cluster = start_cluster(workers=1, **allow(tmp_path))
     source = tmp_path / "source"
     source.mkdir()
     old, new = two_versions()
