@@ -165,13 +165,20 @@ class Tier:
         for d in self.dirs:
             try:
                 d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-                if stat.S_IMODE(d.stat().st_mode) != DIR_MODE:
-                    os.chmod(d, DIR_MODE)
             except OSError as exc:
                 raise FailedPrecondition(
                     f"tier {self.medium}: cannot create block directory {d}: "
                     f"{exc.strerror or exc}; check the volume mount and its permissions"
                 ) from exc
+            if stat.S_IMODE(d.stat().st_mode) != DIR_MODE:
+                try:
+                    os.chmod(d, DIR_MODE)
+                except PermissionError:
+                    # A volume's mount point owned by another user (Kubernetes: root, with the
+                    # pod's fsGroup): its mode is the volume's; the block files in it are still
+                    # readable by this user only.
+                    log.info("tier %s: %s belongs to uid %d, not this worker's %d: leaving its mode; "
+                             "block files are owner-only", self.medium, d, d.stat().st_uid, os.getuid())
             if not os.access(d, os.W_OK | os.X_OK):
                 raise FailedPrecondition(
                     f"tier {self.medium}: block directory {d} is not writable by uid "
