@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from .. import constants, rpcutil
 from ..auth import Credentials
+from ..blockrefs import ref_of, reported_key
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
@@ -29,10 +30,9 @@ from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..uploads import pending_upload_metrics
 from .mounts import WorkerMounts
-from ..blockrefs import ref_of, reported_key
 from .service import BlockReports, WorkerService
-from .uploads import remove_stale_staging
 from .transfer import DataServer, ShortCircuitServer
+from .uploads import remove_stale_staging
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from .. import constants, rpcutil
 from ..cache.keys import BlockKey
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..config import ServerConfig
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError, Unavailable
 from ..blockrefs import block_count, key_of, ref_of
+from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError, Unavailable
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
