@@ -22,7 +22,6 @@ from ..config import ServerConfig
 from ..blockrefs import block_count, key_of, ref_of
 from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError, Unavailable
 from ..namespace.paths import is_under, normalize
-from ..placement import rank_workers
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
 from ..ufs import UfsStatus, VersionChanged
@@ -481,26 +480,11 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise
 
     async def _unpin(self, refs: list[pb.BlockRef], *, pinned: bool) -> None:
-        if pinned:
-            return
-        by_target: dict[str, list[pb.BlockRef]] = {}
-        peers = {p.worker_id: p for p in self._peers()}
-        for ref in refs:
-            ranked = rank_workers(key_of(ref).block_id, peers or [self.worker_id])
-            by_target.setdefault(ranked[0], []).append(ref)
-        for target, refs_there in by_target.items():
-            while refs_there:  # in messages the peer accepts (rpcutil.WORKER_MAX_RECEIVE_BYTES)
-                batch, refs_there = rpcutil.split_batch(refs_there)
-                request = pb.PinBlocksRequest(blocks=batch, pinned=False)
-                if target == self.worker_id or target not in peers:
-                    self._pin(request)
-                else:
-                    try:
-                        await self._peer_stub(peers[target]).PinBlocks(request, timeout=30)
-                    except grpc.RpcError as exc:
-                        log.warning("could not unpin blocks on %s: %s", target, exc)
-        # A peer may have been down when the block was placed; unpin any local copies too.
-        self._pin(pb.PinBlocksRequest(blocks=refs, pinned=False))
+        """Release written blocks unless they stay `pinned`. They live on this worker, the
+        one that took the write (no call places block bytes on another worker), so they are
+        released here only."""
+        if not pinned:
+            self._pin(pb.PinBlocksRequest(blocks=refs, pinned=False))
 
     # -- copies and appends -----------------------------------------------------------------
 
