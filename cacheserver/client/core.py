@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # How long the worker list is reused before asking the master again.
 WORKERS_TTL = 2.0
+# While the master is away, how often a client checks in the background whether it is back.
+MASTER_PROBE_INTERVAL = 0.5
 # A block's bytes: `bytes`, or a map (of the worker's block file for short-circuit reads, or
 # of memory the data port's bytes were received into) that copies only what is sliced out.
 Buffer = bytes | mmap.mmap
@@ -133,6 +135,8 @@ class StrataClient:
         # time.monotonic() of the last failed call to the master (down, stopped); None once
         # it answers again.
         self._master_failed_at: float | None = None
+        self._probing = False
+        self._probed_at = -MASTER_PROBE_INTERVAL
         self._lock = threading.Lock()
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -146,11 +150,35 @@ class StrataClient:
     def _within_grace(self, at: float) -> bool:
         return time.monotonic() - at <= self.settings.master_outage_grace
 
-    def _master_just_failed(self) -> bool:
-        """The master failed a call less than WORKERS_TTL ago: calls with an answer to fall
-        back on don't ask it again until then (each ask of a stopped master costs time)."""
-        failed = self._master_failed_at
-        return failed is not None and time.monotonic() - failed < WORKERS_TTL
+    def _master_away(self) -> bool:
+        """The master failed a call and has not answered since. Calls with an answer to fall
+        back on then use it at once (each ask of a stopped master costs a timeout), while a
+        probe in the background, at most one per MASTER_PROBE_INTERVAL, finds out when it is
+        back."""
+        if self._master_failed_at is None:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if self._probing or now - self._probed_at < MASTER_PROBE_INTERVAL:
+                return True
+            self._probing, self._probed_at = True, now
+        future = self.master.ListWorkers.future(pb.ListWorkersRequest(), timeout=self.settings.master_quick_timeout)
+        future.add_done_callback(self._probed)
+        return True
+
+    def _probed(self, future: grpc.Future) -> None:
+        try:
+            self._took_workers(future.result())
+        except grpc.RpcError as exc:
+            away = isinstance(rpcutil.raise_from_rpc_error(exc, "probing the master"), _MASTER_AWAY)
+            self._master_failed_at = time.monotonic() if away else None  # an error answered: it is there
+        finally:
+            self._probing = False
+
+    def _took_workers(self, response: pb.ListWorkersResponse) -> _Workers:
+        self._master_failed_at = None
+        self._workers = _Workers(time.monotonic(), list(response.workers))
+        return self._workers
 
     def _list_workers(self, timeout: float | None) -> _Workers:
         try:
@@ -158,9 +186,7 @@ class StrataClient:
         except _MASTER_AWAY:
             self._master_failed_at = time.monotonic()
             raise
-        self._master_failed_at = None
-        self._workers = _Workers(time.monotonic(), list(response.workers))
-        return self._workers
+        return self._took_workers(response)
 
     def workers(self, refresh: bool = False) -> list[pb.WorkerInfo]:
         """The live workers, as the master listed them at most WORKERS_TTL ago; while the
@@ -170,7 +196,7 @@ class StrataClient:
             return cached.all
         if cached is None:
             return self._list_workers(None).all
-        if self._within_grace(cached.at) and self._master_just_failed():
+        if self._within_grace(cached.at) and self._master_away():
             return cached.all
         try:
             # The master answers this from memory: a short wait tells a stopped master.
@@ -252,7 +278,7 @@ class StrataClient:
         held = self._held_info(path)
         if held is None:
             info: pb.FileInfo = self.call("GetStatus", request, what=what)
-        elif self._master_just_failed():
+        elif self._master_away():
             return held.info
         else:
             try:

@@ -6,6 +6,12 @@ A miss fetches bytes from the store and keeps them under that name, so the name 
 the namespace's: the worker asks the master for the file's current status and refuses a
 request whose version or geometry differs (the file changed, or the request is forged)
 instead of caching the store's bytes under a name they do not belong to.
+
+While the master does not answer, a status it gave recently still serves; for a file the
+worker never asked about, the store itself may vouch: an object the store holds now at the
+named version and length, cut at the cluster's block size, is exactly the file the master
+would describe (a store file's version is the store's own). Bytes fetched then are the
+store's bytes of that version, so the name they are kept under is true either way.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from ..errors import FailedPrecondition, NotFound, Unavailable
+from ..errors import FailedPrecondition, NotFound, StrataError, Unavailable
 from ..proto import strata_pb2 as pb
 
 # How long a file's status is reused for further misses of its blocks (seconds). Short: a
@@ -25,8 +31,9 @@ STATUS_TTL = 1.0
 # serves: readers of files they opened go on (their blocks were in the store when the master
 # last said so), and a worker that never saw a file's status refuses its blocks.
 STATUS_KEPT_IN_OUTAGE = 300.0
-# How long a miss waits for the master's answer (seconds) when an older status is at hand:
-# a stopped master must not hold every miss for the whole call deadline.
+# How long a miss waits for the master's answer (seconds) before it goes on with an older
+# status or the store's word: a stopped master must not hold every miss for the whole call
+# deadline.
 STATUS_PATIENCE = 2.0
 
 
@@ -48,17 +55,23 @@ class FileStatuses:
     one path share one call."""
 
     def __init__(self, get_status: Callable[[str], Awaitable[pb.FileInfo]], *,
+                 store_status: Callable[[pb.BlockRef], Awaitable[pb.FileInfo | None]] | None = None,
                  ttl: float = STATUS_TTL, kept_in_outage: float = STATUS_KEPT_IN_OUTAGE,
                  patience: float = STATUS_PATIENCE, clock: Callable[[], float] = time.monotonic) -> None:
         self._get_status = get_status
+        self._store_status = store_status
         self._ttl = ttl
         self._kept_in_outage = kept_in_outage
         self._patience = patience
         self._clock = clock
         self._known: dict[str, tuple[float, pb.FileInfo]] = {}
+        # Set while the master keeps a call past the patience, cleared by its next answer:
+        # further misses then go on without waiting the patience out again.
+        self._silent = False
         self._flights: dict[str, tuple[float, asyncio.Task[pb.FileInfo]]] = {}
 
-    async def _status(self, path: str, *, fresh: bool) -> pb.FileInfo:
+    async def _status(self, ref: pb.BlockRef, *, fresh: bool) -> pb.FileInfo:
+        path = ref.path
         known = self._known.get(path)
         if known is not None and not fresh and self._clock() - known[0] <= self._ttl:
             return known[1]
@@ -67,20 +80,41 @@ class FileStatuses:
             self._flights[path] = (self._clock(), task)
             task.add_done_callback(lambda _: self._flights.pop(path, None))
         started, flight = self._flights[path]
-        if known is None:
-            return await asyncio.shield(flight)
         try:
             # The call goes on (shielded) and refreshes the status when it answers.
-            wait = max(0.0, started + self._patience - self._clock())
+            wait = 0.0 if self._silent else max(0.0, started + self._patience - self._clock())
             return await asyncio.wait_for(asyncio.shield(flight), timeout=wait)
-        except (Unavailable, TimeoutError):
-            if self._clock() - known[0] <= self._kept_in_outage:
-                return known[1]
-        return await asyncio.shield(flight)  # too old to stand in: the master's answer or error
+        except (TimeoutError, Unavailable) as exc:
+            self._silent = self._silent or isinstance(exc, TimeoutError)
+            return await self._stand_in(ref, known, fresh, flight)
+
+    async def _stand_in(self, ref: pb.BlockRef, known: tuple[float, pb.FileInfo] | None, fresh: bool,
+                        flight: asyncio.Task[pb.FileInfo]) -> pb.FileInfo:
+        """What serves while the master does not answer: a status it gave recently, or the
+        store's word for exactly the file `ref` names; else the master's answer or error."""
+        held = known[1] if known is not None and self._clock() - known[0] <= self._kept_in_outage else None
+        if held is None or fresh:  # fresh: the held status did not fit the request
+            vouched = await self._vouched_by_store(ref)
+            if vouched is not None:
+                return vouched
+        if held is not None:
+            return held
+        return await asyncio.shield(flight)
+
+    async def _vouched_by_store(self, ref: pb.BlockRef) -> pb.FileInfo | None:
+        """The store's own status of the file, when it is exactly the file `ref` names."""
+        if self._store_status is None:
+            return None
+        try:
+            info = await self._store_status(ref)
+        except StrataError:  # the store is away too (or the mount unknown): wait for the master
+            return None
+        return info if info is not None and mismatch(ref, info) is None else None
 
     async def _ask(self, path: str) -> pb.FileInfo:
         asked = self._clock()
         info = await self._get_status(path)
+        self._silent = False
         self._known[path] = (asked, info)
         if len(self._known) > 10_000:  # forget the oldest half
             for old in sorted(self._known, key=lambda p: self._known[p][0])[:5_000]:
@@ -96,9 +130,9 @@ class FileStatuses:
         namespace holds it now; FailedPrecondition (the reader should open the file again)
         or NotFound otherwise."""
         try:
-            info = await self._status(ref.path, fresh=False)
+            info = await self._status(ref, fresh=False)
             if mismatch(ref, info) is not None:
-                info = await self._status(ref.path, fresh=True)  # maybe we knew an old one
+                info = await self._status(ref, fresh=True)  # maybe we knew an old one
         except NotFound as exc:
             raise NotFound(f"block {ref.index} of {ref.path}: the file is gone ({exc}); "
                            "it cannot be fetched") from exc

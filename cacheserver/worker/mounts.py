@@ -83,6 +83,10 @@ class WorkerMounts:
             )
         return view
 
+    def covering(self, ns_path: str) -> MountView | None:
+        """The known mount `ns_path` lies in, without asking the master."""
+        return self._longest_prefix(ns_path)
+
     async def resolve(self, ns_path: str) -> MountView:
         view = self._longest_prefix(ns_path)
         if view is None:

@@ -145,7 +145,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._background: set[asyncio.Task[object]] = set()
         self.uploads = Uploads(staging_dir, master=master, mounts=mounts,
                                release=lambda refs, keep_pinned: self._unpin(refs, pinned=keep_pinned))
-        self.statuses = FileStatuses(self._file_status)
+        self.statuses = FileStatuses(self._file_status, store_status=self._store_status)
 
     async def _file_status(self, path: str, *, refresh: bool = False) -> pb.FileInfo:
         try:
@@ -157,6 +157,23 @@ class WorkerService(pb_grpc.WorkerServicer):
                                   f"{FILE_STATUS_TIMEOUT:g}s") from exc
             raise rpcutil.raise_from_rpc_error(exc, f"status of {path} from the master") from exc
         return info
+
+    async def _store_status(self, ref: pb.BlockRef) -> pb.FileInfo | None:
+        """The file as the store alone describes it (for FileStatuses while the master does
+        not answer): an object under the mount the worker already knows covers its path,
+        cut at this cluster's block size. None for a directory or another mount's path."""
+        mount = self.mounts.covering(ref.path)
+        if mount is None or mount.mount_id != ref.mount_id:
+            return None
+        rel = mount.rel(ref.path)
+        if rel == constants.UPLOAD_DIR or rel.startswith(constants.UPLOAD_DIR + "/"):  # Strata's own, never a file
+            return None
+        status = await mount.store.info(rel)
+        if status.is_dir:
+            return None
+        return pb.FileInfo(path=ref.path, name=status.name, mount_id=mount.mount_id, version=status.version,
+                           block_size=self.config.block_size, length=status.length, persisted=True,
+                           store_version=status.version, mtime_unix_ms=status.mtime_unix_ms)
 
     async def _store_version(self, ref: pb.BlockRef) -> str:
         """The store's version of the object the block `ref` names is read from. Refuses

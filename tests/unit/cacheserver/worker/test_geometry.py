@@ -91,7 +91,7 @@ async def test_while_the_master_is_unreachable_a_recent_status_serves() -> None:
     now[0] = 90.0
     with pytest.raises(Unavailable, match="master unreachable"):
         await statuses.check(ref())
-    with pytest.raises(Unavailable):  # a file never seen: nothing to go on
+    with pytest.raises(Unavailable):  # a file never seen, and no store to vouch: nothing to go on
         await statuses.check(pb.BlockRef(mount_id=3, path="/d/other", version="v1", index=0,
                                          block_size=4 * MiB, file_length=MiB, in_store=True))
 
@@ -115,4 +115,62 @@ async def test_a_stopped_master_holds_a_miss_only_for_the_patience_when_a_status
         assert (await statuses.check(ref())).version == "v1"
     assert loop.time() - started < 1.0
     assert calls == 2
+    answered.set()
+
+
+class Store:
+    """What the store alone says of /d/f; counts the calls."""
+
+    def __init__(self, file: pb.FileInfo | None) -> None:
+        self.file = file
+        self.calls = 0
+
+    async def __call__(self, block: pb.BlockRef) -> pb.FileInfo | None:
+        self.calls += 1
+        if self.file is None:
+            raise Unavailable("store unreachable")
+        return self.file
+
+
+async def test_while_the_master_is_away_the_store_vouches_only_for_the_exact_file() -> None:
+    master = Master(info())
+    master.down = True
+    store = Store(info())
+    statuses = FileStatuses(master, store_status=store)
+    # Never seen, master away: the store holds exactly the named file.
+    assert (await statuses.check(ref())).version == "v1"
+    # A forged or outdated name is refused: the store holds another version or length.
+    for other in (ref(version="v0"), ref(length=8 * MiB), ref(block_size=2 * MiB)):
+        with pytest.raises(Unavailable):
+            await statuses.check(other)
+    # A held status that no longer fits is not the last word while the store knows better.
+    master.down = False
+    await statuses.check(ref())
+    master.down = True
+    master.file = store.file = info(version="v2")
+    assert (await statuses.check(ref(version="v2"))).version == "v2"
+    # Store away too: the held status decides, and for a file never seen the master's error.
+    store.file = None
+    with pytest.raises(FailedPrecondition, match="open it again"):
+        await statuses.check(ref(version="v3"))
+    with pytest.raises(Unavailable, match="master unreachable"):
+        await statuses.check(pb.BlockRef(mount_id=3, path="/d/g", version="v1", index=0,
+                                         block_size=4 * MiB, file_length=MiB, in_store=True))
+
+
+async def test_a_stopped_master_holds_a_never_seen_file_only_for_the_patience() -> None:
+    answered = asyncio.Event()
+
+    async def get_status(path: str) -> pb.FileInfo:
+        await answered.wait()  # a SIGSTOPped master: no error, no answer
+        return info()
+
+    store = Store(info())
+    statuses = FileStatuses(get_status, store_status=store, patience=0.05)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for index in range(3):
+        assert (await statuses.check(ref(index=index))).version == "v1"
+    assert loop.time() - started < 1.0
+    assert store.calls == 3
     answered.set()
