@@ -35,7 +35,7 @@ deps-system:
 # Everything: unit, integration (real processes) and end-to-end (a real Kubernetes control
 # plane built from Go modules into ~/.cache/strata/e2e-bin on first use) in one pytest run.
 test: venv deps-system protos e2e-tools e2e-images lint
-	$(VENV)/bin/pytest tests/unit tests/integration tests/e2e
+	$(VENV)/bin/pytest --durations=30 tests/unit tests/integration tests/e2e
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
 lint: venv protos

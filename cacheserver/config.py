@@ -1,7 +1,8 @@
 """Server and client settings: small typed models, one per concern.
 
 Servers read a YAML file (`--config`, in Kubernetes the CacheCluster's ConfigMap key
-`strata.yaml`) and `STRATA_*` environment variables; the environment wins. The same models
+`strata.yaml`); `STRATA_BLOCK_SIZE` and `STRATA_MASTER` override its block size and master
+address (client settings come from `STRATA_CLIENT_*`, client/settings.py). The same models
 are used by the operator to write that file, so the two never disagree.
 """
 

@@ -1,7 +1,7 @@
 """Errors a user sees. Each says what was wrong, with the value, and what to do.
 
-Every error maps to one gRPC status code, so a server turns it into a status and a client
-turns the status back into the same error type (see `to_status` / `from_status`).
+Every error maps to one gRPC status code (its `code`): a server aborts a call with it
+(rpcutil) and a client turns the status back into the same error type (`from_status`).
 """
 
 from __future__ import annotations
