@@ -247,6 +247,12 @@ class WorkerHandle:
                 freed += self.service.store.free_unused_since(now - ttl, mount_matcher(view.mount_id, held))
         return freed
 
+    async def drain_and_stop(self) -> None:
+        """A signalled stop: uploads of acknowledged writes get their drain time first
+        (reads and heartbeats go on meanwhile), then the servers stop."""
+        await self.service.uploads.drain()
+        await self.stop()
+
     async def stop(self, grace: float = 2.0) -> None:
         for task in self.tasks:
             task.cancel()
@@ -357,4 +363,4 @@ async def start_worker(
 async def run_worker(config: ServerConfig, **kwargs: object) -> None:
     """Serve until SIGTERM/SIGINT."""
     handle = await start_worker(config, **kwargs)  # type: ignore[arg-type]
-    await serve_until_signalled("worker", handle.stop)
+    await serve_until_signalled("worker", handle.drain_and_stop)

@@ -66,6 +66,12 @@ class UploadSettings(BaseSettings):
     attempt_timeout: float = Field(default=60.0, gt=0)
     min_bytes_per_second: int = Field(default=1024 * 1024, gt=0)
 
+    # Seconds a stopping worker (SIGTERM: a rolling update, a scale-in) goes on uploading the
+    # acknowledged writes it holds before it exits. What is left stays staged and resumes when
+    # a worker starts on the same staging folder. Below the pod's termination grace period
+    # (30 s unless the pod says otherwise), so the kubelet does not kill an upload half done.
+    drain_timeout: float = Field(default=20.0, ge=0)
+
     def timeout_for(self, length: int) -> float:
         return self.attempt_timeout + length / self.min_bytes_per_second
 
@@ -339,6 +345,22 @@ class Uploads:
 
     def is_pending(self, staged: Path) -> bool:
         return staged in self._uploads
+
+    async def drain(self) -> int:
+        """Wait, at most `drain_timeout` seconds, for the uploads under way (and those of
+        writes acknowledged meanwhile) to end; returns how many acknowledged writes are
+        still not in the store."""
+        deadline = time.monotonic() + self.settings.drain_timeout
+        while (left := deadline - time.monotonic()) > 0:
+            running = [u.task for u in self._uploads.values() if u.task is not None and not u.task.done()]
+            if not running:
+                break
+            await asyncio.wait(running, timeout=left)
+        waiting = sum(1 for u in self._uploads.values() if u.record.acknowledged)
+        if waiting:
+            log.warning("stopping with %d acknowledged write(s) not yet in the store; they stay staged in %s "
+                        "and are uploaded when a worker starts on that folder", waiting, self.staging_dir)
+        return waiting
 
     async def close(self) -> None:
         tasks = [u.task for u in self._uploads.values() if u.task is not None]

@@ -231,7 +231,9 @@ def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, 
     """Start a master and `workers` workers under `root` (added to `clusters` as soon as the
     master runs, so a failed start is still stopped by whoever owns the list)."""
     env = {**os.environ, "STRATA_TOKEN": TOKEN, "STRATA_DATA_TOKEN": DATA_TOKEN,
-           "STRATA_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info"}
+           "STRATA_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info",
+           # Tests stop workers to restart them, often with the store cut: a short drain.
+           "STRATA_UPLOAD_DRAIN_TIMEOUT": "2"}
     env.pop("STRATA_MASTER", None)
     port, http_port = free_port(), free_port()
     master_cfg = root / "master.yaml"

@@ -191,6 +191,28 @@ def test_rm_drops_a_pending_upload_and_a_newer_write_supersedes_one(start_cluste
     assert sorted(e["name"] for e in fs.ls("/w")) == ["/w/replaced.bin", "/w/through.bin"]
 
 
+def test_a_stopping_worker_uploads_the_writes_it_acknowledged_before_it_exits(start_cluster: Any, bucket: str,
+                                                                              proxy: StoreProxy) -> None:
+    # What a rolling update or a scale-in does: SIGTERM, the pod's grace period, then the
+    # worker is gone (a scaled-in worker's staging folder may never be read again).
+    cluster = start_cluster(workers=1)
+    worker = cluster.workers[0]
+    worker.stop()
+    worker.env = {**worker.env, "STRATA_UPLOAD_DRAIN_TIMEOUT": "12"}
+    worker.start()
+    worker.wait_healthy()
+    mount_via(cluster, proxy, "/w", bucket)
+    data = payload(BLOCK_SIZE + 5)
+    with proxy.slowed(0.3):  # each store call waits: the upload is under way at SIGTERM
+        put = cli(cluster, "fs", "put", "--write-type", "ASYNC_THROUGH", "-", "/w/drained.bin", input=data)
+        assert put.returncode == 0, put.stderr.decode()
+        assert not cluster.fs().info("/w/drained.bin")["persisted"]
+        worker.stop(signal.SIGTERM)
+    assert staged(cluster) == []
+    assert cluster.s3.get_object(bucket, "drained.bin") == data
+    assert cluster.fs().info("/w/drained.bin")["persisted"]
+
+
 def test_unpersisted_writes_stay_pinned_through_free_unpin_ttl_eviction_and_restart(start_cluster: Any, bucket: str,
                                                                                    proxy: StoreProxy) -> None:
     # One small tier: 8 blocks. Two written files take 4 of them; reading 40 MiB of other
