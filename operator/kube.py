@@ -2,7 +2,8 @@
 
 Children and status are written with server-side apply under one field manager
 (`strata-operator`), so applying the same manifest twice changes nothing and fields the
-operator stops setting are removed. The `kubernetes` client is synchronous; each call runs
+operator stops setting are removed. The CSI tokens Secret, which every cluster shares, is
+applied under one field manager per cluster, each owning its own key. The `kubernetes` client is synchronous; each call runs
 in a worker thread so kopf's event loop keeps going.
 """
 
@@ -50,7 +51,7 @@ class KubeAPI(Protocol):
 
     async def list(self, api_version: str, kind: str, namespace: str) -> list[Obj]: ...
 
-    async def apply(self, manifest: Obj) -> Obj: ...
+    async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj: ...
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None: ...
 
@@ -116,16 +117,16 @@ class Kube:
         result = await asyncio.to_thread(self._call, "GET", resource_path(api_version, kind, namespace))
         return list(result.get("items", []))
 
-    async def apply(self, manifest: Obj) -> Obj:
+    async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
-        return await self._apply(path, manifest)
+        return await self._apply(path, manifest, manager)
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         body = {"apiVersion": api_version, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace}, "status": status}
         await self._apply(resource_path(api_version, kind, namespace, name) + "/status", body)
 
-    async def _apply(self, path: str, body: Obj) -> Obj:
-        query = [("fieldManager", c.FIELD_MANAGER), ("force", "true")]
+    async def _apply(self, path: str, body: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
+        query = [("fieldManager", manager), ("force", "true")]
         return await asyncio.to_thread(self._call, "PATCH", path, query=query, body=body, content_type=_APPLY)

@@ -35,6 +35,10 @@ from harness import binaries  # noqa: E402
 # The first start after an image changed imports every image into containerd (minutes on
 # 2 busy cores); later starts copy that store.
 HARNESS_START_TIMEOUT = 900.0
+# The chart's tenant ClusterRole and operator account (release `strata` in `strata-system`).
+TENANT_ROLE = "strata-tenant"
+TENANT_BINDING = "strata-operator"
+OPERATOR_ACCOUNT = "strata-system:strata-operator"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -135,6 +139,10 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     name = f"{base}-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", name)
     cluster.kubectl("label", "namespace", name, "strata.dev/e2e=true")
+    # What the owner of a namespace that runs CacheClusters does: let the chart's operator
+    # keep its clusters' token Secrets and read the Mounts' credentials here.
+    cluster.kubectl("create", "rolebinding", TENANT_BINDING, "-n", name, f"--clusterrole={TENANT_ROLE}",
+                    f"--serviceaccount={OPERATOR_ACCOUNT}")
     wait_until(
         lambda: cluster.get_or_none("serviceaccount", "default", name),
         timeout=30, what=f"the default ServiceAccount in {name}",

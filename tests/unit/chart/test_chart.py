@@ -149,11 +149,18 @@ def test_namespaced_mode(render: Render) -> None:
     assert "ClusterKopfPeering" not in kinds(objs)
     roles = [o for o in objs if o["kind"] == "Role"]
     assert sorted((r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles) == [
+        (NAMESPACE, "strata-csi-node-tokens"), (NAMESPACE, "strata-operator-self"),
         ("team-a", "strata-csi-node"), ("team-a", "strata-operator"),
         ("team-b", "strata-csi-node"), ("team-b", "strata-operator")]
-    # Only the read-only discovery rules stay cluster-wide.
-    (cluster_role,) = [o for o in objs if o["kind"] == "ClusterRole"]
-    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cluster_role["rules"])
+    # Only the read-only discovery rules are bound cluster-wide; the tenant role (Secrets) is
+    # bound in the watched namespaces only.
+    bound = {b["roleRef"]["name"] for b in objs if b["kind"] == "ClusterRoleBinding"}
+    cluster_roles = [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] in bound]
+    assert [r["metadata"]["name"] for r in cluster_roles] == ["strata-operator-discovery"]
+    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cluster_roles[0]["rules"])
+    tenant = [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in objs
+              if b["kind"] == "RoleBinding" and b["roleRef"]["kind"] == "ClusterRole"]
+    assert sorted(tenant) == [("team-a", "strata-tenant"), ("team-b", "strata-tenant")]
     # Default: the release namespace.
     objs = render({"operator.watchAllNamespaces": "false"})
     assert build_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"]).namespace == [NAMESPACE]
