@@ -30,6 +30,7 @@ PLURALS: Mapping[str, str] = {
     "Service": "services",
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
     c.CACHE_CLUSTER_KIND: c.CACHE_CLUSTER_PLURAL,
     c.MOUNT_KIND: c.MOUNT_PLURAL,
 }
@@ -53,13 +54,18 @@ class KubeAPI(Protocol):
 
     async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj: ...
 
+    async def create(self, manifest: Obj) -> Obj | None:
+        """Create the object; None when it exists already (someone else made it first)."""
+        ...
+
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None: ...
 
 
 def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    """REST path of a namespaced object (or of its collection when name is None)."""
+    """REST path of an object (or of its collection when name is None); namespace "" for a
+    cluster-scoped kind."""
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}" if namespace else f"{base}/{PLURALS[kind]}"
     return f"{path}/{name}" if name is not None else path
 
 
@@ -119,8 +125,17 @@ class Kube:
 
     async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
         meta = manifest["metadata"]
-        path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace", ""), meta["name"])
         return await self._apply(path, manifest, manager)
+
+    async def create(self, manifest: Obj) -> Obj | None:
+        path = resource_path(manifest["apiVersion"], manifest["kind"], manifest["metadata"].get("namespace", ""))
+        try:
+            return await asyncio.to_thread(self._call, "POST", path, body=manifest)
+        except KubeError as exc:
+            if exc.status == 409:
+                return None
+            raise
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         body = {"apiVersion": api_version, "kind": kind,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,10 +118,60 @@ def test_no_component_reads_an_unrelated_secret(strata: Cluster, guest: str) -> 
     assert not _can(strata, CSI_NODE, "get", "secrets/strata-webhook-tls", "-n", "strata-system")
 
 
+# -- the webhook's own key -------------------------------------------------------------------
+def _webhook_tls(cluster: Cluster, namespace: str, release: str) -> Obj:
+    return wait_until(lambda: cluster.get_or_none("secret", f"{release}-webhook-tls", namespace),
+                      timeout=120, what=f"the webhook certificate Secret of release {release}",
+                      diagnose=lambda: cluster.describe_pods(namespace))
+
+
+def _trusted(cluster: Cluster, release: str, secret: Obj) -> bool:
+    config = cluster.get("mutatingwebhookconfiguration", f"{release}-locality")
+    return bool(config["webhooks"][0]["clientConfig"].get("caBundle") == secret["data"]["ca.crt"])
+
+
+def _webhook_warnings(cluster: Cluster, namespace: str) -> str:
+    """Admission warnings for a pod whose Strata volume names a Mount that does not exist
+    (server-side dry run: the webhook is called, nothing is made)."""
+    pod = _reader_pod("dry-run", ["README"])
+    pod["spec"]["volumes"][0]["csi"]["volumeAttributes"] = {"mount": "nope"}
+    proc = cluster.kubectl_result("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr
+
+
+def test_each_install_makes_its_own_webhook_key_and_the_webhook_answers(
+    strata: Cluster, namespace: str, chart_dir: Path
+) -> None:
+    secret = _webhook_tls(strata, "strata-system", "strata")
+    wait_until(lambda: _trusted(strata, "strata", secret), timeout=60, what="the caBundle to trust the operator's CA")
+    # The API server reaches the webhook over TLS with that CA: its warning comes back.
+    text = wait_until(lambda: (w := _webhook_warnings(strata, namespace)) and "Mount " in w and w, timeout=60,
+                      what="an admission warning from the locality webhook")
+    assert f"Mount {namespace}/nope does not exist" in text, text
+
+    # Another install (its own release and namespace, watching only that namespace): its own key.
+    other = f"strata-two-{uuid.uuid4().hex[:4]}"
+    extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", "")) or list((strata.harness or {}).get("helm_args", []))
+    try:
+        strata.run("helm", "install", "strata-two", str(chart_dir), "-n", other, "--create-namespace",
+                   "--set", "csi.enabled=false", "--set", "operator.replicas=1",
+                   "--set", "operator.watchAllNamespaces=false", *extra, timeout=120)
+        second = _webhook_tls(strata, other, "strata-two")
+        wait_until(lambda: _trusted(strata, "strata-two", second), timeout=60,
+                   what="the second install's caBundle to trust its CA")
+        assert second["data"]["tls.key"] != secret["data"]["tls.key"]
+        assert second["data"]["ca.crt"] != secret["data"]["ca.crt"]
+    finally:
+        strata.run("helm", "uninstall", "strata-two", "-n", other, "--wait", check=False, timeout=300)
+        strata.kubectl("delete", "namespace", other, "--wait=false", "--ignore-not-found", check=False)
+
+
 # -- the recorded grant table ------------------------------------------------------------------
-# Grants a run may not exercise, and why: kopf posts an Event only when a handler warns (it is
-# in the unit tests' recorded table, tests/unit/chart/test_rbac.py).
-NOT_ALWAYS_EXERCISED = {("create", "", "events", "")}
+# Grants a run may not exercise, and why: kopf posts an Event only when a handler warns; the
+# webhook certificate is replaced (patched) only a month before it expires (both are in the
+# unit tests' recorded table, tests/unit/chart/test_rbac.py).
+NOT_ALWAYS_EXERCISED = {("create", "", "events", ""), ("patch", "", "secrets", "strata-webhook-tls")}
 Grant = tuple[str, str, str, str]  # verb, group, resource, resourceName ("" any)
 
 
@@ -178,7 +229,7 @@ def _covers(grant: Grant, request: Grant) -> bool:
 
 def test_the_chart_grants_exactly_what_the_components_asked_for(strata: Cluster) -> None:
     """From the API server's audit log of this module's run (a cluster, a Mount, pods reading
-    it from two namespaces): every request of the operator
+    it from two namespaces, the webhook, a second install): every request of the operator
     and the CSI node plugin was allowed, and every grant the chart gives them was used."""
     events = _audited(strata)
     refused = [(e["user"]["username"], e["verb"], e.get("requestURI")) for e in events

@@ -16,7 +16,8 @@ import pytest
 from strata.cacheserver.csi import constants as csi
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.operator import constants as c
-from strata.operator.handlers.admission import review
+from strata.operator.handlers.admission import WebhookSettings, certificate_place, review
+from strata.operator.reconcile.webhook import ensure_certificate
 from strata.operator.kube import PLURALS, Obj
 from strata.operator.reconcile import ObjectState, reconcile_cluster, reconcile_mount, remove_mount
 from tests.unit.chart.conftest import NAMESPACE, Render
@@ -66,8 +67,16 @@ class RecordingKube:
 
     async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
         meta = manifest["metadata"]
-        self._note(["patch", "create"], manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        # An apply creates the object when it is new; a cluster-scoped one the operator only
+        # changes (the webhook configuration is the installer's).
+        verbs = ["patch", "create"] if meta.get("namespace") else ["patch"]
+        self._note(verbs, manifest["apiVersion"], manifest["kind"], meta.get("namespace", ""), meta["name"])
         return await self.inner.apply(manifest, manager)
+
+    async def create(self, manifest: Obj) -> Obj | None:
+        meta = manifest["metadata"]
+        self._note(["create"], manifest["apiVersion"], manifest["kind"], meta.get("namespace", ""), meta["name"])
+        return await self.inner.create(manifest)
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         self._note(["patch"], api_version, kind, namespace, name, "status")
@@ -111,6 +120,12 @@ async def recorded(world: World) -> RecordingKube:
     gone = world.kube.obj("CacheCluster", "demo")
     gone["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
     assert (await reconcile_cluster(world.deps, gone)).done
+    # The webhook certificate: made at the first start, renewed when it is due.
+    place = certificate_place(WebhookSettings(enabled=True, certificate="operator", secret="strata-webhook-tls",
+                                              service="strata-webhook", configuration="strata-locality"), SELF)
+    await ensure_certificate(kube, place, world.clock)
+    world.clock.now += place.validity
+    await ensure_certificate(kube, place, world.clock)
     return kube
 
 

@@ -190,6 +190,13 @@ class FakeKube:
         self.objects[key] = stored
         return copy.deepcopy(stored)
 
+    async def create(self, manifest: Obj) -> Obj | None:
+        key = (manifest["kind"], manifest["metadata"].get("namespace", ""), manifest["metadata"]["name"])
+        if key in self.objects:
+            return None
+        self.objects[key] = copy.deepcopy(manifest)
+        return copy.deepcopy(manifest)
+
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         self.status_writes.append((kind, name, copy.deepcopy(status)))
         self.objects[(kind, namespace, name)]["status"] = copy.deepcopy(status)
