@@ -28,17 +28,13 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from kit import REPO, Cluster, wait_until  # noqa: E402
+from kit import REPO, Cluster, make_namespace, wait_until  # noqa: E402
 
 from harness import binaries  # noqa: E402
 
 # The first start after an image changed imports every image into containerd (minutes on
 # 2 busy cores); later starts copy that store.
 HARNESS_START_TIMEOUT = 900.0
-# The chart's tenant ClusterRole and operator account (release `strata` in `strata-system`).
-TENANT_ROLE = "strata-tenant"
-TENANT_BINDING = "strata-operator"
-OPERATOR_ACCOUNT = "strata-system:strata-operator"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -137,16 +133,7 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     base = request.node.name.lower().replace("_", "-")
     base = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:5]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, "strata.dev/e2e=true")
-    # What the owner of a namespace that runs CacheClusters does: let the chart's operator
-    # keep its clusters' token Secrets and read the Mounts' credentials here.
-    cluster.kubectl("create", "rolebinding", TENANT_BINDING, "-n", name, f"--clusterrole={TENANT_ROLE}",
-                    f"--serviceaccount={OPERATOR_ACCOUNT}")
-    wait_until(
-        lambda: cluster.get_or_none("serviceaccount", "default", name),
-        timeout=30, what=f"the default ServiceAccount in {name}",
-    )
+    make_namespace(cluster, name)
     yield name
     if os.environ.get("STRATA_E2E_KEEP"):
         return

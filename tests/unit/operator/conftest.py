@@ -4,6 +4,7 @@ the e2e suite runs against a real one)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class MasterState:
     misses: int = 0
     calls: list[tuple[str, Any]] = field(default_factory=list)
     next_id: int = 1
+    unmount_delay: float = 0.0  # seconds each Unmount takes
 
     def count(self, method: str) -> int:
         return sum(1 for name, _ in self.calls if name == method)
@@ -74,6 +76,7 @@ class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
 
     async def Unmount(self, request: pb.UnmountRequest, context: Any) -> pb.UnmountResponse:  # noqa: N802
         await self._check(context, "Unmount", request)
+        await asyncio.sleep(self.state.unmount_delay)
         if request.path not in self.state.mounts:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no mount at {request.path}")
         del self.state.mounts[request.path]
