@@ -28,7 +28,7 @@ from strata.operator.kube import KubeError
 from strata.operator.models import CacheClusterSpec, Cluster, ClusterTokens, ObjectRef, parse_spec
 from strata.operator.settings import OperatorSettings
 from strata.operator.reconcile.common import Deps, ObjectKey, Outcome, read_secret_tokens, write_status
-from strata.operator.status import ClusterObservation, Problem, cluster_status
+from strata.operator.status import ClusterObservation, Problem, cluster_notes, cluster_status
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +164,9 @@ async def reconcile_cluster(deps: Deps, body: Mapping[str, Any]) -> Outcome:
         desired = int((raw_spec.get("worker") or {}).get("replicas") or 0)
         obs = ClusterObservation(key.generation, desired, endpoint,
                                  stalled=Problem(Reason.INVALID_SPEC, str(exc)))
-        await write_status(deps, c.CACHE_CLUSTER_KIND, key,
-                           previous, cluster_status(key.name, obs, previous, deps.clock()))
-        return Outcome.stuck(str(exc))
+        status = cluster_status(key.name, obs, previous, deps.clock())
+        await write_status(deps, c.CACHE_CLUSTER_KIND, key, previous, status)
+        return Outcome.stuck(str(exc)).telling(cluster_notes(previous, status))
     if key.deleting_since:
         obs = ClusterObservation(key.generation, spec.worker.replicas, endpoint, terminating=True, applied=True)
         await write_status(deps, c.CACHE_CLUSTER_KIND, key,
@@ -183,9 +183,10 @@ async def reconcile_cluster(deps: Deps, body: Mapping[str, Any]) -> Outcome:
     obs = await _observe(deps, Cluster(ref, key.generation, spec), key, endpoint)
     status = cluster_status(key.name, obs, previous, deps.clock())
     await write_status(deps, c.CACHE_CLUSTER_KIND, key, previous, status)
+    notes = cluster_notes(previous, status)
     if obs.stalled is not None:
-        return Outcome.stuck(obs.stalled.message)
+        return Outcome.stuck(obs.stalled.message).telling(notes)
     if status["phase"] == ClusterPhase.READY:
-        return Outcome.ok("ready")
+        return Outcome.ok("ready").telling(notes)
     ready = next(cond for cond in status["conditions"] if cond["type"] == c.READY)
-    return Outcome.waiting(ready["message"])
+    return Outcome.waiting(ready["message"]).telling(notes)

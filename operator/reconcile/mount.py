@@ -36,7 +36,7 @@ from strata.operator.reconcile.common import (
     secret_data,
     write_status,
 )
-from strata.operator.status import MountObservation, Problem, mount_status
+from strata.operator.status import MountObservation, Problem, mount_notes, mount_status
 
 log = logging.getLogger(__name__)
 
@@ -225,13 +225,15 @@ async def reconcile_mount(deps: Deps, body: Mapping[str, Any], state: ObjectStat
         obs = MountObservation(key.generation, MountPhase.FAILED, Problem(Reason.INVALID_SPEC, str(exc)))
     else:
         obs = await _observe(deps, body, spec, state, key.generation)
-    await write_status(deps, c.MOUNT_KIND, key, previous, mount_status(obs, previous, deps.clock()))
+    status = mount_status(obs, previous, deps.clock())
+    await write_status(deps, c.MOUNT_KIND, key, previous, status)
+    notes = mount_notes(previous, status)
     message = obs.problem.message if obs.problem else "mounted"
     if obs.phase == MountPhase.MOUNTED:
-        return Outcome.ok(message)
+        return Outcome.ok(message).telling(notes)
     if obs.phase == MountPhase.FAILED:
-        return Outcome.stuck(message)
-    return Outcome.waiting(message)
+        return Outcome.stuck(message).telling(notes)
+    return Outcome.waiting(message).telling(notes)
 
 
 def _seconds_since(stamp: str, now: datetime) -> float:

@@ -375,6 +375,13 @@ def test_mount_with_bad_credentials_fails_with_a_reason(
     assert stalled and stalled["status"] == "True", m["status"]
     assert stalled.get("reason") and stalled.get("message"), stalled
     assert "not-the-secret" not in json.dumps(m), "the secret must not be echoed"
+    # `kubectl describe` shows it too: a Warning Event with the same reason, posted once.
+    events = wait_until(lambda: [e for e in strata.items("events", namespace)
+                                 if e["involvedObject"].get("kind") == "Mount"
+                                 and e["involvedObject"].get("name") == "bad" and e.get("type") == "Warning"],
+                        timeout=30, what="a Warning Event on Mount bad")
+    assert [e["reason"] for e in events] == [stalled["reason"]], events
+    assert stalled["message"][:200] in events[0]["message"] and "not-the-secret" not in json.dumps(events)
 
 
 def test_examples_run(strata: Cluster, namespace: str) -> None:

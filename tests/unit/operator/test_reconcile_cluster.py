@@ -242,3 +242,20 @@ async def test_a_namespace_that_grants_no_secrets_says_how_to_grant_them(world: 
     message = condition(world.kube.obj("CacheCluster", "demo")["status"], "Stalled")["message"]
     assert ("kubectl create rolebinding strata-operator -n ns --clusterrole=strata-tenant "
             "--serviceaccount=strata-system:strata-operator") in message
+
+
+async def test_events_tell_of_ready_and_scaling_once(world: World) -> None:
+    await ready_cluster(world)
+    # ready_cluster ran the reconciles that made it Ready; the last one told of it.
+    world.kube.obj("CacheCluster", "demo")["spec"] = {"worker": {"replicas": 3}}
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert ("Normal", "Scaled") in [(n.type, n.reason) for n in out.notes]
+    assert "from 2 to 3" in next(n.message for n in out.notes if n.reason == "Scaled")
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert not [n for n in out.notes if n.reason == "Scaled"]
+
+
+async def test_an_invalid_spec_is_told_as_a_warning(world: World) -> None:
+    world.kube.put(cluster_body(spec={"worker": {"replicas": -1}}))
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert [(n.type, n.reason) for n in out.notes] == [("Warning", "InvalidSpec")]

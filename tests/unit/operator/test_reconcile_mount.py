@@ -303,3 +303,14 @@ async def test_delete_after_the_namespace_took_its_grant_away_gives_up_in_time(w
     out = await remove_mount(world.deps, body)
     assert out.done and "gave up" in out.message
 
+
+async def test_events_tell_of_mounting_failing_and_preloading_once(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body(credentials={"secretRef": {"name": "missing"}}))
+    out = await reconcile(world, ObjectState())
+    assert [(n.type, n.reason) for n in out.notes] == [("Warning", "CredentialsSecretNotFound")]
+    assert "missing" in out.notes[0].message
+    assert not (await reconcile(world, ObjectState())).notes  # the same story: no second Event
+    world.kube.obj("Mount", "data")["spec"].pop("credentials")
+    out = await reconcile(world, ObjectState())
+    assert [(n.type, n.reason) for n in out.notes] == [("Normal", "Mounted")]
