@@ -4,9 +4,9 @@ The chart owns the MutatingWebhookConfiguration (path `/locality`, failurePolicy
 TLS certificate is the operator's own (`certificate: operator`, the chart's default: made at
 the first start, kept in a Secret of the operator's namespace, renewed before it expires, its
 CA put in the configuration's caBundle; strata.operator.reconcile.webhook), or files someone
-else keeps in `cert_dir` (`certificate: files`, e.g. cert-manager's). The handler never fails a pod: every error, slow API
-read or missing object ends in "no change" (a denial from here would block the pod, which
-failurePolicy Ignore does not cover). A pod without a Strata volume costs no API call.
+else keeps in `cert_dir` (`certificate: files`, e.g. cert-manager's). The handler never fails
+a pod: every error, slow API read or missing object ends in "no change" (a denial from here
+would block the pod, which failurePolicy Ignore does not cover). A pod without a Strata volume costs no API call.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import asyncio
 import logging
 import ssl
 import time
-from datetime import timedelta
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -29,8 +29,6 @@ from strata.operator import constants as c
 from strata.operator.builders.certificate import CERT_FILE, KEY_FILE, WebhookCertificate
 from strata.operator.handlers.common import deps_of
 from strata.operator.kube import KubeAPI, KubeError
-from strata.operator.reconcile.common import utcnow
-from strata.operator.reconcile.webhook import CertificatePlace, ensure_certificate
 from strata.operator.locality import (
     APPLIED_ANNOTATION,
     Decision,
@@ -40,6 +38,8 @@ from strata.operator.locality import (
     decide,
     mounts_of,
 )
+from strata.operator.reconcile.common import utcnow
+from strata.operator.reconcile.webhook import CertificatePlace, ensure_certificate
 
 log = logging.getLogger(__name__)
 

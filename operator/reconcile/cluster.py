@@ -26,8 +26,8 @@ from strata.operator.builders.common import (
 from strata.operator.constants import ClusterPhase, Reason
 from strata.operator.kube import KubeError
 from strata.operator.models import CacheClusterSpec, Cluster, ClusterTokens, ObjectRef, parse_spec
-from strata.operator.settings import OperatorSettings
 from strata.operator.reconcile.common import Deps, ObjectKey, Outcome, read_secret_tokens, write_status
+from strata.operator.settings import OperatorSettings
 from strata.operator.status import ClusterObservation, Problem, cluster_notes, cluster_status
 
 log = logging.getLogger(__name__)
