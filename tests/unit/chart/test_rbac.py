@@ -292,6 +292,14 @@ def test_csi_node_plugin_rbac_is_exactly_its_reads(render: Render) -> None:
     assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "strata-csi-node"
 
 
+def test_without_csi_and_own_certificate_the_operator_keeps_no_secret_at_home(render: Render) -> None:
+    objs = render({"csi.enabled": "false", "webhook.certificate.mode": "certManager"})
+    assert not [o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE]
+    only_webhook = rules_in(render({"csi.enabled": "false"}), "strata-operator", NAMESPACE)
+    assert allows(only_webhook, ("create", "", "secrets")) and not allows(only_webhook, ("patch", "", "secrets"),
+                                                                          "strata-csi-tokens")
+
+
 def test_rbac_off_renders_no_rbac(render: Render) -> None:
     kinds: set[Any] = {o["kind"] for o in render({"rbac.create": "false"})}
     assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
