@@ -95,7 +95,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
 def cmd_csi(args: argparse.Namespace) -> int:
     from .csi.server import run_csi
 
-    return run_csi(endpoint=args.endpoint, node_id=args.node_id, state_dir=args.state_dir, kubeconfig=args.kubeconfig)
+    return run_csi(endpoint=args.endpoint, node_id=args.node_id, state_dir=args.state_dir, kubeconfig=args.kubeconfig,
+                   tokens_secret=args.tokens_secret)
 
 
 # -- local cluster -------------------------------------------------------------------------
@@ -389,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where published volumes are recorded (default: volumes/ next to the socket)")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig for reading Mounts (default: in-cluster, "
                    "else KUBECONFIG / ~/.kube/config)")
+    p.add_argument("--tokens-secret", default="", metavar="NAMESPACE/NAME",
+                   help="the Secret where the operator keeps every cluster's data token for volumes")
 
     local = sub.add_parser("local", help="a Strata cluster on this machine").add_subparsers(dest="local", required=True, metavar="ACTION")
     p = add(local, "up", cmd_local_up, "start a master and workers on this machine")

@@ -2,7 +2,8 @@
 
 Children and status are written with server-side apply under one field manager
 (`strata-operator`), so applying the same manifest twice changes nothing and fields the
-operator stops setting are removed. The `kubernetes` client is synchronous; each call runs
+operator stops setting are removed. The CSI tokens Secret, which every cluster shares, is
+applied under one field manager per cluster, each owning its own key. The `kubernetes` client is synchronous; each call runs
 in a worker thread so kopf's event loop keeps going.
 """
 
@@ -29,6 +30,7 @@ PLURALS: Mapping[str, str] = {
     "Service": "services",
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
     c.CACHE_CLUSTER_KIND: c.CACHE_CLUSTER_PLURAL,
     c.MOUNT_KIND: c.MOUNT_PLURAL,
 }
@@ -50,15 +52,20 @@ class KubeAPI(Protocol):
 
     async def list(self, api_version: str, kind: str, namespace: str) -> list[Obj]: ...
 
-    async def apply(self, manifest: Obj) -> Obj: ...
+    async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj: ...
+
+    async def create(self, manifest: Obj) -> Obj | None:
+        """Create the object; None when it exists already (someone else made it first)."""
+        ...
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None: ...
 
 
 def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    """REST path of a namespaced object (or of its collection when name is None)."""
+    """REST path of an object (or of its collection when name is None); namespace "" for a
+    cluster-scoped kind."""
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}" if namespace else f"{base}/{PLURALS[kind]}"
     return f"{path}/{name}" if name is not None else path
 
 
@@ -116,16 +123,25 @@ class Kube:
         result = await asyncio.to_thread(self._call, "GET", resource_path(api_version, kind, namespace))
         return list(result.get("items", []))
 
-    async def apply(self, manifest: Obj) -> Obj:
+    async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
         meta = manifest["metadata"]
-        path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
-        return await self._apply(path, manifest)
+        path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace", ""), meta["name"])
+        return await self._apply(path, manifest, manager)
+
+    async def create(self, manifest: Obj) -> Obj | None:
+        path = resource_path(manifest["apiVersion"], manifest["kind"], manifest["metadata"].get("namespace", ""))
+        try:
+            return await asyncio.to_thread(self._call, "POST", path, body=manifest)
+        except KubeError as exc:
+            if exc.status == 409:
+                return None
+            raise
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         body = {"apiVersion": api_version, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace}, "status": status}
         await self._apply(resource_path(api_version, kind, namespace, name) + "/status", body)
 
-    async def _apply(self, path: str, body: Obj) -> Obj:
-        query = [("fieldManager", c.FIELD_MANAGER), ("force", "true")]
+    async def _apply(self, path: str, body: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
+        query = [("fieldManager", manager), ("force", "true")]
         return await asyncio.to_thread(self._call, "PATCH", path, query=query, body=body, content_type=_APPLY)

@@ -4,15 +4,17 @@ Every call carries the cluster token and a deadline, and a failed call raises th
 `StrataError` for its status code, so callers can tell a missing bucket (NotFound) from bad
 credentials (PermissionDenied) from a master that cannot be reached (Unavailable).
 `Masters` keeps one channel per master and shares one Report among the Mounts of a cluster.
+A call whose channel is closed under it (the cluster's deletion forgets its master) fails
+with Unavailable too, so the step retries instead of ending as cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -24,6 +26,9 @@ from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 
 # Codes that mean "the master is not there (yet)": retry later, do not blame the spec.
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+_T = TypeVar("_T")
 
 
 def _error(exc: grpc.aio.AioRpcError) -> StrataError:
@@ -53,37 +58,37 @@ class MasterClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def mount(self, request: pb.MountRequest) -> pb.MountInfo:
+    async def _call(self, call: Awaitable[_T]) -> _T:
+        """The call's answer, or the StrataError for its failure."""
         try:
-            response = await self._stub.Mount(request, metadata=self._metadata, timeout=self._timeout)
+            return await call
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being stopped: let it stop
+            # grpc cancels the calls of a channel that is closed (Masters.forget).
+            raise Unavailable(f"the connection to the master at {self.endpoint} was closed during the call "
+                              "(its cluster is being deleted, or its channel was replaced)") from None
+
+    async def mount(self, request: pb.MountRequest) -> pb.MountInfo:
+        response = await self._call(self._stub.Mount(request, metadata=self._metadata, timeout=self._timeout))
         return cast(pb.MountInfo, response.mount)
 
     async def unmount(self, path: str, *, free: bool = True) -> None:
-        try:
-            await self._stub.Unmount(
-                pb.UnmountRequest(path=path, free=free), metadata=self._metadata, timeout=self._timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+        await self._call(self._stub.Unmount(
+            pb.UnmountRequest(path=path, free=free), metadata=self._metadata, timeout=self._timeout))
 
     async def report(self) -> pb.ReportResponse:
-        try:
-            report = await self._stub.Report(pb.ReportRequest(), metadata=self._metadata, timeout=self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+        report = await self._call(self._stub.Report(pb.ReportRequest(), metadata=self._metadata,
+                                                    timeout=self._timeout))
         return cast(pb.ReportResponse, report)
 
     async def decommission(self, worker_ids: Sequence[str]) -> None:
-        try:
-            await self._stub.DecommissionWorkers(
-                pb.DecommissionWorkersRequest(worker_ids=list(worker_ids)),
-                metadata=self._metadata,
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+        await self._call(self._stub.DecommissionWorkers(
+            pb.DecommissionWorkersRequest(worker_ids=list(worker_ids)), metadata=self._metadata,
+            timeout=self._timeout))
 
     async def start_load(self, path: str) -> pb.LoadProgress | None:
         """Start loading `path` into the cache and return its first progress message (None if

@@ -207,6 +207,9 @@ class MountSpec(_Spec):
     # Answer from metadata older than metadataSync.interval while the store cannot be
     # reached, instead of failing reads of cached data (stale-if-error).
     stale_if_error: bool = Field(True, alias="staleIfError")
+    # Namespaces (besides the Mount's own) whose pods may use it through CSI volumes; the
+    # CSI node plugin refuses every other (cacheserver/csi/kube.py).
+    allowed_namespaces: tuple[str, ...] = Field((), alias="allowedNamespaces")
 
     @field_validator("path")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,3 +39,22 @@ class OperatorSettings(BaseSettings):
     report_ttl: float = Field(default=5.0, ge=0)
     # Seconds to wait before re-checking a step that is not ready yet.
     retry_delay: float = Field(default=5.0, gt=0)
+    # The operator's own namespace (the chart sets it from the pod): where the Secrets the
+    # operator keeps for itself and the CSI node plugin live.
+    namespace: str = ""
+    # Name of the Secret in `namespace` that holds every cluster's data token for the CSI
+    # node plugin (one key per cluster, see cacheserver/csi/constants.py); "" keeps none,
+    # and volumes then need the token in their own secrets (nodePublishSecretRef).
+    csi_tokens_secret: str = ""
+    # The ClusterRole a namespace binds to the operator's ServiceAccount (`service_account`,
+    # in `namespace`) to let it keep its clusters' token Secrets and read the Mounts'
+    # credentials there; named in the message of a cluster the operator may not serve.
+    tenant_role: str = ""
+    service_account: str = ""
+
+    @model_validator(mode="after")
+    def _tokens_secret_has_a_namespace(self) -> OperatorSettings:
+        if self.csi_tokens_secret and not self.namespace:
+            raise ValueError("STRATA_OPERATOR_CSI_TOKENS_SECRET is set but STRATA_OPERATOR_NAMESPACE (the "
+                             "operator's own namespace, where that Secret lives) is not: set both")
+        return self

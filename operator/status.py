@@ -295,3 +295,60 @@ def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: dateti
     if synced:
         status["lastSyncTime"] = synced
     return status
+
+
+# -- Events ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Note:
+    """A Kubernetes Event for a person: posted once, when the status it tells of is written."""
+
+    type: str  # "Normal" or "Warning"
+    reason: str
+    message: str
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((cond for cond in status.get("conditions", []) if cond.get("type") == kind), {})
+
+
+def _stalled(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Note]:
+    """A Warning when the object became Stalled, or stalls for another reason."""
+    before, after = _condition(previous, c.STALLED), _condition(status, c.STALLED)
+    if after.get("status") != "True":
+        return []
+    if before.get("status") == "True" and before.get("reason") == after.get("reason"):
+        return []
+    return [Note("Warning", str(after.get("reason") or "Stalled"), str(after.get("message") or ""))]
+
+
+def cluster_notes(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Note]:
+    """Events for a CacheCluster status change: Ready, Degraded, scaled, stalled."""
+    notes = _stalled(previous, status)
+    phase, before = status.get("phase"), previous.get("phase")
+    if phase != before and phase == ClusterPhase.READY:
+        workers = status.get("workers", {})
+        notes.append(Note("Normal", "Ready", f"Master and {workers.get('summary', '?')} workers are ready."))
+    if phase != before and phase == ClusterPhase.DEGRADED:
+        ready = _condition(status, c.READY)
+        notes.append(Note("Warning", str(ready.get("reason") or "Degraded"), str(ready.get("message") or "")))
+    old, new = (previous.get("workers") or {}).get("desired"), (status.get("workers") or {}).get("desired")
+    if old is not None and new is not None and old != new:
+        notes.append(Note("Normal", "Scaled", f"Workers scaled from {old} to {new}."))
+    return notes
+
+
+def mount_notes(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Note]:
+    """Events for a Mount status change: mounted, failed, preloaded."""
+    notes = _stalled(previous, status)
+    if status.get("phase") != previous.get("phase") and status.get("phase") == MountPhase.MOUNTED:
+        notes.append(Note("Normal", Reason.MOUNTED, "The source is mounted."))
+    preload, before = status.get("preload") or {}, previous.get("preload") or {}
+    if preload.get("phase") != before.get("phase"):
+        preloaded = _condition(status, c.PRELOADED)
+        if preload.get("phase") == PreloadPhase.SUCCEEDED:
+            notes.append(Note("Normal", "Preloaded", str(preloaded.get("message") or "The preload finished.")))
+        elif preload.get("phase") == PreloadPhase.FAILED:
+            notes.append(Note("Warning", str(preloaded.get("reason") or "PreloadFailed"),
+                              str(preloaded.get("message") or "")))
+    return notes

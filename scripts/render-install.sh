@@ -2,8 +2,7 @@
 # Render manifests/install.yaml from charts/strata: `helm template` with the chart's
 # defaults, release `strata` in namespace strata-system, CRDs included, after a Namespace
 # object (labelled for the privileged CSI node plugin under Pod Security admission).
-# A unit test (tests/unit/chart) fails when the file differs from a fresh render; only the
-# webhook certificate, which Helm generates anew on every render, may differ.
+# A unit test (tests/unit/chart) fails when the file differs from a fresh render.
 #
 # Usage: scripts/render-install.sh [OUTPUT]      (default: manifests/install.yaml)
 # helm: $HELM, else the e2e build (tests/e2e/tools/build.sh), else helm on PATH.
@@ -38,9 +37,8 @@ trap 'rm -f "$tmp"' EXIT
 #
 #   kubectl apply --server-side -f manifests/install.yaml
 #
-# The webhook certificate below was generated at render time and is shared by every
-# installation from this file: for production, install with Helm (a certificate per
-# installation) or render your own copy.
+# Nothing secret is in this file: the operator makes the webhook's certificate (its own per
+# installation) when it first starts.
 ---
 apiVersion: v1
 kind: Namespace
@@ -53,10 +51,8 @@ metadata:
 HEADER
   "$helm" template "$release" charts/strata --namespace "$namespace" --include-crds --kube-version "$kube_version"
 } > "$tmp"
-# Keep the file as it is when only the freshly generated certificate differs: rendering
-# twice without a chart change changes nothing.
-generated() { sed -E 's/^([[:space:]]*(tls\.crt|tls\.key|ca\.crt|caBundle):[[:space:]]*)[^[:space:]]+$/\1<generated>/' "$1"; }
-if [[ -f "$out" ]] && cmp -s <(generated "$out") <(generated "$tmp"); then
+# Keep the file as it is (not even its time) when the render is the same.
+if [[ -f "$out" ]] && cmp -s "$out" "$tmp"; then
   echo "$out is current (chart $chart_version, app $app_version)"
   exit 0
 fi

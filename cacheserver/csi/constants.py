@@ -27,6 +27,13 @@ POD_NAMESPACE: Final = "csi.storage.k8s.io/pod.namespace"
 PVC_NAMESPACE: Final = "csi.storage.k8s.io/pvc/namespace"
 RESERVED_PREFIX: Final = "csi.storage.k8s.io/"
 
+# The data tokens of every CacheCluster, which the operator keeps for the node plugin in one
+# Secret of its own namespace (the plugin may read that one Secret, no other): one key per
+# cluster. Namespace names hold no dots, so the first dot ends the namespace.
+def data_token_key(namespace: str, cluster: str) -> str:
+    return f"{namespace}.{cluster}"
+
+
 # Volumes made by CreateVolume have ids with this prefix.
 VOLUME_ID_PREFIX: Final = "strata-"
 
@@ -36,3 +43,4 @@ MOUNT_PLURAL: Final = "mounts"
 CACHE_CLUSTER_PLURAL: Final = "cacheclusters"
 AUTH_SECRET_SUFFIX: Final = "-auth"      # CacheCluster demo -> Secret demo-auth
 MOUNTED_PHASE: Final = "Mounted"
+MOUNT_ALLOWED_NAMESPACES: Final = "allowedNamespaces"  # Mount spec: namespaces granted its use

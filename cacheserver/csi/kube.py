@@ -2,16 +2,18 @@
 volume shows.
 
 For the Mount NAME in namespace NS it reads
-- the Mount (`strata.dev/v1alpha1`): `spec.cluster`, `spec.path`, `spec.readOnly`, and
-  `status.phase`, which must be Mounted;
+- the Mount (`strata.dev/v1alpha1`): `spec.cluster`, `spec.path`, `spec.readOnly`,
+  `spec.allowedNamespaces` (a pod of another namespace than NS may use it only when listed:
+  the grant is the owning namespace's) and `status.phase`, which must be Mounted;
 - its CacheCluster (same namespace): `status.master.endpoint`, the master's HOST:PORT;
 - the token: from the volume's secrets (`dataToken`, else `token`, e.g. nodePublishSecretRef to
-  `<cluster>-auth`) when given, else from the Secret `<cluster>-auth`, key `dataToken`: the data
+  `<cluster>-auth`) when given, else from the CSI tokens Secret the operator keeps in its own
+  namespace (`--tokens-secret NAMESPACE/NAME`), key `<namespace>.<cluster>`: the data
   credential. A volume never gets the admin credential (`<cluster>-auth`'s key `token`).
 
 The plugin's ServiceAccount needs get on mounts.strata.dev and cacheclusters.strata.dev, and
-on secrets unless every volume passes the token as a secret. Reads go through an
-`ObjectReader`, so tests give it objects without an API server.
+get on that one Secret (no other: it reads no Secret of any tenant namespace). Reads go
+through an `ObjectReader`, so tests give it objects without an API server.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class ApiReader:
         if status in (401, 403):
             raise PermissionDenied(
                 f"the CSI plugin may not read {path} ({status} {reason}): grant its ServiceAccount get on "
-                "mounts.strata.dev, cacheclusters.strata.dev and secrets")
+                "mounts.strata.dev, cacheclusters.strata.dev and on the CSI tokens Secret")
         if not 200 <= status < 300:
             raise Unavailable(f"the Kubernetes API answered {status} {reason} for {path}")
         return json.loads(data)  # type: ignore[no-any-return]
@@ -105,18 +107,33 @@ def _status_message(obj: Obj) -> str:
     return ""
 
 
+def check_grant(namespace: str, name: str, spec: Obj, requester: str) -> None:
+    """PermissionDenied unless a pod of namespace `requester` may use the Mount: its own
+    namespace may, another only when the Mount's spec.allowedNamespaces lists it."""
+    if requester == namespace or requester in (spec.get(c.MOUNT_ALLOWED_NAMESPACES) or []):
+        return
+    patch = json.dumps([{"op": "add", "path": f"/spec/{c.MOUNT_ALLOWED_NAMESPACES}/-", "value": requester}])
+    raise PermissionDenied(
+        f"Mount {namespace}/{name} may not be used from namespace {requester}: namespace {namespace} has not "
+        f"granted it. To grant it, add {requester} to spec.{c.MOUNT_ALLOWED_NAMESPACES} of Mount {name} in "
+        f"{namespace} (kubectl patch mounts.strata.dev {name} -n {namespace} --type=json -p '{patch}')")
+
+
 class KubeResolver:
-    """MountResolver reading Mounts, CacheClusters and auth Secrets (see the module docstring)."""
+    """MountResolver reading Mounts, CacheClusters and the CSI tokens Secret (see the module
+    docstring); `tokens_secret` is that Secret's NAMESPACE/NAME ("" when there is none)."""
 
-    def __init__(self, reader: ObjectReader) -> None:
+    def __init__(self, reader: ObjectReader, tokens_secret: str = "") -> None:
         self._reader = reader
+        self._tokens_secret = tokens_secret
 
-    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str]) -> VolumeSource:
+    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str], requester: str) -> VolumeSource:
         what = f"Mount {namespace}/{name}"
         mount = self._reader.get(_path(namespace, c.MOUNT_PLURAL, name))
         if mount is None:
             raise NotFound(f"{what} does not exist: create it, or fix the volume's `{c.ATTR_MOUNT}` attribute")
         spec = mount.get("spec", {})
+        check_grant(namespace, name, spec, requester)
         cluster_name, path = spec.get("cluster"), spec.get("path")
         if not cluster_name or not path:
             raise FailedPrecondition(f"{what} has no spec.cluster or spec.path")
@@ -136,16 +153,24 @@ class KubeResolver:
         return VolumeSource(master=endpoint, token=token, path=path, read_only=bool(spec.get("readOnly")), name=what)
 
     def _token(self, namespace: str, cluster: str) -> str:
-        name = cluster + c.AUTH_SECRET_SUFFIX
-        secret = self._reader.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if not self._tokens_secret:
+            raise FailedPrecondition(
+                f"the volume's secrets hold no `{c.SECRET_DATA_TOKEN}` for CacheCluster {namespace}/{cluster} and "
+                "the plugin was started without --tokens-secret: set nodePublishSecretRef to a Secret with the "
+                "cluster's data token, or run the plugin as the chart does")
+        home, _, name = self._tokens_secret.partition("/")
+        secret = self._reader.get(f"/api/v1/namespaces/{home}/secrets/{name}")
         if secret is None:
-            raise NotFound(f"Secret {namespace}/{name} with the tokens of CacheCluster {cluster} does not exist")
-        encoded = (secret.get("data") or {}).get(c.SECRET_DATA_TOKEN)
+            raise NotFound(f"Secret {self._tokens_secret}, where the operator keeps the clusters' data tokens for "
+                           "the CSI plugin, does not exist: is the operator running?")
+        key = c.data_token_key(namespace, cluster)
+        encoded = (secret.get("data") or {}).get(key)
         try:
             token = base64.b64decode(encoded or "", validate=True).decode().strip()
         except (binascii.Error, UnicodeDecodeError):
             token = ""
         if not token:
-            raise FailedPrecondition(f"Secret {namespace}/{name} has no `{c.SECRET_DATA_TOKEN}` (the data credential "
-                                     "volumes use); the operator adds it to clusters it reconciles: upgrade it")
+            raise FailedPrecondition(f"Secret {self._tokens_secret} has no data token of CacheCluster "
+                                     f"{namespace}/{cluster} (key {key}) yet; the operator adds it when it "
+                                     "reconciles the cluster")
         return token

@@ -66,12 +66,15 @@ async def serve(sock: Path, node_id: str, publisher: Publisher, resolver: MountR
     sock.unlink(missing_ok=True)
 
 
-def run_csi(*, endpoint: str, node_id: str | None, state_dir: Path | None = None, kubeconfig: str | None = None) -> int:
+def run_csi(*, endpoint: str, node_id: str | None, state_dir: Path | None = None, kubeconfig: str | None = None,
+            tokens_secret: str = "") -> int:
     if not node_id:
         raise InvalidArgument("--node-id is missing: pass the node's name (or set STRATA_NODE_NAME)")
     sock = socket_path(endpoint)
     publisher = Publisher(state_dir or sock.parent / "volumes")
-    resolver = KubeResolver(ApiReader(kubeconfig))
+    if tokens_secret and tokens_secret.count("/") != 1:
+        raise InvalidArgument(f"--tokens-secret {tokens_secret!r}: give NAMESPACE/NAME of the operator's Secret")
+    resolver = KubeResolver(ApiReader(kubeconfig), tokens_secret)
     threading.Thread(target=publisher.recover, name="strata-csi-recover", daemon=True).start()
     asyncio.run(serve(sock, node_id, publisher, resolver))
     return 0

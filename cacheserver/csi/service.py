@@ -85,6 +85,12 @@ class NodeService(csi_grpc.NodeServicer):
             raise InvalidArgument("volume_capability is missing")
         check_capabilities([request.volume_capability])
         attributes, secrets = dict(request.volume_context), dict(request.secrets)
+        if (volume_id.startswith(c.VOLUME_ID_PREFIX) and c.ATTR_NAMESPACE in attributes
+                and not attributes.get(c.POD_NAMESPACE)):
+            # A volume CreateVolume made (kubelet names the pod's namespace whenever the
+            # CSIDriver has podInfoOnMount; callers without it, e.g. csi-sanity, do not): its
+            # namespace is the claim's, which was checked when it was made.
+            attributes[c.PVC_NAMESPACE] = attributes[c.ATTR_NAMESPACE]
         source = await asyncio.to_thread(source_of, attributes, secrets, self.resolver)
         read_only = request.readonly or wants_read_only(request.volume_capability)
         await asyncio.to_thread(self.publisher.publish, volume_id, target, source, read_only)
@@ -149,7 +155,12 @@ class ControllerService(csi_grpc.ControllerServicer):
         if request.HasField("volume_content_source"):
             raise InvalidArgument("Strata volumes show existing data: snapshots and clones as sources are not supported")
         attributes = volume_context(dict(request.parameters))
-        await asyncio.to_thread(self._check_exists, attributes, dict(request.secrets))
+        # The claim's namespace asks for the Mount (the provisioner passes it with
+        # --extra-create-metadata); without it, the check is whether the Mount exists, and
+        # which pods may use the volume is NodePublishVolume's check (kubelet names them).
+        asking = request.parameters.get(c.PVC_NAMESPACE) or attributes.get(c.ATTR_NAMESPACE)
+        requester = {c.PVC_NAMESPACE: asking} if asking else {}
+        await asyncio.to_thread(self._check_exists, {**attributes, **requester}, dict(request.secrets))
         volume = csi.Volume(volume_id=volume_id_for(name), capacity_bytes=0, volume_context=attributes)
         log.info("created volume %s (%s) for %s", volume.volume_id, attributes, name)
         return csi.CreateVolumeResponse(volume=volume)
@@ -170,7 +181,10 @@ class ControllerService(csi_grpc.ControllerServicer):
             raise InvalidArgument("volume_capabilities is missing")
         attributes = dict(request.volume_context)
         if attributes.get(c.ATTR_MOUNT) or attributes.get(c.ATTR_MASTER):
-            await asyncio.to_thread(self._check_exists, attributes, dict(request.secrets))
+            # Whether the volume exists, as its Mount's own namespace sees it: which pods may
+            # use it is NodePublishVolume's check.
+            owner = {c.PVC_NAMESPACE: attributes[c.ATTR_NAMESPACE]} if attributes.get(c.ATTR_NAMESPACE) else {}
+            await asyncio.to_thread(self._check_exists, {**owner, **attributes}, dict(request.secrets))
         elif not volume_id.startswith(c.VOLUME_ID_PREFIX):
             raise NotFound(f"volume {volume_id} is unknown: it was not made by {c.DRIVER_NAME} and its "
                            "attributes name no Mount")

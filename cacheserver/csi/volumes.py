@@ -6,7 +6,9 @@ Two ways to name the data:
 - A Mount: `{mount: NAME}`, optionally `namespace: NS` (default: the pod's namespace, which
   kubelet passes when the CSIDriver has `podInfoOnMount: true`, or the PVC's for provisioned
   volumes) and `subPath: dir/below`. The Mount's cluster, path and token are found by a
-  MountResolver (kube.py reads them from the Kubernetes API).
+  MountResolver (kube.py reads them from the Kubernetes API). A Mount of another namespace
+  is used only when that namespace granted the pod's one (the Mount's
+  `spec.allowedNamespaces`).
 - A cluster directly: `{masterAddress: HOST:PORT, path: /datasets/x}` with the cluster token
   in the volume's secrets under `token` (nodePublishSecretRef); optional `readOnly: "true"`,
   `writeType`, `subPath`. This needs no Kubernetes API access at all.
@@ -40,10 +42,11 @@ class VolumeSource:
 
 
 class MountResolver(Protocol):
-    """Finds the cluster, token and path of the Mount `namespace/name`; raises NotFound,
-    FailedPrecondition (not ready yet), PermissionDenied or Unavailable."""
+    """Finds the cluster, token and path of the Mount `namespace/name` for a volume of a pod
+    (or claim) in namespace `requester`; raises NotFound, FailedPrecondition (not ready yet),
+    PermissionDenied (e.g. `requester` is not granted the Mount) or Unavailable."""
 
-    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str]) -> VolumeSource: ...
+    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str], requester: str) -> VolumeSource: ...
 
 
 def mount_namespace(attributes: Mapping[str, str]) -> str:
@@ -52,6 +55,16 @@ def mount_namespace(attributes: Mapping[str, str]) -> str:
         raise InvalidArgument(
             f"the volume names Mount {attributes.get(c.ATTR_MOUNT)!r} but not its namespace: set "
             f"podInfoOnMount: true on the CSIDriver {c.DRIVER_NAME}, or add the attribute `namespace`")
+    return namespace
+
+
+def requester_namespace(attributes: Mapping[str, str]) -> str:
+    """The namespace of the pod (or claim) the volume is for, which must be granted the Mount."""
+    namespace = attributes.get(c.POD_NAMESPACE) or attributes.get(c.PVC_NAMESPACE)
+    if not namespace:
+        raise InvalidArgument(
+            f"the volume names Mount {attributes.get(c.ATTR_MOUNT)!r} but kubelet did not say which namespace "
+            f"asks for it: set podInfoOnMount: true on the CSIDriver {c.DRIVER_NAME}")
     return namespace
 
 
@@ -78,7 +91,8 @@ def volume_token(secrets: Mapping[str, str]) -> str | None:
 def source_of(attributes: Mapping[str, str], secrets: Mapping[str, str], resolver: MountResolver) -> VolumeSource:
     """The data a volume with these attributes and secrets shows (see the module docstring)."""
     if attributes.get(c.ATTR_MOUNT):
-        source = resolver.resolve(mount_namespace(attributes), attributes[c.ATTR_MOUNT], secrets)
+        source = resolver.resolve(mount_namespace(attributes), attributes[c.ATTR_MOUNT], secrets,
+                                  requester_namespace(attributes))
     elif attributes.get(c.ATTR_MASTER):
         master = attributes[c.ATTR_MASTER]
         path = attributes.get(c.ATTR_PATH)

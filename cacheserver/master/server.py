@@ -107,7 +107,7 @@ async def start_master(
     port: int,
     http_port: int,
 ) -> MasterHandle:
-    mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots)
+    mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots, cluster_key=credentials.internal)
     drop_disallowed_mounts(mounts, config)
     namespace = Namespace(mounts, journal_dir, block_size=config.block_size)
     service = MasterService(config, mounts, namespace, credentials.internal)

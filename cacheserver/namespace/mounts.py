@@ -1,8 +1,9 @@
 """The mount table: which store backs which part of the namespace.
 
 Mount points are absolute paths below "/" that never nest (`/a` and `/a/b` cannot both be
-mounted). The table is saved in the master's state directory after every change (the file
-holds credentials, so it is private to the master's user) and loaded again on restart.
+mounted). The table is saved in the master's state directory after every change (private to
+the master's user; with a cluster key, the master's case, each mount's credentials are
+sealed with it, sealing.py, so the file holds none in the clear) and loaded again on restart.
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ from ..errors import AlreadyExists, InvalidArgument, NotFound
 from ..retry import RetrySettings
 from ..ufs import Store
 from .paths import is_under, normalize, overlaps, relative
+from .sealing import SealError, Sealer
 from .statefile import StateFile
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "mounts.json"
+# Key of a saved mount's credentials sealed with the cluster's key (sealing.py).
+SEALED_CREDENTIALS = "sealed_credentials"
+
+
+def _seal_binding(path: str, mount_id: int) -> str:
+    """What sealed credentials are bound to: they open for this mount only."""
+    return f"{path}#{mount_id}"
 READ_TYPES = ("", "CACHE", "CACHE_PROMOTE", "NO_CACHE")
 WRITE_TYPES = ("", "MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH")
 # Seconds a mount's metadata may lag behind its store. 30 s keeps listing-heavy jobs (one
@@ -116,8 +125,10 @@ class MountTable:
     """Mounts by path, saved in `state_dir` (None: in memory only, e.g. in tests)."""
 
     def __init__(self, state_dir: Path | None, *, retry: RetrySettings | None = None,
-                 allowed_roots: Sequence[str] | None = None) -> None:
+                 allowed_roots: Sequence[str] | None = None, cluster_key: str | None = None) -> None:
         self._state = StateFile(state_dir, STATE_FILE)
+        # Seals credentials in the saved table (None: kept as given, for tools and tests).
+        self._sealer = Sealer(cluster_key) if cluster_key else None
         self._retry = retry
         # Folders file:// stores may read (None: no check; the master gives localSources).
         self._allowed_roots = allowed_roots
@@ -140,7 +151,7 @@ class MountTable:
         data = self._state.load()
         if data is None:
             return
-        mounts = [Mount.from_json(m) for m in data.get("mounts", [])]
+        mounts = [m for m in map(self._unseal, data.get("mounts", [])) if m is not None]
         self._mounts = {m.path: m for m in mounts}
         self._version = int(data.get("version", 0))
         self._next_id = max([int(data.get("next_id", 1))] + [m.mount_id + 1 for m in mounts])
@@ -151,9 +162,35 @@ class MountTable:
             {
                 "version": self._version,
                 "next_id": self._next_id,
-                "mounts": [m.to_json() for m in self.list()],
+                "mounts": [self._seal(m) for m in self.list()],
             },
         )
+
+    def _seal(self, mount: Mount) -> dict[str, Any]:
+        data = mount.to_json()
+        if self._sealer is not None:
+            credentials = data["options"].pop("credentials")
+            data[SEALED_CREDENTIALS] = self._sealer.seal(credentials, _seal_binding(mount.path, mount.mount_id))
+        return data
+
+    def _unseal(self, data: Mapping[str, Any]) -> Mount | None:
+        """A saved mount (None: its credentials cannot be opened with this cluster's key: left
+        out, so its owner mounts it again). A table saved before sealing loads as it is and is
+        sealed at the next save."""
+        data = dict(data)
+        sealed = data.pop(SEALED_CREDENTIALS, None)
+        if sealed is not None:
+            binding = _seal_binding(str(data["path"]), int(data["mount_id"]))
+            if self._sealer is None:
+                log.warning("mount %s has sealed credentials but no cluster key was given: left out", binding)
+                return None
+            try:
+                credentials = self._sealer.open(str(sealed), binding)
+            except SealError as exc:
+                log.warning("%s: mount left out until it is mounted again", exc)
+                return None
+            data["options"] = {**data["options"], "credentials": credentials}
+        return Mount.from_json(data)
 
     # -- the table ---------------------------------------------------------------------------
 

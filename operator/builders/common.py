@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from typing import Any
 
+from strata.cacheserver.csi.constants import data_token_key
 from strata.operator import constants as c
 from strata.operator.models import Cluster, ObjectRef
 
@@ -27,6 +30,30 @@ def config_name(cluster: str) -> str:
 
 def auth_name(cluster: str) -> str:
     return f"{cluster}-auth"
+
+
+def csi_token_entry(settings_namespace: str, secret: str, namespace: str, cluster: str,
+                    data_token: str | None) -> Manifest:
+    """The CSI tokens Secret as one cluster's field manager applies it: with its data token
+    under its own key, or (None) without, which removes the key that manager set."""
+    manifest: Manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": secret, "namespace": settings_namespace,
+                     "labels": {c.LABEL_NAME: c.APP_NAME, c.LABEL_COMPONENT: "csi-tokens",
+                                c.LABEL_MANAGED_BY: c.MANAGED_BY}},
+        "type": "Opaque",
+    }
+    if data_token is not None:
+        manifest["data"] = {data_token_key(namespace, cluster): base64.b64encode(data_token.encode()).decode()}
+    return manifest
+
+
+def csi_token_manager(namespace: str, cluster: str) -> str:
+    """The field manager of one cluster's key in the CSI tokens Secret (server-side apply
+    then keeps every other cluster's key)."""
+    digest = hashlib.sha256(data_token_key(namespace, cluster).encode()).hexdigest()[:20]
+    return f"{c.FIELD_MANAGER}-csi-{digest}"
 
 
 def worker_pod_names(cluster: str, replicas: range) -> list[str]:

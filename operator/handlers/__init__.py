@@ -25,5 +25,6 @@ def register(
     lifecycle.register(registry, settings)
     cluster.register(registry, settings)
     mount.register(registry, settings)
-    admission.register(registry, webhook or admission.WebhookSettings(), admission.AdmissionMetrics(collectors))
+    admission.register(registry, webhook or admission.WebhookSettings(), admission.AdmissionMetrics(collectors),
+                       settings.namespace)
     metrics.register(registry, metrics_settings or metrics.MetricsSettings(), collectors)

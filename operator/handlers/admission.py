@@ -1,26 +1,32 @@
 """The locality admission webhook: kopf serves it, strata.operator.locality decides.
 
-The chart owns the MutatingWebhookConfiguration (path `/locality`, failurePolicy Ignore) and
-the TLS Secret mounted at `cert_dir`. The handler never fails a pod: every error, slow API
-read or missing object ends in "no change" (a denial from here would block the pod, which
-failurePolicy Ignore does not cover). A pod without a Strata volume costs no API call.
+The chart owns the MutatingWebhookConfiguration (path `/locality`, failurePolicy Ignore). The
+TLS certificate is the operator's own (`certificate: operator`, the chart's default: made at
+the first start, kept in a Secret of the operator's namespace, renewed before it expires, its
+CA put in the configuration's caBundle; strata.operator.reconcile.webhook), or files someone
+else keeps in `cert_dir` (`certificate: files`, e.g. cert-manager's). The handler never fails
+a pod: every error, slow API read or missing object ends in "no change" (a denial from here
+would block the pod, which failurePolicy Ignore does not cover). A pod without a Strata volume costs no API call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata.operator import constants as c
+from strata.operator.builders.certificate import CERT_FILE, KEY_FILE, WebhookCertificate
 from strata.operator.handlers.common import deps_of
 from strata.operator.kube import KubeAPI, KubeError
 from strata.operator.locality import (
@@ -32,13 +38,15 @@ from strata.operator.locality import (
     decide,
     mounts_of,
 )
+from strata.operator.reconcile.common import utcnow
+from strata.operator.reconcile.webhook import CertificatePlace, ensure_certificate
 
 log = logging.getLogger(__name__)
 
 # kopf serves a handler at /<id>: the chart's webhook clientConfig.service.path is "/locality".
 HANDLER_ID: Final = "locality"
-CERT_FILE: Final = "tls.crt"
-KEY_FILE: Final = "tls.key"
+# The webhook's name in the chart's MutatingWebhookConfiguration.
+WEBHOOK_NAME: Final = "locality.strata.dev"
 
 
 class WebhookSettings(BaseSettings):
@@ -52,8 +60,31 @@ class WebhookSettings(BaseSettings):
     # TCP port of the HTTPS server (the chart's Service maps 443 to it); above 1024 so the
     # operator runs as non-root.
     port: int = Field(default=9443, gt=0, lt=65536)
-    # Folder with tls.crt and tls.key (the chart mounts its webhook Secret here).
+    # Folder with tls.crt and tls.key: read from there (`files`), or written there (`operator`).
     cert_dir: Path = Path("/etc/strata/webhook")
+    # Who keeps the certificate: the operator itself, or someone who puts files in cert_dir.
+    certificate: Literal["operator", "files"] = "files"
+    # With `operator`: the Secret (in the operator's namespace) that holds it, the webhook
+    # Service it is for, and the MutatingWebhookConfiguration whose caBundle trusts it.
+    secret: str = ""
+    service: str = ""
+    configuration: str = ""
+    # Days a made certificate is valid, and how long before its end a new one is made; one
+    # year and a month: renewals are rare, and a missed check has weeks to be retried.
+    certificate_days: float = Field(default=365.0, gt=1)
+    renew_before_days: float = Field(default=30.0, gt=0)
+    # Seconds between checks of the certificate (renewal, or one renewed by another replica).
+    check_interval: float = Field(default=3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _operator_certificate_is_placed(self) -> WebhookSettings:
+        if self.enabled and self.certificate == "operator" and not (self.secret and self.service and self.configuration):
+            raise ValueError("STRATA_OPERATOR_WEBHOOK_CERTIFICATE=operator needs STRATA_OPERATOR_WEBHOOK_SECRET, "
+                             "_SERVICE and _CONFIGURATION (the chart sets them)")
+        if self.renew_before_days >= self.certificate_days:
+            raise ValueError(f"renew_before_days {self.renew_before_days} must be less than certificate_days "
+                             f"{self.certificate_days}")
+        return self
     # Seconds for reading a pod's Mounts and CacheClusters; kept under the webhook's
     # timeoutSeconds (chart default 5) so a slow API server ends in "no change" from us,
     # logged, instead of a timeout at the API server.
@@ -117,15 +148,72 @@ def apply_decision(decision: Decision, patch: kopf.Patch) -> None:
     patch.metadata.annotations[APPLIED_ANNOTATION] = decision.mode
 
 
-def register(registry: kopf.OperatorRegistry, settings: WebhookSettings, metrics: AdmissionMetrics) -> None:
-    """Serve the webhook (when enabled) and register the pod handler."""
+def certificate_place(settings: WebhookSettings, namespace: str) -> CertificatePlace:
+    return CertificatePlace(
+        namespace=namespace, secret=settings.secret, service=settings.service,
+        configuration=settings.configuration, webhook=WEBHOOK_NAME,
+        validity=timedelta(days=settings.certificate_days), renew_before=timedelta(days=settings.renew_before_days),
+    )
+
+
+def write_certificate(certificate: WebhookCertificate, folder: Path) -> None:
+    """tls.crt and tls.key (owner-only) in `folder`, replaced whole (a reader sees old or new)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in ((CERT_FILE, certificate.cert), (KEY_FILE, certificate.key)):
+        part = folder / f".{name}.new"
+        part.write_bytes(data)
+        part.chmod(0o600)
+        part.replace(folder / name)
+
+
+async def keep_certificate(kube: KubeAPI, place: CertificatePlace, settings: WebhookSettings,
+                           context: ssl.SSLContext, served: WebhookCertificate) -> None:
+    """Check the certificate every `check_interval`; load a new one (renewed here or by another
+    replica) into the server's SSL context, which new connections then use."""
+    while True:
+        await asyncio.sleep(settings.check_interval)
+        try:
+            current = await ensure_certificate(kube, place, utcnow)
+        except Exception as exc:  # noqa: BLE001 - keep serving the current one; retry next time
+            log.warning("cannot check the webhook certificate (serving the current one): %s", exc)
+            continue
+        if current != served:
+            write_certificate(current, settings.cert_dir)
+            context.load_cert_chain(str(settings.cert_dir / CERT_FILE), str(settings.cert_dir / KEY_FILE))
+            served = current
+            log.info("serving the webhook with a new certificate")
+
+
+def register(registry: kopf.OperatorRegistry, settings: WebhookSettings, metrics: AdmissionMetrics,
+             namespace: str = "") -> None:
+    """Serve the webhook (when enabled) and register the pod handler; `namespace` is the
+    operator's own (where its certificate Secret lives)."""
     webhook_settings = settings  # kopf passes its own settings to startup as `settings`
     if not webhook_settings.enabled:
         return
 
     @kopf.on.startup(id="webhook-server", registry=registry)
-    def serve(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.admission.server = webhook_server(webhook_settings)
+    async def serve(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        if webhook_settings.certificate == "files":
+            settings.admission.server = webhook_server(webhook_settings)
+            return
+        if not namespace:
+            raise kopf.PermanentError("the webhook certificate is the operator's own but the operator's namespace "
+                                      "is unknown: set STRATA_OPERATOR_NAMESPACE")
+        kube = deps_of(memo).kube
+        place = certificate_place(webhook_settings, namespace)
+        certificate = await ensure_certificate(kube, place, utcnow)
+        write_certificate(certificate, webhook_settings.cert_dir)
+        context = ssl.create_default_context(purpose=ssl.Purpose.CLIENT_AUTH)
+        settings.admission.server = webhook_server(webhook_settings, context)
+        memo["webhook_certificate"] = asyncio.create_task(
+            keep_certificate(kube, place, webhook_settings, context, certificate), name="webhook-certificate")
+
+    @kopf.on.cleanup(id="webhook-certificate", registry=registry)
+    async def stop_keeping(memo: kopf.Memo, **_: Any) -> None:
+        task = memo.get("webhook_certificate")
+        if isinstance(task, asyncio.Task):
+            task.cancel()
 
     @kopf.on.mutate("", "v1", "pods", id=HANDLER_ID, operations=["CREATE"], ignore_failures=True,
                     side_effects=False, registry=registry)
@@ -156,12 +244,13 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings, metrics
                  ", ".join(decision.nodes) or "(the cluster's workers)")
 
 
-def webhook_server(settings: WebhookSettings) -> kopf.WebhookServer:
-    """kopf's HTTPS server on all interfaces with the chart's certificate."""
+def webhook_server(settings: WebhookSettings, context: ssl.SSLContext | None = None) -> kopf.WebhookServer:
+    """kopf's HTTPS server on all interfaces with the certificate files in cert_dir, loaded
+    into `context` when given (which a renewal then reloads)."""
     certfile, keyfile = settings.cert_dir / CERT_FILE, settings.cert_dir / KEY_FILE
     for path in (certfile, keyfile):
         if not path.is_file():
             raise kopf.PermanentError(
                 f"webhook certificate file {path} is missing: mount the webhook TLS Secret at "
                 f"{settings.cert_dir} or set STRATA_OPERATOR_WEBHOOK_ENABLED=false")
-    return kopf.WebhookServer(port=settings.port, certfile=str(certfile), pkeyfile=str(keyfile))
+    return kopf.WebhookServer(port=settings.port, certfile=str(certfile), pkeyfile=str(keyfile), context=context)

@@ -33,6 +33,13 @@ async def run_locked(memo: kopf.Memo, step: Callable[[], Awaitable[Outcome]]) ->
         return await step()
 
 
+def post_notes(body: kopf.Body, outcome: Outcome) -> None:
+    """Post the Events the reconcile's status change tells of (kopf posts them in the
+    background, whatever kopf's own posting level)."""
+    for note in outcome.notes:
+        kopf.event(body, type=note.type, reason=note.reason, message=note.message)
+
+
 def log_outcome(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
     """Waiting is normal progress (info); stalled needs a person (warning)."""
     if outcome.stalled:
@@ -68,7 +75,9 @@ def register_reconciler(
     @kopf.on.update(*resource, id=f"reconcile-{name}", field="spec", registry=registry)
     async def changed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         deps = deps_of(memo)
-        log_outcome(await run_locked(memo, lambda: step(deps, body, memo)), logger)
+        outcome = await run_locked(memo, lambda: step(deps, body, memo))
+        post_notes(body, outcome)
+        log_outcome(outcome, logger)
 
     @kopf.daemon(*resource, id=f"refresh-{name}", initial_delay=settings.retry_delay,
                  cancellation_timeout=settings.rpc_timeout, registry=registry)
@@ -83,4 +92,5 @@ def register_reconciler(
                 outcome = Outcome.waiting(str(exc))
             else:
                 logger.debug("refreshed: done=%s %s", outcome.done, outcome.message)
+                post_notes(body, outcome)
             await stopped.wait(next_delay(outcome, settings))

@@ -15,12 +15,20 @@ from typing import Any
 from strata.cacheserver.errors import InvalidArgument, StrataError
 from strata.operator import constants as c
 from strata.operator.builders import build_master_children, build_worker_children
-from strata.operator.builders.common import master_endpoint, master_name, worker_name, worker_pod_names
+from strata.operator.builders.common import (
+    csi_token_entry,
+    csi_token_manager,
+    master_endpoint,
+    master_name,
+    worker_name,
+    worker_pod_names,
+)
 from strata.operator.constants import ClusterPhase, Reason
 from strata.operator.kube import KubeError
 from strata.operator.models import CacheClusterSpec, Cluster, ClusterTokens, ObjectRef, parse_spec
 from strata.operator.reconcile.common import Deps, ObjectKey, Outcome, read_secret_tokens, write_status
-from strata.operator.status import ClusterObservation, Problem, cluster_status
+from strata.operator.settings import OperatorSettings
+from strata.operator.status import ClusterObservation, Problem, cluster_notes, cluster_status
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +69,18 @@ async def _ensure_master(deps: Deps, cluster: Cluster) -> ClusterTokens:
     tokens = await _ensure_tokens(deps, cluster)
     for manifest in build_master_children(cluster, deps.settings, tokens):
         await deps.kube.apply(manifest)
+    await _share_data_token(deps, cluster.ref.namespace, cluster.ref.name, tokens.data)
     return tokens
+
+
+async def _share_data_token(deps: Deps, namespace: str, name: str, data_token: str | None) -> None:
+    """Put the cluster's data token in the CSI tokens Secret (None: take it out), under this
+    cluster's own field manager; the node plugin reads it from there and nowhere else."""
+    settings = deps.settings
+    if not settings.csi_tokens_secret:
+        return
+    entry = csi_token_entry(settings.namespace, settings.csi_tokens_secret, namespace, name, data_token)
+    await deps.kube.apply(entry, manager=csi_token_manager(namespace, name))
 
 
 async def _scale_in(deps: Deps, cluster: Cluster, endpoint: str, token: str) -> tuple[Cluster, Problem | None]:
@@ -81,6 +100,16 @@ async def _scale_in(deps: Deps, cluster: Cluster, endpoint: str, token: str) -> 
         return _with_workers(cluster, current), Problem(Reason.DECOMMISSION_FAILED, message)
     log.info("decommissioned workers %s of %s/%s", leaving, cluster.ref.namespace, cluster.ref.name)
     return cluster, None
+
+
+def secrets_grant_advice(settings: OperatorSettings, namespace: str, exc: KubeError) -> str:
+    """What to do when the operator may not use Secrets in a namespace: the namespace grants it."""
+    if exc.status != 403 or '"secrets"' not in str(exc) or not settings.tenant_role:
+        return ""
+    account = f"{settings.namespace}:{settings.service_account}"
+    return (f". The operator uses Secrets only in namespaces that grant it: run kubectl create rolebinding "
+            f"strata-operator -n {namespace} --clusterrole={settings.tenant_role} --serviceaccount={account} "
+            f"(or list {namespace} in the chart's rbac.tenantNamespaces)")
 
 
 async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) -> ClusterObservation:
@@ -109,7 +138,8 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
     except KubeError as exc:
         if exc.status not in _REFUSED:
             raise
-        problem = Problem(Reason.APPLY_FAILED, f"The API server refused a child of this cluster: {exc}")
+        problem = Problem(Reason.APPLY_FAILED, f"The API server refused a child of this cluster: {exc}"
+                          + secrets_grant_advice(deps.settings, ns, exc))
         return replace(base, stalled=problem)
     return replace(
         base,
@@ -134,23 +164,29 @@ async def reconcile_cluster(deps: Deps, body: Mapping[str, Any]) -> Outcome:
         desired = int((raw_spec.get("worker") or {}).get("replicas") or 0)
         obs = ClusterObservation(key.generation, desired, endpoint,
                                  stalled=Problem(Reason.INVALID_SPEC, str(exc)))
-        await write_status(deps, c.CACHE_CLUSTER_KIND, key,
-                           previous, cluster_status(key.name, obs, previous, deps.clock()))
-        return Outcome.stuck(str(exc))
+        status = cluster_status(key.name, obs, previous, deps.clock())
+        await write_status(deps, c.CACHE_CLUSTER_KIND, key, previous, status)
+        return Outcome.stuck(str(exc)).telling(cluster_notes(previous, status))
     if key.deleting_since:
         obs = ClusterObservation(key.generation, spec.worker.replicas, endpoint, terminating=True, applied=True)
         await write_status(deps, c.CACHE_CLUSTER_KIND, key,
                            previous, cluster_status(key.name, obs, previous, deps.clock()))
         await deps.masters.forget(endpoint)
+        try:
+            await _share_data_token(deps, key.namespace, key.name, None)
+        except KubeError as exc:  # never hold up the deletion for it
+            log.warning("cannot take the data token of %s/%s out of the CSI tokens Secret: %s",
+                        key.namespace, key.name, exc)
         return Outcome.ok("terminating: children are garbage-collected with the cluster")
 
     ref = ObjectRef(c.API_VERSION, c.CACHE_CLUSTER_KIND, key.name, key.namespace, key.uid)
     obs = await _observe(deps, Cluster(ref, key.generation, spec), key, endpoint)
     status = cluster_status(key.name, obs, previous, deps.clock())
     await write_status(deps, c.CACHE_CLUSTER_KIND, key, previous, status)
+    notes = cluster_notes(previous, status)
     if obs.stalled is not None:
-        return Outcome.stuck(obs.stalled.message)
+        return Outcome.stuck(obs.stalled.message).telling(notes)
     if status["phase"] == ClusterPhase.READY:
-        return Outcome.ok("ready")
+        return Outcome.ok("ready").telling(notes)
     ready = next(cond for cond in status["conditions"] if cond["type"] == c.READY)
-    return Outcome.waiting(ready["message"])
+    return Outcome.waiting(ready["message"]).telling(notes)

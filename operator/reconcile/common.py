@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ from strata.operator.builders.common import auth_name
 from strata.operator.kube import KubeAPI
 from strata.operator.master import Masters
 from strata.operator.settings import OperatorSettings
+from strata.operator.status import Note
 
 
 def utcnow() -> datetime:
@@ -46,11 +47,16 @@ class ObjectState:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a reconcile ended: done, waiting (retry soon), or stalled (a person must act)."""
+    """How a reconcile ended: done, waiting (retry soon), or stalled (a person must act);
+    with the Events the status it wrote tells of (the handlers post them)."""
 
     done: bool
     message: str = ""
     stalled: bool = False
+    notes: tuple[Note, ...] = ()
+
+    def telling(self, notes: Sequence[Note]) -> Outcome:
+        return replace(self, notes=tuple(notes))
 
     @classmethod
     def ok(cls, message: str = "") -> Outcome:

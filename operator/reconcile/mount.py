@@ -25,6 +25,7 @@ from strata.operator import constants as c
 from strata.operator.builders.common import master_endpoint
 from strata.operator.builders.mount import build_mount_request, request_fingerprint
 from strata.operator.constants import MountPhase, Reason
+from strata.operator.kube import KubeError
 from strata.operator.models import LOCAL_SOURCE_SCHEMES, MountSpec, parse_spec, paths_overlap
 from strata.operator.reconcile.common import (
     Deps,
@@ -35,7 +36,7 @@ from strata.operator.reconcile.common import (
     secret_data,
     write_status,
 )
-from strata.operator.status import MountObservation, Problem, mount_status
+from strata.operator.status import MountObservation, Problem, mount_notes, mount_status
 
 log = logging.getLogger(__name__)
 
@@ -224,18 +225,29 @@ async def reconcile_mount(deps: Deps, body: Mapping[str, Any], state: ObjectStat
         obs = MountObservation(key.generation, MountPhase.FAILED, Problem(Reason.INVALID_SPEC, str(exc)))
     else:
         obs = await _observe(deps, body, spec, state, key.generation)
-    await write_status(deps, c.MOUNT_KIND, key, previous, mount_status(obs, previous, deps.clock()))
+    status = mount_status(obs, previous, deps.clock())
+    await write_status(deps, c.MOUNT_KIND, key, previous, status)
+    notes = mount_notes(previous, status)
     message = obs.problem.message if obs.problem else "mounted"
     if obs.phase == MountPhase.MOUNTED:
-        return Outcome.ok(message)
+        return Outcome.ok(message).telling(notes)
     if obs.phase == MountPhase.FAILED:
-        return Outcome.stuck(message)
-    return Outcome.waiting(message)
+        return Outcome.stuck(message).telling(notes)
+    return Outcome.waiting(message).telling(notes)
 
 
 def _seconds_since(stamp: str, now: datetime) -> float:
     then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     return (now - then).total_seconds()
+
+
+def _give_up_after_timeout(deps: Deps, key: ObjectKey, why: str, path: str) -> Outcome:
+    """Retry while the Mount has been deleting for less than `unmount_timeout`, then let it go."""
+    waited = _seconds_since(key.deleting_since, deps.clock()) if key.deleting_since else 0.0
+    if waited < deps.settings.unmount_timeout:
+        return Outcome.waiting(f"cannot unmount {path} yet: {why}")
+    log.warning("gave up unmounting %s after %.0fs: %s", path, waited, why)
+    return Outcome.ok(f"gave up unmounting {path} after {waited:.0f}s: {why}")
 
 
 async def remove_mount(deps: Deps, body: Mapping[str, Any]) -> Outcome:
@@ -250,7 +262,14 @@ async def remove_mount(deps: Deps, body: Mapping[str, Any]) -> Outcome:
         spec = parse_spec(MountSpec, body.get("spec") or {}, what=f"Mount {key.namespace}/{key.name}")
     except InvalidArgument:
         return Outcome.ok("the spec was never valid: nothing was mounted")
-    target = await _target(deps, key.namespace, spec, ready=False)
+    try:
+        target = await _target(deps, key.namespace, spec, ready=False)
+    except KubeError as exc:
+        if exc.status not in (401, 403):
+            raise
+        # The namespace took its grant away (a namespace being deleted removes its
+        # RoleBindings too): the cluster's token cannot be read, like a master that is gone.
+        return _give_up_after_timeout(deps, key, f"the cluster's token Secret cannot be read ({exc})", spec.path)
     if isinstance(target, Problem):
         return Outcome.ok(f"nothing to unmount: {target.message}")
     if any(o["spec"]["path"] == spec.path for o in await _other_mounts(deps, body, spec)):
@@ -260,12 +279,8 @@ async def remove_mount(deps: Deps, body: Mapping[str, Any]) -> Outcome:
     except NotFound:
         return Outcome.ok(f"{spec.path} was not mounted")
     except Unavailable as exc:
-        waited = _seconds_since(key.deleting_since, deps.clock()) if key.deleting_since else 0.0
-        why = f"the master at {target.endpoint} cannot be reached ({exc})"
-        if waited < deps.settings.unmount_timeout:
-            return Outcome.waiting(f"cannot unmount {spec.path} yet: {why}")
-        log.warning("gave up unmounting %s after %.0fs: %s", spec.path, waited, why)
-        return Outcome.ok(f"gave up unmounting {spec.path} after {waited:.0f}s: {why}")
+        return _give_up_after_timeout(deps, key, f"the master at {target.endpoint} cannot be reached ({exc})",
+                                      spec.path)
     except StrataError as exc:
         log.warning("unmounting %s failed, removing the Mount anyway: %s", spec.path, exc)
         return Outcome.ok(f"unmounting {spec.path} failed: {exc}")

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from kit import REPO, Cluster, wait_until  # noqa: E402
+from kit import REPO, Cluster, make_namespace, wait_until  # noqa: E402
 
 from harness import binaries  # noqa: E402
 
@@ -133,12 +133,7 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     base = request.node.name.lower().replace("_", "-")
     base = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:5]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, "strata.dev/e2e=true")
-    wait_until(
-        lambda: cluster.get_or_none("serviceaccount", "default", name),
-        timeout=30, what=f"the default ServiceAccount in {name}",
-    )
+    make_namespace(cluster, name)
     yield name
     if os.environ.get("STRATA_E2E_KEEP"):
         return

@@ -125,6 +125,24 @@ class Cluster:
         return out
 
 
+# The chart's tenant ClusterRole and operator account (release `strata` in `strata-system`).
+TENANT_ROLE = "strata-tenant"
+TENANT_BINDING = "strata-operator"
+OPERATOR_ACCOUNT = "strata-system:strata-operator"
+
+
+def make_namespace(cluster: Cluster, name: str) -> None:
+    """A fresh namespace for a test, granted to the chart's operator as the owner of a
+    namespace that runs CacheClusters does (its clusters' token Secrets, its Mounts'
+    credentials), with its default ServiceAccount made."""
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, "strata.dev/e2e=true")
+    cluster.kubectl("create", "rolebinding", TENANT_BINDING, "-n", name, f"--clusterrole={TENANT_ROLE}",
+                    f"--serviceaccount={OPERATOR_ACCOUNT}")
+    wait_until(lambda: cluster.get_or_none("serviceaccount", "default", name), timeout=30,
+               what=f"the default ServiceAccount in {name}")
+
+
 def pod_ready(pod: Obj | None) -> bool:
     if not pod:
         return False

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,26 @@ from urllib.parse import urlparse
 import boto3  # type: ignore[import-untyped]
 import pytest
 
-from kit import REPO, Cluster, CommandError, condition, find_tool, load_fixture, pod_ready, python_pod, wait_until
+from kit import (
+    REPO,
+    Cluster,
+    CommandError,
+    condition,
+    find_tool,
+    load_fixture,
+    make_namespace,
+    pod_ready,
+    python_pod,
+    wait_until,
+)
 
 Obj = dict[str, Any]
 RELEASE = "strata"
 RELEASE_NS = "strata-system"
 READY_TIMEOUT = 300.0
+# A namespace delete with a CacheCluster and Mounts: tries (it is racy), and the bound on each.
+NAMESPACE_DELETE_TRIES = 4
+NAMESPACE_DELETE_TIMEOUT = 120.0
 CHILD_KINDS = ("statefulset", "service", "configmap", "secret", "poddisruptionbudget")
 
 
@@ -321,6 +336,32 @@ def test_deleting_cachecluster_removes_all_children(strata: Cluster, namespace: 
                diagnose=lambda: ", ".join(children(strata, namespace)))
 
 
+@pytest.mark.disruptive
+def test_deleting_a_namespace_with_a_cluster_and_mounts_never_hangs(
+    strata: Cluster, s3: dict[str, str], dataset: dict[str, bytes]
+) -> None:
+    """What a GitOps prune does: delete the namespace holding a CacheCluster and its Mounts.
+    The operator's finalizers finish, whichever object goes first; the race is why it
+    runs several times."""
+    seconds = []
+    for attempt in range(NAMESPACE_DELETE_TRIES):
+        name = f"prune-{attempt}-{uuid.uuid4().hex[:5]}"
+        make_namespace(strata, name)
+        ready_cluster(strata, name)
+        strata.apply(s3_mount(s3, name="data") + s3_mount(s3, name="more", secret="more-creds"), name)
+        for mount in ("data", "more"):
+            wait_until(lambda: strata.get("mount", mount, name).get("status", {}).get("phase") == "Mounted",
+                       timeout=120, what=f"Mount {mount} phase Mounted")
+        started = time.monotonic()
+        strata.kubectl("delete", "namespace", name, "--wait=false")
+        wait_until(lambda: strata.get_or_none("namespace", name) is None, timeout=NAMESPACE_DELETE_TIMEOUT,
+                   what=f"namespace {name} to be gone (try {attempt + 1})",
+                   diagnose=lambda: strata.kubectl("get", "cacheclusters,mounts.strata.dev", "-n", name, "-o",
+                                                   "yaml", check=False)[-3000:])
+        seconds.append(round(time.monotonic() - started, 1))
+    print(f"\nnamespace delete times (s): {seconds}")
+
+
 def test_mount_with_bad_credentials_fails_with_a_reason(
     strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
 ) -> None:
@@ -334,6 +375,13 @@ def test_mount_with_bad_credentials_fails_with_a_reason(
     assert stalled and stalled["status"] == "True", m["status"]
     assert stalled.get("reason") and stalled.get("message"), stalled
     assert "not-the-secret" not in json.dumps(m), "the secret must not be echoed"
+    # `kubectl describe` shows it too: a Warning Event with the same reason, posted once.
+    events = wait_until(lambda: [e for e in strata.items("events", namespace)
+                                 if e["involvedObject"].get("kind") == "Mount"
+                                 and e["involvedObject"].get("name") == "bad" and e.get("type") == "Warning"],
+                        timeout=30, what="a Warning Event on Mount bad")
+    assert [e["reason"] for e in events] == [stalled["reason"]], events
+    assert stalled["message"][:200] in events[0]["message"] and "not-the-secret" not in json.dumps(events)
 
 
 def test_examples_run(strata: Cluster, namespace: str) -> None:

@@ -39,6 +39,8 @@ pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300),
 
 Mode = csi.VolumeCapability.AccessMode
 API = "/apis/strata.dev/v1alpha1/namespaces/team"
+TOKENS_SECRET = "strata-system/strata-csi-tokens"
+TOKENS_PATH = "/api/v1/namespaces/strata-system/secrets/strata-csi-tokens"
 
 
 def capability(mode: int = Mode.SINGLE_NODE_WRITER) -> csi.VolumeCapability:
@@ -55,12 +57,11 @@ class Objects:
         return self.objects.get(path)
 
     def add_cluster(self, name: str, endpoint: str, data_token: str) -> None:
-        """A CacheCluster and its Secret as the operator makes it (volumes use `dataToken`)."""
+        """A CacheCluster, and its data token in the CSI tokens Secret as the operator keeps it
+        (the plugin reads no other Secret; `<cluster>-auth` with the admin token is not there)."""
         self.objects[f"{API}/cacheclusters/{name}"] = {"status": {"master": {"endpoint": endpoint}}}
-        self.objects[f"/api/v1/namespaces/team/secrets/{name}-auth"] = {"data": {
-            "token": base64.b64encode(b"admin-token-volumes-never-get").decode(),
-            "dataToken": base64.b64encode(data_token.encode()).decode(),
-        }}
+        tokens = self.objects.setdefault(TOKENS_PATH, {"data": {}})
+        tokens["data"][c.data_token_key("team", name)] = base64.b64encode(data_token.encode()).decode()
 
     def add_mount(self, name: str, cluster: str, path: str, *, phase: str = "Mounted", read_only: bool = False) -> None:
         self.objects[f"{API}/mounts/{name}"] = {"spec": {"cluster": cluster, "path": path, "readOnly": read_only},
@@ -80,7 +81,7 @@ class Plugin:
         async def main() -> None:
             self._stop = asyncio.Event()
             ready.set()
-            await serve(self.socket, "node-0", self.publisher, KubeResolver(objects), self._stop)
+            await serve(self.socket, "node-0", self.publisher, KubeResolver(objects, TOKENS_SECRET), self._stop)
 
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(main(),), daemon=True)
         self._thread.start()

@@ -77,6 +77,26 @@ app.kubernetes.io/part-of: strata
 {{- include "strata.componentName" (list . "webhook-tls") -}}
 {{- end -}}
 
+{{/* The Secret where the operator keeps every cluster's data token for the CSI node plugin. */}}
+{{- define "strata.csiTokensName" -}}
+{{- include "strata.componentName" (list . "csi-tokens") -}}
+{{- end -}}
+
+{{/* The ClusterRole a namespace binds to the operator to let it use Secrets there. */}}
+{{- define "strata.tenantRoleName" -}}
+{{- include "strata.componentName" (list . "tenant") -}}
+{{- end -}}
+
+{{/* The namespaces where the chart binds the tenant role: the watched ones when not
+cluster-wide, and rbac.tenantNamespaces. */}}
+{{- define "strata.tenantNamespaces" -}}
+{{- $namespaces := .Values.rbac.tenantNamespaces -}}
+{{- if not .Values.operator.watchAllNamespaces -}}
+{{- $namespaces = concat (include "strata.watchNamespaces" . | fromJsonArray) $namespaces -}}
+{{- end -}}
+{{- toJson (uniq $namespaces) -}}
+{{- end -}}
+
 {{- define "strata.peeringName" -}}
 {{- default (include "strata.fullname" .) .Values.operator.peeringName -}}
 {{- end -}}

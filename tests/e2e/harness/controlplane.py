@@ -4,6 +4,7 @@ processes, with certificates, kubeconfigs and a /readyz wait."""
 from __future__ import annotations
 
 import http.client
+import json
 import ssl
 import subprocess
 import time
@@ -16,6 +17,8 @@ from harness.pki import Pki, make_pki
 from harness.processes import free_port, spawn, stop, tail, wait_for
 
 READY_TIMEOUT = 60.0
+# The namespace whose ServiceAccounts' requests the API server audits (the chart's release).
+AUDITED_NAMESPACE = "strata-system"
 
 
 @dataclass
@@ -128,6 +131,18 @@ class ControlPlane:
             self.log("etcd"),
         )
 
+    def _audit_policy(self) -> Path:
+        """Every request of the ServiceAccounts in AUDITED_NAMESPACE (the chart's operator and
+        CSI node plugin), at Metadata level (who, verb, resource, name; no bodies): the API
+        calls the tests compare with the chart's RBAC. Nothing else is logged."""
+        path = self.state / "audit-policy.yaml"
+        path.write_text(json.dumps({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata", "userGroups": [f"system:serviceaccounts:{AUDITED_NAMESPACE}"]},
+                      {"level": "None"}],
+        }))
+        return path
+
     def _start_apiserver(self) -> None:
         pki = self.pki
         assert pki is not None
@@ -158,6 +173,10 @@ class ControlPlane:
                 f"--kubelet-client-certificate={pki.kubelet_client.cert}",
                 f"--kubelet-client-key={pki.kubelet_client.key}",
                 "--profiling=false",
+                f"--audit-policy-file={self._audit_policy()}",
+                f"--audit-log-path={self.log('audit')}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",  # a request is in the file once answered
                 "--v=1",
             ],
             self.log("kube-apiserver"),

@@ -14,7 +14,7 @@ from cryptography import x509
 
 from strata.cacheserver.cli import build_parser
 from strata.cacheserver.csi import constants as csi
-from strata.operator.handlers.admission import CERT_FILE, HANDLER_ID, KEY_FILE, WebhookSettings
+from strata.operator.handlers.admission import HANDLER_ID, WEBHOOK_NAME, WebhookSettings
 from strata.operator.handlers.metrics import MetricsSettings
 from strata.operator.settings import OperatorSettings
 from tests.unit.chart.conftest import CHART, NAMESPACE, Obj, Render, kinds, one, render_text, run_helm
@@ -112,10 +112,10 @@ def test_operator_deployment(render: Render) -> None:
     assert args.liveness == f"http://0.0.0.0:{health}/healthz"
     probe = operator["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz" and probe["port"] == "health"
-    # Non-root, nothing writable.
+    # Non-root, nothing writable but the webhook certificate it makes (in memory).
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert operator["securityContext"]["readOnlyRootFilesystem"] is True
-    assert not [v for v in pod["spec"].get("volumes", []) if "emptyDir" in v]
+    assert [v["name"] for v in pod["spec"].get("volumes", []) if "emptyDir" in v] == ["webhook-tls"]
     assert pod["spec"]["serviceAccountName"] == one(objs, "ServiceAccount", "strata-operator")["metadata"]["name"]
 
 
@@ -149,11 +149,21 @@ def test_namespaced_mode(render: Render) -> None:
     assert "ClusterKopfPeering" not in kinds(objs)
     roles = [o for o in objs if o["kind"] == "Role"]
     assert sorted((r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles) == [
+        (NAMESPACE, "strata-csi-node-tokens"), (NAMESPACE, "strata-operator-self"),
         ("team-a", "strata-csi-node"), ("team-a", "strata-operator"),
         ("team-b", "strata-csi-node"), ("team-b", "strata-operator")]
-    # Only the read-only discovery rules stay cluster-wide.
-    (cluster_role,) = [o for o in objs if o["kind"] == "ClusterRole"]
-    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cluster_role["rules"])
+    # Only the read-only discovery rules and the patch of the webhook's own configuration are
+    # bound cluster-wide; the tenant role (Secrets) is bound in the watched namespaces only.
+    bound = {b["roleRef"]["name"] for b in objs if b["kind"] == "ClusterRoleBinding"}
+    cluster_roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] in bound}
+    assert sorted(cluster_roles) == ["strata-operator-discovery", "strata-operator-webhook"]
+    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cluster_roles["strata-operator-discovery"]["rules"])
+    assert cluster_roles["strata-operator-webhook"]["rules"] == [{
+        "apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+        "resourceNames": ["strata-locality"], "verbs": ["patch"]}]
+    tenant = [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in objs
+              if b["kind"] == "RoleBinding" and b["roleRef"]["kind"] == "ClusterRole"]
+    assert sorted(tenant) == [("team-a", "strata-tenant"), ("team-b", "strata-tenant")]
     # Default: the release namespace.
     objs = render({"operator.watchAllNamespaces": "false"})
     assert build_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"]).namespace == [NAMESPACE]
@@ -227,27 +237,27 @@ def test_webhook_configuration_matches_the_operator(render: Render) -> None:
     assert env["STRATA_OPERATOR_WEBHOOK_ENABLED"] == "true"
     assert int(env["STRATA_OPERATOR_WEBHOOK_PORT"]) == port_of(operator, "webhook")
     assert operator["readinessProbe"]["tcpSocket"]["port"] == "webhook"
-    # The certificate Secret is mounted where the operator looks for tls.crt and tls.key.
+    # The operator makes the certificate and writes it where it serves it from; the settings
+    # the chart gives name the Secret, Service and configuration it renders.
     mount = mount_of(operator, "webhook-tls")
-    assert mount["mountPath"] == env["STRATA_OPERATOR_WEBHOOK_CERT_DIR"] and mount["readOnly"]
-    secret_volume = volume(deployment, "webhook-tls")["secret"]
-    assert {i["path"] for i in secret_volume["items"]} == {CERT_FILE, KEY_FILE}
-    assert one(objs, "Secret", secret_volume["secretName"])
+    assert mount["mountPath"] == env["STRATA_OPERATOR_WEBHOOK_CERT_DIR"] and not mount["readOnly"]
+    assert "emptyDir" in volume(deployment, "webhook-tls")
+    settings = WebhookSettings(**{k.removeprefix("STRATA_OPERATOR_WEBHOOK_").lower(): v for k, v in env.items()
+                                  if k.startswith("STRATA_OPERATOR_WEBHOOK_")})
+    assert settings.certificate == "operator" and settings.service == ref["name"]
+    assert settings.configuration == one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
+    assert hook["name"] == WEBHOOK_NAME
 
 
-def test_webhook_certificate_is_signed_by_the_ca_bundle(render: Render) -> None:
+def test_nothing_secret_is_rendered_for_the_webhook(render: Render, helm: str) -> None:
+    """The key is made by the operator in the cluster: no Secret, no caBundle, no key in the
+    rendered manifests, so every install has its own."""
     objs = render()
+    assert "Secret" not in kinds(objs)
     hook = one(objs, "MutatingWebhookConfiguration")["webhooks"][0]
-    secret = one(objs, "Secret", "strata-webhook-tls")
-    assert secret["type"] == "kubernetes.io/tls"
-    ca = x509.load_pem_x509_certificate(base64.b64decode(hook["clientConfig"]["caBundle"]))
-    assert base64.b64decode(secret["data"]["ca.crt"]) == base64.b64decode(hook["clientConfig"]["caBundle"])
-    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-    cert.verify_directly_issued_by(ca)
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
-    assert f"strata-webhook.{NAMESPACE}.svc" in names
-    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days >= 3649
-    assert b"PRIVATE KEY" in base64.b64decode(secret["data"]["tls.key"])
+    assert "caBundle" not in hook["clientConfig"]
+    assert "PRIVATE KEY" not in render_text(helm)
+    assert render_text(helm) == render_text(helm)  # nothing generated at render time
 
 
 def test_webhook_certificate_from_cert_manager(render: Render) -> None:

@@ -16,7 +16,8 @@ import pytest
 from strata.cacheserver.csi import constants as csi
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.operator import constants as c
-from strata.operator.handlers.admission import review
+from strata.operator.handlers.admission import WebhookSettings, certificate_place, review
+from strata.operator.reconcile.webhook import ensure_certificate
 from strata.operator.kube import PLURALS, Obj
 from strata.operator.reconcile import ObjectState, reconcile_cluster, reconcile_mount, remove_mount
 from tests.unit.chart.conftest import NAMESPACE, Render
@@ -31,6 +32,8 @@ from tests.unit.operator.conftest import (  # noqa: F401 - fixtures used by `wor
 )
 
 Request = tuple[str, str, str]  # verb, API group, resource (plural, or plural/status)
+# Where a request goes: the tenant namespace of the objects ("ns"), or the operator's own.
+TENANT, SELF = "ns", "strata-system"
 
 
 def group_of(api_version: str) -> str:
@@ -39,30 +42,44 @@ def group_of(api_version: str) -> str:
 
 class RecordingKube:
     """The KubeAPI the reconcile steps get: forwards to FakeKube, records each request as
-    the API server authorizes it (an apply may create the object: patch and create)."""
+    the API server authorizes it (an apply may create the object: patch and create), with
+    the namespace and name it names."""
 
     def __init__(self, inner: FakeKube) -> None:
         self.inner = inner
         self.requests: set[Request] = set()
+        self.placed: set[tuple[str, str, str, str, str]] = set()  # + namespace, name
 
-    def _note(self, verbs: Iterable[str], api_version: str, kind: str, sub: str = "") -> None:
+    def _note(self, verbs: Iterable[str], api_version: str, kind: str, namespace: str, name: str,
+              sub: str = "") -> None:
         resource = PLURALS[kind] + (f"/{sub}" if sub else "")
-        self.requests.update((verb, group_of(api_version), resource) for verb in verbs)
+        for verb in verbs:
+            self.requests.add((verb, group_of(api_version), resource))
+            self.placed.add((verb, group_of(api_version), resource, namespace, name))
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
-        self._note(["get"], api_version, kind)
+        self._note(["get"], api_version, kind, namespace, name)
         return await self.inner.get(api_version, kind, namespace, name)
 
     async def list(self, api_version: str, kind: str, namespace: str) -> list[Obj]:
-        self._note(["list"], api_version, kind)
+        self._note(["list"], api_version, kind, namespace, "")
         return await self.inner.list(api_version, kind, namespace)
 
-    async def apply(self, manifest: Obj) -> Obj:
-        self._note(["patch", "create"], manifest["apiVersion"], manifest["kind"])
-        return await self.inner.apply(manifest)
+    async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
+        meta = manifest["metadata"]
+        # An apply creates the object when it is new; a cluster-scoped one the operator only
+        # changes (the webhook configuration is the installer's).
+        verbs = ["patch", "create"] if meta.get("namespace") else ["patch"]
+        self._note(verbs, manifest["apiVersion"], manifest["kind"], meta.get("namespace", ""), meta["name"])
+        return await self.inner.apply(manifest, manager)
+
+    async def create(self, manifest: Obj) -> Obj | None:
+        meta = manifest["metadata"]
+        self._note(["create"], manifest["apiVersion"], manifest["kind"], meta.get("namespace", ""), meta["name"])
+        return await self.inner.create(manifest)
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
-        self._note(["patch"], api_version, kind, "status")
+        self._note(["patch"], api_version, kind, namespace, name, "status")
         await self.inner.apply_status(api_version, kind, namespace, name, status)
 
 
@@ -70,9 +87,13 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+Placed = tuple[str, str, str, str, str]  # verb, group, resource, namespace ("" cluster-wide), name
+
+
 @pytest.fixture
-async def operator_requests(world: World) -> set[Request]:
-    """Everything one CacheCluster's and one Mount's life asks of the API server."""
+async def recorded(world: World) -> RecordingKube:
+    """Everything one CacheCluster's and one Mount's life asks of the API server, from
+    creation through scale-in to deletion."""
     kube = RecordingKube(world.kube)
     world.deps.kube = kube
     world.kube.put(cluster_body())
@@ -96,26 +117,45 @@ async def operator_requests(world: World) -> set[Request]:
     deleting = world.kube.obj("Mount", "data")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
     assert (await remove_mount(world.deps, deleting)).done
-    return kube.requests
+    gone = world.kube.obj("CacheCluster", "demo")
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    assert (await reconcile_cluster(world.deps, gone)).done
+    # The webhook certificate: made at the first start, renewed when it is due.
+    place = certificate_place(WebhookSettings(enabled=True, certificate="operator", secret="strata-webhook-tls",
+                                              service="strata-webhook", configuration="strata-locality"), SELF)
+    await ensure_certificate(kube, place, world.clock)
+    world.clock.now += place.validity
+    await ensure_certificate(kube, place, world.clock)
+    return kube
+
+
+@pytest.fixture
+def operator_requests(recorded: RecordingKube) -> set[Request]:
+    return recorded.requests
 
 
 # kopf, as configured in operator/handlers/lifecycle.py: it watches CacheClusters and Mounts
 # and patches their finalizers and annotations, posts Events (warnings), and keeps alive in
-# its peering object.
+# its peering object; it scans CRDs (and, when not cluster-wide, namespaces).
 KOPF_REQUESTS: set[Request] = {
     (verb, c.GROUP, plural) for verb in ("list", "watch", "patch") for plural in (c.CACHE_CLUSTER_PLURAL, c.MOUNT_PLURAL)
 } | {("create", "", "events")}
-PEERING_VERBS = ("get", "list", "watch", "patch")
+PEERING_VERBS = ("list", "watch", "patch")  # kopf never GETs it (the API server's audit log shows)
+DISCOVERY = {("list", "apiextensions.k8s.io", "customresourcedefinitions"),
+             ("watch", "apiextensions.k8s.io", "customresourcedefinitions")}
+NAMESPACE_DISCOVERY = {("list", "", "namespaces"), ("watch", "", "namespaces")}
 
 
-def allows(rules: list[Obj], request: Request) -> bool:
-    verb, group, resource = request
-    return any(
-        (verb in rule["verbs"] or "*" in rule["verbs"])
-        and (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
-        and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
-        for rule in rules
-    )
+def _matches(rule: Obj, verb: str, group: str, resource: str, name: str) -> bool:
+    names = rule.get("resourceNames")
+    # The API server never matches a create, list or watch against resourceNames.
+    named = verb not in ("create", "list", "watch") and name
+    return (verb in rule["verbs"] and group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
+            and (not names or bool(named and name in names)))
+
+
+def allows(rules: list[Obj], request: Request, name: str = "") -> bool:
+    return any(_matches(rule, *request, name) for rule in rules)
 
 
 def bound_rules(objs: list[Obj], account: str, namespace: str | None) -> list[Obj]:
@@ -137,8 +177,41 @@ def bound_rules(objs: list[Obj], account: str, namespace: str | None) -> list[Ob
     return rules
 
 
+def rules_in(objs: list[Obj], account: str, namespace: str) -> list[Obj]:
+    """What the account may do in `namespace`: its cluster-wide rules and that namespace's."""
+    cluster_wide = bound_rules(objs, account, None)
+    return cluster_wide + [r for r in bound_rules(objs, account, namespace) if r not in cluster_wide]
+
+
+def granted(objs: list[Obj], account: str) -> set[tuple[str, str, str, str]]:
+    """Every (verb, group, resource, resourceName or "") any binding gives the account."""
+    namespaces = {o["metadata"].get("namespace") for o in objs if o["kind"] == "RoleBinding"} | {None}
+    out = set()
+    for namespace in namespaces:
+        for rule in bound_rules(objs, account, namespace):
+            for verb in rule["verbs"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        out |= {(verb, group, resource, name) for name in rule.get("resourceNames") or [""]}
+    return out
+
+
 def missing(rules: list[Obj], requests: Iterable[Request]) -> list[Request]:
     return sorted(r for r in requests if not allows(rules, r))
+
+
+def unallowed(objs: list[Obj], account: str, placed: Iterable[Placed]) -> list[Placed]:
+    """The recorded requests the rendered RBAC would refuse, each in its own namespace."""
+    return sorted(p for p in placed if not allows(rules_in(objs, account, p[3]), p[:3], p[4]))
+
+
+def unused(objs: list[Obj], account: str, placed: Iterable[Placed], also: set[Request]) -> list[tuple[str, ...]]:
+    """Grants no recorded request needs: each (verb, group, resource) must be used, and each
+    resourceName by a request for that name."""
+    used = {p[:3] for p in placed} | also
+    used_names = {(*p[:3], p[4]) for p in placed}
+    return sorted(g for g in granted(objs, account)
+                  if g[:3] not in used or (g[3] and g not in used_names))
 
 
 async def test_the_recorded_requests_cover_every_kind_the_operator_touches(operator_requests: set[Request]) -> None:
@@ -148,25 +221,30 @@ async def test_the_recorded_requests_cover_every_kind_the_operator_touches(opera
             ("create", "policy", "poddisruptionbudgets"), ("get", c.GROUP, "cacheclusters")} <= operator_requests
 
 
-async def test_cluster_wide_rbac_allows_what_the_operator_does(render: Render, operator_requests: set[Request]) -> None:
-    objs = render()
-    rules = bound_rules(objs, "strata-operator", None)
-    needed = operator_requests | KOPF_REQUESTS | {(v, "kopf.dev", "clusterkopfpeerings") for v in PEERING_VERBS}
-    needed |= {("list", "apiextensions.k8s.io", "customresourcedefinitions"),
-               ("watch", "apiextensions.k8s.io", "customresourcedefinitions")}
-    assert not missing(rules, needed)
+async def test_cluster_wide_rbac_is_exactly_what_the_operator_does(render: Render, recorded: RecordingKube) -> None:
+    """Every request is allowed where it goes (Secrets in a namespace that granted them, the
+    CSI tokens Secret at home), and every grant is used by some request."""
+    objs = render({"rbac.tenantNamespaces": f"{{{TENANT}}}"})
+    kopf = KOPF_REQUESTS | {(v, "kopf.dev", "clusterkopfpeerings") for v in PEERING_VERBS} | DISCOVERY
+    assert not unallowed(objs, "strata-operator", recorded.placed)
+    assert not missing(bound_rules(objs, "strata-operator", None), kopf)
+    assert not unused(objs, "strata-operator", recorded.placed, kopf)
+    # A namespace that granted nothing: no Secret there, in any way.
+    elsewhere = rules_in(objs, "strata-operator", "elsewhere")
+    assert not [v for v in ("get", "list", "watch", "create", "patch") if allows(elsewhere, (v, "", "secrets"), "x")]
 
 
-async def test_namespaced_rbac_allows_it_in_each_watched_namespace(render: Render,
-                                                                  operator_requests: set[Request]) -> None:
-    objs = render({"operator.watchAllNamespaces": "false", "operator.watchNamespaces": "{team-a,team-b}"})
+async def test_namespaced_rbac_is_exactly_it_in_each_watched_namespace(render: Render, recorded: RecordingKube) -> None:
+    objs = render({"operator.watchAllNamespaces": "false", "operator.watchNamespaces": f"{{{TENANT},team-b}}"})
     cluster_rules = bound_rules(objs, "strata-operator", None)
-    namespaced = operator_requests | KOPF_REQUESTS | {(v, "kopf.dev", "kopfpeerings") for v in PEERING_VERBS}
-    for namespace in ("team-a", "team-b"):
-        assert not missing(bound_rules(objs, "strata-operator", namespace), namespaced), namespace
+    kopf = KOPF_REQUESTS | {(v, "kopf.dev", "kopfpeerings") for v in PEERING_VERBS}
+    for namespace in (TENANT, "team-b"):
+        assert not missing(bound_rules(objs, "strata-operator", namespace), kopf), namespace
+    assert not unallowed(objs, "strata-operator", recorded.placed)
+    assert not unused(objs, "strata-operator", recorded.placed, kopf | DISCOVERY | NAMESPACE_DISCOVERY)
+    namespaced = recorded.requests | kopf
     assert missing(bound_rules(objs, "strata-operator", "elsewhere"), namespaced) == sorted(namespaced)
-    assert not missing(cluster_rules, {("list", "", "namespaces"), ("watch", "", "namespaces"),
-                                       ("list", "apiextensions.k8s.io", "customresourcedefinitions")})
+    assert not missing(cluster_rules, NAMESPACE_DISCOVERY | DISCOVERY)
     # Nothing beyond discovery is granted cluster-wide.
     assert missing(cluster_rules, namespaced) == sorted(namespaced)
 
@@ -183,30 +261,43 @@ def test_rbac_grants_no_more_than_it_needs(render: Render) -> None:
 class RecordingReader:
     def __init__(self, objects: dict[str, Obj]) -> None:
         self.objects = objects
-        self.requests: set[Request] = set()
+        self.placed: set[Placed] = set()
 
     def get(self, path: str) -> Obj | None:
         parts = path.strip("/").split("/")
         group = "" if parts[0] == "api" else parts[1]
-        self.requests.add(("get", group, parts[-2]))
+        self.placed.add(("get", group, parts[-2], parts[-3], parts[-1]))
         return self.objects.get(path)
 
 
-def test_csi_node_plugin_rbac_allows_its_reads(render: Render) -> None:
+def test_csi_node_plugin_rbac_is_exactly_its_reads(render: Render) -> None:
     group = f"/apis/{csi.API_GROUP_VERSION}/namespaces/team"
     reader = RecordingReader({
         f"{group}/mounts/data": {"spec": {"cluster": "demo", "path": "/data"}, "status": {"phase": "Mounted"}},
         f"{group}/cacheclusters/demo": {"status": {"master": {"endpoint": "demo-master-0:19998"}}},
-        "/api/v1/namespaces/team/secrets/demo-auth": {"data": {"token": b64("admin"), "dataToken": b64("t0k3n")}},
+        f"/api/v1/namespaces/{NAMESPACE}/secrets/strata-csi-tokens": {"data": {"team.demo": b64("t0k3n")}},
     })
-    source = KubeResolver(reader).resolve("team", "data", {})
-    assert source.token == "t0k3n"
-    assert reader.requests == {("get", c.GROUP, "mounts"), ("get", c.GROUP, "cacheclusters"), ("get", "", "secrets")}
-    assert not missing(bound_rules(render(), "strata-csi-node", None), reader.requests)
-    objs = render({"operator.watchAllNamespaces": "false", "operator.watchNamespaces": "{team}"})
-    assert not missing(bound_rules(objs, "strata-csi-node", "team"), reader.requests)
     daemonset = next(o for o in render() if o["kind"] == "DaemonSet")
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    tokens = next(a.split("=", 1)[1] for a in args if a.startswith("--tokens-secret="))
+    source = KubeResolver(reader, tokens).resolve("team", "data", {}, "team")
+    assert source.token == "t0k3n"
+    assert {p[:3] for p in reader.placed} == {("get", c.GROUP, "mounts"), ("get", c.GROUP, "cacheclusters"),
+                                              ("get", "", "secrets")}
+    for objs in (render(), render({"operator.watchAllNamespaces": "false", "operator.watchNamespaces": "{team}"})):
+        assert not unallowed(objs, "strata-csi-node", reader.placed)
+        assert not unused(objs, "strata-csi-node", reader.placed, set())
+        for namespace in ("team", "elsewhere", NAMESPACE):
+            assert not allows(rules_in(objs, "strata-csi-node", namespace), ("get", "", "secrets"), "demo-auth")
     assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "strata-csi-node"
+
+
+def test_without_csi_and_own_certificate_the_operator_keeps_no_secret_at_home(render: Render) -> None:
+    objs = render({"csi.enabled": "false", "webhook.certificate.mode": "certManager"})
+    assert not [o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE]
+    only_webhook = rules_in(render({"csi.enabled": "false"}), "strata-operator", NAMESPACE)
+    assert allows(only_webhook, ("create", "", "secrets")) and not allows(only_webhook, ("patch", "", "secrets"),
+                                                                          "strata-csi-tokens")
 
 
 def test_rbac_off_renders_no_rbac(render: Render) -> None:

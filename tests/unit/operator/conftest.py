@@ -4,6 +4,7 @@ the e2e suite runs against a real one)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class MasterState:
     misses: int = 0
     calls: list[tuple[str, Any]] = field(default_factory=list)
     next_id: int = 1
+    unmount_delay: float = 0.0  # seconds each Unmount takes
 
     def count(self, method: str) -> int:
         return sum(1 for name, _ in self.calls if name == method)
@@ -74,6 +76,7 @@ class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
 
     async def Unmount(self, request: pb.UnmountRequest, context: Any) -> pb.UnmountResponse:  # noqa: N802
         await self._check(context, "Unmount", request)
+        await asyncio.sleep(self.state.unmount_delay)
         if request.path not in self.state.mounts:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no mount at {request.path}")
         del self.state.mounts[request.path]
@@ -154,6 +157,7 @@ class FakeKube:
         self.applied: list[Obj] = []
         self.status_writes: list[tuple[str, str, Obj]] = []
         self.refuse: dict[str, KubeError] = {}
+        self.data_owners: dict[tuple[str, str, str], dict[str, dict[str, str]]] = {}
 
     def put(self, obj: Obj) -> Obj:
         meta = obj["metadata"]
@@ -173,16 +177,28 @@ class FakeKube:
     async def list(self, api_version: str, kind: str, namespace: str) -> list[Obj]:
         return [copy.deepcopy(o) for (k, ns, _), o in self.objects.items() if k == kind and ns == namespace]
 
-    async def apply(self, manifest: Obj) -> Obj:
+    async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
         if manifest["kind"] in self.refuse:
             raise self.refuse[manifest["kind"]]
         self.applied.append(copy.deepcopy(manifest))
-        key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        key = (manifest["kind"], manifest["metadata"].get("namespace", ""), manifest["metadata"]["name"])
         stored = copy.deepcopy(manifest)
         if key in self.objects and "status" in self.objects[key]:
             stored["status"] = self.objects[key]["status"]
+        # Server-side apply: each manager owns the data keys it applied; others' stay.
+        owned = self.data_owners.setdefault(key, {})
+        owned[manager] = dict(manifest.get("data") or {})
+        if manifest["kind"] == "Secret":
+            stored["data"] = {k: v for data in owned.values() for k, v in data.items()}
         self.objects[key] = stored
         return copy.deepcopy(stored)
+
+    async def create(self, manifest: Obj) -> Obj | None:
+        key = (manifest["kind"], manifest["metadata"].get("namespace", ""), manifest["metadata"]["name"])
+        if key in self.objects:
+            return None
+        self.objects[key] = copy.deepcopy(manifest)
+        return copy.deepcopy(manifest)
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         self.status_writes.append((kind, name, copy.deepcopy(status)))
@@ -215,7 +231,7 @@ class World:
 @pytest.fixture
 async def world(master: RunningMaster) -> AsyncIterator[World]:
     settings = OperatorSettings(server_image="strata-server:test", rpc_timeout=2.0, report_ttl=0,
-                                unmount_timeout=30.0)
+                                unmount_timeout=30.0, namespace="strata-system", csi_tokens_secret="strata-csi-tokens")
     masters = LocalMasters(master.address, timeout=settings.rpc_timeout, report_ttl=settings.report_ttl)
     kube, clock = FakeKube(), Clock()
     yield World(kube, master, masters, clock, Deps(kube=kube, masters=masters, settings=settings, clock=clock))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -67,3 +68,24 @@ async def test_reports_are_shared_for_their_ttl(master: RunningMaster) -> None:
         assert master.state.count("Report") == 4
     finally:
         await masters.close()
+
+
+async def test_a_call_on_a_channel_closed_under_it_is_unavailable_not_cancelled(master: RunningMaster) -> None:
+    """Deleting a cluster forgets its master (closing the channel) while a Mount's deletion
+    may be unmounting on it: that step must fail like any unreachable master and be retried."""
+    master.state.unmount_delay = 5.0
+    masters = Masters(timeout=10, report_ttl=0)
+    call = asyncio.create_task(masters.client(master.address, TOKEN).unmount("/a"))
+    deadline = time.monotonic() + 5
+    while master.state.count("Unmount") == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await masters.forget(master.address)
+    with pytest.raises(Unavailable, match="closed during the call"):
+        await call
+    # A task that is itself cancelled still ends cancelled.
+    call = asyncio.create_task(masters.client(master.address, TOKEN).unmount("/a"))
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await masters.close()

@@ -15,6 +15,7 @@ import pytest
 from strata.cacheserver.auth import Credentials
 from strata.cacheserver.config import ServerConfig
 from strata.cacheserver.master.server import MasterHandle, start_master
+from strata.cacheserver.namespace.mounts import MountOptions
 from strata.operator.master import MasterClient
 from strata.operator.reconcile import Deps, ObjectState, reconcile_cluster, reconcile_mount, remove_mount
 from strata.operator.settings import OperatorSettings
@@ -137,3 +138,33 @@ async def test_cluster_status_from_a_real_report(deps: Deps) -> None:
     assert status["workers"]["registered"] == 0
     assert status["capacity"] == {"total": "0", "used": "0", "tiers": []}
     assert cond(status, "WorkersReady")["reason"] == "WaitingForWorkers"
+
+
+async def test_the_journal_on_disk_holds_no_store_credential(real_master: MasterHandle, tmp_path: Path) -> None:
+    """The master's mount table survives a restart with its credentials, which the files on
+    its volume never hold in the clear (they are sealed with the cluster's key)."""
+    credentials = {"key": "AKIAJOURNALKEY", "secret": "journal-s3cret-value"}
+    real_master.service.mounts.add("/s3", "s3://bucket/x", MountOptions(
+        options={"endpoint_url": "http://127.0.0.1:1"}, credentials=credentials))
+    journal = tmp_path / "journal"
+    on_disk = b"".join(p.read_bytes() for p in journal.rglob("*") if p.is_file())
+    assert b"mounts" in on_disk  # the table was saved there
+    for value in credentials.values():
+        assert value.encode() not in on_disk and base64.b64encode(value.encode()) not in on_disk
+    await real_master.stop(grace=0)
+
+    config = ServerConfig.model_validate({"blockSize": "1Mi", "localSources": {"allowedRoots": [str(tmp_path)]}})
+    again = await start_master(config, journal_dir=journal, credentials=Credentials.from_admin(TOKEN),
+                               bind="127.0.0.1", port=0, http_port=0)
+    try:
+        mount = again.service.mounts.get("/s3")
+        assert mount is not None and dict(mount.options.credentials) == credentials
+    finally:
+        await again.stop(grace=0)
+    # Another cluster's key opens nothing: the mount is left out (its owner mounts it again).
+    other = await start_master(config, journal_dir=journal, credentials=Credentials.from_admin("another-token"),
+                               bind="127.0.0.1", port=0, http_port=0)
+    try:
+        assert other.service.mounts.get("/s3") is None
+    finally:
+        await other.stop(grace=0)

@@ -24,7 +24,7 @@ async def test_master_first_then_workers_then_ready(world: World) -> None:
     world.kube.put(cluster_body())
     out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert not out.done and not out.stalled
-    assert world.kube.applied_kinds() == ["ConfigMap", "Secret", "Service", "StatefulSet"]
+    assert world.kube.applied_kinds() == ["ConfigMap", "Secret", "Service", "StatefulSet", "Secret"]
     status = world.kube.obj("CacheCluster", "demo")["status"]
     assert status["phase"] == "Provisioning"
     assert condition(status, "MasterReady")["reason"] == "WaitingForMaster"
@@ -38,7 +38,7 @@ async def test_master_first_then_workers_then_ready(world: World) -> None:
     set_ready(world, "demo-master", 1)
     out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert not out.done
-    assert world.kube.applied_kinds()[4:] == ["ConfigMap", "Secret", "Service", "StatefulSet",
+    assert world.kube.applied_kinds()[5:] == ["ConfigMap", "Secret", "Service", "StatefulSet", "Secret",
                                               "Service", "StatefulSet", "PodDisruptionBudget"]
     assert world.masters.endpoints[-1] == "demo-master-0.demo-master.ns.svc:19998"
     status = world.kube.obj("CacheCluster", "demo")["status"]
@@ -210,3 +210,52 @@ async def test_terminating(world: World) -> None:
     out = await reconcile_cluster(world.deps, body)
     assert out.done
     assert world.kube.obj("CacheCluster", "demo")["status"]["phase"] == "Terminating"
+    assert "ns.demo" not in world.kube.obj("Secret", "strata-csi-tokens", "strata-system").get("data", {})
+
+
+async def test_the_data_token_is_shared_with_the_csi_plugin_and_no_other_token(world: World) -> None:
+    """The node plugin reads one Secret in the operator's namespace: each cluster's data
+    token under its own key, kept when other clusters come and go."""
+    world.kube.put(cluster_body())
+    world.kube.put(cluster_body(name="other"))
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "other"))
+    auth = world.kube.obj("Secret", "demo-auth")["data"]
+    shared = world.kube.obj("Secret", "strata-csi-tokens", "strata-system")["data"]
+    assert sorted(shared) == ["ns.demo", "ns.other"]
+    assert shared["ns.demo"] == auth["dataToken"]
+    assert auth["token"] not in shared.values() and auth["internalToken"] not in shared.values()
+    gone = world.kube.obj("CacheCluster", "other")
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    await reconcile_cluster(world.deps, gone)
+    assert sorted(world.kube.obj("Secret", "strata-csi-tokens", "strata-system")["data"]) == ["ns.demo"]
+
+
+async def test_a_namespace_that_grants_no_secrets_says_how_to_grant_them(world: World) -> None:
+    world.deps.settings = world.deps.settings.model_copy(update={"tenant_role": "strata-tenant",
+                                                                "service_account": "strata-operator"})
+    world.kube.refuse["Secret"] = KubeError(403, 'secrets "demo-auth" is forbidden: User "system:serviceaccount:'
+                                                 'strata-system:strata-operator" cannot patch resource "secrets"')
+    world.kube.put(cluster_body())
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.stalled
+    message = condition(world.kube.obj("CacheCluster", "demo")["status"], "Stalled")["message"]
+    assert ("kubectl create rolebinding strata-operator -n ns --clusterrole=strata-tenant "
+            "--serviceaccount=strata-system:strata-operator") in message
+
+
+async def test_events_tell_of_ready_and_scaling_once(world: World) -> None:
+    await ready_cluster(world)
+    # ready_cluster ran the reconciles that made it Ready; the last one told of it.
+    world.kube.obj("CacheCluster", "demo")["spec"] = {"worker": {"replicas": 3}}
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert ("Normal", "Scaled") in [(n.type, n.reason) for n in out.notes]
+    assert "from 2 to 3" in next(n.message for n in out.notes if n.reason == "Scaled")
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert not [n for n in out.notes if n.reason == "Scaled"]
+
+
+async def test_an_invalid_spec_is_told_as_a_warning(world: World) -> None:
+    world.kube.put(cluster_body(spec={"worker": {"replicas": -1}}))
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert [(n.type, n.reason) for n in out.notes] == [("Warning", "InvalidSpec")]

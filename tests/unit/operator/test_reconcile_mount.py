@@ -9,8 +9,9 @@ import grpc
 import pytest
 
 from strata.cacheserver.proto import strata_pb2 as pb
+from strata.operator.kube import KubeError
 from strata.operator.reconcile import ObjectState, reconcile_mount, remove_mount
-from tests.unit.operator.conftest import TOKEN, World, mount_body
+from tests.unit.operator.conftest import TOKEN, FakeKube, World, mount_body
 
 
 def b64(text: str) -> str:
@@ -277,3 +278,39 @@ async def test_delete_with_an_unreachable_master_gives_up_in_time(world: World) 
     world.clock.advance(31)
     out = await remove_mount(world.deps, body)
     assert out.done and "gave up" in out.message
+
+
+async def test_delete_after_the_namespace_took_its_grant_away_gives_up_in_time(world: World) -> None:
+    """A namespace being deleted removes its RoleBindings too: the operator may then no
+    longer read the cluster's token Secret; the Mount's finalizer must still finish."""
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    await reconcile(world, ObjectState())
+    forbidden = KubeError(403, 'secrets "demo-auth" is forbidden: User "system:serviceaccount:strata-system:'
+                               'strata-operator" cannot get resource "secrets"')
+
+    async def refused_get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind == "Secret":
+            raise forbidden
+        return await FakeKube.get(world.kube, api_version, kind, namespace, name)
+
+    world.kube.get = refused_get  # type: ignore[method-assign]
+    body = world.kube.obj("Mount", "data")
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    out = await remove_mount(world.deps, body)
+    assert not out.done and "token Secret cannot be read" in out.message
+    world.clock.advance(31)
+    out = await remove_mount(world.deps, body)
+    assert out.done and "gave up" in out.message
+
+
+async def test_events_tell_of_mounting_failing_and_preloading_once(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body(credentials={"secretRef": {"name": "missing"}}))
+    out = await reconcile(world, ObjectState())
+    assert [(n.type, n.reason) for n in out.notes] == [("Warning", "CredentialsSecretNotFound")]
+    assert "missing" in out.notes[0].message
+    assert not (await reconcile(world, ObjectState())).notes  # the same story: no second Event
+    world.kube.obj("Mount", "data")["spec"].pop("credentials")
+    out = await reconcile(world, ObjectState())
+    assert [(n.type, n.reason) for n in out.notes] == [("Normal", "Mounted")]

@@ -12,6 +12,7 @@ import pytest
 from strata.cacheserver.csi.proto import csi_pb2_grpc as csi_grpc
 from strata.cacheserver.csi.publisher import Publisher
 from strata.cacheserver.csi.server import build_server
+from strata.cacheserver.csi.kube import check_grant
 from strata.cacheserver.csi.volumes import VolumeSource
 from strata.cacheserver.errors import NotFound
 
@@ -21,12 +22,17 @@ class Mounts:
 
     def __init__(self, mounts: dict[tuple[str, str], VolumeSource] | None = None) -> None:
         self.mounts = dict(mounts or {})
+        self.grants: dict[tuple[str, str], tuple[str, ...]] = {}  # the Mounts' spec.allowedNamespaces
+        self.requesters: list[str] = []
 
-    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str]) -> VolumeSource:
+    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str], requester: str) -> VolumeSource:
+        self.requesters.append(requester)
         try:
-            return self.mounts[(namespace, name)]
+            source = self.mounts[(namespace, name)]
         except KeyError:
             raise NotFound(f"Mount {namespace}/{name} does not exist") from None
+        check_grant(namespace, name, {"allowedNamespaces": list(self.grants.get((namespace, name), ()))}, requester)
+        return source
 
 
 @dataclass

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.csi.kube import ApiReader, KubeResolver
-from strata.cacheserver.errors import FailedPrecondition, NotFound
+from strata.cacheserver.errors import FailedPrecondition, NotFound, PermissionDenied
 
 API = "/apis/strata.dev/v1alpha1/namespaces/team"
+TOKENS = "strata-system/strata-csi-tokens"
+TOKENS_PATH = "/api/v1/namespaces/strata-system/secrets/strata-csi-tokens"
 
 
 class Objects:
@@ -34,17 +36,17 @@ def objects(*, phase: str = "Mounted", endpoint: str = "demo-master-0.demo-maste
                                    {"type": "Ready", "status": "False", "message": "bucket e2e does not exist"}]}},
         f"{API}/cacheclusters/demo": {"status": {"master": {"endpoint": endpoint}}},
     }
+    # Another cluster's token is there too; the plugin picks this cluster's by its key.
+    shared = {"team.other": base64.b64encode(b"not-this-one").decode()}
     if token is not None:
-        found["/api/v1/namespaces/team/secrets/demo-auth"] = {"data": {
-            "token": base64.b64encode(b"the-admin-token").decode(),
-            "dataToken": base64.b64encode(token.encode()).decode(),
-        }}
+        shared["team.demo"] = base64.b64encode(token.encode()).decode()
+    found[TOKENS_PATH] = {"data": shared}
     return found
 
 
 def test_a_mounted_mount_gives_master_token_and_path() -> None:
     reader = Objects(objects())
-    source = KubeResolver(reader).resolve("team", "data", {})
+    source = KubeResolver(reader, TOKENS).resolve("team", "data", {}, "team")
     assert (source.master, source.token, source.path, source.read_only) == (
         "demo-master-0.demo-master.team.svc:19998", "s3cret", "/datasets/x", True)
     assert "s3cret" not in repr(source)
@@ -52,50 +54,66 @@ def test_a_mounted_mount_gives_master_token_and_path() -> None:
 
 def test_a_volume_never_gets_the_admin_token() -> None:
     found = objects()
-    source = KubeResolver(Objects(found)).resolve("team", "data", {})
+    source = KubeResolver(Objects(found), TOKENS).resolve("team", "data", {}, "team")
     assert source.token == "s3cret"
     # nodePublishSecretRef to the cluster's Secret: its data token, not its admin one.
-    source = KubeResolver(Objects(found)).resolve("team", "data", {"token": "the-admin-token", "dataToken": "s3cret"})
+    source = KubeResolver(Objects(found), TOKENS).resolve("team", "data", {"token": "the-admin-token", "dataToken": "s3cret"}, "team")
     assert source.token == "s3cret"
-    # A Secret made by an operator that knew one token: the volume is refused, not given it.
-    del found["/api/v1/namespaces/team/secrets/demo-auth"]["data"]["dataToken"]
-    with pytest.raises(FailedPrecondition, match="no `dataToken`.*upgrade"):
-        KubeResolver(Objects(found)).resolve("team", "data", {})
+    # The plugin reads no other Secret: not the cluster's own, which holds the admin token.
+    assert all("/secrets/demo-auth" not in p for p in Objects(found).read)
 
 
 def test_a_token_in_the_volume_secrets_is_used_without_reading_the_secret() -> None:
     reader = Objects(objects(token=None))
-    source = KubeResolver(reader).resolve("team", "data", {"token": "from-node-publish-secret"})
+    source = KubeResolver(reader, TOKENS).resolve("team", "data", {"token": "from-node-publish-secret"}, "team")
     assert source.token == "from-node-publish-secret"
     assert not any("/secrets/" in p for p in reader.read)
 
 
+def test_another_namespace_uses_a_mount_only_when_granted() -> None:
+    found = objects()
+    with pytest.raises(PermissionDenied) as refused:
+        KubeResolver(Objects(found), TOKENS).resolve("team", "data", {}, "guest")
+    message = str(refused.value)
+    assert "Mount team/data may not be used from namespace guest" in message
+    assert "spec.allowedNamespaces" in message and "kubectl patch mounts.strata.dev data -n team" in message
+    found[f"{API}/mounts/data"]["spec"]["allowedNamespaces"] = ["other", "guest"]
+    assert KubeResolver(Objects(found), TOKENS).resolve("team", "data", {}, "guest").token == "s3cret"
+    with pytest.raises(PermissionDenied, match="namespace stranger"):
+        KubeResolver(Objects(found), TOKENS).resolve("team", "data", {}, "stranger")
+
+
 def test_a_missing_mount_is_not_found() -> None:
     with pytest.raises(NotFound, match="Mount team/other does not exist"):
-        KubeResolver(Objects(objects())).resolve("team", "other", {})
+        KubeResolver(Objects(objects()), TOKENS).resolve("team", "other", {}, "team")
 
 
 def test_a_mount_that_is_not_mounted_yet_says_why_and_what_to_wait_for() -> None:
     with pytest.raises(FailedPrecondition, match="Failed: bucket e2e does not exist.*phase is Mounted"):
-        KubeResolver(Objects(objects(phase="Failed"))).resolve("team", "data", {})
+        KubeResolver(Objects(objects(phase="Failed")), TOKENS).resolve("team", "data", {}, "team")
 
 
 def test_a_cluster_without_a_master_endpoint_is_not_ready() -> None:
     with pytest.raises(FailedPrecondition, match="no master endpoint"):
-        KubeResolver(Objects(objects(endpoint=""))).resolve("team", "data", {})
+        KubeResolver(Objects(objects(endpoint="")), TOKENS).resolve("team", "data", {}, "team")
 
 
 def test_a_missing_cluster_or_secret_is_not_found() -> None:
     found = objects()
     del found[f"{API}/cacheclusters/demo"]
     with pytest.raises(NotFound, match="CacheCluster team/demo"):
-        KubeResolver(Objects(found)).resolve("team", "data", {})
-    with pytest.raises(NotFound, match="Secret team/demo-auth"):
-        KubeResolver(Objects(objects(token=None))).resolve("team", "data", {})
+        KubeResolver(Objects(found), TOKENS).resolve("team", "data", {}, "team")
+    with pytest.raises(FailedPrecondition, match="no data token of CacheCluster team/demo .key team.demo"):
+        KubeResolver(Objects(objects(token=None)), TOKENS).resolve("team", "data", {}, "team")
+    with pytest.raises(NotFound, match="Secret strata-system/strata-csi-tokens"):
+        KubeResolver(Objects({k: v for k, v in objects().items() if k != TOKENS_PATH}), TOKENS).resolve(
+            "team", "data", {}, "team")
+    with pytest.raises(FailedPrecondition, match="--tokens-secret"):
+        KubeResolver(Objects(objects())).resolve("team", "data", {}, "team")
 
 
 def test_without_api_access_a_mount_volume_fails_with_advice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     reader = ApiReader(kubeconfig=str(tmp_path / "no-such-kubeconfig"))
     with pytest.raises(FailedPrecondition, match="masterAddress"):
-        KubeResolver(reader).resolve("team", "data", {})
+        KubeResolver(reader, TOKENS).resolve("team", "data", {}, "team")

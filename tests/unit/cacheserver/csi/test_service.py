@@ -88,6 +88,23 @@ async def test_publish_passes_on_the_masters_error(plugin: Plugin, tmp_path: Pat
     assert plugin.publisher.records() == []
 
 
+async def test_publish_of_another_namespaces_mount_needs_its_grant(plugin: Plugin, tmp_path: Path) -> None:
+    plugin.mounts.mounts[("team", "data")] = VolumeSource(master="127.0.0.1:1", token="t", path="/x", name="Mount team/data")
+    foreign = {c.ATTR_MOUNT: "data", c.ATTR_NAMESPACE: "team", c.POD_NAMESPACE: "guest"}
+    code, details = await status_of(plugin.node.NodePublishVolume(publish_request(tmp_path, volume_context=foreign)))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert "Mount team/data may not be used from namespace guest" in details and "allowedNamespaces" in details
+    plugin.mounts.grants[("team", "data")] = ("guest",)
+    code, details = await status_of(plugin.node.NodePublishVolume(publish_request(tmp_path, volume_context=foreign)))
+    assert code == grpc.StatusCode.UNAVAILABLE  # granted: on to the master (which is not there)
+    # A volume the controller made names its claim's namespace, which was checked then.
+    made = {c.ATTR_MOUNT: "data", c.ATTR_NAMESPACE: "team"}
+    await status_of(plugin.node.NodePublishVolume(publish_request(tmp_path, volume_id="strata-1", volume_context=made)))
+    assert plugin.mounts.requesters[-1] == "team"
+    code, details = await status_of(plugin.node.NodePublishVolume(publish_request(tmp_path, volume_context=made)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "podInfoOnMount" in details
+
+
 async def test_unpublish_of_an_unknown_target_succeeds_and_removes_it(plugin: Plugin, tmp_path: Path) -> None:
     target = tmp_path / "pod" / "mount"
     target.mkdir(parents=True)

@@ -29,7 +29,7 @@ class Mounts:
         self.mounts = mounts
         self.secrets_seen: list[Mapping[str, str]] = []
 
-    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str]) -> VolumeSource:
+    def resolve(self, namespace: str, name: str, secrets: Mapping[str, str], requester: str) -> VolumeSource:
         self.secrets_seen.append(secrets)
         try:
             return self.mounts[(namespace, name)]
@@ -55,12 +55,18 @@ def test_an_explicit_namespace_wins_and_subpath_goes_below_the_mount() -> None:
 
 def test_a_subpath_cannot_climb_out_of_the_mount() -> None:
     with pytest.raises(InvalidArgument, match="subPath"):
-        source_of({c.ATTR_MOUNT: "data", c.ATTR_NAMESPACE: "team", c.ATTR_SUBPATH: "../../etc"}, {}, RESOLVER)
+        source_of({c.ATTR_MOUNT: "data", c.ATTR_NAMESPACE: "team", c.POD_NAMESPACE: "team",
+                   c.ATTR_SUBPATH: "../../etc"}, {}, RESOLVER)
 
 
 def test_a_mount_without_a_namespace_says_how_to_get_one() -> None:
     with pytest.raises(InvalidArgument, match="podInfoOnMount"):
         source_of({c.ATTR_MOUNT: "data"}, {}, RESOLVER)
+
+
+def test_a_mount_volume_without_the_asking_namespace_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="which namespace asks.*podInfoOnMount"):
+        source_of({c.ATTR_MOUNT: "data", c.ATTR_NAMESPACE: "team"}, {}, RESOLVER)
 
 
 def test_an_unknown_mount_is_not_found() -> None:

@@ -178,3 +178,16 @@ def test_state_file_holds_what_a_restart_needs(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "mounts.json").read_text())
     assert data["next_id"] == 2 and data["version"] == 1
     assert data["mounts"][0]["options"]["metadata_sync_interval"] == 5
+
+
+def test_a_table_saved_in_the_clear_is_sealed_at_the_next_save(tmp_path: Path) -> None:
+    credentials = {"key": "AKIAEXAMPLE", "secret": "s3cr3t"}
+    MountTable(tmp_path).add("/a", "s3://bucket/a", MountOptions(credentials=credentials))
+    assert "s3cr3t" in (tmp_path / "mounts.json").read_text()  # no cluster key: as given
+    table = MountTable(tmp_path, cluster_key="cluster-internal-token")
+    assert table.get("/a") is not None and dict(table.get("/a").options.credentials) == credentials  # type: ignore[union-attr]
+    table.add("/b", "memory://b")
+    text = (tmp_path / "mounts.json").read_text()
+    assert "s3cr3t" not in text and "AKIAEXAMPLE" not in text and "sealed_credentials" in text
+    again = MountTable(tmp_path, cluster_key="cluster-internal-token")
+    assert dict(again.get("/a").options.credentials) == credentials  # type: ignore[union-attr]
