@@ -281,12 +281,14 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             fut.cancel()
         return future
 
-    def _fetch_range(self, start: int, end: int) -> bytes:
+    def _pieces(self, start: int, end: int) -> list[bytes | memoryview]:
+        """Bytes [start, end) of the file as pieces in order: views of the blocks held (no
+        copy), or bytes."""
         info = self.file_info
         size = info.block_size
         end = min(end, info.length)
         if start >= end:
-            return b""
+            return []
         first, last = start // size, (end - 1) // size
         sequential = first in (self._last_index, self._last_index + 1) or (start == 0 and end - start >= SMALL_READ)
         if first == last and not sequential and end - start < SMALL_READ and first not in self._blocks:
@@ -295,9 +297,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             # A next read in this block or the one after counts as sequential: it fetches
             # whole blocks and reads ahead (the kernel reads a FUSE file 128 KiB at a time).
             self._last_index = first
-            return piece if isinstance(piece, bytes) else piece[:]
-        # Views of the blocks' bytes: the result is copied out of them once, whatever the
-        # number of blocks (a whole block already held as bytes is handed over as it is).
+            return [piece if isinstance(piece, bytes) else memoryview(piece)]
         parts: list[bytes | memoryview] = []
         blocks = (info.length + size - 1) // size
         for i in range(first, last + 1):
@@ -321,9 +321,46 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             else:
                 parts.append(memoryview(data)[lo:hi])
         self._last_index = last
+        return parts
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        # The result is copied out of the blocks once, whatever the number of blocks (a
+        # whole block already held as bytes is handed over as it is).
+        parts = self._pieces(start, end)
         if len(parts) == 1:
             return parts[0] if isinstance(parts[0], bytes) else parts[0].tobytes()
         return b"".join(parts)
+
+    def _take(self, length: int) -> list[bytes | memoryview]:
+        """The pieces of the next `length` bytes (< 0: to the end); moves the position."""
+        if self.mode != "rb":
+            raise ValueError("File not in read mode")
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        if length < 0:
+            length = self.size - self.loc
+        parts = self._pieces(self.loc, self.loc + length)
+        self.loc += sum(len(p) for p in parts)
+        return parts
+
+    def read_buffer(self, length: int = -1) -> bytes | memoryview:
+        """As read(), but what lies in one block comes as a read-only view of the block's
+        memory, not a copy. pyarrow reads a file object through this when it has it (its
+        Parquet and IPC readers then decode straight from the block); the view keeps the
+        block's memory alive, however long it is held."""
+        parts = self._take(-1 if length is None else int(length))
+        if len(parts) == 1:
+            return parts[0] if isinstance(parts[0], bytes) else parts[0].toreadonly()
+        return b"".join(parts)
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into a writable buffer (one copy, from the blocks)."""
+        out = memoryview(buffer).cast("B")
+        at = 0
+        for part in self._take(out.nbytes):
+            out[at:at + len(part)] = part
+            at += len(part)
+        return at
 
     def pread(self, size: int, offset: int) -> bytes:
         """Up to `size` bytes at `offset`, as os.pread: the file position does not move, and
