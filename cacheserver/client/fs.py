@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime, timezone
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
@@ -222,6 +224,18 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return StrataFile(self, self._strip_protocol(path), mode, write_type=kwargs.get("write_type"))
 
 
+def _weak_fetcher(file: StrataFile) -> Callable[[int, int], bytes]:
+    method = weakref.WeakMethod(file._fetch_range)
+
+    def fetch(start: int, end: int) -> bytes:
+        bound = method()
+        if bound is None:
+            raise ValueError("I/O operation on closed file.")
+        return bound(start, end)
+
+    return fetch
+
+
 class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     """Reads whole blocks, keeping the next ones in flight while the reader is sequential;
     writes stream to a worker as they come."""
@@ -240,6 +254,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             block = self.file_info.block_size or 1
             self._readahead = fs.readahead if fs.readahead is not None else self.file_info.readahead_blocks
             super().__init__(fs, path, mode, block_size=block, cache_type="none", size=self.file_info.length)
+            # fsspec's cache calls back into the file; through a weak reference, a file that
+            # is dropped unclosed (pyarrow drops the files it reads) is freed, and lets go of
+            # its blocks, at once instead of at the next garbage collection.
+            self.cache.fetcher = _weak_fetcher(self)
             self._blocks: OrderedDict[int, Future[Buffer]] = OrderedDict()
             self._last_index = -2
             self._lock = threading.Lock()
@@ -273,7 +291,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     def _block_future(self, index: int) -> Future[Buffer]:
         future = self._blocks.get(index)
         if future is None:
-            future = self.fs._pool.submit(self._fetch_block, index)
+            # Not a method of the file: a queued fetch does not keep a dropped file alive.
+            ref = self.client.block_ref(self.file_info, index)
+            future = self.fs._pool.submit(self.client.read_block, ref, holders=self._holders.get(index, ()))
             self._blocks[index] = future
         self._blocks.move_to_end(index)
         while len(self._blocks) > self._readahead + 2:

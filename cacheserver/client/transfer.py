@@ -60,7 +60,7 @@ class BufferPool:
     new maps); a free one idle for `idle_seconds`, or of another size when the pool is full,
     is let go when a new one is made."""
 
-    def __init__(self, count: int = 8, min_size: int = 1 << 20, idle_seconds: float = 30.0) -> None:
+    def __init__(self, count: int = 32, min_size: int = 1 << 20, idle_seconds: float = 30.0) -> None:
         self._count = count
         self._min_size = min_size
         self._idle_seconds = idle_seconds

@@ -161,3 +161,31 @@ def test_pyarrow_and_readinto_take_the_blocks_bytes_without_extra_copies(cluster
         assert f.tell() == len(data) and f.read_buffer(5) == b"" and f.readinto(out) == 0
     assert pq.read_table("/v/t.parquet", filesystem=fs).equals(table)
     assert pq.read_table("/v/t.parquet", filesystem=fs).equals(table)  # warm: from the workers' memory
+
+
+def test_a_file_dropped_unclosed_lets_go_of_its_blocks_at_once(cluster: Cluster, bucket: str) -> None:
+    """pyarrow drops the files it reads without closing them: the blocks such a file holds
+    (the data port's buffers they are in) are let go when the last reference goes, not at
+    some later garbage collection, and the next reads use those buffers again."""
+    import gc
+    import weakref
+
+    data = payload(BLOCK_SIZE)  # one block: no readahead to take a buffer in between
+    cluster.s3.put_object(bucket, "d.bin", data)
+    cluster.mount_bucket("/u", bucket)
+    fs = cluster.fs(host="elsewhere")
+    gc.disable()
+    try:
+        f = fs.open("/u/d.bin", "rb")
+        assert f.read(BLOCK_SIZE) == data[:BLOCK_SIZE]
+        block = id(f._blocks[0].result())  # the pool keeps the map alive: its id stays its own
+        gone = weakref.ref(f)
+        del f
+        assert gone() is None
+        # Nothing refers to the block's buffer now but the client's pool: the next read of
+        # a block of that size is received into it.
+        g = fs.open("/u/d.bin", "rb")
+        assert g.read(BLOCK_SIZE) == data[:BLOCK_SIZE] and id(g._blocks[0].result()) == block
+        g.close()
+    finally:
+        gc.enable()
