@@ -224,6 +224,7 @@ class StrataClient:
     def close(self) -> None:
         for reader in [*self._sc_readers.values(), *self._data_readers.values()]:
             reader.close()
+        self._buffers.clear()
         for _, channel in self._worker_channels.values():
             channel.close()
         self._channel.close()

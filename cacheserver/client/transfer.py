@@ -96,6 +96,16 @@ class BufferPool:
                 self._used.append(now)
             return out
 
+    def clear(self) -> None:
+        """Let go of every buffer: free ones are unmapped now, ones in use when their last
+        holder drops them."""
+        with self._lock:
+            for i in range(len(self._maps)):
+                if self._free(i):
+                    self._maps[i].close()
+            self._maps.clear()
+            self._used.clear()
+
 
 def _new_map(size: int) -> mmap.mmap:
     out = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

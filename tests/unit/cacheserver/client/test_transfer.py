@@ -151,3 +151,5 @@ def test_the_pool_keeps_a_bounded_number_of_buffers(counting_worker: int) -> Non
         del held
         other = data.read(REF, 0, 2048)  # full of free maps of another size: one makes room
         assert sorted(len(m) for m in pool._maps) == [1024, 2048] and any(m is other for m in pool._maps)
+        pool.clear()  # the client closes: the free map goes, the one in use stays its holder's
+        assert pool._maps == [] and bytes(other) == b"\x06" * 2048
