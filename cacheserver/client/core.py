@@ -37,7 +37,7 @@ from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
 from . import localstate
 from .settings import ClientSettings
-from .transfer import DataReader, Patience, ShortCircuitReader, WorkerStalled
+from .transfer import BufferPool, DataReader, Patience, ShortCircuitReader, WorkerStalled
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ class StrataClient:
         self._worker_channels: dict[str, tuple[str, grpc.Channel]] = {}
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
+        self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
         self._held: OrderedDict[str, _Held] = OrderedDict()
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
         # time.monotonic() of the last failed call to the master (down, stopped); None once
@@ -242,12 +243,14 @@ class StrataClient:
         with self._lock:
             reader = self._data_readers.get(where)
             if reader is None:
-                reader = self._data_readers[where] = DataReader(host, info.data_port, self.token, self._patience(info))
+                reader = self._data_readers[where] = DataReader(host, info.data_port, self.token, self._patience(info),
+                                                                    self._buffers)
         return reader
 
     def close(self) -> None:
         for reader in [*self._sc_readers.values(), *self._data_readers.values()]:
             reader.close()
+        self._buffers.clear()
         for _, channel in self._worker_channels.values():
             channel.close()
         self._channel.close()

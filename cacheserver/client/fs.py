@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime, timezone
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
@@ -222,6 +224,18 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return StrataFile(self, self._strip_protocol(path), mode, write_type=kwargs.get("write_type"))
 
 
+def _weak_fetcher(file: StrataFile) -> Callable[[int, int], bytes]:
+    method = weakref.WeakMethod(file._fetch_range)
+
+    def fetch(start: int, end: int) -> bytes:
+        bound = method()
+        if bound is None:
+            raise ValueError("I/O operation on closed file.")
+        return bound(start, end)
+
+    return fetch
+
+
 class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     """Reads whole blocks, keeping the next ones in flight while the reader is sequential;
     writes stream to a worker as they come."""
@@ -240,6 +254,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             block = self.file_info.block_size or 1
             self._readahead = fs.readahead if fs.readahead is not None else self.file_info.readahead_blocks
             super().__init__(fs, path, mode, block_size=block, cache_type="none", size=self.file_info.length)
+            # fsspec's cache calls back into the file; through a weak reference, a file that
+            # is dropped unclosed (pyarrow drops the files it reads) is freed, and lets go of
+            # its blocks, at once instead of at the next garbage collection.
+            self.cache.fetcher = _weak_fetcher(self)
             self._blocks: OrderedDict[int, Future[Buffer]] = OrderedDict()
             self._last_index = -2
             self._lock = threading.Lock()
@@ -273,7 +291,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     def _block_future(self, index: int) -> Future[Buffer]:
         future = self._blocks.get(index)
         if future is None:
-            future = self.fs._pool.submit(self._fetch_block, index)
+            # Not a method of the file: a queued fetch does not keep a dropped file alive.
+            ref = self.client.block_ref(self.file_info, index)
+            future = self.fs._pool.submit(self.client.read_block, ref, holders=self._holders.get(index, ()))
             self._blocks[index] = future
         self._blocks.move_to_end(index)
         while len(self._blocks) > self._readahead + 2:
@@ -281,12 +301,14 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             fut.cancel()
         return future
 
-    def _fetch_range(self, start: int, end: int) -> bytes:
+    def _pieces(self, start: int, end: int) -> list[bytes | memoryview]:
+        """Bytes [start, end) of the file as pieces in order: views of the blocks held (no
+        copy), or bytes."""
         info = self.file_info
         size = info.block_size
         end = min(end, info.length)
         if start >= end:
-            return b""
+            return []
         first, last = start // size, (end - 1) // size
         sequential = first in (self._last_index, self._last_index + 1) or (start == 0 and end - start >= SMALL_READ)
         if first == last and not sequential and end - start < SMALL_READ and first not in self._blocks:
@@ -295,9 +317,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             # A next read in this block or the one after counts as sequential: it fetches
             # whole blocks and reads ahead (the kernel reads a FUSE file 128 KiB at a time).
             self._last_index = first
-            return piece if isinstance(piece, bytes) else piece[:]
-        # Views of the blocks' bytes: the result is copied out of them once, whatever the
-        # number of blocks (a whole block already held as bytes is handed over as it is).
+            return [piece if isinstance(piece, bytes) else memoryview(piece)]
         parts: list[bytes | memoryview] = []
         blocks = (info.length + size - 1) // size
         for i in range(first, last + 1):
@@ -321,9 +341,46 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             else:
                 parts.append(memoryview(data)[lo:hi])
         self._last_index = last
+        return parts
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        # The result is copied out of the blocks once, whatever the number of blocks (a
+        # whole block already held as bytes is handed over as it is).
+        parts = self._pieces(start, end)
         if len(parts) == 1:
             return parts[0] if isinstance(parts[0], bytes) else parts[0].tobytes()
         return b"".join(parts)
+
+    def _take(self, length: int) -> list[bytes | memoryview]:
+        """The pieces of the next `length` bytes (< 0: to the end); moves the position."""
+        if self.mode != "rb":
+            raise ValueError("File not in read mode")
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        if length < 0:
+            length = self.size - self.loc
+        parts = self._pieces(self.loc, self.loc + length)
+        self.loc += sum(len(p) for p in parts)
+        return parts
+
+    def read_buffer(self, length: int = -1) -> bytes | memoryview:
+        """As read(), but what lies in one block comes as a read-only view of the block's
+        memory, not a copy. pyarrow reads a file object through this when it has it (its
+        Parquet and IPC readers then decode straight from the block); the view keeps the
+        block's memory alive, however long it is held."""
+        parts = self._take(-1 if length is None else int(length))
+        if len(parts) == 1:
+            return parts[0] if isinstance(parts[0], bytes) else parts[0].toreadonly()
+        return b"".join(parts)
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into a writable buffer (one copy, from the blocks)."""
+        out = memoryview(buffer).cast("B")
+        at = 0
+        for part in self._take(out.nbytes):
+            out[at:at + len(part)] = part
+            at += len(part)
+        return at
 
     def pread(self, size: int, offset: int) -> bytes:
         """Up to `size` bytes at `offset`, as os.pread: the file position does not move, and

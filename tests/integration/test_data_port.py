@@ -126,3 +126,66 @@ def test_a_reader_keeps_using_the_data_port_after_the_worker_restarts(start_clus
     assert fs.cat_file("/w/w.bin") == data
     # The restarted worker counts from zero: both blocks came over its data port, not gRPC.
     assert cluster.worker_metric(0, "strata_worker_data_port_reads") == 2
+
+
+def test_pyarrow_and_readinto_take_the_blocks_bytes_without_extra_copies(cluster: Cluster, bucket: str) -> None:
+    """read_buffer (what pyarrow reads a Python file through) hands over a read-only view of
+    a block's memory when the range lies in one block, bytes when it spans blocks; readinto
+    fills the caller's buffer straight from the blocks. Same bytes as read() either way."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = payload(2 * BLOCK_SIZE + 7)
+    cluster.s3.put_object(bucket, "v.bin", data)
+    table = pa.table({"a": pa.array(range(1_200_000), pa.float64()), "b": pa.array(range(1_200_000), pa.int64())})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=200_000, compression="none")  # ~19 MiB: row groups span blocks
+    cluster.s3.put_object(bucket, "t.parquet", sink.getvalue())
+    cluster.mount_bucket("/v", bucket)
+    fs = cluster.fs(host="elsewhere")
+    with fs.open("/v/v.bin", "rb") as f:
+        f.seek(10)
+        small = f.read_buffer(1000)
+        assert isinstance(small, memoryview) and small.readonly and small == data[10:1010]
+        f.seek(0)
+        whole = f.read_buffer(BLOCK_SIZE)  # a whole block, read ahead as a sequential reader's
+        assert isinstance(whole, memoryview) and whole.readonly and whole == data[:BLOCK_SIZE]
+        assert f.read_buffer(BLOCK_SIZE - 5) == data[BLOCK_SIZE:2 * BLOCK_SIZE - 5]
+        across = f.read_buffer(10)
+        assert isinstance(across, bytes) and across == data[2 * BLOCK_SIZE - 5:2 * BLOCK_SIZE + 5]
+        f.seek(BLOCK_SIZE - 3)
+        out = bytearray(BLOCK_SIZE + 100)
+        assert f.readinto(out) == BLOCK_SIZE + 10 and out[:BLOCK_SIZE + 10] == data[BLOCK_SIZE - 3:]
+        assert f.tell() == len(data) and f.read_buffer(5) == b"" and f.readinto(out) == 0
+    assert pq.read_table("/v/t.parquet", filesystem=fs).equals(table)
+    assert pq.read_table("/v/t.parquet", filesystem=fs).equals(table)  # warm: from the workers' memory
+
+
+def test_a_file_dropped_unclosed_lets_go_of_its_blocks_at_once(cluster: Cluster, bucket: str) -> None:
+    """pyarrow drops the files it reads without closing them: the blocks such a file holds
+    (the data port's buffers they are in) are let go when the last reference goes, not at
+    some later garbage collection, and the next reads use those buffers again."""
+    import gc
+    import weakref
+
+    data = payload(BLOCK_SIZE)  # one block: no readahead to take a buffer in between
+    cluster.s3.put_object(bucket, "d.bin", data)
+    cluster.mount_bucket("/u", bucket)
+    fs = cluster.fs(host="elsewhere")
+    gc.disable()
+    try:
+        f = fs.open("/u/d.bin", "rb")
+        assert f.read(BLOCK_SIZE) == data[:BLOCK_SIZE]
+        block = id(f._blocks[0].result())  # the pool keeps the map alive: its id stays its own
+        gone = weakref.ref(f)
+        del f
+        assert gone() is None
+        # Nothing refers to the block's buffer now but the client's pool: the next read of
+        # a block of that size is received into it.
+        g = fs.open("/u/d.bin", "rb")
+        assert g.read(BLOCK_SIZE) == data[:BLOCK_SIZE] and id(g._blocks[0].result()) == block
+        g.close()
+    finally:
+        gc.enable()

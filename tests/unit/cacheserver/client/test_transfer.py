@@ -1,27 +1,32 @@
 """The client's block sockets never wait without a deadline: a worker that accepts a request
 and then says nothing (stopped, hung) is given up on. The worker here is a real listening
-socket that never answers, as a SIGSTOPped worker's kernel does."""
+socket that never answers, as a SIGSTOPped worker's kernel does.
+
+The data port's receive buffers are used again, but never while anything can still read
+them: the worker here is a real socket that answers every request with bytes of its own."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+import pyarrow as pa
 import pytest
 
-from strata.cacheserver.client.transfer import DataReader, Patience, WorkerStalled
+from strata.cacheserver.client.transfer import BufferPool, DataReader, Patience, WorkerStalled
 from strata.cacheserver.proto import strata_pb2 as pb
 
 REF = pb.BlockRef(mount_id=1, path="/m/f", version="v1", index=0, block_size=1024, file_length=1024, in_store=True)
 
 
-@pytest.fixture
-def silent_worker() -> Iterator[int]:
-    """A port that accepts connections and reads requests, and never answers."""
+@contextmanager
+def listening(on_connection: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A port on loopback; each connection accepted is handed to `on_connection`."""
     server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
     stop = threading.Event()
 
     def accept() -> None:
@@ -31,16 +36,27 @@ def silent_worker() -> Iterator[int]:
                 conn, _ = server.accept()
             except TimeoutError:
                 continue
-            held.append(conn)
+            conn.settimeout(None)
+            on_connection(conn)
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join(timeout=5)
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+
+
+@pytest.fixture
+def silent_worker() -> Iterator[int]:
+    """A port that accepts connections and reads requests, and never answers."""
+    held: list[socket.socket] = []
+    with listening(held.append) as port:
+        yield port
     for conn in held:
         conn.close()
-    server.close()
 
 
 def reader(port: int, *, alive: bool, block_timeout: float, checks: list[float]) -> DataReader:
@@ -70,3 +86,70 @@ def test_a_live_but_silent_worker_is_given_up_on_at_the_block_deadline(silent_wo
         data.read(REF, 0, 1024)
     assert 1.0 <= time.monotonic() - started < 2.0
     assert len(checks) >= 3  # asked every check_after while it waited
+
+
+@pytest.fixture
+def counting_worker() -> Iterator[int]:
+    """A port that answers the n-th block request (n = 1, 2, ...) with `length` bytes of
+    value n."""
+    served = [0]
+
+    def serve(conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            for line in lines:
+                served[0] += 1
+                length = json.loads(line)["length"]
+                conn.sendall(json.dumps({"ok": True, "length": length, "hit": True}).encode() + b"\n")
+                conn.sendall(bytes([served[0]]) * length)
+
+    with listening(lambda conn: threading.Thread(target=serve, args=(conn,), daemon=True).start()) as port:
+        yield port
+
+
+@contextmanager
+def pooled_reader(port: int, pool: BufferPool) -> Iterator[DataReader]:
+    patience = Patience(connect_timeout=1.0, check_after=5.0, block_timeout=10.0, alive=lambda: True)
+    data = DataReader("127.0.0.1", port, "token", patience, pool)
+    try:
+        yield data
+    finally:
+        data.close()
+
+
+def test_a_receive_buffer_is_used_again_once_nothing_refers_to_it(counting_worker: int) -> None:
+    with pooled_reader(counting_worker, BufferPool(count=4, min_size=1)) as data:
+        first = data.read(REF, 0, 1024)
+        first_id = id(first)  # the pool keeps the map alive: its id stays its own
+        del first
+        second = data.read(REF, 0, 1024)
+        assert id(second) == first_id
+        assert bytes(second) == b"\x02" * 1024
+
+
+def test_a_receive_buffer_anyone_can_still_read_is_never_filled_again(counting_worker: int) -> None:
+    with pooled_reader(counting_worker, BufferPool(count=4, min_size=1)) as data:
+        first = data.read(REF, 0, 1024)
+        view = memoryview(first)[100:200]  # a slice handed on (fsspec's read_buffer, pread)
+        exported = pa.py_buffer(first)  # a buffer held by C code (pyarrow decoding from it)
+        del first
+        second = data.read(REF, 0, 1024)
+        assert bytes(view) == b"\x01" * 100 and exported.to_pybytes() == b"\x01" * 1024
+        assert bytes(second) == b"\x02" * 1024
+        del second
+        view.release()
+        third = data.read(REF, 0, 1024)  # the second's map: the first is still exported
+        assert exported.to_pybytes() == b"\x01" * 1024 and bytes(third) == b"\x03" * 1024
+
+
+def test_the_pool_keeps_a_bounded_number_of_buffers(counting_worker: int) -> None:
+    pool = BufferPool(count=2, min_size=512)
+    with pooled_reader(counting_worker, pool) as data:
+        held = [data.read(REF, 0, 1024) for _ in range(4)]  # all in use: two of them are new maps
+        assert [bytes(b[:1]) for b in held] == [b"\x01", b"\x02", b"\x03", b"\x04"]
+        small = data.read(REF, 0, 100)  # below min_size: never pooled
+        assert len(pool._maps) == 2 and all(m is not small for m in pool._maps)
+        del held
+        other = data.read(REF, 0, 2048)  # full of free maps of another size: one makes room
+        assert sorted(len(m) for m in pool._maps) == [1024, 2048] and any(m is other for m in pool._maps)
+        pool.clear()  # the client closes: the free map goes, the one in use stays its holder's
+        assert pool._maps == [] and bytes(other) == b"\x06" * 2048
