@@ -282,7 +282,9 @@ def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: dateti
             "nodes": [{"node": node, "bytes": approximate_quantity(n)} for node, n in nodes if n],
         }
         if report.ufs_total_bytes:
-            cache["cachedPercentage"] = round(100.0 * report.cached_bytes / report.ufs_total_bytes, 1)
+            # Blocks of versions the store no longer holds (kept until evicted) and the
+            # store's total being up to a minute old can put the sum above the total.
+            cache["cachedPercentage"] = min(100.0, round(100.0 * report.cached_bytes / report.ufs_total_bytes, 1))
         status["cache"] = cache
         status["pendingUploads"] = _pending_uploads(report.pending_uploads)
     if obs.preload_requested and mounted:

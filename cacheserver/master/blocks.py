@@ -63,9 +63,12 @@ class BlockIndex:
         return set(self._holders.get(key.block_id, ()))
 
     def cached_bytes_by_mount(self) -> dict[int, int]:
+        """Bytes of each mount's data the cache holds; a block held by several workers
+        counts once (how much of the data is cached, not how much space it takes)."""
         sums: dict[int, int] = defaultdict(int)
         for block_id, record in self._records.items():
-            sums[record.key.mount_id] += record.length * len(self._holders[block_id])
+            if self._holders[block_id]:
+                sums[record.key.mount_id] += record.length
         return dict(sums)
 
     def cached_bytes_by_worker(self, mount_id: int) -> dict[str, int]:

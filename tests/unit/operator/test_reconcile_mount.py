@@ -99,6 +99,13 @@ async def test_mounts_with_credentials_and_reports_the_cache(world: World) -> No
     await reconcile(world, state)
     assert len(world.kube.status_writes) == writes
 
+    # Blocks of versions the store replaced are still cached: the share stays at most 100.
+    world.master.state.mount_reports["/datasets/a"] = pb.MountReport(
+        cached_bytes=13 << 30, ufs_total_bytes=12 << 30, ufs_files=1000)
+    world.clock.advance(30)
+    await reconcile(world, state)
+    assert world.kube.obj("Mount", "data")["status"]["cache"]["cachedPercentage"] == 100.0
+
 
 async def test_changed_secret_or_source_remounts(world: World) -> None:
     ready_cluster(world)
