@@ -102,6 +102,7 @@ class Reason:
     WAITING_FOR_WORKERS: Final = "WaitingForWorkers"
     WORKERS_NOT_REGISTERED: Final = "WorkersNotRegistered"
     SCALING_IN: Final = "ScalingIn"
+    ROLLING_OUT: Final = "RollingOut"
     DECOMMISSION_FAILED: Final = "DecommissionFailed"
     TERMINATING: Final = "Terminating"
     # Mount

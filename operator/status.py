@@ -104,6 +104,7 @@ class ClusterObservation:
     workers_ready: int = 0               # ready pods of the worker StatefulSet
     worker_ids: frozenset[str] = frozenset()  # pod names the master should know
     scaling: Problem | None = None       # scale-in in progress or held back
+    rolling: Problem | None = None       # pods not all of their StatefulSet's current spec yet
 
 
 def _registered(obs: ClusterObservation) -> int | None:
@@ -169,7 +170,8 @@ def cluster_status(
     """The CacheCluster status for an observation, given the status stored before."""
     master_cond, master_ok = _master_condition(obs)
     workers_cond, workers_ok = _workers_condition(obs)
-    ready = obs.applied and master_ok and workers_ok and obs.scaling is None and obs.stalled is None
+    ready = (obs.applied and master_ok and workers_ok and obs.scaling is None and obs.rolling is None
+             and obs.stalled is None)
     if obs.terminating:
         phase = ClusterPhase.TERMINATING
     elif not obs.applied:
@@ -188,6 +190,8 @@ def cluster_status(
         waiting = Problem(master_cond.reason, master_cond.message)
     if waiting is None and not workers_ok:
         waiting = Problem(workers_cond.reason, workers_cond.message)
+    if waiting is None:
+        waiting = obs.rolling
     if obs.terminating:
         waiting = Problem(Reason.TERMINATING, "The cluster is being deleted.")
     conditions = [*_kstatus(ready and not obs.terminating, obs.stalled, waiting), master_cond, workers_cond]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import replace
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strata.cacheserver.errors import InvalidArgument, StrataError
@@ -40,6 +40,31 @@ def _ready_replicas(statefulset: Mapping[str, Any] | None) -> int:
     if statefulset is None:
         return 0
     return int((statefulset.get("status") or {}).get("readyReplicas") or 0)
+
+
+def rollout_left(statefulset: Mapping[str, Any] | None) -> str | None:
+    """What keeps a StatefulSet's pods from all being of its current spec (a rolling update
+    under way, pods of a scale-in still terminating), or None when they are."""
+    if statefulset is None:
+        return "not created yet"
+    name = (statefulset.get("metadata") or {}).get("name", "")
+    generation = int((statefulset.get("metadata") or {}).get("generation") or 0)
+    status = statefulset.get("status") or {}
+    wanted = _replicas(statefulset)
+    if int(status.get("observedGeneration") or 0) < generation:
+        return f"{name}: the StatefulSet controller has not yet taken generation {generation}"
+    updated = int(status.get("updatedReplicas") or 0)
+    if status.get("currentRevision") != status.get("updateRevision") or updated < wanted:
+        return f"{name}: {updated}/{wanted} pods are of the current revision"
+    leaving = int(status.get("replicas") or 0) - wanted
+    if leaving > 0:
+        return f"{name}: {leaving} pod(s) of a scale-in still terminating"
+    return None
+
+
+def _rollout(statefulsets: Sequence[Mapping[str, Any] | None]) -> Problem | None:
+    left = [why for why in map(rollout_left, statefulsets) if why is not None]
+    return Problem(Reason.ROLLING_OUT, "Rolling out: " + "; ".join(left) + ".") if left else None
 
 
 def _replicas(statefulset: Mapping[str, Any] | None) -> int:
@@ -123,7 +148,8 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
     try:
         tokens = await _ensure_master(deps, cluster)
         token = tokens.admin
-        master_ready = _ready_replicas(await deps.kube.get("apps/v1", "StatefulSet", ns, master_name(name))) >= 1
+        master = await deps.kube.get("apps/v1", "StatefulSet", ns, master_name(name))
+        master_ready = _ready_replicas(master) >= 1
         if not master_ready:
             return replace(base, applied=True)
         report, master_error = None, None
@@ -149,6 +175,7 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
         report=report,
         workers_ready=_ready_replicas(workers),
         scaling=scaling,
+        rolling=_rollout([master, workers]),
     )
 
 

@@ -285,6 +285,40 @@ def test_scale_up_and_down(strata: Cluster, namespace: str) -> None:
         sts = strata.get("statefulset", "demo-worker", namespace)
         assert sts["spec"]["replicas"] == replicas
         assert strata.kubectl("get", "cachecluster", "demo", "-n", namespace, "--no-headers").split()[2] == f"{replicas}/{replicas}"
+        # Ready once a scale-in is done: no worker pod still terminating.
+        selector = strata.get("cachecluster", "demo", namespace)["status"]["workers"]["selector"]
+        assert len(strata.items("pods", namespace, selector=selector)) == replicas
+
+
+def _rolled_out(cluster: Cluster, namespace: str) -> bool:
+    for name in ("demo-master", "demo-worker"):
+        sts = cluster.get("statefulset", name, namespace)
+        status = sts.get("status", {})
+        if not (status.get("observedGeneration", 0) >= sts["metadata"]["generation"]
+                and status.get("currentRevision") == status.get("updateRevision")
+                and status.get("updatedReplicas", 0) == status.get("replicas", 0) == sts["spec"]["replicas"]):
+            return False
+    return True
+
+
+def test_ready_only_once_a_spec_edit_has_rolled_out(strata: Cluster, namespace: str) -> None:
+    cc = ready_cluster(strata, namespace)
+    strata.kubectl("patch", "cachecluster", "demo", "-n", namespace, "--type=merge",
+                   "-p", json.dumps({"spec": {"tiers": [{"medium": "MEM", "quota": "48Mi"}]}}))
+    generation = cc["metadata"]["generation"] + 1
+    started = time.monotonic()
+    deadline = started + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        status = strata.get("cachecluster", "demo", namespace).get("status", {})
+        if status.get("observedGeneration") == generation and status.get("phase") == "Ready":
+            # Ready at the new generation: every pod is of the new spec (checked after the
+            # status was read, so a rollout still under way shows).
+            assert _rolled_out(strata, namespace), "Ready while the StatefulSets still roll out"
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"not Ready within {READY_TIMEOUT:.0f}s of the edit")
+    print(f"\nReady {time.monotonic() - started:.1f}s after a tier quota edit")
 
 
 @pytest.mark.disruptive

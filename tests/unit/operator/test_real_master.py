@@ -131,7 +131,7 @@ async def test_cluster_status_from_a_real_report(deps: Deps) -> None:
     del kube.objects[("CacheCluster", "ns", "demo")]
     kube.put(cluster_body())
     await reconcile_cluster(deps, kube.obj("CacheCluster", "demo"))  # keeps the existing token Secret
-    kube.obj("StatefulSet", "demo-master")["status"] = {"readyReplicas": 1}
+    kube.obj("StatefulSet", "demo-master")["status"] = {"readyReplicas": 1, "replicas": 1, "updatedReplicas": 1}
     await reconcile_cluster(deps, kube.obj("CacheCluster", "demo"))
     status = kube.obj("CacheCluster", "demo")["status"]
     assert cond(status, "MasterReady")["status"] == "True"

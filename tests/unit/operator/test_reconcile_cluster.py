@@ -12,8 +12,16 @@ from strata.operator.reconcile import reconcile_cluster
 from tests.unit.operator.conftest import World, cluster_body, worker_report
 
 
-def set_ready(world: World, name: str, ready: int) -> None:
-    world.kube.obj("StatefulSet", name)["status"] = {"readyReplicas": ready}
+def set_ready(world: World, name: str, ready: int, *, revision: str = "r1", updated: int | None = None,
+              pods: int | None = None) -> None:
+    """The StatefulSet's status as its controller writes it: `ready` pods ready, all of the
+    current revision (unless `revision`/`updated` say a rollout is under way), `pods` in all."""
+    statefulset = world.kube.obj("StatefulSet", name)
+    statefulset["status"] = {
+        "observedGeneration": statefulset["metadata"].get("generation", 0), "readyReplicas": ready,
+        "replicas": ready if pods is None else pods, "updatedReplicas": ready if updated is None else updated,
+        "currentRevision": "r1", "updateRevision": revision,
+    }
 
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -259,3 +267,33 @@ async def test_an_invalid_spec_is_told_as_a_warning(world: World) -> None:
     world.kube.put(cluster_body(spec={"worker": {"replicas": -1}}))
     out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert [(n.type, n.reason) for n in out.notes] == [("Warning", "InvalidSpec")]
+
+
+async def test_not_ready_while_pods_roll_out_or_leave(world: World) -> None:
+    """Ready means every pod is of its StatefulSet's current spec: not during a rolling update
+    (e.g. after a tier quota edit), nor while pods of a scale-in still terminate."""
+    world.kube.put(cluster_body())
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    world.master.state.token = base64.b64decode(world.kube.obj("Secret", "demo-auth")["data"]["token"]).decode()
+    set_ready(world, "demo-master", 1)
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    world.master.state.workers = [worker_report("demo-worker-0"), worker_report("demo-worker-1")]
+    set_ready(world, "demo-worker", 2)
+    assert (await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))).done
+
+    # A rolling update: both pods ready and registered, one of them still of the old revision.
+    set_ready(world, "demo-worker", 2, revision="r2", updated=1)
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    assert not out.done and status["phase"] != "Ready"
+    assert condition(status, "Ready")["reason"] == "RollingOut"
+    assert "demo-worker: 1/2 pods are of the current revision" in condition(status, "Reconciling")["message"]
+
+    # A pod of a scale-in still terminating.
+    set_ready(world, "demo-worker", 2, pods=3)
+    assert not (await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))).done
+    assert "1 pod(s) of a scale-in still terminating" in condition(
+        world.kube.obj("CacheCluster", "demo")["status"], "Ready")["message"]
+
+    set_ready(world, "demo-worker", 2)
+    assert (await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))).done
