@@ -110,6 +110,7 @@ class Reason:
     CLUSTER_NOT_READY: Final = "ClusterNotReady"
     CREDENTIALS_NOT_FOUND: Final = "CredentialsSecretNotFound"
     SOURCE_NOT_FOUND: Final = "SourceNotFound"
+    STORE_UNREACHABLE: Final = "StoreUnreachable"
     ACCESS_DENIED: Final = "AccessDenied"
     INVALID_MOUNT: Final = "InvalidMount"
     PATH_CONFLICT: Final = "PathConflict"

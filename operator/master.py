@@ -2,10 +2,11 @@
 
 Every call carries the cluster token and a deadline, and a failed call raises the
 `StrataError` for its status code, so callers can tell a missing bucket (NotFound) from bad
-credentials (PermissionDenied) from a master that cannot be reached (Unavailable).
+credentials (PermissionDenied) from a master that cannot be reached (Unreachable) from a master
+that answered that its store cannot be reached (Unavailable, DeadlineExceeded).
 `Masters` keeps one channel per master and shares one Report among the Mounts of a cluster.
 A call whose channel is closed under it (the cluster's deletion forgets its master) fails
-with Unavailable too, so the step retries instead of ending as cancelled.
+with Unreachable too, so the step retries instead of ending as cancelled.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import grpc
 import grpc.aio
 
 from strata.cacheserver import constants as server
-from strata.cacheserver.errors import StrataError, Unavailable, from_status
+from strata.cacheserver.errors import StrataError, Unreachable, from_status
+from strata.cacheserver.rpcutil import answered_by_server
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 
@@ -34,9 +36,9 @@ _T = TypeVar("_T")
 def _error(exc: grpc.aio.AioRpcError) -> StrataError:
     """The error for a failed call; callers name the master in what they tell people."""
     details = exc.details() or exc.code().name
-    if exc.code() in _UNREACHABLE:
-        return Unavailable(details)
-    return from_status(exc.code(), details)
+    if exc.code() in _UNREACHABLE and not answered_by_server(exc):
+        return Unreachable(details)
+    return from_status(exc.code(), details)  # the master's own answer (e.g. its store is down)
 
 
 class MasterClient:
@@ -69,7 +71,7 @@ class MasterClient:
             if task is not None and task.cancelling():
                 raise  # this task is being stopped: let it stop
             # grpc cancels the calls of a channel that is closed (Masters.forget).
-            raise Unavailable(f"the connection to the master at {self.endpoint} was closed during the call "
+            raise Unreachable(f"the connection to the master at {self.endpoint} was closed during the call "
                               "(its cluster is being deleted, or its channel was replaced)") from None
 
     async def mount(self, request: pb.MountRequest) -> pb.MountInfo:

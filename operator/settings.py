@@ -35,6 +35,9 @@ class OperatorSettings(BaseSettings):
     # Seconds after a Mount's deletion to keep trying to unmount it before the finalizer
     # is removed anyway (the cluster or its master may be gone for good).
     unmount_timeout: float = Field(default=60.0, ge=0)
+    # Seconds a Mount whose store does not answer stays Pending (a store's hiccup) before it
+    # is Failed (kstatus Stalled); it is tried again every `reconcile_interval` either way.
+    store_patience: float = Field(default=120.0, ge=0)
     # Seconds a master's Report is reused by the Mounts of one cluster (one call, many Mounts).
     report_ttl: float = Field(default=5.0, ge=0)
     # Seconds to wait before re-checking a step that is not ready yet.

@@ -43,6 +43,8 @@ class ObjectState:
     mount_id: int | None = None
     # Mount: the mount id whose preload was started (a replaced mount is loaded again).
     preloaded_mount_id: int | None = None
+    # Mount: since when its store has not answered (None while it does).
+    store_away_since: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,14 @@ from urllib.parse import urlsplit
 
 from strata.cacheserver.errors import (
     AlreadyExists,
+    DeadlineExceeded,
     InvalidArgument,
     NotFound,
     PermissionDenied,
     StrataError,
     Unauthenticated,
     Unavailable,
+    Unreachable,
 )
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.operator import constants as c
@@ -54,9 +56,13 @@ def mount_problem(exc: StrataError, spec: MountSpec, endpoint: str) -> tuple[str
     """Phase and reason for a failed mount call, with what a person should do."""
     secret = spec.credentials.secret_ref.name if spec.credentials else None
     where = f"Secret {secret} (spec.credentials)" if secret else "spec.credentials (none given)"
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, Unreachable):
         return MountPhase.PENDING, Problem(
             Reason.MASTER_UNREACHABLE, f"The master at {endpoint} cannot be reached ({exc}); retrying."
+        )
+    if isinstance(exc, Unavailable | DeadlineExceeded):  # the master answered: its store did not
+        return MountPhase.PENDING, Problem(
+            Reason.STORE_UNREACHABLE, f"The store {spec.source} cannot be reached ({exc}); retrying."
         )
     if isinstance(exc, NotFound):
         return MountPhase.FAILED, Problem(
@@ -89,6 +95,21 @@ def mount_problem(exc: StrataError, spec: MountSpec, endpoint: str) -> tuple[str
             Reason.INVALID_MOUNT, f"The master refused the mount: {exc}. Fix spec.path, spec.source or spec.options."
         )
     return MountPhase.FAILED, Problem(Reason.MOUNT_FAILED, f"Mounting {spec.source} failed: {exc}")
+
+
+def _store_patience(deps: Deps, state: ObjectState, phase: str, problem: Problem) -> tuple[str, Problem]:
+    """A store that does not answer keeps the Mount Pending for `store_patience` seconds (a
+    hiccup), then Failed until it answers (tried again every reconcile either way)."""
+    if problem.reason != Reason.STORE_UNREACHABLE:
+        state.store_away_since = None
+        return phase, problem
+    now = deps.clock()
+    since = state.store_away_since = state.store_away_since or now
+    away = (now - since).total_seconds()
+    if away < deps.settings.store_patience:
+        return phase, problem
+    return MountPhase.FAILED, Problem(problem.reason, f"{problem.message} No answer for {away:.0f}s: Failed "
+                                      f"until it answers (tried every {deps.settings.reconcile_interval:.0f}s).")
 
 
 def _find(report: pb.ReportResponse, path: str) -> pb.MountReport | None:
@@ -210,7 +231,8 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
     except StrataError as exc:
         state.fingerprint = None
         phase, problem = mount_problem(exc, spec, target.endpoint)
-        return MountObservation(generation, phase, problem)
+        return MountObservation(generation, *_store_patience(deps, state, phase, problem))
+    state.store_away_since = None
     return MountObservation(generation, MountPhase.MOUNTED, None, mounted, synced_at,
                             preload_requested=bool(spec.preload_paths()), preload_problem=preload_problem)
 

@@ -27,6 +27,7 @@ from tests.unit.operator.conftest import (  # noqa: F401 - fixtures used by `wor
     cluster_body,
     master,
     mount_body,
+    set_ready,
     world,
     worker_report,
 )
@@ -99,9 +100,9 @@ async def recorded(world: World) -> RecordingKube:
     world.kube.put(cluster_body())
     await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     world.master.state.token = base64.b64decode(world.kube.obj("Secret", "demo-auth")["data"]["token"]).decode()
-    world.kube.obj("StatefulSet", "demo-master")["status"] = {"readyReplicas": 1}
+    set_ready(world, "demo-master", 1)
     await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
-    world.kube.obj("StatefulSet", "demo-worker")["status"] = {"readyReplicas": 2}
+    set_ready(world, "demo-worker", 2)
     world.master.state.workers = [worker_report("demo-worker-0"), worker_report("demo-worker-1")]
     assert (await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))).done
     world.kube.obj("CacheCluster", "demo")["spec"] = {"worker": {"replicas": 1}}  # scale in

@@ -16,6 +16,7 @@ import grpc.aio
 import pytest
 
 from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.rpcutil import ANSWERED_KEY
 from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 from strata.operator import constants as c
 from strata.operator.kube import KubeError, Obj
@@ -60,8 +61,8 @@ class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
 
     async def Mount(self, request: pb.MountRequest, context: Any) -> pb.MountResponse:  # noqa: N802
         await self._check(context, "Mount", request)
-        if self.state.mount_error:
-            await context.abort(*self.state.mount_error)
+        if self.state.mount_error:  # the master's own answer, marked as the real one marks it
+            await context.abort(*self.state.mount_error, trailing_metadata=((ANSWERED_KEY, "1"),))
         existing = self.state.mounts.get(request.path)
         public = pb.MountOptions()
         public.CopyFrom(request.options)
@@ -236,6 +237,18 @@ async def world(master: RunningMaster) -> AsyncIterator[World]:
     kube, clock = FakeKube(), Clock()
     yield World(kube, master, masters, clock, Deps(kube=kube, masters=masters, settings=settings, clock=clock))
     await masters.close()
+
+
+def set_ready(world: World, name: str, ready: int, *, revision: str = "r1", updated: int | None = None,
+              pods: int | None = None) -> None:
+    """The StatefulSet's status as its controller writes it: `ready` pods ready, all of the
+    current revision (unless `revision`/`updated` say a rollout is under way), `pods` in all."""
+    statefulset = world.kube.obj("StatefulSet", name)
+    statefulset["status"] = {
+        "observedGeneration": statefulset["metadata"].get("generation", 0), "readyReplicas": ready,
+        "replicas": ready if pods is None else pods, "updatedReplicas": ready if updated is None else updated,
+        "currentRevision": "r1", "updateRevision": revision,
+    }
 
 
 def cluster_body(name: str = "demo", spec: dict[str, Any] | None = None, generation: int = 1) -> Obj:

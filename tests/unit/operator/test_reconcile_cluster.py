@@ -9,19 +9,7 @@ import grpc
 
 from strata.operator.kube import KubeError
 from strata.operator.reconcile import reconcile_cluster
-from tests.unit.operator.conftest import World, cluster_body, worker_report
-
-
-def set_ready(world: World, name: str, ready: int, *, revision: str = "r1", updated: int | None = None,
-              pods: int | None = None) -> None:
-    """The StatefulSet's status as its controller writes it: `ready` pods ready, all of the
-    current revision (unless `revision`/`updated` say a rollout is under way), `pods` in all."""
-    statefulset = world.kube.obj("StatefulSet", name)
-    statefulset["status"] = {
-        "observedGeneration": statefulset["metadata"].get("generation", 0), "readyReplicas": ready,
-        "replicas": ready if pods is None else pods, "updatedReplicas": ready if updated is None else updated,
-        "currentRevision": "r1", "updateRevision": revision,
-    }
+from tests.unit.operator.conftest import World, cluster_body, set_ready, worker_report
 
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -210,6 +210,31 @@ async def test_unreachable_master_keeps_it_pending(world: World) -> None:
     assert condition(status, "Reconciling")["reason"] == "MasterUnreachable"
 
 
+async def test_a_store_that_does_not_answer_is_named_then_failed_and_still_retried(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    state = ObjectState()
+    world.master.state.mount_error = (grpc.StatusCode.UNAVAILABLE, "store s3://bucket/a did not answer within 30s")
+    out = await reconcile(world, state)
+    assert not out.done and not out.stalled  # a hiccup, for now
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["phase"] == "Pending"
+    reconciling = condition(status, "Reconciling")
+    assert reconciling["reason"] == "StoreUnreachable" and "s3://bucket/a" in reconciling["message"]
+    world.clock.advance(world.deps.settings.store_patience + 1)
+    out = await reconcile(world, state)
+    assert out.stalled  # tried again at the regular interval, not given up
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["phase"] == "Failed"
+    stalled = condition(status, "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "StoreUnreachable"
+    assert "No answer for" in stalled["message"]
+    world.master.state.mount_error = None
+    assert (await reconcile(world, state)).done
+    assert world.kube.obj("Mount", "data")["status"]["phase"] == "Mounted"
+    assert state.store_away_since is None
+
+
 async def test_overlapping_mount_of_the_same_cluster_fails(world: World) -> None:
     ready_cluster(world)
     world.kube.put(mount_body("first"))
