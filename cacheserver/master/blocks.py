@@ -66,9 +66,8 @@ class BlockIndex:
         """Bytes of each mount's data the cache holds; a block held by several workers
         counts once (how much of the data is cached, not how much space it takes)."""
         sums: dict[int, int] = defaultdict(int)
-        for block_id, record in self._records.items():
-            if self._holders[block_id]:
-                sums[record.key.mount_id] += record.length
+        for record in self._records.values():  # a record lives exactly while a worker holds it
+            sums[record.key.mount_id] += record.length
         return dict(sums)
 
     def cached_bytes_by_worker(self, mount_id: int) -> dict[str, int]:

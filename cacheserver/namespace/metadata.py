@@ -140,8 +140,8 @@ def upload_rel(version: str) -> str:
     return f"{UPLOAD_DIR}/{version}"
 
 
-def _hidden(rel: str) -> bool:
-    """Paths of Strata's own upload folder, never shown as the mount's files."""
+def is_upload_path(rel: str) -> bool:
+    """Paths of Strata's own upload folder, never shown or served as the mount's files."""
     return _rel_under(rel, UPLOAD_DIR)
 
 
@@ -377,7 +377,7 @@ class Namespace:
             "list": lambda: store.ls(rel),
             "walk": lambda: store.walk(rel, with_dirs=True),
         }
-        if _hidden(rel):
+        if is_upload_path(rel):
             return None
         try:
             answer = await calls[kind]()
@@ -385,7 +385,7 @@ class Namespace:
             return None
         if kind == "info":
             return answer
-        return [status for status in _nameable(mount, store.url(rel), answer) if not _hidden(status.path)]
+        return [status for status in _nameable(mount, store.url(rel), answer) if not is_upload_path(status.path)]
 
     def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
         """(True, status) if the cache can say what is at `rel` (None: nothing), from the

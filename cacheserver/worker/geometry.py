@@ -65,7 +65,8 @@ class FileStatuses:
         self._patience = patience
         self._clock = clock
         self._known: dict[str, tuple[float, pb.FileInfo]] = {}
-        # Set while the master keeps a call past the patience, cleared by its next answer:
+        # Set while the master keeps a call past the patience, cleared by its next answer
+        # (a status or an error of its own):
         # further misses then go on without waiting the patience out again.
         self._silent = False
         self._flights: dict[str, tuple[float, asyncio.Task[pb.FileInfo]]] = {}
@@ -113,7 +114,13 @@ class FileStatuses:
 
     async def _ask(self, path: str) -> pb.FileInfo:
         asked = self._clock()
-        info = await self._get_status(path)
+        try:
+            info = await self._get_status(path)
+        except Unavailable:
+            raise
+        except StrataError:
+            self._silent = False  # it answered (the file is gone, ...): it is there
+            raise
         self._silent = False
         self._known[path] = (asked, info)
         if len(self._known) > 10_000:  # forget the oldest half

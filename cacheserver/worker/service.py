@@ -21,6 +21,7 @@ from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..config import ServerConfig
 from ..blockrefs import block_count, key_of, ref_of
 from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError, Unavailable
+from ..namespace.metadata import is_upload_path
 from ..namespace.paths import is_under, normalize
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
@@ -166,7 +167,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         if mount is None or mount.mount_id != ref.mount_id:
             return None
         rel = mount.rel(ref.path)
-        if rel == constants.UPLOAD_DIR or rel.startswith(constants.UPLOAD_DIR + "/"):  # Strata's own, never a file
+        if is_upload_path(rel):
             return None
         status = await mount.store.info(rel)
         if status.is_dir:
