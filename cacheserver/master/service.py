@@ -52,11 +52,32 @@ class LoadJob:
     error: StrataError | None = None
     task: asyncio.Task[None] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # The file versions the job loads: what "still cached" is measured against.
+    files: list[FileEntry] = field(default_factory=list)
+    finished_at: float | None = None  # time.monotonic() when done
 
-    def update(self, **fields: int | bool) -> None:
+    def update(self, **fields: int | bool | str) -> None:
         for name, value in fields.items():
             setattr(self.progress, name, value)
         self.changed.set()
+
+    def report(self, blocks: BlockIndex, settle: float) -> pb.LoadProgress:
+        """The job's progress for Report: its path, why it failed, and (once done) how many
+        of its bytes the cache holds now, so a preload whose blocks were evicted or lost with
+        a worker shows as no longer whole. Workers report new blocks with their next
+        heartbeat: for `settle` seconds after the end, what they answered counts too."""
+        progress = pb.LoadProgress()
+        progress.CopyFrom(self.progress)
+        progress.path = self.path
+        if self.progress.done and self.error is None:
+            held = sum(blocks.cached_bytes_of_file(f.mount_id, f.path, f.version) for f in self.files)
+            settling = self.finished_at is not None and time.monotonic() - self.finished_at < settle
+            progress.bytes_cached = max(held, self.progress.bytes_loaded) if settling else held
+        return progress
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
 
 
 @dataclass
@@ -258,14 +279,16 @@ class MasterService(pb_grpc.MasterServicer):
         self._bump_table()
         self._spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
         log.info("mounted %s -> %s (mount id %d)", mount.path, mount.source, mount.mount_id)
-        return pb.MountResponse(mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)))
+        return pb.MountResponse(mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)),
+                                changed=True)
 
     @rpcutil.unary
     async def Unmount(self, request: pb.UnmountRequest, context: grpc.aio.ServicerContext) -> pb.UnmountResponse:
         mount = self.mounts.remove(normalize(request.path))
         self._bump_table()
         self.ufs_totals.pop(mount.mount_id, None)
-        self.loads.pop(mount.path, None)
+        for path in [p for p in self.loads if is_under(p, mount.path)]:
+            self.loads.pop(path).cancel()
         if request.free:
             await self._free_blocks(mount.mount_id, "")
         log.info("unmounted %s", mount.path)
@@ -463,6 +486,7 @@ class MasterService(pb_grpc.MasterServicer):
             files = [entry] if not entry.is_dir else [
                 e for e in await self.namespace.list_status(job.path, recursive=True) if not e.is_dir
             ]
+            job.files = files
             job.update(bytes_total=sum(f.length for f in files), files_total=len(files))
             semaphore = asyncio.Semaphore(LOAD_CONCURRENCY)
             await asyncio.gather(*(self._load_file(job, f, semaphore) for f in files))
@@ -472,6 +496,10 @@ class MasterService(pb_grpc.MasterServicer):
             log.exception("load of %s failed", job.path)
             job.error = StrataError(f"load of {job.path} failed: {exc}")
         finally:
+            if job.error is not None:
+                log.warning("load of %s failed: %s", job.path, job.error)
+                job.update(error=str(job.error))
+            job.finished_at = time.monotonic()
             job.update(done=True)
 
     async def _load_file(self, job: LoadJob, entry: FileEntry, semaphore: asyncio.Semaphore) -> None:
@@ -601,6 +629,7 @@ class MasterService(pb_grpc.MasterServicer):
         pending = self.pending_uploads()
         response.pending_uploads.CopyFrom(sum_pending(pending.values()))
         by_mount = self.blocks.cached_bytes_by_mount()
+        settle = 2 * self.config.heartbeat_interval
         for mount in self.mounts.list():
             totals = self.ufs_totals.get(mount.mount_id)
             if totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE:
@@ -609,16 +638,13 @@ class MasterService(pb_grpc.MasterServicer):
             for worker_id, n in self.blocks.cached_bytes_by_worker(mount.mount_id).items():
                 host = self._host_of(worker_id) or worker_id
                 by_host[host] = by_host.get(host, 0) + n
-            job = self.loads.get(mount.path) or next(
-                (j for p, j in self.loads.items() if is_under(p, mount.path)), None
-            )
             response.mounts.append(pb.MountReport(
                 mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)),
                 cached_bytes=by_mount.get(mount.mount_id, 0),
                 cached_bytes_by_host=by_host,
                 ufs_total_bytes=totals.total_bytes if totals else 0,
                 ufs_files=totals.files if totals else 0,
-                load=job.progress if job else None,
+                loads=[job.report(self.blocks, settle) for p, job in sorted(self.loads.items()) if is_under(p, mount.path)],
                 pending_uploads=pending.get(mount.mount_id, pb.PendingUploads(mount_id=mount.mount_id)),
             ))
         return response
@@ -635,8 +661,7 @@ class MasterService(pb_grpc.MasterServicer):
         for task in list(self._background):
             task.cancel()
         for job in self.loads.values():
-            if job.task is not None:
-                job.task.cancel()
+            job.cancel()
         for _, channel in self._worker_channels.values():
             await channel.close()
 

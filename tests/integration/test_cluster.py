@@ -361,6 +361,40 @@ def test_load_free_pin_and_block_locations(cluster: Cluster, bucket: str) -> Non
     assert fs.info("/l/set/a.bin")["cached_bytes"] == len(data)
 
 
+def _load_report(fs: Any, mount: str, path: str) -> Any:
+    (report,) = [m for m in fs.client.report().mounts if m.mount.path == mount]
+    return next((load for load in report.loads if load.path == path), None)
+
+
+def test_a_finished_load_reports_how_much_of_it_the_cache_still_holds(cluster: Cluster, bucket: str) -> None:
+    """What a preload's status is built on: done is not enough, the bytes must still be cached."""
+    data = payload(2 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "set/a.bin", data)
+    cluster.s3.put_object(bucket, "set/b.bin", data[:100])
+    cluster.mount_bucket("/l", bucket)
+    fs = cluster.fs()
+    list(fs.client.load("/l/set"))
+    total = len(data) + 100
+    load = wait_until(lambda: (r := _load_report(fs, "/l", "/l/set")) and r.bytes_cached == total and r, 10,
+                      "the load's blocks to be reported")
+    assert load.done and not load.error and load.bytes_total == total
+    fs.client.free("/l/set/a.bin")  # the cache loses most of it
+    wait_until(lambda: _load_report(fs, "/l", "/l/set").bytes_cached == 100, 10, "the report to show the loss")
+
+
+def test_a_load_with_no_live_worker_fails_and_says_why(start_cluster: Any, bucket: str) -> None:
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "set/a.bin", payload(BLOCK_SIZE))
+    cluster.mount_bucket("/l", bucket)
+    fs = cluster.fs()
+    cluster.workers[0].stop(signal.SIGKILL)
+    wait_until(lambda: not any(w.live for w in fs.client.report().workers), 60, "the master to see the worker gone")
+    with pytest.raises(errors.StrataError, match="no live workers"):
+        list(fs.client.load("/l/set"))
+    load = _load_report(fs, "/l", "/l/set")
+    assert load.done and "no live workers" in load.error and load.bytes_cached == 0
+
+
 def test_pandas_and_pyarrow_read_parquet_through_strata(cluster: Cluster, bucket: str) -> None:
     import pandas as pd
     import pyarrow as pa
