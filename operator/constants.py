@@ -122,3 +122,4 @@ class Reason:
     PRELOADING: Final = "Preloading"
     PRELOADED: Final = "Preloaded"
     PRELOAD_FAILED: Final = "PreloadFailed"
+    PRELOAD_INCOMPLETE: Final = "PreloadIncomplete"

@@ -74,9 +74,10 @@ class MasterClient:
             raise Unreachable(f"the connection to the master at {self.endpoint} was closed during the call "
                               "(its cluster is being deleted, or its channel was replaced)") from None
 
-    async def mount(self, request: pb.MountRequest) -> pb.MountInfo:
+    async def mount(self, request: pb.MountRequest) -> pb.MountResponse:
+        """The mount as the master now holds it, and whether this call changed it."""
         response = await self._call(self._stub.Mount(request, metadata=self._metadata, timeout=self._timeout))
-        return cast(pb.MountInfo, response.mount)
+        return cast(pb.MountResponse, response)
 
     async def unmount(self, path: str, *, free: bool = True) -> None:
         await self._call(self._stub.Unmount(

@@ -224,6 +224,15 @@ def cluster_status(
 # -- Mount ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class PreloadObservation:
+    """The master's load of each preload path (None: none yet), and what stands in the way:
+    a path that cannot be loaded, a load that failed, or bytes the cache lost since."""
+
+    loads: tuple[pb.LoadProgress | None, ...]
+    problems: tuple[Problem, ...] = ()
+
+
+@dataclass(frozen=True)
 class MountObservation:
     """What one reconcile of a Mount saw."""
 
@@ -231,31 +240,32 @@ class MountObservation:
     phase: str                                # a MountPhase
     problem: Problem | None = None            # why Pending or Failed
     report: pb.MountReport | None = None      # the master's view of this mount
-    synced_at: datetime | None = None         # when the mount RPC last succeeded
-    preload_requested: bool = False
-    preload_problem: Problem | None = None    # the preload could not be started
+    synced_at: datetime | None = None         # when the mount RPC last changed the mount
+    preload: PreloadObservation | None = None  # None: no preload asked for
 
 
-def _preload(report: pb.MountReport | None, problem: Problem | None) -> tuple[Status, Condition]:
-    if problem is not None:
-        return {"phase": PreloadPhase.FAILED}, Condition(c.PRELOADED, False, problem.reason, problem.message)
-    load = report.load if report is not None and report.HasField("load") else None
-    if load is None or (not load.done and load.bytes_total == 0 and load.files_total == 0):
-        status = {"phase": PreloadPhase.PENDING}
-        return status, Condition(c.PRELOADED, False, Reason.PRELOADING, "The preload has not started yet.")
-    status = {
-        "phase": PreloadPhase.SUCCEEDED if load.done else PreloadPhase.RUNNING,
-        "bytesLoaded": approximate_quantity(load.bytes_loaded),
-        "bytesTotal": approximate_quantity(load.bytes_total),
-    }
-    if load.done:
-        message = f"Loaded {status['bytesLoaded']} in {load.files_loaded} files."
-        return status, Condition(c.PRELOADED, True, Reason.PRELOADED, message)
-    message = (
-        f"Loading: {status['bytesLoaded']} of {status['bytesTotal']}, "
-        f"{load.files_loaded}/{load.files_total} files."
-    )
-    return status, Condition(c.PRELOADED, False, Reason.PRELOADING, message)
+def _preload(obs: PreloadObservation) -> tuple[Status, Condition]:
+    """Succeeded only when every path's load finished and the cache holds all its bytes."""
+    known = [load for load in obs.loads if load is not None]
+    status: Status = {}
+    if known:
+        status = {
+            "bytesLoaded": approximate_quantity(sum(load.bytes_loaded for load in known)),
+            "bytesTotal": approximate_quantity(sum(load.bytes_total for load in known)),
+        }
+    if obs.problems:
+        message = " ".join(problem.message for problem in obs.problems)
+        return {"phase": PreloadPhase.FAILED, **status}, Condition(c.PRELOADED, False, obs.problems[0].reason, message)
+    if not known:
+        return {"phase": PreloadPhase.PENDING}, Condition(c.PRELOADED, False, Reason.PRELOADING,
+                                                           "The preload has not started yet.")
+    files = sum(load.files_loaded for load in known)
+    if len(known) == len(obs.loads) and all(load.done for load in known):
+        message = f"Loaded {status['bytesLoaded']} in {files} files; the cache holds all of it."
+        return {"phase": PreloadPhase.SUCCEEDED, **status}, Condition(c.PRELOADED, True, Reason.PRELOADED, message)
+    message = (f"Loading: {status['bytesLoaded']} of {status['bytesTotal']}, "
+               f"{files}/{sum(load.files_total for load in known)} files.")
+    return {"phase": PreloadPhase.RUNNING, **status}, Condition(c.PRELOADED, False, Reason.PRELOADING, message)
 
 
 def _pending_uploads(pending: pb.PendingUploads) -> Status:
@@ -291,8 +301,8 @@ def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: dateti
             cache["cachedPercentage"] = min(100.0, round(100.0 * report.cached_bytes / report.ufs_total_bytes, 1))
         status["cache"] = cache
         status["pendingUploads"] = _pending_uploads(report.pending_uploads)
-    if obs.preload_requested and mounted:
-        status["preload"], preloaded = _preload(report, obs.preload_problem)
+    if obs.preload is not None and mounted:
+        status["preload"], preloaded = _preload(obs.preload)
         conditions.append(preloaded)
     status["conditions"] = merge_conditions(
         previous.get("conditions", []), conditions, now=now, generation=obs.generation

@@ -16,7 +16,7 @@ from strata.operator.builders.common import auth_name
 from strata.operator.kube import KubeAPI
 from strata.operator.master import Masters
 from strata.operator.settings import OperatorSettings
-from strata.operator.status import Note
+from strata.operator.status import Note, Problem
 
 
 def utcnow() -> datetime:
@@ -33,6 +33,15 @@ class Deps:
     clock: Callable[[], datetime] = utcnow
 
 
+@dataclass(frozen=True)
+class Retry:
+    """When to try something again, and how many tries failed so far (for the backoff)."""
+
+    at: datetime
+    failures: int
+    problem: Problem  # what went wrong last
+
+
 @dataclass
 class ObjectState:
     """What the operator remembers about one object between reconciles (in memory only)."""
@@ -41,8 +50,8 @@ class ObjectState:
     # Mount: digest of the last MountRequest the master accepted, and the mount id it gave.
     fingerprint: str | None = None
     mount_id: int | None = None
-    # Mount: the mount id whose preload was started (a replaced mount is loaded again).
-    preloaded_mount_id: int | None = None
+    # Mount: preload paths that failed or lost their bytes, and when to load them again.
+    preload_retries: dict[str, Retry] = field(default_factory=dict)
     # Mount: since when its store has not answered (None while it does).
     store_away_since: datetime | None = None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,7 +24,7 @@ from strata.cacheserver.errors import (
 )
 from strata.cacheserver.proto import strata_pb2 as pb
 from strata.operator import constants as c
-from strata.operator.builders.common import master_endpoint
+from strata.operator.builders.common import approximate_quantity, master_endpoint
 from strata.operator.builders.mount import build_mount_request, request_fingerprint
 from strata.operator.constants import MountPhase, Reason
 from strata.operator.kube import KubeError
@@ -34,13 +34,24 @@ from strata.operator.reconcile.common import (
     ObjectKey,
     ObjectState,
     Outcome,
+    Retry,
     read_token,
     secret_data,
     write_status,
 )
-from strata.operator.status import MountObservation, Problem, mount_notes, mount_status
+from strata.operator.status import (
+    MountObservation,
+    PreloadObservation,
+    Problem,
+    mount_notes,
+    mount_status,
+    timestamp,
+)
 
 log = logging.getLogger(__name__)
+
+# The longest wait before loading a failed or no longer whole preload again (seconds).
+PRELOAD_RETRY_MAX = 3600.0
 
 
 @dataclass(frozen=True)
@@ -116,11 +127,6 @@ def _find(report: pb.ReportResponse, path: str) -> pb.MountReport | None:
     return next((m for m in report.mounts if m.mount.path == path), None)
 
 
-def _has_load(report: pb.MountReport) -> bool:
-    load = report.load
-    return report.HasField("load") and (load.done or load.bytes_total > 0 or load.files_total > 0)
-
-
 def _older(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether object a was created before b (names break ties)."""
     ka = (a["metadata"].get("creationTimestamp", ""), a["metadata"]["name"])
@@ -169,25 +175,66 @@ async def _credentials(deps: Deps, namespace: str, spec: MountSpec) -> dict[str,
     return secret_data(secret)
 
 
-async def _preload(deps: Deps, target: _Target, spec: MountSpec, state: ObjectState,
-                   report: pb.MountReport) -> Problem | None:
-    """Start the preload once per mount id; the master keeps loading after we hang up.
-    A preload that cannot start (e.g. a listed path does not exist) does not fail the mount."""
-    mount_id = report.mount.mount_id
-    if state.preloaded_mount_id == mount_id:
+def _preload_trouble(load: pb.LoadProgress) -> Problem | None:
+    """Why a finished load is not a preload that holds: it failed, or the cache lost bytes of
+    it since (evicted, freed, or gone with a worker). None while running or whole."""
+    if not load.done:
         return None
-    if not _has_load(report):
-        client = deps.masters.client(target.endpoint, target.token)
-        for path in spec.preload_paths():
-            try:
-                await client.start_load(path)
-            except (NotFound, InvalidArgument) as exc:
-                return Problem(Reason.PRELOAD_FAILED,
-                               f"Cannot preload {path}: {exc}. Fix spec.preload.paths (paths inside the mount).")
-        deps.masters.invalidate(target.endpoint)
-        log.info("started preload of %s on %s", spec.preload_paths(), target.endpoint)
-    state.preloaded_mount_id = mount_id
+    if load.error:
+        return Problem(Reason.PRELOAD_FAILED, f"Preloading {load.path} failed: {load.error}.")
+    if load.bytes_cached < load.bytes_total:
+        return Problem(Reason.PRELOAD_INCOMPLETE,
+                       f"The cache holds {approximate_quantity(load.bytes_cached)} of the "
+                       f"{approximate_quantity(load.bytes_total)} preloaded from {load.path} "
+                       "(evicted, freed, or lost with a worker).")
     return None
+
+
+def _backoff(deps: Deps, retry: Retry | None, problem: Problem, now: datetime) -> Retry:
+    failures = (retry.failures if retry else 0) + 1
+    delay = min(PRELOAD_RETRY_MAX, deps.settings.reconcile_interval * 2 ** (failures - 1))
+    return Retry(now + timedelta(seconds=delay), failures, problem)
+
+
+async def _preload(deps: Deps, target: _Target, spec: MountSpec, state: ObjectState,
+                   report: pb.MountReport) -> PreloadObservation:
+    """Load each preload path the master has no load of (never started, or the master
+    restarted), and again each one that failed or whose bytes the cache no longer holds, with
+    a backoff from `reconcile_interval` doubling up to PRELOAD_RETRY_MAX. What is whole is
+    left alone: an operator restart starts nothing that is already true. The master keeps
+    loading after we hang up."""
+    loads = {load.path: load for load in report.loads}
+    now = deps.clock()
+    problems: list[Problem] = []
+    started = False
+    for path in spec.preload_paths():
+        load = loads.get(path)
+        trouble = _preload_trouble(load) if load is not None else None
+        if load is not None and trouble is None:  # running, or done and whole
+            if load.done:
+                state.preload_retries.pop(path, None)
+            continue
+        retry = state.preload_retries.get(path)
+        if retry is not None and now < retry.at:
+            problem = trouble or retry.problem
+            problems.append(Problem(problem.reason, f"{problem.message} Trying again at {timestamp(retry.at)}."))
+            continue
+        try:
+            await deps.masters.client(target.endpoint, target.token).start_load(path)
+        except (NotFound, InvalidArgument) as exc:
+            problem = Problem(Reason.PRELOAD_FAILED,
+                              f"Cannot preload {path}: {exc}. Fix spec.preload.paths (paths inside the mount).")
+            state.preload_retries[path] = _backoff(deps, retry, problem, now)
+            problems.append(problem)
+            continue
+        started = True
+        log.info("started preload of %s on %s%s", path, target.endpoint, f" ({trouble.message})" if trouble else "")
+        if trouble is not None:
+            state.preload_retries[path] = _backoff(deps, retry, trouble, now)
+            problems.append(Problem(trouble.reason, f"{trouble.message} Loading it again."))
+    if started:
+        deps.masters.invalidate(target.endpoint)
+    return PreloadObservation(tuple(loads.get(p) for p in spec.preload_paths()), tuple(problems))
 
 
 async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: ObjectState,
@@ -212,7 +259,7 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
     request = build_mount_request(spec, credentials)
     fingerprint = request_fingerprint(request)
     synced_at: datetime | None = None
-    preload_problem: Problem | None = None
+    preload: PreloadObservation | None = None
     try:
         report = await deps.masters.report(target.endpoint, target.token)
         mounted = _find(report, spec.path)
@@ -220,21 +267,25 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
             mounted.mount.mount_id == state.mount_id
         )
         if not current:
-            info = await deps.masters.client(target.endpoint, target.token).mount(request)
-            state.fingerprint, state.mount_id = fingerprint, info.mount_id
-            synced_at = deps.clock()
-            log.info("mounted %s at %s on %s (mount id %d)", spec.source, spec.path, target.endpoint, info.mount_id)
+            # After an operator restart this asks again what the master may already hold:
+            # the master tells whether anything changed, and only a change is a sync.
+            answer = await deps.masters.client(target.endpoint, target.token).mount(request)
+            state.fingerprint, state.mount_id = fingerprint, answer.mount.mount_id
+            if answer.changed:
+                synced_at = deps.clock()
+                log.info("mounted %s at %s on %s (mount id %d)", spec.source, spec.path, target.endpoint,
+                         answer.mount.mount_id)
             deps.masters.invalidate(target.endpoint)
             mounted = _find(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)
         if mounted is not None and spec.preload_paths():
-            preload_problem = await _preload(deps, target, spec, state, mounted)
+            preload = await _preload(deps, target, spec, state, mounted)
     except StrataError as exc:
         state.fingerprint = None
         phase, problem = mount_problem(exc, spec, target.endpoint)
         return MountObservation(generation, *_store_patience(deps, state, phase, problem))
     state.store_away_since = None
     return MountObservation(generation, MountPhase.MOUNTED, None, mounted, synced_at,
-                            preload_requested=bool(spec.preload_paths()), preload_problem=preload_problem)
+                            preload=preload)
 
 
 async def reconcile_mount(deps: Deps, body: Mapping[str, Any], state: ObjectState) -> Outcome:

@@ -46,6 +46,15 @@ class MasterState:
     def count(self, method: str) -> int:
         return sum(1 for name, _ in self.calls if name == method)
 
+    def set_load(self, path: str, **progress: Any) -> None:
+        """The load of `path` as the master's Report shows it (in the mount holding it);
+        with no fields, the master knows no load of it (e.g. it restarted)."""
+        mount = next((m for m in self.mounts if path == m or path.startswith(m + "/")), path)
+        report = self.mount_reports.setdefault(mount, pb.MountReport())
+        others = [load for load in report.loads if load.path != path]
+        del report.loads[:]
+        report.loads.extend(others + ([pb.LoadProgress(path=path, **progress)] if progress else []))
+
 
 class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
     """Implements the calls the operator makes, with token checks and the real status codes."""
@@ -73,7 +82,7 @@ class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
                                     mount_id=self.state.next_id)
             self.state.next_id += 1
             self.state.mounts[request.path] = existing
-        return pb.MountResponse(mount=existing)
+        return pb.MountResponse(mount=existing, changed=not same)
 
     async def Unmount(self, request: pb.UnmountRequest, context: Any) -> pb.UnmountResponse:  # noqa: N802
         await self._check(context, "Unmount", request)
@@ -105,8 +114,7 @@ class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
 
     async def Load(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[pb.LoadProgress]:  # noqa: N802
         await self._check(context, "Load", request)
-        report = self.state.mount_reports.setdefault(request.path, pb.MountReport())
-        report.load.CopyFrom(pb.LoadProgress(bytes_total=100, files_total=2))
+        self.state.set_load(request.path, bytes_total=100, files_total=2)
         yield pb.LoadProgress(bytes_loaded=0, bytes_total=100, files_total=2)
 
 

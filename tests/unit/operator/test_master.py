@@ -16,8 +16,9 @@ from tests.unit.operator.conftest import TOKEN, RunningMaster
 
 async def test_calls_carry_the_token(master: RunningMaster) -> None:
     async with MasterClient(master.address, TOKEN, timeout=2) as client:
-        info = await client.mount(pb.MountRequest(path="/a", source="memory://a"))
-        assert info.mount_id == 1
+        answer = await client.mount(pb.MountRequest(path="/a", source="memory://a"))
+        assert answer.mount.mount_id == 1 and answer.changed
+        assert not (await client.mount(pb.MountRequest(path="/a", source="memory://a"))).changed
         report = await client.report()
         assert [m.mount.path for m in report.mounts] == ["/a"]
     async with MasterClient(master.address, "wrong", timeout=2) as client:

@@ -253,28 +253,107 @@ async def test_overlapping_mount_of_the_same_cluster_fails(world: World) -> None
     assert "/datasets/a" in world.master.state.mounts
 
 
-async def test_preload_starts_once_and_reports_progress(world: World) -> None:
+async def test_preload_starts_once_and_succeeds_only_when_the_cache_holds_it(world: World) -> None:
     ready_cluster(world)
     world.kube.put(mount_body(preload={"paths": ["/train", "val"]}))
     state = ObjectState()
     await reconcile(world, state)
     loads = [r.path for n, r in world.master.state.calls if n == "Load"]
     assert loads == ["/datasets/a/train", "/datasets/a/val"]
-    report = world.master.state.mount_reports.setdefault("/datasets/a", pb.MountReport())
-    report.load.CopyFrom(pb.LoadProgress(bytes_loaded=50 << 20, bytes_total=100 << 20, files_loaded=1, files_total=2))
+    master = world.master.state
+    master.set_load("/datasets/a/train", bytes_loaded=50 << 20, bytes_total=100 << 20, files_loaded=1, files_total=2)
+    master.set_load("/datasets/a/val", bytes_total=100 << 20, files_total=2)
     await reconcile(world, state)
     status = world.kube.obj("Mount", "data")["status"]
-    assert status["preload"] == {"phase": "Running", "bytesLoaded": "50Mi", "bytesTotal": "100Mi"}
+    assert status["preload"] == {"phase": "Running", "bytesLoaded": "50Mi", "bytesTotal": "200Mi"}
     assert condition(status, "Preloaded")["status"] == "False"
-    report.load.CopyFrom(pb.LoadProgress(bytes_loaded=100 << 20, bytes_total=100 << 20, files_loaded=2,
-                                         files_total=2, done=True))
+    for path in ("/datasets/a/train", "/datasets/a/val"):
+        master.set_load(path, bytes_loaded=100 << 20, bytes_total=100 << 20, files_loaded=2, files_total=2,
+                        done=True, bytes_cached=100 << 20)
     await reconcile(world, state)
     status = world.kube.obj("Mount", "data")["status"]
     assert status["preload"]["phase"] == "Succeeded"
     assert condition(status, "Preloaded")["status"] == "True"
-    assert world.master.state.count("Load") == 2
-    await reconcile(world, ObjectState())  # a restarted operator sees the load and does not redo it
-    assert world.master.state.count("Load") == 2
+    assert master.count("Load") == 2
+    await reconcile(world, ObjectState())  # a restarted operator sees the loads whole and redoes nothing
+    assert master.count("Load") == 2
+
+
+async def test_a_load_that_loaded_nothing_is_not_success_and_is_tried_again(world: World) -> None:
+    """The master was ready before any worker registered: the load ended with an error."""
+    ready_cluster(world)
+    world.kube.put(mount_body(preload={"onCreate": True}))
+    state = ObjectState()
+    await reconcile(world, state)
+    master = world.master.state
+    master.set_load("/datasets/a", bytes_total=3 << 20, files_total=1, done=True,
+                    error="cannot load /datasets/a/x: no live workers")
+    out = await reconcile(world, state)
+    status = world.kube.obj("Mount", "data")["status"]
+    assert status["preload"]["phase"] == "Failed"
+    preloaded = condition(status, "Preloaded")
+    assert preloaded["reason"] == "PreloadFailed" and "no live workers" in preloaded["message"]
+    assert ("Warning", "PreloadFailed") in [(n.type, n.reason) for n in out.notes]
+    assert master.count("Load") == 2  # tried again at once, then backs off
+    master.set_load("/datasets/a", bytes_total=3 << 20, files_total=1, done=True,
+                    error="cannot load /datasets/a/x: no live workers")
+    await reconcile(world, state)
+    assert master.count("Load") == 2
+    assert "Trying again at" in condition(world.kube.obj("Mount", "data")["status"], "Preloaded")["message"]
+    world.clock.advance(world.deps.settings.reconcile_interval)
+    await reconcile(world, state)
+    assert master.count("Load") == 3
+    master.set_load("/datasets/a", bytes_loaded=3 << 20, bytes_total=3 << 20, files_loaded=1, files_total=1,
+                    done=True, bytes_cached=3 << 20)
+    await reconcile(world, state)
+    assert world.kube.obj("Mount", "data")["status"]["preload"]["phase"] == "Succeeded"
+
+
+async def test_a_preload_the_cache_lost_is_loaded_again(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body(preload={"onCreate": True}))
+    state = ObjectState()
+    await reconcile(world, state)
+    master = world.master.state
+    master.set_load("/datasets/a", bytes_loaded=4 << 20, bytes_total=4 << 20, files_loaded=1, files_total=1,
+                    done=True, bytes_cached=4 << 20)
+    await reconcile(world, state)
+    assert world.kube.obj("Mount", "data")["status"]["preload"]["phase"] == "Succeeded"
+    master.set_load("/datasets/a", bytes_loaded=4 << 20, bytes_total=4 << 20, files_loaded=1, files_total=1,
+                    done=True, bytes_cached=1 << 20)  # a worker with 3Mi of it went away
+    out = await reconcile(world, state)
+    assert master.count("Load") == 2
+    preloaded = condition(world.kube.obj("Mount", "data")["status"], "Preloaded")
+    assert preloaded["reason"] == "PreloadIncomplete" and "1Mi of the 4Mi" in preloaded["message"]
+    assert [n.reason for n in out.notes] == ["PreloadIncomplete"]
+
+
+async def test_a_restarted_master_gets_the_preload_again(world: World) -> None:
+    """A master restart keeps the mount (journal) but not its loads: the old operator never
+    preloaded again until it restarted itself."""
+    ready_cluster(world)
+    world.kube.put(mount_body(preload={"onCreate": True}))
+    state = ObjectState()
+    await reconcile(world, state)
+    master = world.master.state
+    master.set_load("/datasets/a", bytes_loaded=4, bytes_total=4, files_loaded=1, files_total=1, done=True,
+                    bytes_cached=4)
+    await reconcile(world, state)
+    master.set_load("/datasets/a")  # the master restarted: no load known
+    await reconcile(world, state)
+    assert master.count("Load") == 2
+
+
+async def test_an_operator_restart_changes_nothing_already_true(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    await reconcile(world, ObjectState())
+    before = world.kube.obj("Mount", "data")["status"]
+    writes = len(world.kube.status_writes)
+    world.clock.advance(600)
+    await reconcile(world, ObjectState())  # a new operator: it asks the master, which changes nothing
+    assert world.kube.obj("Mount", "data")["status"] == before
+    assert len(world.kube.status_writes) == writes
 
 
 async def test_delete_unmounts_and_frees(world: World) -> None:

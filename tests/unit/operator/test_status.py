@@ -9,6 +9,7 @@ from strata.operator.status import (
     ClusterObservation,
     Condition,
     MountObservation,
+    PreloadObservation,
     Problem,
     cluster_status,
     hit_ratio,
@@ -129,7 +130,7 @@ def test_mount_status_shows_pending_uploads() -> None:
 
 def test_mount_keeps_last_sync_time_and_shows_pending_preload() -> None:
     previous = {"lastSyncTime": "2025-12-31T00:00:00Z"}
-    status = mount_status(MountObservation(1, "Mounted", report=pb.MountReport(), preload_requested=True), previous, T0)
+    status = mount_status(MountObservation(1, "Mounted", report=pb.MountReport(), preload=PreloadObservation((None,))), previous, T0)
     assert status["lastSyncTime"] == "2025-12-31T00:00:00Z"
     assert status["preload"] == {"phase": "Pending"}
     assert cond(status, "Preloaded")["status"] == "False"
