@@ -12,6 +12,7 @@ from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from strata.cacheserver.csi.constants import data_token_key
 from strata.cacheserver.errors import InvalidArgument, StrataError
 from strata.operator import constants as c
 from strata.operator.builders import build_master_children, build_worker_children
@@ -26,7 +27,14 @@ from strata.operator.builders.common import (
 from strata.operator.constants import ClusterPhase, Reason
 from strata.operator.kube import KubeError
 from strata.operator.models import CacheClusterSpec, Cluster, ClusterTokens, ObjectRef, parse_spec
-from strata.operator.reconcile.common import Deps, ObjectKey, Outcome, read_secret_tokens, write_status
+from strata.operator.reconcile.common import (
+    Deps,
+    ObjectKey,
+    Outcome,
+    read_secret_tokens,
+    secret_data,
+    write_status,
+)
 from strata.operator.settings import OperatorSettings
 from strata.operator.status import ClusterObservation, Problem, cluster_notes, cluster_status
 
@@ -78,10 +86,27 @@ def _with_workers(cluster: Cluster, replicas: int) -> Cluster:
     return Cluster(cluster.ref, cluster.generation, cluster.spec.model_copy(update={"worker": worker}))
 
 
+async def _shared_data_token(deps: Deps, namespace: str, name: str) -> str | None:
+    """The data token this operator put in the CSI tokens Secret for the cluster, if any."""
+    settings = deps.settings
+    if not settings.csi_tokens_secret:
+        return None
+    shared = await deps.kube.get("v1", "Secret", settings.namespace, settings.csi_tokens_secret)
+    return secret_data(shared).get(data_token_key(namespace, name)) if shared else None
+
+
 async def _ensure_tokens(deps: Deps, cluster: Cluster) -> ClusterTokens:
     """The cluster's tokens: those its Secret holds, and new ones for keys it lacks (a cluster
-    made by an operator that knew one token gets the data and internal ones added)."""
-    held = await read_secret_tokens(deps, cluster.ref.namespace, cluster.ref.name)
+    made by an operator that knew one token gets the data and internal ones added). A data
+    token the Secret lost (someone deleted `<cluster>-auth`) is taken back from the CSI tokens
+    Secret: every published volume holds it, so they keep reading while the servers roll to
+    the new admin and internal tokens."""
+    namespace, name = cluster.ref.namespace, cluster.ref.name
+    held = await read_secret_tokens(deps, namespace, name)
+    if c.DATA_TOKEN_KEY not in held and (shared := await _shared_data_token(deps, namespace, name)):
+        log.warning("the data token of %s/%s was missing from its Secret; kept the one published volumes use",
+                    namespace, name)
+        held[c.DATA_TOKEN_KEY] = shared
 
     def token(key: str) -> str:
         return held.get(key) or secrets.token_urlsafe(32)

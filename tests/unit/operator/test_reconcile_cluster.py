@@ -227,6 +227,20 @@ async def test_the_data_token_is_shared_with_the_csi_plugin_and_no_other_token(w
     assert sorted(world.kube.obj("Secret", "strata-csi-tokens", "strata-system")["data"]) == ["ns.demo"]
 
 
+async def test_a_deleted_auth_secret_keeps_the_data_token_published_volumes_hold(world: World) -> None:
+    """Deleting `<cluster>-auth` used to mint a new data token, and every running pod's volume
+    (which holds the old one) then failed its reads."""
+    world.kube.put(cluster_body())
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    before = dict(world.kube.obj("Secret", "demo-auth")["data"])
+    del world.kube.objects[("Secret", "ns", "demo-auth")]
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    after = world.kube.obj("Secret", "demo-auth")["data"]
+    assert after["dataToken"] == before["dataToken"]
+    assert world.kube.obj("Secret", "strata-csi-tokens", "strata-system")["data"]["ns.demo"] == before["dataToken"]
+    assert after["token"] != before["token"]  # the others are not recoverable: new ones, servers roll
+
+
 async def test_a_namespace_that_grants_no_secrets_says_how_to_grant_them(world: World) -> None:
     world.deps.settings = world.deps.settings.model_copy(update={"tenant_role": "strata-tenant",
                                                                 "service_account": "strata-operator"})
