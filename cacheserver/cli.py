@@ -81,6 +81,19 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from strata.operator.kube import Kube
+    from strata.operator.uninstall import uninstall
+
+    if bool(args.namespace) == args.all_namespaces:
+        raise InvalidArgument("give --all-namespaces or one or more --namespace")
+    dropped = asyncio.run(uninstall(Kube.from_environment(), args.namespace or [], args.timeout))
+    print(f"every Mount and CacheCluster is gone{'; finalizer dropped from: ' + ', '.join(dropped) if dropped else ''}")
+    return 0
+
+
 def cmd_fuse(args: argparse.Namespace) -> int:
     from .fuse.daemon import FuseOptions, run_fuse
 
@@ -366,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
     p.add_argument("--peering", default=None, help="peering object name for leader election")
     p.add_argument("--standalone", action="store_true", help="no leader election (one replica only)")
+
+    p = add(sub, "uninstall", cmd_uninstall, "delete every Mount and CacheCluster and wait until they are gone "
+            "(the chart's pre-delete hook; run it before removing the operator)")
+    p.add_argument("--namespace", "-n", action="append", help="in this namespace (repeatable)")
+    p.add_argument("--all-namespaces", "-A", action="store_true", help="in every namespace")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="then drop the operator's finalizer from what is left (default 120)")
 
     p = add(sub, "fuse", cmd_fuse, "mount the namespace (or a subtree) as POSIX files; runs until unmounted or SIGTERM")
     p.add_argument("mountpoint", help="an existing directory")

@@ -137,6 +137,27 @@ class Kube:
                 return None
             raise
 
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete the object (gone already is fine)."""
+        try:
+            await asyncio.to_thread(self._call, "DELETE", resource_path(api_version, kind, namespace, name))
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    async def drop_finalizer(self, obj: Obj, finalizer: str) -> None:
+        """Take `finalizer` off the object, keeping the others; the resourceVersion makes a
+        concurrent change fail instead of being overwritten. Gone already is fine."""
+        meta = obj["metadata"]
+        patch = {"metadata": {"finalizers": [f for f in meta.get("finalizers", []) if f != finalizer],
+                              "resourceVersion": meta["resourceVersion"]}}
+        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+        try:
+            await asyncio.to_thread(self._call, "PATCH", path, body=patch, content_type="application/merge-patch+json")
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         body = {"apiVersion": api_version, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace}, "status": status}

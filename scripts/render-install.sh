@@ -49,7 +49,10 @@ metadata:
     # The CSI node plugin runs privileged (FUSE mounts into pods' volumes).
     pod-security.kubernetes.io/enforce: privileged
 HEADER
-  "$helm" template "$release" charts/strata --namespace "$namespace" --include-crds --kube-version "$kube_version"
+  # --no-hooks: the chart's pre-delete Job deletes every CacheCluster and Mount; applied
+  # from a plain file it would run at once.
+  "$helm" template "$release" charts/strata --namespace "$namespace" --include-crds --no-hooks \
+    --kube-version "$kube_version"
 } > "$tmp"
 # Keep the file as it is (not even its time) when the render is the same.
 if [[ -f "$out" ]] && cmp -s "$out" "$tmp"; then

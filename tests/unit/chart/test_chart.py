@@ -150,8 +150,8 @@ def test_namespaced_mode(render: Render) -> None:
     roles = [o for o in objs if o["kind"] == "Role"]
     assert sorted((r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles) == [
         (NAMESPACE, "strata-csi-node-tokens"), (NAMESPACE, "strata-operator-self"),
-        ("team-a", "strata-csi-node"), ("team-a", "strata-operator"),
-        ("team-b", "strata-csi-node"), ("team-b", "strata-operator")]
+        ("team-a", "strata-csi-node"), ("team-a", "strata-operator"), ("team-a", "strata-uninstall"),
+        ("team-b", "strata-csi-node"), ("team-b", "strata-operator"), ("team-b", "strata-uninstall")]
     # Only the read-only discovery rules and the patch of the webhook's own configuration are
     # bound cluster-wide; the tenant role (Secrets) is bound in the watched namespaces only.
     bound = {b["roleRef"]["name"] for b in objs if b["kind"] == "ClusterRoleBinding"}

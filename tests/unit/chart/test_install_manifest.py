@@ -44,6 +44,8 @@ def test_install_yaml_installs_everything(helm: str) -> None:
     assert not [o for o in objs if o["kind"] == "Secret"]
     assert "caBundle" not in one(objs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
     assert "PRIVATE KEY" not in INSTALL.read_text() and "tls.key" not in INSTALL.read_text()
+    # Helm hooks have no meaning in a plain file: the uninstall Job would delete everything at once.
+    assert "helm.sh/hook" not in INSTALL.read_text() and "Job" not in {o["kind"] for o in objs}
 
 
 def test_rendering_again_without_a_chart_change_keeps_the_file(helm: str, tmp_path: Path) -> None:

@@ -250,9 +250,16 @@ async def test_namespaced_rbac_is_exactly_it_in_each_watched_namespace(render: R
     assert missing(cluster_rules, namespaced) == sorted(namespaced)
 
 
+def _uninstall_hook(obj: Obj) -> bool:
+    return obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "uninstall"
+
+
 def test_rbac_grants_no_more_than_it_needs(render: Render) -> None:
-    """No wildcards, no deletes, no pods, and write access only to what the operator applies."""
+    """No wildcards, no deletes, no pods, and write access only to what the operator applies
+    (the uninstall hook's delete is checked below)."""
     for obj in render():
+        if _uninstall_hook(obj):
+            continue
         for rule in obj.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
             assert not {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"} & set(rule["verbs"])
@@ -299,6 +306,28 @@ def test_without_csi_and_own_certificate_the_operator_keeps_no_secret_at_home(re
     only_webhook = rules_in(render({"csi.enabled": "false"}), "strata-operator", NAMESPACE)
     assert allows(only_webhook, ("create", "", "secrets")) and not allows(only_webhook, ("patch", "", "secrets"),
                                                                           "strata-csi-tokens")
+
+
+@pytest.mark.parametrize("values", [{}, {"operator.watchAllNamespaces": "false",
+                                         "operator.watchNamespaces": "{team-a,team-b}"}])
+def test_only_the_uninstall_hook_may_delete_and_only_while_helm_uninstalls(render: Render, values: dict[str, str]) -> None:
+    """`strata uninstall` lists, deletes and takes the finalizer off (patch) Mounts and
+    CacheClusters where the operator works, nothing else; its account and grants exist only
+    while `helm uninstall` runs (pre-delete hook objects, removed once the Job succeeded)."""
+    hook = [o for o in render(values) if _uninstall_hook(o)]
+    for obj in hook:
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete", obj["metadata"]["name"]
+        assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+    roles = [o for o in hook if o["kind"] in ("Role", "ClusterRole")]
+    assert [o["metadata"].get("namespace") for o in roles] == (["team-a", "team-b"] if values else [None])
+    for role in roles:
+        assert role["rules"] == [{"apiGroups": [c.GROUP], "resources": ["cacheclusters", "mounts"],
+                                  "verbs": ["list", "delete", "patch"]}]
+    bindings = [o for o in hook if o["kind"].endswith("Binding")]
+    assert {s["name"] for b in bindings for s in b["subjects"]} == {"strata-uninstall"}
+    (job,) = [o for o in hook if o["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "strata-uninstall"
 
 
 def test_rbac_off_renders_no_rbac(render: Render) -> None:
