@@ -345,6 +345,9 @@ def cluster_notes(previous: Mapping[str, Any], status: Mapping[str, Any]) -> lis
     if phase != before and phase == ClusterPhase.READY:
         workers = status.get("workers", {})
         notes.append(Note("Normal", "Ready", f"Master and {workers.get('summary', '?')} workers are ready."))
+    if phase == ClusterPhase.READY and _condition(previous, c.RECONCILING).get("reason") == Reason.ROLLING_OUT:
+        notes.append(Note("Normal", "RolledOut",
+                          f"Master and workers run generation {status.get('observedGeneration', '?')} of the spec."))
     if phase != before and phase == ClusterPhase.DEGRADED:
         ready = _condition(status, c.READY)
         notes.append(Note("Warning", str(ready.get("reason") or "Degraded"), str(ready.get("message") or "")))

@@ -298,4 +298,7 @@ async def test_not_ready_while_pods_roll_out_or_leave(world: World) -> None:
         world.kube.obj("CacheCluster", "demo")["status"], "Ready")["message"]
 
     set_ready(world, "demo-worker", 2)
-    assert (await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))).done
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.done
+    assert ("Normal", "RolledOut") in [(n.type, n.reason) for n in out.notes]  # told once, when it is over
+    assert not (await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))).notes
