@@ -49,6 +49,10 @@ class OperatorSettings(BaseSettings):
     # node plugin (one key per cluster, see cacheserver/csi/constants.py); "" keeps none,
     # and volumes then need the token in their own secrets (nodePublishSecretRef).
     csi_tokens_secret: str = ""
+    # Name of the Secret in `namespace` where the operator keeps its own copy of every
+    # cluster's tokens, so a deleted `<cluster>-auth` comes back unchanged (no server rolls,
+    # no volume loses its token); "" keeps none, and new tokens are made then.
+    kept_tokens_secret: str = ""
     # The ClusterRole a namespace binds to the operator's ServiceAccount (`service_account`,
     # in `namespace`) to let it keep its clusters' token Secrets and read the Mounts'
     # credentials there; named in the message of a cluster the operator may not serve.
@@ -57,7 +61,8 @@ class OperatorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _tokens_secret_has_a_namespace(self) -> OperatorSettings:
-        if self.csi_tokens_secret and not self.namespace:
-            raise ValueError("STRATA_OPERATOR_CSI_TOKENS_SECRET is set but STRATA_OPERATOR_NAMESPACE (the "
-                             "operator's own namespace, where that Secret lives) is not: set both")
+        for env, value in (("CSI_TOKENS_SECRET", self.csi_tokens_secret), ("KEPT_TOKENS_SECRET", self.kept_tokens_secret)):
+            if value and not self.namespace:
+                raise ValueError(f"STRATA_OPERATOR_{env} is set but STRATA_OPERATOR_NAMESPACE (the operator's "
+                                 "own namespace, where that Secret lives) is not: set both")
         return self

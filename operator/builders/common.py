@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from strata.cacheserver.csi.constants import data_token_key
@@ -32,28 +34,52 @@ def auth_name(cluster: str) -> str:
     return f"{cluster}-auth"
 
 
-def csi_token_entry(settings_namespace: str, secret: str, namespace: str, cluster: str,
-                    data_token: str | None) -> Manifest:
-    """The CSI tokens Secret as one cluster's field manager applies it: with its data token
-    under its own key, or (None) without, which removes the key that manager set."""
-    manifest: Manifest = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": secret, "namespace": settings_namespace,
-                     "labels": {c.LABEL_NAME: c.APP_NAME, c.LABEL_COMPONENT: "csi-tokens",
-                                c.LABEL_MANAGED_BY: c.MANAGED_BY}},
-        "type": "Opaque",
-    }
-    if data_token is not None:
-        manifest["data"] = {data_token_key(namespace, cluster): base64.b64encode(data_token.encode()).decode()}
-    return manifest
+@dataclass(frozen=True)
+class SharedSecret:
+    """A Secret in the operator's namespace where every cluster keeps keys of its own, each
+    cluster applying only its keys under its own field manager (server-side apply then
+    keeps every other cluster's)."""
+
+    namespace: str
+    name: str
+    component: str  # its app.kubernetes.io/component label
+    tag: str        # in each cluster's field manager name
+
+    def entry(self, namespace: str, cluster: str, data: Mapping[str, str] | None) -> Manifest:
+        """The Secret as one cluster's field manager applies it: with `data` (clear text, keys
+        already named for the cluster), or (None) without, which removes the keys it set."""
+        manifest: Manifest = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": self.name, "namespace": self.namespace,
+                         "labels": {c.LABEL_NAME: c.APP_NAME, c.LABEL_COMPONENT: self.component,
+                                    c.LABEL_MANAGED_BY: c.MANAGED_BY}},
+            "type": "Opaque",
+        }
+        if data is not None:
+            manifest["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        return manifest
+
+    def manager(self, namespace: str, cluster: str) -> str:
+        """The field manager of one cluster's keys."""
+        digest = hashlib.sha256(data_token_key(namespace, cluster).encode()).hexdigest()[:20]
+        return f"{c.FIELD_MANAGER}-{self.tag}-{digest}"
 
 
-def csi_token_manager(namespace: str, cluster: str) -> str:
-    """The field manager of one cluster's key in the CSI tokens Secret (server-side apply
-    then keeps every other cluster's key)."""
-    digest = hashlib.sha256(data_token_key(namespace, cluster).encode()).hexdigest()[:20]
-    return f"{c.FIELD_MANAGER}-csi-{digest}"
+def csi_tokens(settings_namespace: str, secret: str) -> SharedSecret:
+    """Every cluster's data token for the CSI node plugin, one key per cluster
+    (cacheserver/csi/constants.py names it)."""
+    return SharedSecret(settings_namespace, secret, "csi-tokens", "csi")
+
+
+def kept_tokens(settings_namespace: str, secret: str) -> SharedSecret:
+    """The operator's own copy of every cluster's tokens (`<namespace>.<cluster>.<key>`), from
+    which a deleted `<cluster>-auth` Secret is made again unchanged; only the operator reads it."""
+    return SharedSecret(settings_namespace, secret, "cluster-tokens", "keys")
+
+
+def kept_token_key(namespace: str, cluster: str, key: str) -> str:
+    return f"{data_token_key(namespace, cluster)}.{key}"
 
 
 def worker_pod_names(cluster: str, replicas: range) -> list[str]:

@@ -17,8 +17,9 @@ from strata.cacheserver.errors import InvalidArgument, StrataError
 from strata.operator import constants as c
 from strata.operator.builders import build_master_children, build_worker_children
 from strata.operator.builders.common import (
-    csi_token_entry,
-    csi_token_manager,
+    csi_tokens,
+    kept_token_key,
+    kept_tokens,
     master_endpoint,
     master_name,
     worker_name,
@@ -86,27 +87,30 @@ def _with_workers(cluster: Cluster, replicas: int) -> Cluster:
     return Cluster(cluster.ref, cluster.generation, cluster.spec.model_copy(update={"worker": worker}))
 
 
-async def _shared_data_token(deps: Deps, namespace: str, name: str) -> str | None:
-    """The data token this operator put in the CSI tokens Secret for the cluster, if any."""
+_TOKEN_KEYS = (c.TOKEN_KEY, c.DATA_TOKEN_KEY, c.INTERNAL_TOKEN_KEY)
+
+
+async def _kept_tokens(deps: Deps, namespace: str, name: str) -> dict[str, str]:
+    """The copy of the cluster's tokens the operator keeps in its own namespace, by key."""
     settings = deps.settings
-    if not settings.csi_tokens_secret:
-        return None
-    shared = await deps.kube.get("v1", "Secret", settings.namespace, settings.csi_tokens_secret)
-    return secret_data(shared).get(data_token_key(namespace, name)) if shared else None
+    if not settings.kept_tokens_secret:
+        return {}
+    kept = await deps.kube.get("v1", "Secret", settings.namespace, settings.kept_tokens_secret)
+    data = secret_data(kept) if kept else {}
+    return {key: data[k] for key in _TOKEN_KEYS if (k := kept_token_key(namespace, name, key)) in data}
 
 
 async def _ensure_tokens(deps: Deps, cluster: Cluster) -> ClusterTokens:
-    """The cluster's tokens: those its Secret holds, and new ones for keys it lacks (a cluster
-    made by an operator that knew one token gets the data and internal ones added). A data
-    token the Secret lost (someone deleted `<cluster>-auth`) is taken back from the CSI tokens
-    Secret: every published volume holds it, so they keep reading while the servers roll to
-    the new admin and internal tokens."""
+    """The cluster's tokens: those its Secret holds; those it lost (someone deleted
+    `<cluster>-auth`) from the operator's kept copy, so the servers keep their tokens and
+    every published volume its data token; new ones for keys known nowhere (a new cluster)."""
     namespace, name = cluster.ref.namespace, cluster.ref.name
     held = await read_secret_tokens(deps, namespace, name)
-    if c.DATA_TOKEN_KEY not in held and (shared := await _shared_data_token(deps, namespace, name)):
-        log.warning("the data token of %s/%s was missing from its Secret; kept the one published volumes use",
-                    namespace, name)
-        held[c.DATA_TOKEN_KEY] = shared
+    if any(key not in held for key in _TOKEN_KEYS):
+        kept = await _kept_tokens(deps, namespace, name)
+        if kept and held:
+            log.warning("the Secret of %s/%s lost tokens; the kept copies are put back", namespace, name)
+        held = {**kept, **held}
 
     def token(key: str) -> str:
         return held.get(key) or secrets.token_urlsafe(32)
@@ -117,20 +121,29 @@ async def _ensure_tokens(deps: Deps, cluster: Cluster) -> ClusterTokens:
 async def _ensure_master(deps: Deps, cluster: Cluster) -> ClusterTokens:
     """Apply config, token Secret, master Service and StatefulSet; return the tokens."""
     tokens = await _ensure_tokens(deps, cluster)
+    await _share_tokens(deps, cluster.ref.namespace, cluster.ref.name, tokens)
     for manifest in build_master_children(cluster, deps.settings, tokens):
         await deps.kube.apply(manifest)
-    await _share_data_token(deps, cluster.ref.namespace, cluster.ref.name, tokens.data)
     return tokens
 
 
-async def _share_data_token(deps: Deps, namespace: str, name: str, data_token: str | None) -> None:
-    """Put the cluster's data token in the CSI tokens Secret (None: take it out), under this
-    cluster's own field manager; the node plugin reads it from there and nowhere else."""
+async def _share_tokens(deps: Deps, namespace: str, name: str, tokens: ClusterTokens | None) -> None:
+    """Put the cluster's data token in the CSI tokens Secret, where the node plugin reads it
+    and nowhere else, and all its tokens in the operator's kept copy (None: take them out),
+    each under this cluster's own field manager. The kept copy is written first: tokens the
+    servers get are always recoverable."""
     settings = deps.settings
-    if not settings.csi_tokens_secret:
-        return
-    entry = csi_token_entry(settings.namespace, settings.csi_tokens_secret, namespace, name, data_token)
-    await deps.kube.apply(entry, manager=csi_token_manager(namespace, name))
+    if settings.kept_tokens_secret:
+        shared = kept_tokens(settings.namespace, settings.kept_tokens_secret)
+        data = None if tokens is None else {
+            kept_token_key(namespace, name, key): value
+            for key, value in ((c.TOKEN_KEY, tokens.admin), (c.DATA_TOKEN_KEY, tokens.data),
+                               (c.INTERNAL_TOKEN_KEY, tokens.internal))}
+        await deps.kube.apply(shared.entry(namespace, name, data), manager=shared.manager(namespace, name))
+    if settings.csi_tokens_secret:
+        shared = csi_tokens(settings.namespace, settings.csi_tokens_secret)
+        data = None if tokens is None else {data_token_key(namespace, name): tokens.data}
+        await deps.kube.apply(shared.entry(namespace, name, data), manager=shared.manager(namespace, name))
 
 
 async def _scale_in(deps: Deps, cluster: Cluster, endpoint: str, token: str) -> tuple[Cluster, Problem | None]:
@@ -225,9 +238,9 @@ async def reconcile_cluster(deps: Deps, body: Mapping[str, Any]) -> Outcome:
                            previous, cluster_status(key.name, obs, previous, deps.clock()))
         await deps.masters.forget(endpoint)
         try:
-            await _share_data_token(deps, key.namespace, key.name, None)
+            await _share_tokens(deps, key.namespace, key.name, None)
         except KubeError as exc:  # never hold up the deletion for it
-            log.warning("cannot take the data token of %s/%s out of the CSI tokens Secret: %s",
+            log.warning("cannot take the tokens of %s/%s out of the operator's Secrets: %s",
                         key.namespace, key.name, exc)
         return Outcome.ok("terminating: children are garbage-collected with the cluster")
 

@@ -336,18 +336,27 @@ def _operator_pods(cluster: Cluster) -> list[Obj]:
     return cluster.items("pods", RELEASE_NS, selector="app.kubernetes.io/component=operator")
 
 
+def _restart_operator(cluster: Cluster) -> None:
+    old = {p["metadata"]["uid"] for p in _operator_pods(cluster)}
+    assert old, "no operator pod"
+    cluster.kubectl("delete", "pod", "-n", RELEASE_NS, "-l", "app.kubernetes.io/component=operator",
+                    "--wait=true", "--timeout=120s")
+    wait_until(lambda: (pods := _operator_pods(cluster)) and len(pods) == len(old)
+               and all(pod_ready(p) and p["metadata"]["uid"] not in old for p in pods),
+               timeout=120, what="new operator pods to be Ready", diagnose=lambda: cluster.describe_pods(RELEASE_NS))
+
+
+def _operator_log(cluster: Cluster) -> str:
+    return "".join(cluster.kubectl("logs", "-n", RELEASE_NS, p["metadata"]["name"])
+                   for p in _operator_pods(cluster))
+
+
 @pytest.mark.disruptive
 def test_operator_restart_changes_nothing(strata: Cluster, namespace: str) -> None:
     ready_cluster(strata, namespace)
     before = {k: o["metadata"]["resourceVersion"] for k, o in children(strata, namespace).items()}
     cc_before = strata.get("cachecluster", "demo", namespace)
-    old = {p["metadata"]["uid"] for p in _operator_pods(strata)}
-    assert old, "no operator pod"
-    strata.kubectl("delete", "pod", "-n", RELEASE_NS, "-l", "app.kubernetes.io/component=operator",
-                   "--wait=true", "--timeout=120s")
-    wait_until(lambda: (pods := _operator_pods(strata)) and len(pods) == len(old)
-               and all(pod_ready(p) and p["metadata"]["uid"] not in old for p in pods),
-               timeout=120, what="new operator pods to be Ready", diagnose=lambda: strata.describe_pods(RELEASE_NS))
+    _restart_operator(strata)
     # The new operator resumes every CacheCluster at start; give it a window in
     # which any change it (wrongly) makes would show, checking all along.
     deadline = time.monotonic() + 20
@@ -358,6 +367,46 @@ def test_operator_restart_changes_nothing(strata: Cluster, namespace: str) -> No
     cc = strata.get("cachecluster", "demo", namespace)
     assert cc["metadata"]["generation"] == cc_before["metadata"]["generation"]
     assert cc["status"]["phase"] == "Ready"
+
+
+@pytest.mark.disruptive
+def test_a_preload_succeeds_only_when_cached_and_restarts_keep_it_true(
+    strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
+) -> None:
+    """Cluster and preloaded Mount applied together, so the master is ready before the
+    workers register (the old operator said Succeeded after loading nothing); an operator
+    restart starts no second preload; a master restart (its loads forgotten) gets one."""
+    secret, mount = s3_mount(s3)
+    mount["spec"]["preload"] = {"onCreate": True}
+    strata.apply([cache_cluster(), secret, mount], namespace)
+
+    def preloaded() -> Obj | None:
+        m = strata.get("mount", "data", namespace)
+        return m if (m.get("status") or {}).get("preload", {}).get("phase") == "Succeeded" else None
+
+    m = wait_until(preloaded, timeout=300, what="the preload to succeed",
+                   diagnose=lambda: json.dumps(strata.get("mount", "data", namespace).get("status"), indent=1))
+    preload = m["status"]["preload"]
+    assert preload["bytesLoaded"] == preload["bytesTotal"] != "0", preload
+    assert (condition(m, "Preloaded") or {}).get("status") == "True"
+    wait_until(lambda: strata.get("mount", "data", namespace)["status"]["cache"].get("cachedPercentage") == 100,
+               timeout=30, what="the cache to hold the whole mount")
+    wait_ready(strata, namespace)
+
+    _restart_operator(strata)
+    before = strata.get("mount", "data", namespace)["metadata"]["resourceVersion"]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        assert strata.get("mount", "data", namespace)["metadata"]["resourceVersion"] == before, \
+            "the Mount changed after an operator restart"
+        time.sleep(1)
+    assert "started preload of /data" not in _operator_log(strata)
+
+    strata.kubectl("delete", "pod", "demo-master-0", "-n", namespace, "--wait=true", "--timeout=120s")
+    wait_until(lambda: "started preload of /data" in _operator_log(strata), timeout=180,
+               what="the operator to preload again after the master restart")
+    m = wait_until(preloaded, timeout=180, what="the preload to succeed again")
+    assert m["status"]["preload"]["bytesLoaded"] == m["status"]["preload"]["bytesTotal"]
 
 
 @pytest.mark.disruptive
@@ -576,6 +625,60 @@ def test_restarted_worker_serves_its_ssd_blocks_without_store_reads(
     assert metrics.get("strata_worker_cache_hits", 0) > 0, metrics
 
 
+def _steady_reader(name: str, dataset: dict[str, bytes], seconds: float) -> Obj:
+    """A pod reading every file of the `data` Mount over and over for `seconds` (or until
+    /tmp/stop exists), checking each against its sha256; it ends with {good, bad, errors}."""
+    script = ("import hashlib, json, os, time\nwant = %r\ngood, bad, errors = 0, 0, []\nend = time.time() + %r\n"
+              "while time.time() < end and not os.path.exists('/tmp/stop'):\n    for p, h in want.items():\n"
+              "        try:\n"
+              "            ok = hashlib.sha256(open('/data/' + p, 'rb').read()).hexdigest() == h\n"
+              "            good, bad = good + ok, bad + (not ok)\n"
+              "        except OSError as exc:\n            errors.append(repr(exc)[:200])\n"
+              "    time.sleep(0.2)\n"
+              "open('/dev/termination-log', 'w').write(json.dumps({'good': good, 'bad': bad, 'errors': errors[:5], "
+              "'n_errors': len(errors)}))\n" % ({k: hashlib.sha256(v).hexdigest() for k, v in dataset.items()}, seconds))
+    pod = _reader_pod(name, [], {"strata.dev/locality": "disabled"})
+    pod["spec"]["containers"][0]["command"] = ["python3", "-c", script]
+    return pod
+
+
+def _steady_result(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    pod = _finished(cluster, namespace, name)
+    out: dict[str, Any] = json.loads(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    assert out["bad"] == 0 and out["n_errors"] == 0, out
+    assert out["good"] > 0, out
+    return out
+
+
+@pytest.mark.disruptive
+def test_deleting_the_auth_secret_changes_nothing_running(
+    strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
+) -> None:
+    """The operator makes `demo-auth` again with the same tokens (it keeps a copy): no server
+    restarts, and a pod reading through a volume goes on. The old operator minted new tokens,
+    rolled the servers and every published volume failed its reads."""
+    ready_cluster(strata, namespace)
+    strata.apply(s3_mount(s3), namespace)
+    wait_until(lambda: strata.get("mount", "data", namespace).get("status", {}).get("phase") == "Mounted",
+               timeout=120, what="Mount data phase Mounted")
+    strata.apply(_steady_reader("steady", dataset, seconds=300), namespace)
+    strata.kubectl("wait", "--for=condition=Ready", "pod/steady", "-n", namespace, "--timeout=120s")
+    before = strata.get("secret", "demo-auth", namespace)["data"]
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in strata.items("pods", namespace) if p["metadata"]["name"] != "steady"}
+    started = time.monotonic()
+    strata.kubectl("delete", "secret", "demo-auth", "-n", namespace)
+    after = wait_until(lambda: (s := strata.get_or_none("secret", "demo-auth", namespace)) and s.get("data"),
+                       timeout=120, what="the operator to make demo-auth again")
+    print(f"demo-auth was back after {time.monotonic() - started:.1f}s")
+    assert after == before
+    time.sleep(20)  # long enough for a rollout to have started, had one been wanted
+    assert _rolled_out(strata, namespace)
+    now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in strata.items("pods", namespace) if p["metadata"]["name"] != "steady"}
+    assert now == pods, "a server pod was replaced"
+    strata.kubectl("exec", "steady", "-n", namespace, "--", "touch", "/tmp/stop")
+    _steady_result(strata, namespace, "steady")
+
+
 def test_drained_node_moves_pods_and_readers_keep_reading(
     strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
 ) -> None:
@@ -588,17 +691,7 @@ def test_drained_node_moves_pods_and_readers_keep_reading(
         pytest.skip(f"both workers run on the master's node {master}")
     drained = candidates[0]
     readers = sorted(n["metadata"]["name"] for n in strata.items("nodes") if n["metadata"]["name"] != drained)
-    # Reads every file over and over for 90 s, counting good reads and failures.
-    script = ("import hashlib, json, time\nwant = %r\ngood, bad, errors = 0, 0, []\nend = time.time() + 90\n"
-              "while time.time() < end:\n    for p, h in want.items():\n        try:\n"
-              "            ok = hashlib.sha256(open('/data/' + p, 'rb').read()).hexdigest() == h\n"
-              "            good, bad = good + ok, bad + (not ok)\n"
-              "        except OSError as exc:\n            errors.append(repr(exc)[:200])\n"
-              "    time.sleep(0.2)\n"
-              "open('/dev/termination-log', 'w').write(json.dumps({'good': good, 'bad': bad, 'errors': errors[:5], "
-              "'n_errors': len(errors)}))\n" % {k: hashlib.sha256(v).hexdigest() for k, v in dataset.items()})
-    pod = _reader_pod("steady", [], {"strata.dev/locality": "disabled"})
-    pod["spec"]["containers"][0]["command"] = ["python3", "-c", script]
+    pod = _steady_reader("steady", dataset, seconds=90)
     pod["spec"]["nodeName"] = readers[0]
     strata.apply(pod, namespace)
     strata.kubectl("wait", "--for=condition=Ready", "pod/steady", "-n", namespace, "--timeout=120s")
@@ -612,9 +705,7 @@ def test_drained_node_moves_pods_and_readers_keep_reading(
         wait_ready(strata, namespace)
     finally:
         strata.kubectl("uncordon", drained, check=False)
-    out = json.loads(_finished(strata, namespace, "steady")["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
-    assert out["bad"] == 0 and out["n_errors"] == 0, out
-    assert out["good"] > 0, out
+    _steady_result(strata, namespace, "steady")
 
 
 def test_every_component_log_is_readable(strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]) -> None:
@@ -638,3 +729,28 @@ def test_every_component_log_is_readable(strata: Cluster, namespace: str, s3: di
                     assert line.isprintable(), f"{where}: unreadable line {line!r}"
             seen.add(pod["metadata"]["labels"].get("app.kubernetes.io/component", "?"))
     assert {"operator", "master", "worker", "csi-node"} <= seen, seen
+
+
+# Keep this test last in the module: it uninstalls the release and deletes the CRDs (the next
+# module's install brings both back).
+@pytest.mark.disruptive
+def test_the_documented_uninstall_ends(
+    strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes], chart_dir: Path
+) -> None:
+    """`helm uninstall`, then `kubectl delete -f charts/strata/crds/`, with a CacheCluster and
+    a Mount in place: before, both waited forever on the operator's finalizer, with master
+    and workers still running."""
+    ready_cluster(strata, namespace)
+    strata.apply(s3_mount(s3), namespace)
+    wait_until(lambda: strata.get("mount", "data", namespace).get("status", {}).get("phase") == "Mounted",
+               timeout=120, what="Mount data phase Mounted")
+    started = time.monotonic()
+    strata.run("helm", "uninstall", RELEASE, "-n", RELEASE_NS, timeout=300)
+    uninstalled = time.monotonic() - started
+    assert not strata.items("mounts") and not strata.items("cacheclusters")
+    wait_until(lambda: not children(strata, namespace) and not strata.items("pods", namespace),
+               timeout=120, what="master and workers to be gone", diagnose=lambda: ", ".join(children(strata, namespace)))
+    started = time.monotonic()
+    strata.kubectl("delete", "-f", str(chart_dir / "crds"), "--timeout=120s")
+    print(f"helm uninstall took {uninstalled:.1f}s, deleting the CRDs {time.monotonic() - started:.1f}s")
+    assert not [c for c in strata.items("crd") if c["spec"]["group"] == "strata.dev"]

@@ -82,6 +82,11 @@ app.kubernetes.io/part-of: strata
 {{- include "strata.componentName" (list . "csi-tokens") -}}
 {{- end -}}
 
+{{/* The operator's own copy of every cluster's tokens (only the operator reads it). */}}
+{{- define "strata.keptTokensName" -}}
+{{- include "strata.componentName" (list . "cluster-tokens") -}}
+{{- end -}}
+
 {{/* The ClusterRole a namespace binds to the operator to let it use Secrets there. */}}
 {{- define "strata.tenantRoleName" -}}
 {{- include "strata.componentName" (list . "tenant") -}}

@@ -300,9 +300,12 @@ def test_csi_node_plugin_rbac_is_exactly_its_reads(render: Render) -> None:
     assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "strata-csi-node"
 
 
-def test_without_csi_and_own_certificate_the_operator_keeps_no_secret_at_home(render: Render) -> None:
+def test_without_csi_and_own_certificate_the_operator_keeps_only_its_token_copy_at_home(render: Render) -> None:
     objs = render({"csi.enabled": "false", "webhook.certificate.mode": "certManager"})
-    assert not [o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE]
+    (home,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE]
+    assert home["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["strata-cluster-tokens"], "verbs": ["get", "patch"]}]
     only_webhook = rules_in(render({"csi.enabled": "false"}), "strata-operator", NAMESPACE)
     assert allows(only_webhook, ("create", "", "secrets")) and not allows(only_webhook, ("patch", "", "secrets"),
                                                                           "strata-csi-tokens")

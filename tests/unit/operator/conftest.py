@@ -240,7 +240,8 @@ class World:
 @pytest.fixture
 async def world(master: RunningMaster) -> AsyncIterator[World]:
     settings = OperatorSettings(server_image="strata-server:test", rpc_timeout=2.0, report_ttl=0,
-                                unmount_timeout=30.0, namespace="strata-system", csi_tokens_secret="strata-csi-tokens")
+                                unmount_timeout=30.0, namespace="strata-system", csi_tokens_secret="strata-csi-tokens",
+                                kept_tokens_secret="strata-cluster-tokens")
     masters = LocalMasters(master.address, timeout=settings.rpc_timeout, report_ttl=settings.report_ttl)
     kube, clock = FakeKube(), Clock()
     yield World(kube, master, masters, clock, Deps(kube=kube, masters=masters, settings=settings, clock=clock))

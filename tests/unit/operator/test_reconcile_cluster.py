@@ -20,7 +20,8 @@ async def test_master_first_then_workers_then_ready(world: World) -> None:
     world.kube.put(cluster_body())
     out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert not out.done and not out.stalled
-    assert world.kube.applied_kinds() == ["ConfigMap", "Secret", "Service", "StatefulSet", "Secret"]
+    # The operator's copy of the tokens and the CSI tokens first, then the master's children.
+    assert world.kube.applied_kinds() == ["Secret", "Secret", "ConfigMap", "Secret", "Service", "StatefulSet"]
     status = world.kube.obj("CacheCluster", "demo")["status"]
     assert status["phase"] == "Provisioning"
     assert condition(status, "MasterReady")["reason"] == "WaitingForMaster"
@@ -34,7 +35,7 @@ async def test_master_first_then_workers_then_ready(world: World) -> None:
     set_ready(world, "demo-master", 1)
     out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert not out.done
-    assert world.kube.applied_kinds()[5:] == ["ConfigMap", "Secret", "Service", "StatefulSet", "Secret",
+    assert world.kube.applied_kinds()[6:] == ["Secret", "Secret", "ConfigMap", "Secret", "Service", "StatefulSet",
                                               "Service", "StatefulSet", "PodDisruptionBudget"]
     assert world.masters.endpoints[-1] == "demo-master-0.demo-master.ns.svc:19998"
     status = world.kube.obj("CacheCluster", "demo")["status"]
@@ -227,18 +228,24 @@ async def test_the_data_token_is_shared_with_the_csi_plugin_and_no_other_token(w
     assert sorted(world.kube.obj("Secret", "strata-csi-tokens", "strata-system")["data"]) == ["ns.demo"]
 
 
-async def test_a_deleted_auth_secret_keeps_the_data_token_published_volumes_hold(world: World) -> None:
-    """Deleting `<cluster>-auth` used to mint a new data token, and every running pod's volume
-    (which holds the old one) then failed its reads."""
+async def test_a_deleted_auth_secret_comes_back_unchanged(world: World) -> None:
+    """Deleting `<cluster>-auth` used to mint new tokens: the servers rolled, the master could
+    not open its journal's credentials, and every running pod's volume (which holds the old
+    data token) failed its reads."""
     world.kube.put(cluster_body())
     await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     before = dict(world.kube.obj("Secret", "demo-auth")["data"])
+    master = world.kube.obj("StatefulSet", "demo-master")["spec"]["template"]
+    kept = world.kube.obj("Secret", "strata-cluster-tokens", "strata-system")["data"]
+    assert sorted(kept) == ["ns.demo.dataToken", "ns.demo.internalToken", "ns.demo.token"]
     del world.kube.objects[("Secret", "ns", "demo-auth")]
     await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
-    after = world.kube.obj("Secret", "demo-auth")["data"]
-    assert after["dataToken"] == before["dataToken"]
-    assert world.kube.obj("Secret", "strata-csi-tokens", "strata-system")["data"]["ns.demo"] == before["dataToken"]
-    assert after["token"] != before["token"]  # the others are not recoverable: new ones, servers roll
+    assert world.kube.obj("Secret", "demo-auth")["data"] == before
+    assert world.kube.obj("StatefulSet", "demo-master")["spec"]["template"] == master  # nothing rolls
+    gone = world.kube.obj("CacheCluster", "demo")
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    await reconcile_cluster(world.deps, gone)
+    assert not world.kube.obj("Secret", "strata-cluster-tokens", "strata-system").get("data")
 
 
 async def test_a_namespace_that_grants_no_secrets_says_how_to_grant_them(world: World) -> None:
