@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from .. import rpcutil
+from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
 from ..config import ServerConfig
@@ -123,8 +124,9 @@ class MasterService(pb_grpc.MasterServicer):
         self.loads: dict[str, LoadJob] = {}
         self.ufs_totals: dict[int, UfsTotals] = {}
         self._table_version = 1
-        self._worker_channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
-        self._background: set[asyncio.Task[object]] = set()
+        self._background = BackgroundTasks()
+        self._worker_channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
+            lambda address: rpcutil.aio_channel(address, token), retire=self._close_channel)
         # Paths whose ASYNC_THROUGH upload is being moved into place in the store: writes,
         # deletes and renames of them wait (so no older upload lands after a newer write).
         self._moving: dict[str, asyncio.Event] = {}
@@ -135,23 +137,16 @@ class MasterService(pb_grpc.MasterServicer):
     # -- helpers ---------------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro, name)
+
+    def _close_channel(self, worker_id: str, channel: grpc.aio.Channel) -> None:
+        self._spawn(channel.close(), f"close-channel-{worker_id}")
 
     def _bump_table(self) -> None:
         self._table_version += 1
 
     def _worker_stub(self, record: WorkerRecord) -> pb_grpc.WorkerStub:
-        worker_id, address = record.info.worker_id, record.info.address
-        cached = self._worker_channels.get(worker_id)
-        if cached is None or cached[0] != address:
-            if cached is not None:
-                self._spawn(cached[1].close(), f"close-channel-{worker_id}")
-            cached = (address, rpcutil.aio_channel(address, self.token))
-            self._worker_channels[worker_id] = cached
-        return pb_grpc.WorkerStub(cached[1])
+        return pb_grpc.WorkerStub(self._worker_channels.get(record.info.worker_id, record.info.address))
 
     def _host_of(self, worker_id: str) -> str:
         record = self.membership.get(worker_id)
@@ -563,9 +558,7 @@ class MasterService(pb_grpc.MasterServicer):
         for worker_id in self.membership.expire():
             log.warning("worker %s stopped heartbeating; dropped from placement", worker_id)
             self.blocks.drop_worker(worker_id)
-            cached = self._worker_channels.pop(worker_id, None)
-            if cached is not None:
-                self._spawn(cached[1].close(), f"close-channel-{worker_id}")
+            self._worker_channels.drop(worker_id)
 
     # -- report ------------------------------------------------------------------------------
 
@@ -632,11 +625,10 @@ class MasterService(pb_grpc.MasterServicer):
         return {mount_id: sum_pending(p, mount_id) for mount_id, p in parts.items()}
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
         for job in self.loads.values():
             if job.task is not None:
                 job.task.cancel()
-        for _, channel in self._worker_channels.values():
+        await self._background.close()
+        for channel in self._worker_channels.take_all():
             await channel.close()
 
