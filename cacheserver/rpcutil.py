@@ -38,8 +38,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
-# What a server receives in one message. Block bytes stream in STREAM_CHUNK_SIZE pieces, so
-# a worker needs one chunk and room for the fields beside it.
+# What a server receives in one message. A worker's largest are the pieces of a write
+# (WriteFile, AppendFile): writers send a file's bytes in STREAM_CHUNK_SIZE pieces, and no
+# call sends a worker block bytes, so a worker needs one piece and room for the fields
+# beside it (path, write type).
 WORKER_MAX_RECEIVE_BYTES = constants.STREAM_CHUNK_SIZE + 1024 * 1024
 # The master's largest requests are a worker's block lists (registration, heartbeats), which
 # workers send in batches of at most BLOCK_LIST_BATCH_BYTES.

@@ -30,7 +30,7 @@ import grpc
 
 from .. import constants, rpcutil
 from ..auth import load_token
-from ..blockrefs import block_count, key_of
+from ..blockrefs import key_of
 from ..errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable, Unreachable
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
@@ -452,12 +452,6 @@ class StrataClient:
                 raise WorkerStalled(f"{what}: no answer within {timeout:g}s (STRATA_CLIENT_BLOCK_TIMEOUT)") from exc
             raise rpcutil.raise_from_rpc_error(exc, what) from exc
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def read_file(self, path: str) -> bytes:
-        info = self.stat(path)
-        if info.is_dir:
-            raise InvalidArgument(f"{path} is a directory")
-        return b"".join(self.read_block(self.block_ref(info, i)) for i in range(block_count(info.length, info.block_size)))
 
     # -- writes ------------------------------------------------------------------------------
 
