@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 from dataclasses import dataclass, field
 
 import grpc
 
-from .. import constants, rpcutil
+from .. import rpcutil
 from ..blockrefs import ref_of, reported_key
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore, CachedBlock
+from ..config import ServerEnvironment
 from ..errors import StrataError
 from ..proto import strata_pb2 as pb
 from .masterlink import MasterLink
@@ -33,10 +33,11 @@ class WorkerIdentity:
     advertise: str  # host part of the address clients and peers dial
 
 
-def identity_from_env(port: int) -> WorkerIdentity:
-    host = os.environ.get("STRATA_NODE_NAME") or os.environ.get(constants.ENV_HOSTNAME) or socket.gethostname()
-    advertise = os.environ.get("STRATA_ADVERTISE_HOST") or os.environ.get("STRATA_POD_IP") or "127.0.0.1"
-    worker_id = os.environ.get("STRATA_WORKER_ID") or os.environ.get("STRATA_POD_NAME") or f"{host}:{port}"
+def identity_from_env(port: int, env: ServerEnvironment) -> WorkerIdentity:
+    """Who the worker listening on `port` is, from its environment."""
+    host = env.node_name or env.hostname or socket.gethostname()
+    advertise = env.advertise_host or env.pod_ip or "127.0.0.1"
+    worker_id = env.worker_id or env.pod_name or f"{host}:{port}"
     return WorkerIdentity(worker_id=worker_id, host=host, advertise=advertise)
 
 

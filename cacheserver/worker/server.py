@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from .. import rpcutil
 from ..auth import Credentials
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
-from ..config import ServerConfig
+from ..config import ServerConfig, ServerEnvironment
 from ..errors import StrataError
 from ..httpserver import HttpServer, serve_until_signalled
 from ..proto import strata_pb2_grpc as pb_grpc
@@ -211,6 +210,7 @@ async def start_worker(
     http_port: int,
     data_port: int,
     identity: WorkerIdentity | None = None,
+    env: ServerEnvironment | None = None,
 ) -> WorkerHandle:
     if not config.tiers:
         raise StrataError("worker: no cache tiers configured; add at least one tier (e.g. MEM 1Gi) to the config")
@@ -218,7 +218,8 @@ async def start_worker(
     server = rpcutil.server(credentials, max_receive_bytes=rpcutil.WORKER_MAX_RECEIVE_BYTES)
     token = credentials.internal  # what this worker presents to the master and its peers
     bound = rpcutil.add_port(server, "worker", bind, port)
-    identity = identity or identity_from_env(bound)
+    env = env or ServerEnvironment()
+    identity = identity or identity_from_env(bound, env)
     parts = await build_parts(config, data_dir=data_dir, token=token, identity=identity)
     reads = parts.reads
 
@@ -237,10 +238,9 @@ async def start_worker(
     if config.short_circuit:
         # One socket per worker: several workers of a cluster may share a node's folder.
         name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in identity.worker_id) + ".sock"
-        advertised_dir = os.environ.get("STRATA_SHORT_CIRCUIT_DIR")
         short_circuit = ShortCircuitServer(
             reads, data_dir / "sc" / name, credentials, loop, config.data_port,
-            advertised_path=Path(advertised_dir) / name if advertised_dir else None,
+            advertised_path=env.short_circuit_dir / name if env.short_circuit_dir else None,
         )
         short_circuit.start()
     registry = CollectorRegistry()

@@ -6,7 +6,9 @@ import grpc
 import pytest
 
 from strata.cacheserver.blockrefs import key_of
+from strata.cacheserver.config import ServerEnvironment
 from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.worker.membership import WorkerIdentity, identity_from_env
 
 from .conftest import BLOCK, Cluster, ref_for
 
@@ -56,3 +58,10 @@ async def test_a_failed_heartbeat_keeps_its_deltas_for_the_next(cluster: Cluster
     with pytest.raises(grpc.RpcError):
         await parts.membership.heartbeat_once()
     assert [ref.path for ref in parts.membership.reports.added.values()] == ["/m/c"]
+
+
+def test_a_worker_names_itself_from_its_environment() -> None:
+    pod = ServerEnvironment(node_name="node-3", hostname="ignored", pod_ip="10.1.2.3", pod_name="demo-worker-0")
+    assert identity_from_env(29999, pod) == WorkerIdentity("demo-worker-0", "node-3", "10.1.2.3")
+    local = ServerEnvironment(hostname="laptop", advertise_host="0.0.0.0", pod_ip="10.9.9.9")
+    assert identity_from_env(30999, local) == WorkerIdentity("laptop:30999", "laptop", "0.0.0.0")
