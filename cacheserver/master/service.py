@@ -6,9 +6,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 
@@ -136,11 +135,8 @@ class MasterService(pb_grpc.MasterServicer):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
-        self._background.spawn(coro, name)
-
     def _close_channel(self, worker_id: str, channel: grpc.aio.Channel) -> None:
-        self._spawn(channel.close(), f"close-channel-{worker_id}")
+        self._background.spawn(channel.close(), f"close-channel-{worker_id}")
 
     def _bump_table(self) -> None:
         self._table_version += 1
@@ -249,9 +245,9 @@ class MasterService(pb_grpc.MasterServicer):
                 await store.check()
         mount = self.mounts.add(path, request.source, options, replace=request.replace)
         if existing is not None and existing.mount_id != mount.mount_id:
-            self._spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")
+            self._background.spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")
         self._bump_table()
-        self._spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+        self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
         log.info("mounted %s -> %s (mount id %d)", mount.path, mount.source, mount.mount_id)
         return pb.MountResponse(mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)))
 
@@ -301,7 +297,7 @@ class MasterService(pb_grpc.MasterServicer):
         dropped = await self.namespace.delete(path, request.recursive)
         for written in dropped.values():
             if not written.persisted:
-                self._spawn(self._remove_upload(mount, written.version), f"remove-upload-{written.version}")
+                self._background.spawn(self._remove_upload(mount, written.version), f"remove-upload-{written.version}")
         await self._free_blocks(mount.mount_id, path)
         return pb.DeleteResponse()
 
@@ -395,7 +391,7 @@ class MasterService(pb_grpc.MasterServicer):
                 # Moved into place before (an answer the worker did not get).
                 return pb.PersistFileResponse(file=self._file_info(await self.namespace.get_status(path)))
             log.info("dropping the upload of %s version %s: the file was removed or replaced", path, request.version)
-            self._spawn(self._remove_upload(mount, request.version), f"remove-upload-{request.version}")
+            self._background.spawn(self._remove_upload(mount, request.version), f"remove-upload-{request.version}")
             return pb.PersistFileResponse(superseded=True)
         mount, rel = target
         store = self.mounts.store(mount)
@@ -597,7 +593,7 @@ class MasterService(pb_grpc.MasterServicer):
         for mount in self.mounts.list():
             totals = self.ufs_totals.get(mount.mount_id)
             if totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE:
-                self._spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+                self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
             by_host: dict[str, int] = {}
             for worker_id, n in self.blocks.cached_bytes_by_worker(mount.mount_id).items():
                 host = self._host_of(worker_id) or worker_id
