@@ -1,8 +1,13 @@
 """The one retry helper: capped exponential backoff with full jitter.
 
-Every call to a store goes through `call_with_backoff`; nothing else in the cache server
-loops on errors by itself. Only the error types the caller names are retried; the last
-error is raised unchanged, so the caller sees the real cause.
+Every call to a store goes through `call_with_backoff` (ufs.Store), and so do the steps
+of an ASYNC_THROUGH upload (worker/uploads.py): no other code retries a failed call in a
+loop of its own. What else repeats is not a retry: periodic work that goes on whatever the
+last answer was (heartbeats, the worker's list of peers, TTL sweeps), a fallback to another
+source (a reader tries the next worker; a damaged cached copy is fetched again once; a
+block store that finds its disk full evicts and places the block again), or a kept
+connection found closed and opened anew once. Only the error types the caller names are
+retried; the last error is raised unchanged, so the caller sees the real cause.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ import errno
 import functools
 import logging
 import socket
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Self = TypeVar("Self")
+Channel = TypeVar("Channel")
 
 # What a client channel accepts: answers such as the listing of a large folder can be big.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -36,8 +38,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
-# What a server receives in one message. Block bytes stream in STREAM_CHUNK_SIZE pieces, so
-# a worker needs one chunk and room for the fields beside it.
+# What a server receives in one message. A worker's largest are the pieces of a write
+# (WriteFile, AppendFile): writers send a file's bytes in STREAM_CHUNK_SIZE pieces, and no
+# call sends a worker block bytes, so a worker needs one piece and room for the fields
+# beside it (path, write type).
 WORKER_MAX_RECEIVE_BYTES = constants.STREAM_CHUNK_SIZE + 1024 * 1024
 # The master's largest requests are a worker's block lists (registration, heartbeats), which
 # workers send in batches of at most BLOCK_LIST_BATCH_BYTES.
@@ -145,7 +149,8 @@ def raise_from_rpc_error(exc: grpc.RpcError, what: str) -> StrataError:
 def aio_channel(address: str, token: str) -> grpc.aio.Channel:
     """An asyncio channel whose every call carries the token."""
     return grpc.aio.insecure_channel(
-        address, options=CHANNEL_OPTIONS, interceptors=[_AioAuthInterceptor(token)]
+        address, options=CHANNEL_OPTIONS,
+        interceptors=[_AioUnaryUnaryAuth(token), _AioUnaryStreamAuth(token), _AioStreamUnaryAuth(token)],
     )
 
 
@@ -155,6 +160,60 @@ def sync_channel(address: str, token: str) -> grpc.Channel:
     return grpc.intercept_channel(channel, _SyncAuthInterceptor(token))
 
 
+class ChannelCache(Generic[Channel]):
+    """One channel per server, by its stable id (a worker id), dialled again when the
+    server's address changes: the master's channels to its workers, a worker's to its peers,
+    the client's to the workers. Safe to use from several threads.
+
+    A channel replaced by a new address goes to `retire` (the caller closes it, or lets it
+    close later); without `retire`, replaced channels are kept until `take_all`, so a call
+    still running on one is never cut short."""
+
+    def __init__(self, dial: Callable[[str], Channel],
+                 retire: Callable[[str, Channel], object] | None = None) -> None:
+        self._dial = dial
+        self._retire = retire
+        self._by_id: dict[str, tuple[str, Channel]] = {}
+        self._retired: list[Channel] = []
+        self._lock = threading.Lock()
+
+    def get(self, server_id: str, address: str) -> Channel:
+        """The channel to `server_id` at `address`, dialled on first use or when the address
+        changed."""
+        old: Channel | None = None
+        with self._lock:
+            cached = self._by_id.get(server_id)
+            if cached is not None and cached[0] == address:
+                return cached[1]
+            channel = self._dial(address)
+            self._by_id[server_id] = (address, channel)
+            if cached is not None:
+                old = cached[1]
+                if self._retire is None:
+                    self._retired.append(old)
+        if old is not None and self._retire is not None:
+            self._retire(server_id, old)
+        return channel
+
+    def drop(self, server_id: str) -> None:
+        """Forget the server (it left): its channel goes to `retire`, or waits for `take_all`."""
+        with self._lock:
+            cached = self._by_id.pop(server_id, None)
+            if cached is not None and self._retire is None:
+                self._retired.append(cached[1])
+        if cached is not None and self._retire is not None:
+            self._retire(server_id, cached[1])
+
+    def take_all(self) -> list[Channel]:
+        """Every channel held (current and kept replaced ones), for the owner to close; the
+        cache is empty afterwards."""
+        with self._lock:
+            channels = [channel for _, channel in self._by_id.values()] + self._retired
+            self._by_id.clear()
+            self._retired = []
+        return channels
+
+
 def _with_token(details: Any, token: str, cls: Any) -> Any:
     metadata = list(details.metadata or ()) + list(auth.call_metadata(token))
     fields = {f: getattr(details, f, None) for f in cls._fields}
@@ -162,23 +221,28 @@ def _with_token(details: Any, token: str, cls: Any) -> Any:
     return cls(**fields)
 
 
-class _AioAuthInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.aio.StreamUnaryClientInterceptor,  # type: ignore[misc]
-):
+class _AioAuth:
     def __init__(self, token: str) -> None:
         self._token = token
 
     def _details(self, details: Any) -> Any:
         return _with_token(details, self._token, grpc.aio.ClientCallDetails)
 
+
+# One class per kind of call: an asyncio channel files each interceptor under the first
+# kind it implements only (grpc.aio's channel tests them in turn), so one class of all three
+# kinds would leave streaming calls (a peer's ReadBlock, a WriteFile) without the token.
+class _AioUnaryUnaryAuth(_AioAuth, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _AioUnaryStreamAuth(_AioAuth, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _AioStreamUnaryAuth(_AioAuth, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(details), request_iterator)
 

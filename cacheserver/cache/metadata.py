@@ -85,12 +85,6 @@ class BlockMetadata:
     # last_access as last written to disk; not part of the file.
     persisted_access: float = field(default=0.0, compare=False)
 
-    @classmethod
-    def for_data(
-        cls, key: BlockKey, data: bytes, *, medium: str, pinned: bool, now: float
-    ) -> BlockMetadata:
-        return cls(key, len(data), medium, compute_checksums(data), now, now, pinned)
-
     def __post_init__(self) -> None:
         if self.length != self.key.length:
             raise InvalidArgument(

@@ -30,7 +30,7 @@ import grpc
 
 from .. import constants, rpcutil
 from ..auth import load_token
-from ..blockrefs import block_count, key_of
+from ..blockrefs import key_of
 from ..errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable, Unreachable
 from ..proto import strata_pb2 as pb
 from ..proto import strata_pb2_grpc as pb_grpc
@@ -127,7 +127,10 @@ class StrataClient:
         self._channel = rpcutil.sync_channel(self.master_address, self.token)
         self.master = pb_grpc.MasterStub(self._channel)
         self._workers: _Workers | None = None
-        self._worker_channels: dict[str, tuple[str, grpc.Channel]] = {}
+        # Replaced channels (a worker back at another address) stay open until close():
+        # another thread may still be reading through one.
+        self._worker_channels: rpcutil.ChannelCache[grpc.Channel] = rpcutil.ChannelCache(
+            functools.partial(rpcutil.sync_channel, token=self.token))
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
         self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
@@ -210,12 +213,7 @@ class StrataClient:
             return cached.all
 
     def worker_stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
-        with self._lock:
-            cached = self._worker_channels.get(info.worker_id)
-            if cached is None or cached[0] != info.address:
-                cached = (info.address, rpcutil.sync_channel(info.address, self.token))
-                self._worker_channels[info.worker_id] = cached
-        return pb_grpc.WorkerStub(cached[1])
+        return pb_grpc.WorkerStub(self._worker_channels.get(info.worker_id, info.address))
 
     def _sc_reader(self, info: pb.WorkerInfo) -> ShortCircuitReader | None:
         if not (self.short_circuit and info.domain_socket and info.host == self.host):
@@ -251,7 +249,7 @@ class StrataClient:
         for reader in [*self._sc_readers.values(), *self._data_readers.values()]:
             reader.close()
         self._buffers.clear()
-        for _, channel in self._worker_channels.values():
+        for channel in self._worker_channels.take_all():
             channel.close()
         self._channel.close()
 
@@ -454,12 +452,6 @@ class StrataClient:
                 raise WorkerStalled(f"{what}: no answer within {timeout:g}s (STRATA_CLIENT_BLOCK_TIMEOUT)") from exc
             raise rpcutil.raise_from_rpc_error(exc, what) from exc
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def read_file(self, path: str) -> bytes:
-        info = self.stat(path)
-        if info.is_dir:
-            raise InvalidArgument(f"{path} is a directory")
-        return b"".join(self.read_block(self.block_ref(info, i)) for i in range(block_count(info.length, info.block_size)))
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -6,13 +6,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 
 from .. import rpcutil
+from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
 from ..config import ServerConfig
@@ -144,8 +144,9 @@ class MasterService(pb_grpc.MasterServicer):
         self.loads: dict[str, LoadJob] = {}
         self.ufs_totals: dict[int, UfsTotals] = {}
         self._table_version = 1
-        self._worker_channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
-        self._background: set[asyncio.Task[object]] = set()
+        self._background = BackgroundTasks()
+        self._worker_channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
+            lambda address: rpcutil.aio_channel(address, token), retire=self._close_channel)
         # Paths whose ASYNC_THROUGH upload is being moved into place in the store: writes,
         # deletes and renames of them wait (so no older upload lands after a newer write).
         self._moving: dict[str, asyncio.Event] = {}
@@ -155,24 +156,14 @@ class MasterService(pb_grpc.MasterServicer):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _close_channel(self, worker_id: str, channel: grpc.aio.Channel) -> None:
+        self._background.spawn(channel.close(), f"close-channel-{worker_id}")
 
     def _bump_table(self) -> None:
         self._table_version += 1
 
     def _worker_stub(self, record: WorkerRecord) -> pb_grpc.WorkerStub:
-        worker_id, address = record.info.worker_id, record.info.address
-        cached = self._worker_channels.get(worker_id)
-        if cached is None or cached[0] != address:
-            if cached is not None:
-                self._spawn(cached[1].close(), f"close-channel-{worker_id}")
-            cached = (address, rpcutil.aio_channel(address, self.token))
-            self._worker_channels[worker_id] = cached
-        return pb_grpc.WorkerStub(cached[1])
+        return pb_grpc.WorkerStub(self._worker_channels.get(record.info.worker_id, record.info.address))
 
     def _host_of(self, worker_id: str) -> str:
         record = self.membership.get(worker_id)
@@ -275,9 +266,9 @@ class MasterService(pb_grpc.MasterServicer):
                 await store.check()
         mount = self.mounts.add(path, request.source, options, replace=request.replace)
         if existing is not None and existing.mount_id != mount.mount_id:
-            self._spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")
+            self._background.spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")
         self._bump_table()
-        self._spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+        self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
         log.info("mounted %s -> %s (mount id %d)", mount.path, mount.source, mount.mount_id)
         return pb.MountResponse(mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)),
                                 changed=True)
@@ -329,7 +320,7 @@ class MasterService(pb_grpc.MasterServicer):
         dropped = await self.namespace.delete(path, request.recursive)
         for written in dropped.values():
             if not written.persisted:
-                self._spawn(self._remove_upload(mount, written.version), f"remove-upload-{written.version}")
+                self._background.spawn(self._remove_upload(mount, written.version), f"remove-upload-{written.version}")
         await self._free_blocks(mount.mount_id, path)
         return pb.DeleteResponse()
 
@@ -423,7 +414,7 @@ class MasterService(pb_grpc.MasterServicer):
                 # Moved into place before (an answer the worker did not get).
                 return pb.PersistFileResponse(file=self._file_info(await self.namespace.get_status(path)))
             log.info("dropping the upload of %s version %s: the file was removed or replaced", path, request.version)
-            self._spawn(self._remove_upload(mount, request.version), f"remove-upload-{request.version}")
+            self._background.spawn(self._remove_upload(mount, request.version), f"remove-upload-{request.version}")
             return pb.PersistFileResponse(superseded=True)
         mount, rel = target
         store = self.mounts.store(mount)
@@ -591,9 +582,7 @@ class MasterService(pb_grpc.MasterServicer):
         for worker_id in self.membership.expire():
             log.warning("worker %s stopped heartbeating; dropped from placement", worker_id)
             self.blocks.drop_worker(worker_id)
-            cached = self._worker_channels.pop(worker_id, None)
-            if cached is not None:
-                self._spawn(cached[1].close(), f"close-channel-{worker_id}")
+            self._worker_channels.drop(worker_id)
 
     # -- report ------------------------------------------------------------------------------
 
@@ -633,7 +622,7 @@ class MasterService(pb_grpc.MasterServicer):
         for mount in self.mounts.list():
             totals = self.ufs_totals.get(mount.mount_id)
             if totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE:
-                self._spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+                self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
             by_host: dict[str, int] = {}
             for worker_id, n in self.blocks.cached_bytes_by_worker(mount.mount_id).items():
                 host = self._host_of(worker_id) or worker_id
@@ -658,10 +647,9 @@ class MasterService(pb_grpc.MasterServicer):
         return {mount_id: sum_pending(p, mount_id) for mount_id, p in parts.items()}
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
         for job in self.loads.values():
             job.cancel()
-        for _, channel in self._worker_channels.values():
+        await self._background.close()
+        for channel in self._worker_channels.take_all():
             await channel.close()
 

@@ -20,6 +20,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from cachetools import TTLCache
+
 from ..errors import FailedPrecondition, NotFound, StrataError, Unavailable
 from ..proto import strata_pb2 as pb
 
@@ -35,6 +37,9 @@ STATUS_KEPT_IN_OUTAGE = 300.0
 # status or the store's word: a stopped master must not hold every miss for the whole call
 # deadline.
 STATUS_PATIENCE = 2.0
+# Statuses kept at most (the least recently used go first): a worker reading 10,000 files
+# at once is far past what its cache holds in flight, and the entries stay small.
+STATUSES_KEPT = 10_000
 
 
 def mismatch(ref: pb.BlockRef, info: pb.FileInfo) -> str | None:
@@ -64,7 +69,10 @@ class FileStatuses:
         self._kept_in_outage = kept_in_outage
         self._patience = patience
         self._clock = clock
-        self._known: dict[str, tuple[float, pb.FileInfo]] = {}
+        # path -> (time.monotonic() of the question, the master's answer); an answer is of
+        # no use once older than both the TTL and the outage allowance.
+        self._known: TTLCache[str, tuple[float, pb.FileInfo]] = TTLCache(
+            maxsize=STATUSES_KEPT, ttl=max(ttl, kept_in_outage), timer=clock)
         # Set while the master keeps a call past the patience, cleared by its next answer
         # (a status or an error of its own):
         # further misses then go on without waiting the patience out again.
@@ -123,9 +131,6 @@ class FileStatuses:
             raise
         self._silent = False
         self._known[path] = (asked, info)
-        if len(self._known) > 10_000:  # forget the oldest half
-            for old in sorted(self._known, key=lambda p: self._known[p][0])[:5_000]:
-                del self._known[old]
         return info
 
     def forget(self, path: str) -> None:

@@ -24,24 +24,24 @@ from typing import Any
 
 from ..auth import BLOCK_SOCKET, Credentials, check_access
 from ..blockwire import MAX_REQUEST_BYTES, error_reply, ok_reply, parse_request, reply_line
-from ..blockrefs import key_of
 from ..config import DataPortSettings
 from ..errors import StrataError
 from ..proto import strata_pb2 as pb
-from .service import BlockSource, WorkerService
+from .reads import BlockReads, BlockSource
 
 log = logging.getLogger(__name__)
 
 
 class BlockSocketServer(ABC):
     """Accepts connections on a listening socket; a thread per connection reads request
-    lines and answers each with `_serve_one`."""
+    lines and answers each with `_serve_one`: a thin adapter over the worker's reads, which
+    find (or fetch) the block."""
 
     name = "block-socket"
 
-    def __init__(self, service: WorkerService, credentials: Credentials, loop: asyncio.AbstractEventLoop,
+    def __init__(self, reads: BlockReads, credentials: Credentials, loop: asyncio.AbstractEventLoop,
                  settings: DataPortSettings) -> None:
-        self._service = service
+        self._reads = reads
         self._credentials = credentials
         self._loop = loop
         self._settings = settings
@@ -179,10 +179,10 @@ class ShortCircuitServer(BlockSocketServer):
 
     name = "short-circuit"
 
-    def __init__(self, service: WorkerService, socket_path: Path, credentials: Credentials,
+    def __init__(self, reads: BlockReads, socket_path: Path, credentials: Credentials,
                  loop: asyncio.AbstractEventLoop, settings: DataPortSettings,
                  advertised_path: Path | None = None) -> None:
-        super().__init__(service, credentials, loop, settings)
+        super().__init__(reads, credentials, loop, settings)
         self.socket_path = socket_path
         # Where readers on this host find the socket (its host path when the worker runs in a
         # container that mounts the folder from the node).
@@ -203,18 +203,8 @@ class ShortCircuitServer(BlockSocketServer):
             self.socket_path.unlink()
 
     async def _open(self, ref: pb.BlockRef, request: dict[str, Any]) -> BlockSource:
-        # The reader verifies the chunks it reads against the checksums in the reply. One that
-        # found a bad chunk asks again with "verify": the worker then checks the whole block
-        # first, dropping a damaged copy and fetching the block again from the store.
-        verify = bool(request.get("verify", False))
-        if verify:
-            self._service.counters.short_circuit_rechecks += 1
-        source = await self._service.open_block(
-            ref, int(request.get("read_type", 0)), check=(0, key_of(ref).length) if verify else None
-        )
-        self._service.counters.short_circuit_reads += 1
-        self._service.counters.bytes_served += source.length
-        return source
+        return await self._reads.short_circuit(ref, int(request.get("read_type", 0)),
+                                               verify=bool(request.get("verify", False)))
 
     def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
         reply = ok_reply(source.length, source.hit, checksums=source.checksums, chunk_size=source.chunk_size)
@@ -232,11 +222,11 @@ class DataServer(BlockSocketServer):
         return int(sock.getsockname()[1])
 
     async def _open(self, ref: pb.BlockRef, request: dict[str, Any]) -> BlockSource:
-        source = await self._service.read_source(
+        source = await self._reads.read_source(
             ref, int(request.get("read_type", 0)), offset=int(request.get("offset", 0)),
             length=int(request.get("length", 0)), readahead=int(request.get("readahead", 0)),
         )
-        self._service.counters.data_port_reads += 1
+        self._reads.counters.data_port_reads += 1
         return source
 
     def _deliver(self, conn: socket.socket, source: BlockSource) -> None:

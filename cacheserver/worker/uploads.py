@@ -168,7 +168,7 @@ class _Upload:
 class Uploads:
     """The staged ASYNC_THROUGH writes of one worker and their uploads."""
 
-    def __init__(self, staging_dir: Path, *, master: Callable[[], pb_grpc.MasterStub], mounts: WorkerMounts,
+    def __init__(self, staging_dir: Path, *, master: pb_grpc.MasterStub, mounts: WorkerMounts,
                  release: Release, settings: UploadSettings | None = None) -> None:
         self.staging_dir = staging_dir
         self.staging_dir.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,7 @@ class Uploads:
         self._forget(upload)
 
     async def _withdraw_once(self, record: UploadRecord) -> None:
-        await self._master().AbortWrite(pb.AbortWriteRequest(path=record.path, version=record.version,
+        await self._master.AbortWrite(pb.AbortWriteRequest(path=record.path, version=record.version,
                                                              write_id=record.write_id), timeout=MASTER_CALL_TIMEOUT)
 
     async def _upload(self, upload: _Upload) -> None:
@@ -311,7 +311,7 @@ class Uploads:
         the master move it into place."""
         record = upload.record
         try:
-            current = await self._master().GetStatus(pb.GetStatusRequest(path=record.path), timeout=MASTER_CALL_TIMEOUT)
+            current = await self._master.GetStatus(pb.GetStatusRequest(path=record.path), timeout=MASTER_CALL_TIMEOUT)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise Superseded(f"{record.path} was removed") from None
@@ -326,7 +326,7 @@ class Uploads:
             raise Superseded(str(exc)) from None
         await asyncio.wait_for(mount.store.write_file(upload_rel(record.version), upload.staged),
                                self.settings.timeout_for(record.length))
-        response = await self._master().PersistFile(pb.PersistFileRequest(path=record.path, version=record.version),
+        response = await self._master.PersistFile(pb.PersistFileRequest(path=record.path, version=record.version),
                                                     timeout=PERSIST_CALL_TIMEOUT)
         if response.superseded:
             raise Superseded(f"{record.path} was removed or replaced while it was uploaded")

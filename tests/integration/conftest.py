@@ -23,6 +23,8 @@ import pytest
 import s3server
 import yaml
 
+from strata.cacheserver.blockrefs import block_count
+from strata.cacheserver.client.core import StrataClient
 from strata.cacheserver.client.fs import StrataFileSystem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +82,15 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def read_by_blocks(client: StrataClient, path: str) -> bytes:
+    """A whole file read block by block with `read_block` (the client's block read path:
+    short-circuit, data port or gRPC, with failover), not through the fsspec file."""
+    info = client.stat(path)
+    assert not info.is_dir, f"{path} is a directory"
+    return b"".join(client.read_block(client.block_ref(info, i))
+                    for i in range(block_count(info.length, info.block_size)))
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

@@ -15,7 +15,7 @@ from strata.cacheserver import errors
 from strata.cacheserver.blockwire import request_line
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, free_port
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, free_port, read_by_blocks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -108,7 +108,7 @@ def test_bad_requests_get_named_errors_and_the_port_keeps_serving(cluster: Clust
     # The client maps error replies to the errors gRPC would raise.
     with pytest.raises(errors.InvalidArgument, match="past the end"):
         client.read_block(ref, BLOCK_SIZE + 1, 1)
-    assert client.read_file("/b/b.bin") == data
+    assert read_by_blocks(client, "/b/b.bin") == data
 
 
 def test_a_reader_keeps_using_the_data_port_after_the_worker_restarts(start_cluster: Any, bucket: str) -> None:

@@ -20,7 +20,7 @@ from strata.cacheserver import rpcutil
 from strata.cacheserver.blockwire import request_line
 from strata.cacheserver.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric
+from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric, read_by_blocks
 from .test_data_port import exchange
 
 pytestmark = pytest.mark.timeout(240)
@@ -196,7 +196,7 @@ def test_a_request_with_a_made_up_geometry_caches_nothing_readers_get(start_clus
         reply, _ = exchange(address, request_line(TOKEN, ref, pb.CACHE))
         assert reply["ok"] is False and reply["code"] == "FAILED_PRECONDITION", reply
         assert named in reply["message"] and "open it again" in reply["message"], reply
-    assert client.read_file("/g/g.bin") == data
+    assert read_by_blocks(client, "/g/g.bin") == data
     assert cluster.fs(host="elsewhere").cat_file("/g/g.bin") == data
 
 

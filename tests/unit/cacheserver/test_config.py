@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.config import ServerConfig, load_server_config
+from strata.cacheserver.config import ServerConfig, ServerEnvironment, load_server_config
 from strata.cacheserver.errors import InvalidArgument
 
 
@@ -54,3 +54,15 @@ def test_local_sources_and_data_port_settings() -> None:
         ServerConfig.model_validate({"localSources": {"allowedRoots": ["nfs"]}})
     with pytest.raises(ValueError, match="maxConnections"):
         ServerConfig.model_validate({"dataPort": {"maxConnections": 0}})
+
+
+def test_the_server_environment_is_one_model_and_empty_variables_count_as_unset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_MASTER", "")
+    monkeypatch.setenv("STRATA_BLOCK_SIZE", "4Mi")
+    monkeypatch.setenv("STRATA_SHORT_CIRCUIT_DIR", "/var/lib/strata/sc")
+    monkeypatch.setenv("STRATA_RETRY_ATTEMPTS", "3")  # another part's setting: not this model's
+    env = ServerEnvironment()
+    assert env.short_circuit_dir == Path("/var/lib/strata/sc") and env.master == ""
+    config = load_server_config(None, env)
+    assert config.block_size == 4 << 20 and config.master_address.endswith(":19998")

@@ -16,7 +16,8 @@ def key_for(length: int) -> BlockKey:
 
 
 def meta_for(data: bytes) -> BlockMetadata:
-    return BlockMetadata.for_data(key_for(len(data)), data, medium="SSD", pinned=True, now=1000.0)
+    return BlockMetadata(key_for(len(data)), len(data), "SSD", compute_checksums(data), created=1000.0,
+                         last_access=1000.0, pinned=True)
 
 
 @pytest.mark.parametrize("length, chunks", [(0, 0), (1, 1), (CHUNK_SIZE, 1), (CHUNK_SIZE + 1, 2), (3 * CHUNK_SIZE, 3)])

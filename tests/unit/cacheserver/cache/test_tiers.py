@@ -8,6 +8,7 @@ import pytest
 
 from strata.cacheserver.cache import BlockKey, BlockMetadata, TierConfig, default_mem_dir
 from strata.cacheserver.cache.files import block_file, meta_file, write_atomically
+from strata.cacheserver.cache.metadata import compute_checksums
 from strata.cacheserver.cache.tiers import Tier
 from strata.cacheserver.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
@@ -15,7 +16,8 @@ from strata.cacheserver.errors import FailedPrecondition, InvalidArgument, Resou
 def store_block(directory: Path, index: int, data: bytes) -> BlockKey:
     key = BlockKey(1, "/f", "v", index, 1 << 20, len(data))
     write_atomically(block_file(directory, key.block_id), data)
-    BlockMetadata.for_data(key, data, medium="SSD", pinned=False, now=1.0).write(meta_file(directory, key.block_id))
+    meta = BlockMetadata(key, len(data), "SSD", compute_checksums(data), created=1.0, last_access=1.0, pinned=False)
+    meta.write(meta_file(directory, key.block_id))
     return key
 
 

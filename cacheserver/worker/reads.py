@@ -1,0 +1,307 @@
+"""The worker's reads: serve blocks from the tiered store, fetch misses from the store (one
+request per block however many readers wait) under the namespace's name for them, read
+ahead of sequential readers. Every transport (gRPC, the data port, the short-circuit
+socket) reads through `BlockReads`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+
+from ..background import BackgroundTasks
+from ..blockrefs import key_of
+from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
+from ..config import ServerConfig
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError
+from ..namespace.metadata import is_upload_path
+from ..proto import strata_pb2 as pb
+from ..ufs import VersionChanged
+from .geometry import FileStatuses
+from .masterlink import MasterLink
+from .mounts import MountView, WorkerMounts
+
+log = logging.getLogger(__name__)
+
+# Background readahead fetches one worker runs at once.
+READAHEAD_CONCURRENCY = 4
+# Blocks one CacheBlocks call fetches at once (a load sends a few blocks per call).
+CACHE_BLOCKS_CONCURRENCY = 4
+
+
+@dataclass
+class Counters:
+    """What a worker counts; heartbeats carry it to the master, /metrics shows it."""
+
+    hits: int = 0
+    misses: int = 0
+    ufs_bytes_read: int = 0
+    bytes_served: int = 0
+    short_circuit_reads: int = 0
+    data_port_reads: int = 0
+    # Short-circuit readers that found a bad checksum in a block file and asked for a check.
+    short_circuit_rechecks: int = 0
+
+
+@dataclass
+class BlockSource:
+    """What a read is served from: an open block file (`fd`, bytes [offset, offset+length)
+    of it; the owner closes it; `checksums` of its `chunk_size` chunks) or bytes in memory
+    (`data`)."""
+
+    hit: bool
+    length: int
+    fd: int = -1
+    offset: int = 0
+    data: bytes = b""
+    checksums: tuple[int, ...] = ()
+    chunk_size: int = 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def effective_read_type(request_type: pb.ReadType.ValueType, mount: MountView, config: ServerConfig) -> pb.ReadType.ValueType:
+    """The request's read type, else the mount's, else the cluster's."""
+    if request_type:
+        return request_type
+    if mount.info.options.read_type:
+        return mount.info.options.read_type
+    return pb.ReadType.Value(config.cache_policy.read_type)
+
+
+class BlockReads:
+    """Blocks for readers, from the cache or the store."""
+
+    def __init__(self, *, config: ServerConfig, worker_id: str, store: BlockStore, mounts: WorkerMounts,
+                 link: MasterLink, counters: Counters) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.store = store
+        self.mounts = mounts
+        self._link = link
+        self.counters = counters
+        self.statuses = FileStatuses(link.file_status, store_status=self._store_status)
+        self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
+        self._readahead_pending: set[str] = set()
+        self._tasks = BackgroundTasks()
+
+    # -- what a miss may fetch ---------------------------------------------------------------
+
+    async def _store_status(self, ref: pb.BlockRef) -> pb.FileInfo | None:
+        """The file as the store alone describes it (for FileStatuses while the master does
+        not answer): an object under the mount the worker already knows covers its path,
+        cut at this cluster's block size. None for a directory or another mount's path."""
+        mount = self.mounts.covering(ref.path)
+        if mount is None or mount.mount_id != ref.mount_id:
+            return None
+        rel = mount.rel(ref.path)
+        if is_upload_path(rel):
+            return None
+        status = await mount.store.info(rel)
+        if status.is_dir:
+            return None
+        return pb.FileInfo(path=ref.path, name=status.name, mount_id=mount.mount_id, version=status.version,
+                           block_size=self.config.block_size, length=status.length, persisted=True,
+                           store_version=status.version, mtime_unix_ms=status.mtime_unix_ms)
+
+    async def _store_version(self, ref: pb.BlockRef) -> str:
+        """The store's version of the object the block `ref` names is read from. Refuses
+        to fetch a block from the store unless the namespace says the reader's file is that
+        file now and it is in the store: bytes fetched are kept (or served) under the
+        reader's name for them, so that name must be the true one; the store read then
+        insists on this version (`Store.read_range`), so an object changed in the store
+        since the namespace last looked is refused rather than cached under the old name."""
+        if ref.in_store:
+            info = await self.statuses.check(ref)
+            if info.persisted:
+                return info.store_version or info.version
+        raise FailedPrecondition(
+            f"block {ref.index} of {ref.path} is not cached on worker {self.worker_id} and "
+            "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
+        )
+
+    async def _read_store(self, ref: pb.BlockRef, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the file `ref` names, from the store, of the version the
+        namespace gives it. If the store holds another version now, the master is told to
+        look again (so that the reader's next open names the new version) before the reader
+        gets the error."""
+        version = await self._store_version(ref)
+        mount = await self.mounts.get(ref.mount_id)
+        try:
+            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version)
+        except VersionChanged:
+            self.statuses.forget(ref.path)
+            try:
+                await self._link.file_status(ref.path, refresh=True)
+            except StrataError as exc:
+                log.warning("could not have the master look at %s again: %s", ref.path, exc)
+            raise
+        self.counters.misses += 1
+        self.counters.ufs_bytes_read += len(data)
+        return data
+
+    # -- the cache ---------------------------------------------------------------------------
+
+    async def ensure_cached(self, ref: pb.BlockRef, *, promote: bool = False) -> tuple[CachedBlock, bool]:
+        """The block in the store, fetched from the mount's store on a miss."""
+        key = key_of(ref)
+        mount = await self.mounts.get(ref.mount_id)
+
+        async def fetch() -> bytes:
+            return await self._read_store(ref, key.offset, key.offset + key.length)
+
+        block, hit = await self.store.get_or_fetch(
+            key, fetch, promote=promote, pin=mount.is_pinned(ref.path)
+        )
+        if hit:
+            self.counters.hits += 1
+        return block, hit
+
+    async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int]:
+        """Have the blocks cached (a load); (bytes cached, bytes of them fetched now)."""
+        semaphore = asyncio.Semaphore(CACHE_BLOCKS_CONCURRENCY)
+        cached = fetched = 0
+
+        async def one(ref: pb.BlockRef) -> None:
+            nonlocal cached, fetched
+            async with semaphore:
+                block, hit = await self.ensure_cached(ref)
+            cached += block.length
+            if not hit:
+                fetched += block.length
+
+        await asyncio.gather(*(one(ref) for ref in refs))
+        return cached, fetched
+
+    async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
+        """Bytes straight from the store, when the cache cannot take the block."""
+        start = key_of(ref).offset + offset
+        return await self._read_store(ref, start, start + length)
+
+    async def read_cached(self, ref: pb.BlockRef, offset: int, length: int, *, promote: bool) -> tuple[bytes, bool]:
+        """Bytes [offset, offset+length) of a block, refetching once if the cached copy is bad."""
+        for attempt in (1, 2):
+            block, hit = await self.ensure_cached(ref, promote=promote)
+            try:
+                data = await self.store.read(block.key, offset, length)
+            except BlockCorrupt as exc:
+                log.warning("dropped bad block %s of %s: %s", ref.index, ref.path, exc)
+                if attempt == 2:
+                    raise
+                continue
+            return data, hit
+        raise AssertionError("unreachable")
+
+    async def whole_block(self, ref: pb.BlockRef) -> bytes | None:
+        """The whole block from this worker's cache without fetching it; None when it is not
+        here (or its copy turned out bad or was evicted meanwhile)."""
+        key = key_of(ref)
+        if self.store.lookup(key) is None:
+            return None
+        try:
+            return await self.store.read(key, 0, key.length)
+        except (BlockCorrupt, NotFound) as exc:  # bad or evicted since: look elsewhere
+            log.debug("block %d of %s: %s", ref.index, ref.path, exc)
+            return None
+
+    # -- what a transport serves -------------------------------------------------------------
+
+    async def open_block(self, ref: pb.BlockRef, read_type: int, *, check: tuple[int, int] | None = None) -> BlockSource:
+        """An open descriptor of the block's file, fetched from the store on a miss. A copy
+        found at startup has its checksums verified on its first open; `check` (offset,
+        length) verifies the chunks of that range on this open too. A bad copy is dropped and
+        fetched again."""
+        mount = await self.mounts.get(ref.mount_id)
+        promote = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config) == pb.CACHE_PROMOTE
+        for attempt in (1, 2):
+            block, hit = await self.ensure_cached(ref, promote=promote)
+            try:
+                if check is None:
+                    fd, block = self.store.open_fd(block.key)
+                else:
+                    fd, block = await self.store.open_checked(block.key, *check)
+            except (BlockCorrupt, NotFound) as exc:  # bad, or evicted since it was fetched
+                log.warning("block %s of %s: %s", ref.index, ref.path, exc)
+                if attempt == 2:
+                    raise
+                continue
+            return BlockSource(hit=hit, length=block.length, fd=fd, checksums=block.checksums,
+                               chunk_size=block.chunk_size)
+        raise AssertionError("unreachable")
+
+    async def read_source(self, ref: pb.BlockRef, read_type: int, *, offset: int, length: int,
+                          readahead: int, as_file: bool = True) -> BlockSource:
+        """What a read of [offset, offset+length) of a block (length 0: to its end) is served
+        from: the block's file (as_file) or its checksummed bytes when it is cached, else bytes
+        from the store (read type NO_CACHE, or every tier full of pinned blocks). Starts the
+        readahead and counts the bytes served."""
+        total = key_of(ref).length
+        if offset < 0 or length < 0:
+            raise InvalidArgument(f"offset and length must be >= 0, got {offset} and {length}")
+        if offset > total:
+            raise InvalidArgument(f"offset {offset} is past the end of block {ref.index} ({total} bytes)")
+        length = min(length or total, total - offset)
+        mount = await self.mounts.get(ref.mount_id)
+        effective = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config)
+        if effective == pb.NO_CACHE and self.store.lookup(key_of(ref)) is None:
+            source = BlockSource(hit=False, length=length, data=await self.read_uncached(ref, offset, length))
+        else:
+            try:
+                if as_file:
+                    source = await self.open_block(ref, effective, check=(offset, length))
+                    source.offset, source.length = offset, length
+                else:
+                    data, hit = await self.read_cached(ref, offset, length, promote=effective == pb.CACHE_PROMOTE)
+                    source = BlockSource(hit=hit, length=len(data), data=data)
+            except ResourceExhausted as exc:
+                # Every tier is full of pinned blocks: serve the reader, cache nothing.
+                log.warning("serving block %d of %s uncached: %s", ref.index, ref.path, exc)
+                source = BlockSource(hit=False, length=length, data=await self.read_uncached(ref, offset, length))
+        self._readahead_from(ref, readahead, effective)
+        self.counters.bytes_served += source.length
+        return source
+
+    async def short_circuit(self, ref: pb.BlockRef, read_type: int, *, verify: bool) -> BlockSource:
+        """The block's open file for a reader on this host. The reader verifies the chunks it
+        reads against the checksums handed with it; one that found a bad chunk asks again
+        with `verify`: the whole block is checked first, a damaged copy dropped and the block
+        fetched again from the store."""
+        if verify:
+            self.counters.short_circuit_rechecks += 1
+        source = await self.open_block(ref, read_type, check=(0, key_of(ref).length) if verify else None)
+        self.counters.short_circuit_reads += 1
+        self.counters.bytes_served += source.length
+        return source
+
+    # -- readahead ---------------------------------------------------------------------------
+
+    def _readahead_from(self, ref: pb.BlockRef, count: int, read_type: int) -> None:
+        if read_type == pb.NO_CACHE or count <= 0 or not ref.block_size:
+            return
+        blocks = (ref.file_length + ref.block_size - 1) // ref.block_size
+        for index in range(ref.index + 1, min(blocks, ref.index + 1 + count)):
+            nxt = pb.BlockRef()
+            nxt.CopyFrom(ref)
+            nxt.index = index
+            block_id = key_of(nxt).block_id
+            if block_id in self._readahead_pending or self.store.lookup(key_of(nxt)) is not None:
+                continue
+            self._readahead_pending.add(block_id)
+            self._tasks.spawn(self._prefetch(nxt, block_id), f"readahead-{block_id[:12]}")
+
+    async def _prefetch(self, ref: pb.BlockRef, block_id: str) -> None:
+        try:
+            async with self._readahead:
+                await self.ensure_cached(ref)
+        except StrataError as exc:
+            log.debug("readahead of block %d of %s failed: %s", ref.index, ref.path, exc)
+        finally:
+            self._readahead_pending.discard(block_id)
+
+    async def close(self) -> None:
+        """Stop the readahead under way."""
+        await self._tasks.close()

@@ -1,0 +1,79 @@
+"""Peers and the gRPC adapter: a copy of a file only another worker holds reads its blocks
+from that worker's WorkerService, over a real gRPC server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from strata.cacheserver import rpcutil
+from strata.cacheserver.errors import FailedPrecondition
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
+from strata.cacheserver.worker.membership import Endpoints
+from strata.cacheserver.worker.server import WorkerParts
+from strata.cacheserver.worker.service import WorkerService
+
+from .conftest import BLOCK, CREDENTIALS, Cluster, chunks
+
+DATA = bytes(range(251)) * 50  # three blocks and a part
+
+
+@pytest.fixture
+async def served(cluster: Cluster) -> AsyncIterator[tuple[WorkerParts, grpc.aio.Server]]:
+    """Worker w1's parts behind a real gRPC server, registered at its port."""
+    await cluster.mount()
+    parts = await cluster.worker("w1", register=False)
+    server = rpcutil.server(CREDENTIALS, max_receive_bytes=rpcutil.WORKER_MAX_RECEIVE_BYTES)
+    port = rpcutil.add_port(server, "worker", "127.0.0.1", 0)
+    pb_grpc.add_WorkerServicer_to_server(
+        WorkerService(reads=parts.reads, writes=parts.writes, retention=parts.retention), server)
+    await server.start()
+    parts.membership.listening(Endpoints(port=port, http_port=1, data_port=1))
+    await parts.membership.register()
+    yield parts, server
+    await server.stop(0)
+
+
+async def test_a_copy_reads_a_file_not_in_the_store_from_the_worker_holding_it(
+        cluster: Cluster, served: tuple[WorkerParts, grpc.aio.Server]) -> None:
+    holder, _ = served
+    await holder.writes.write_file(chunks("/m/only-w1", DATA, write_type=pb.MUST_CACHE))
+    await holder.membership.heartbeat_once()  # the master learns where its blocks are
+    other = await cluster.worker("w2")
+    await other.peers.refresh()
+    info = await other.writes.copy_file(pb.CopyFileRequest(src="/m/only-w1", dst="/m/copy", write_type=pb.THROUGH))
+    assert info.persisted and cluster.get("m/copy") == DATA
+    assert holder.reads.counters.bytes_served == len(DATA)  # every byte came from w1
+
+
+async def test_a_copy_whose_holder_does_not_answer_fails_naming_it(
+        cluster: Cluster, served: tuple[WorkerParts, grpc.aio.Server]) -> None:
+    holder, server = served
+    await holder.writes.write_file(chunks("/m/gone", DATA[:BLOCK], write_type=pb.MUST_CACHE))
+    await holder.membership.heartbeat_once()
+    other = await cluster.worker("w2")
+    await other.peers.refresh()
+    await server.stop(0)
+    with pytest.raises(FailedPrecondition, match=r"block 0 of /m/gone is not in the store.*w1:"):
+        await other.writes.copy_file(pb.CopyFileRequest(src="/m/gone", dst="/m/copy2"))
+
+
+async def test_the_adapter_turns_errors_into_statuses(
+        cluster: Cluster, served: tuple[WorkerParts, grpc.aio.Server]) -> None:
+    _, server = served
+    master = await cluster.admin.ListWorkers(pb.ListWorkersRequest(), timeout=30)
+    [w1] = master.workers
+    async with rpcutil.aio_channel(w1.address, CREDENTIALS.data) as channel:
+        stub = pb_grpc.WorkerStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            await stub.CopyFile(pb.CopyFileRequest(src="/m/x", dst="/m/x"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "onto itself" in caught.value.details()
+        response = await stub.WriteFile(chunks("/m/via-grpc", DATA, write_type=pb.CACHE_THROUGH), timeout=30)
+        assert response.file.length == len(DATA) and cluster.get("m/via-grpc") == DATA
+        ref = pb.BlockRef(mount_id=response.file.mount_id, path="/m/via-grpc", version=response.file.version,
+                          index=3, block_size=BLOCK, file_length=len(DATA), in_store=True)
+        read = [c async for c in stub.ReadBlock(pb.ReadBlockRequest(block=ref), timeout=30)]
+        assert b"".join(c.data for c in read) == DATA[3 * BLOCK:] and read[0].cache_hit

@@ -1,0 +1,104 @@
+"""The block sockets (data port, short-circuit) as thin adapters over BlockReads: real
+sockets in this process, the real reads behind them, the wire of `blockwire`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.config import DataPortSettings
+from strata.cacheserver.proto import strata_pb2 as pb
+from strata.cacheserver.worker.reads import BlockReads
+from strata.cacheserver.worker.transfer import DataServer, ShortCircuitServer
+
+from .conftest import BLOCK, CREDENTIALS, Cluster, ref_for
+
+DATA = bytes(range(256)) * 24  # 6144 bytes: a block and a half
+
+
+def _exchange(family: int, address: Any, line: bytes) -> tuple[dict[str, Any], bytes, list[int]]:
+    """One request on a new connection: the reply, the bytes after it, descriptors passed."""
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(address)
+        sock.sendall(line)
+        received, fds = b"", []
+        while b"\n" not in received:
+            data, new_fds, _, _ = socket.recv_fds(sock, 65536, 4)
+            if not data:
+                break
+            received += data
+            fds += new_fds
+        head, _, rest = received.partition(b"\n")
+        reply = json.loads(head)
+        while reply.get("ok") and family != socket.AF_UNIX and len(rest) < reply["length"]:
+            more = sock.recv(65536)
+            if not more:
+                break
+            rest += more
+    return reply, rest, fds
+
+
+async def exchange(family: int, address: Any, line: bytes) -> tuple[dict[str, Any], bytes, list[int]]:
+    # The servers answer from their own threads but wait on this loop for the block.
+    return await asyncio.to_thread(_exchange, family, address, line)
+
+
+@pytest.fixture
+async def reads(cluster: Cluster) -> AsyncIterator[tuple[BlockReads, pb.FileInfo]]:
+    await cluster.mount()
+    cluster.put("m/t.bin", DATA)
+    parts = await cluster.worker()
+    yield parts.reads, await cluster.status("/m/t.bin")
+
+
+async def test_the_data_port_sends_the_asked_range_and_counts_it(reads: tuple[BlockReads, pb.FileInfo]) -> None:
+    block_reads, info = reads
+    server = DataServer(block_reads, CREDENTIALS, asyncio.get_running_loop(), DataPortSettings())
+    port = server.start("127.0.0.1", 0)
+    try:
+        address = ("127.0.0.1", port)
+        reply, body, _ = await exchange(socket.AF_INET, address, request_line(
+            CREDENTIALS.data, ref_for(info, 1), 0, offset=100, length=500))
+        assert (reply["ok"], reply["length"], reply["hit"], body) == (True, 500, False, DATA[BLOCK + 100:BLOCK + 600])
+        reply, body, _ = await exchange(socket.AF_INET, address, request_line(CREDENTIALS.data, ref_for(info, 0), 0))
+        assert reply["hit"] is False and body == DATA[:BLOCK]
+        assert block_reads.counters.data_port_reads == 2
+        # Errors travel as their gRPC status names, the token is checked first.
+        reply, _, _ = await exchange(socket.AF_INET, address, request_line("wrong", ref_for(info, 0), 0))
+        assert reply["code"] == "UNAUTHENTICATED"
+        reply, _, _ = await exchange(socket.AF_INET, address, request_line(
+            CREDENTIALS.data, ref_for(info, 0), 0, offset=BLOCK + 1))
+        assert reply["code"] == "INVALID_ARGUMENT" and "past the end" in reply["message"]
+    finally:
+        server.stop()
+
+
+async def test_the_short_circuit_socket_hands_out_the_block_file_with_its_checksums(
+        reads: tuple[BlockReads, pb.FileInfo], tmp_path: Path) -> None:
+    block_reads, info = reads
+    server = ShortCircuitServer(block_reads, tmp_path / "sc" / "w1.sock", CREDENTIALS, asyncio.get_running_loop(),
+                                DataPortSettings())
+    server.start()
+    try:
+        reply, _, fds = await exchange(socket.AF_UNIX, str(server.socket_path),
+                                       request_line(CREDENTIALS.data, ref_for(info, 0), 0, verify=1))
+        [fd] = fds
+        try:
+            assert reply["length"] == BLOCK and os.pread(fd, BLOCK + 1, 0) == DATA[:BLOCK]
+            assert len(reply["checksums"]) * reply["chunk_size"] >= BLOCK
+        finally:
+            os.close(fd)
+        c = block_reads.counters
+        assert (c.short_circuit_reads, c.short_circuit_rechecks) == (1, 1)
+    finally:
+        server.stop()
+    assert not server.socket_path.exists()
