@@ -12,7 +12,9 @@ the kernel and new ones wait. A new `strata fuse` with the same mount point conn
 keeper's socket, receives the descriptor (SCM_RIGHTS), replays the node table (nodes.py),
 asks the kernel to queue the unanswered requests again and serves them: readers see a stall,
 not an error. If no successor comes within the resume timeout, the keeper aborts the
-connection (waiting readers get ENOTCONN, never a hang without end) and unmounts.
+connection (waiting readers get ENOTCONN, never a hang without end) and unmounts. If the
+mount point is unmounted while no server holds it (taken for a dead mount), the keeper ends
+the connection at once, and the next `strata fuse` mounts anew.
 
 Everything a successor needs is in the mount's state folder, found from the mount point alone:
 `$STRATA_FUSE_STATE_DIR/<hash of the mount point>/` (default /run/strata/fuse as root) holds
@@ -65,6 +67,8 @@ JOURNAL = "nodes.journal"
 # Seconds a server waits for the keeper's answer.
 ATTACH_TIMEOUT = 10.0
 MAX_MESSAGE = 65536
+# Seconds between the keeper's looks at the mount point while no server holds it.
+WATCH_INTERVAL = 1.0
 
 
 def state_root() -> Path:
@@ -137,6 +141,9 @@ def attach(state: Path, resume_timeout: float) -> Attachment | None:
         sock.close()
         raise Unavailable(f"the keeper of the mount at {state} did not answer: {exc}") from exc
     reply = json.loads(message or b"{}")
+    if reply.get("gone"):  # the mount point was unmounted meanwhile: mount anew
+        sock.close()
+        return None
     if "error" in reply or not fds:
         sock.close()
         for fd in fds:
@@ -187,49 +194,76 @@ class Keeper:
 
     def run(self) -> None:
         entry = find_mount(self.mountpoint)
-        self.device = entry.device if entry is not None else ""
+        if entry is None:
+            log.error("strata fuse keeper: nothing is mounted at %s", self.mountpoint)
+            return
+        self.device = entry.device
         poller = select.poll()
         poller.register(self.fd, 0)  # only POLLERR: the connection ended (unmounted or aborted)
         poller.register(self.listener, select.POLLIN)
         while True:
             timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+            if self.server is None:  # watch the mount point meanwhile (see _unmounted)
+                timeout = min(timeout if timeout is not None else WATCH_INTERVAL, WATCH_INTERVAL)
             events = poller.poll(None if timeout is None else int(timeout * 1000) + 1)
             for fd, event in events:
                 if fd == self.fd:
                     log.info("strata fuse keeper: the mount at %s ended", self.mountpoint)
                     return
-                if fd == self.listener.fileno():
-                    self._accept(poller)
-                elif self.server is not None and fd == self.server.fileno():
+                if fd == self.listener.fileno() and not self._accept(poller):
+                    return
+                if self.server is not None and fd == self.server.fileno():
                     self._from_server(poller)
+            if self.server is None and self._unmounted():
+                return
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 self._give_up()
                 return
 
-    def _accept(self, poller: select.poll) -> None:
+    def _unmounted(self) -> bool:
+        """True (and the connection ended) if the mount point no longer shows this connection:
+        someone unmounted it while no server held it (a dead mount point taken for stale), and
+        the next `strata fuse` must mount anew, not resume a connection nobody sees."""
+        entry = find_mount(self.mountpoint)
+        if entry is not None and entry.device == self.device:
+            return False
+        log.warning("strata fuse keeper: %s was unmounted while no server held it; ending its connection",
+                    self.mountpoint)
+        if self.device:
+            kernel.abort(self.device)
+        return True
+
+    def _accept(self, poller: select.poll) -> bool:
+        """Hand the descriptor to a new server; False if the mount is gone (the keeper ends)."""
         conn, _ = self.listener.accept()
         conn.settimeout(ATTACH_TIMEOUT)
         try:
             hello = json.loads(conn.recv(MAX_MESSAGE) or b"{}")
+            if self.server is None and self._unmounted():
+                conn.sendall(json.dumps({"gone": True}).encode())
+                conn.close()
+                return False
             if self.server is not None:
                 conn.sendall(json.dumps({"error": f"{self.mountpoint} is already a Strata mount, served by pid "
                                                   f"{self.server_pid}; unmount it first: fusermount3 -u "
                                                   f"{self.mountpoint}"}).encode())
                 conn.close()
-                return
+                return True
             socket.send_fds(conn, [json.dumps({"ok": True}).encode()], [self.fd])
         except (OSError, ValueError) as exc:
             log.warning("strata fuse keeper: a server's request failed: %s", exc)
             conn.close()
-            return
+            return True
         conn.settimeout(None)
         self.server, self.server_pid = conn, int(hello.get("pid", 0))
         self.resume_timeout = float(hello.get("resume_timeout", self.resume_timeout))
         self.deadline = None
         self.stopping = False
         poller.register(conn, select.POLLIN)
-        write_json(self.state / KEEPER, {"keeper_pid": os.getpid(), "server_pid": self.server_pid})
+        write_json(self.state / KEEPER, {"keeper_pid": os.getpid(), "server_pid": self.server_pid,
+                                         "device": self.device})
         log.info("strata fuse keeper: pid %d serves %s", self.server_pid, self.mountpoint)
+        return True
 
     def _from_server(self, poller: select.poll) -> None:
         assert self.server is not None
