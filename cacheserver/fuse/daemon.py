@@ -179,9 +179,17 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         session = Session(attachment.fd, ops, nodes, on_init=remember_init)
         threading.Thread(target=_stop_on_signal, args=(ops, mountpoint, attachment), name="strata-fuse-signals",
                          daemon=True).start()
+        if resumed and not session.resume():
+            # Requests the dead process read would never be answered: end the mount instead.
+            entry = find_mount(mountpoint)
+            if entry is not None:
+                kernel.abort(entry.device)
+            unmount(mountpoint, lazy=True)
+            raise FailedPrecondition(
+                f"this kernel cannot hand the requests in flight of a dead server to a new one (Linux 6.9+ can); "
+                f"the kept mount at {mountpoint} was ended: run strata fuse again to mount anew")
         session.start()
         if resumed:
-            session.resume()
             log.info("strata fuse: took over %s (%s at %s, %d nodes known to the kernel; requests in flight "
                      "are answered again)", mountpoint, root, fs.client.master_address, len(nodes))
         threading.Thread(target=raise_readahead, args=(mountpoint,), name="strata-fuse-readahead",

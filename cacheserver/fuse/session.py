@@ -106,13 +106,15 @@ class Session:
             thread.start()
             self._threads.append(thread)
 
-    def resume(self) -> None:
-        """Have the kernel queue again the requests a previous process read and did not answer."""
+    def resume(self) -> bool:
+        """Have the kernel queue again the requests a previous process read and did not answer;
+        False if it cannot (Linux before 6.9)."""
         try:
             os.write(self.fd, wire.resend_notification())
         except OSError as exc:
-            log.warning("strata fuse: the kernel did not resend requests in flight (%s; needs Linux 6.9+): "
-                        "they wait until the mount ends", exc)
+            log.error("strata fuse: the kernel cannot resend requests in flight: %s", exc)
+            return False
+        return True
 
     def wait(self) -> None:
         """Until the connection ends (the mount was unmounted or aborted)."""
