@@ -279,7 +279,11 @@ class Keeper:
         self.server.close()
         self.server = None
         if self.stopping:
-            log.info("strata fuse keeper: pid %d stopped; waiting for the mount to end", self.server_pid)
+            # Unmounted on purpose: nobody resumes it. Files still open through a lazily detached
+            # mount would wait for answers that never come: end the connection.
+            log.info("strata fuse keeper: pid %d stopped serving %s", self.server_pid, self.mountpoint)
+            if self.device:
+                kernel.abort(self.device)
             return
         self.deadline = time.monotonic() + self.resume_timeout
         log.warning("strata fuse keeper: pid %d serving %s ended; readers wait up to %.0fs for a new `strata fuse %s`",
