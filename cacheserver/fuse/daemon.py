@@ -189,6 +189,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
                 f"this kernel cannot hand the requests in flight of a dead server to a new one (Linux 6.9+ can); "
                 f"the kept mount at {mountpoint} was ended: run strata fuse again to mount anew")
         session.start()
+        attachment.serving()
         if resumed:
             log.info("strata fuse: took over %s (%s at %s, %d nodes known to the kernel; requests in flight "
                      "are answered again)", mountpoint, root, fs.client.master_address, len(nodes))

@@ -26,8 +26,9 @@ same way, given the same state folder.
 Protocol on `keeper.sock`: a server sends one JSON line `{"pid": P, "resume_timeout": S}`; the
 keeper answers `{"ok": true}` with the descriptor attached, or `{"error": "..."}` when a live
 server still holds the mount. The server keeps the connection open while it serves: its end
-(EOF) is how the keeper learns the server is gone. A server stopping cleanly first sends
-`stop`: the mount is being unmounted and nobody needs to wait for a successor.
+(EOF) is how the keeper learns the server is gone. Once it serves, it sends `serving` (a
+server that ends before that does not extend the readers' deadline); a server stopping
+cleanly first sends `stop`: the mount is being unmounted and nobody waits for a successor.
 """
 
 from __future__ import annotations
@@ -114,12 +115,19 @@ class Attachment:
     sock: socket.socket
     fd: int
 
-    def stop(self) -> None:
-        """Tell the keeper the mount is being unmounted on purpose."""
+    def _send(self, message: bytes) -> None:
         try:
-            self.sock.sendall(b"stop\n")
+            self.sock.sendall(message + b"\n")
         except OSError:
             pass
+
+    def serving(self) -> None:
+        """Tell the keeper this process serves the mount now."""
+        self._send(b"serving")
+
+    def stop(self) -> None:
+        """Tell the keeper the mount is being unmounted on purpose."""
+        self._send(b"stop")
 
 
 def attach(state: Path, resume_timeout: float) -> Attachment | None:
@@ -182,6 +190,7 @@ class Keeper:
         self.server_pid = 0
         self.stopping = False
         self.deadline: float | None = time.monotonic() + resume_timeout  # until the first server attaches
+        self.pending_deadline: float | None = None
         self.device = ""
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 
@@ -257,6 +266,9 @@ class Keeper:
         conn.settimeout(None)
         self.server, self.server_pid = conn, int(hello.get("pid", 0))
         self.resume_timeout = float(hello.get("resume_timeout", self.resume_timeout))
+        # Until the new server says it serves, the readers' deadline stands: a successor that
+        # fails at start (again and again, in a crash loop) never makes them wait longer.
+        self.pending_deadline = self.deadline
         self.deadline = None
         self.stopping = False
         poller.register(conn, select.POLLIN)
@@ -272,6 +284,8 @@ class Keeper:
         except OSError:
             data = b""
         if data:
+            if b"serving" in data:
+                self.pending_deadline = None
             if b"stop" in data:
                 self.stopping = True
             return
@@ -285,9 +299,9 @@ class Keeper:
             if self.device:
                 kernel.abort(self.device)
             return
-        self.deadline = time.monotonic() + self.resume_timeout
+        self.deadline = self.pending_deadline or time.monotonic() + self.resume_timeout
         log.warning("strata fuse keeper: pid %d serving %s ended; readers wait up to %.0fs for a new `strata fuse %s`",
-                    self.server_pid, self.mountpoint, self.resume_timeout, self.mountpoint)
+                    self.server_pid, self.mountpoint, self.deadline - time.monotonic(), self.mountpoint)
 
     def _give_up(self) -> None:
         log.error("strata fuse keeper: no server took over %s within %.0fs; ending the mount (readers get an error)",

@@ -215,7 +215,7 @@ class Session:
         flags, _, fh = wire.GETATTR_IN.unpack_from(body)
         fi = FileInfo(fh=fh) if flags & wire.GETATTR_FH else None
         path = self.nodes.path(header.nodeid)
-        if path is None and fi is None:
+        if path is None and (fi is None or not self.ops.has_handle(fi.fh)):
             path = self._path(header)  # raises
         return [wire.attr_out(attr_of(self.ops.getattr(path or "/", fi)), self.timeout)]
 
@@ -224,6 +224,8 @@ class Session:
          _) = wire.SETATTR_IN.unpack_from(body)
         path = self._path(header)
         fi = FileInfo(fh=fh) if valid & wire.FATTR_FH else None
+        if fi is not None and StrataOperations.is_write_handle(fh) and not self.ops.has_handle(fh):
+            raise FuseError(errno.EIO)  # ftruncate of a file whose buffered bytes died with the last process
         if valid & wire.FATTR_MODE:
             self.ops.chmod(path, mode)
         if valid & (wire.FATTR_UID | wire.FATTR_GID):

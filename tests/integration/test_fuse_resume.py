@@ -179,6 +179,9 @@ def test_readers_of_a_mount_nobody_takes_over_get_an_error_after_the_resume_time
     wait_until(lambda: reader.tally()["passes"] >= 1, 60, "the reader to read the file")
     os.kill(fuse.process.pid, signal.SIGKILL)
     fuse.wait()
+    # A successor with other options is refused, and says how to resume.
+    other = mount_fuse(cluster, "--root", "/b", wait=False)
+    assert other.wait() == 1 and "resume it with the same options" in other.output()
     try:
         reader.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
