@@ -96,11 +96,12 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 def cmd_fuse(args: argparse.Namespace) -> int:
     from .fuse.daemon import FuseOptions, run_fuse
+    from .fuse.keeper import resume_timeout_default
 
     options = FuseOptions(
         mountpoint=Path(args.mountpoint), root=args.root, read_only=args.read_only, allow_other=args.allow_other,
         write_type=args.write_type or "", attr_timeout=args.attr_timeout, readahead=args.readahead,
-        spool_dir=args.spool_dir,
+        spool_dir=args.spool_dir, resume_timeout=resume_timeout_default() if args.resume_timeout is None else args.resume_timeout,
     )
     return run_fuse(options, master=args.master, token=args.token)
 
@@ -400,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readahead", type=int, default=None, metavar="BLOCKS",
                    help="blocks fetched ahead of sequential readers (default: the cluster's cachePolicy.readaheadBlocks)")
     p.add_argument("--spool-dir", default=None, help="where files being written are buffered (default: the temp dir)")
+    p.add_argument("--resume-timeout", type=float, default=None, metavar="SECONDS",
+                   help="if this process dies, how long readers wait for `strata fuse` to be run again on the "
+                   "mount point before they get an error and the mount ends (default: STRATA_FUSE_RESUME_TIMEOUT "
+                   "or 60)")
 
     p = add(sub, "csi", cmd_csi, "run the CSI plugin (identity, node and controller services) of driver csi.strata.dev")
     p.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", "unix:///csi/csi.sock"),

@@ -278,7 +278,7 @@ class Publisher:
         state = mount_state(target)
         if state is MountState.LIVE and self._alive(record.pid, target):
             return
-        if not os.path.isdir(target) and state is MountState.ABSENT:
+        if state is MountState.ABSENT and not os.path.isdir(target):  # (a stat of a kept mount waits for its server)
             log.info("forgetting %s: its target %s is gone", record.volume_id, target)
             self._forget(target)
             return

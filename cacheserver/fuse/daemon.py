@@ -1,12 +1,14 @@
 """`strata fuse MOUNTPOINT`: mount the namespace (or a subtree) and serve it until unmounted.
 
-- Multi-threaded libfuse3 session (mfusepy), reads and writes of up to 1 MiB per request. The
-  kernel reads ahead by at most the mount's `read_ahead_kb` (128 KiB, whatever the file system
-  asks for), so once mounted it is raised to 1 MiB through sysfs where this process may write
-  there (root, a privileged container): sequential reads then come as 1 MiB requests.
-- A stale mount point left by a crashed process (ENOTCONN) is lazily unmounted first; with
-  fusermount3 available the mount also uses `auto_unmount`, so a killed process's mount point
-  disappears by itself.
+- Strata speaks the FUSE protocol itself (session.py, wire.py): several threads answer the
+  kernel's requests, reads and writes of up to 1 MiB each. The kernel reads ahead by at most
+  the mount's `read_ahead_kb` (128 KiB, whatever the file system asks for), so once mounted it
+  is raised to 1 MiB through sysfs where this process may write there (root, a privileged
+  container): sequential reads then come as 1 MiB requests.
+- The mount outlives this process (keeper.py): a keeper process holds the connection, and if
+  this process dies, `strata fuse` run again with the same mount point takes it over; readers
+  wait meanwhile (up to --resume-timeout, then they get an error and the mount ends).
+- A stale mount point (ENOTCONN: its server and keeper are both gone) is lazily unmounted first.
 - SIGTERM, SIGINT or SIGHUP: changed open files are written, then the mount point is unmounted
   (lazily if it is busy) and the process exits 0. The signals are blocked in every thread and
   taken by one thread with sigwait, so whichever thread the kernel picks, the same clean path runs.
@@ -19,25 +21,30 @@ import os
 import shutil
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import mfusepy
 
 from ..client.fs import StrataFileSystem
 from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, StrataError, Unavailable
 from ..namespace.paths import normalize
 from ..proto import strata_pb2 as pb
+from . import kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
+from .nodes import NodeTable
 from .operations import MAX_IO, FuseSettings, StrataOperations, attr_timeout_for
+from .session import Session
+from .wire import InitReply
 
 log = logging.getLogger("strata.fuse")
 
-FSTYPE = "fuse.strata"
+FSTYPE = kernel.FSTYPE
 SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 # Seconds the readahead setter waits for the mount to come up.
 MOUNT_TIMEOUT = 60.0
+# Seconds between checks for the last open file after a clean stop.
+STOP_POLL = 0.1
 BDI = Path("/sys/class/bdi")
 
 
@@ -51,6 +58,7 @@ class FuseOptions:
     attr_timeout: float | None = None  # None: from the Strata mounts' metadata sync intervals
     readahead: int | None = None     # blocks fetched ahead of a sequential reader; None: the cluster's policy
     spool_dir: str | None = None     # where files being written are buffered
+    resume_timeout: float = keeper.DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
 
 
 def prepare_mountpoint(mountpoint: Path) -> Path:
@@ -71,23 +79,6 @@ def prepare_mountpoint(mountpoint: Path) -> Path:
     return path
 
 
-def mount_options(root: str, options: FuseOptions) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "foreground": True,
-        "fsname": "strata:" + root.replace("\\", "\\\\").replace(",", "\\,"),
-        "subtype": "strata",
-        "max_read": MAX_IO,
-        "use_ino": True,  # inode numbers from the namespace paths (stable across remounts)
-    }
-    if options.read_only:
-        result["ro"] = True
-    if options.allow_other:
-        result["allow_other"] = True
-    if shutil.which("fusermount3"):
-        result["auto_unmount"] = True
-    return result
-
-
 def raise_readahead(mountpoint: Path, timeout: float = MOUNT_TIMEOUT) -> None:
     """Let the kernel read ahead MAX_IO at a time on the mount at `mountpoint` (see the module
     docstring); worker-cached files the page cache does not hold read about a third faster.
@@ -99,24 +90,68 @@ def raise_readahead(mountpoint: Path, timeout: float = MOUNT_TIMEOUT) -> None:
         log.info("strata fuse: kernel readahead of %s left at its default: %s", mountpoint, exc)
 
 
-def _stop_on_signal(ops: StrataOperations, mountpoint: Path) -> None:
+def _stop_on_signal(ops: StrataOperations, mountpoint: Path, attachment: keeper.Attachment) -> None:
     sig = signal.sigwait(SIGNALS)
     log.info("strata fuse: %s: writing open files and unmounting %s", signal.Signals(sig).name, mountpoint)
     ops.commit_all()
+    attachment.stop()
+    entry = find_mount(mountpoint)
     try:
         unmount_gracefully(mountpoint)
     except StrataError as exc:
         log.error("strata fuse: %s; exiting anyway", exc)
         os._exit(1)
+    # Mount namespaces made while the mount existed (containers started meanwhile) may hold
+    # copies of it that keep the connection open after the unmount here: end it once the files
+    # open through it are closed (a busy mount was detached lazily, and its readers finish).
+    while ops.open_files():
+        time.sleep(STOP_POLL)
+    if entry is not None:
+        kernel.abort(entry.device)
+
+
+def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> keeper.Attachment:
+    """Mount anew, start the mount's keeper and attach to it."""
+    prepare_mountpoint(mountpoint)
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True, mode=0o700)
+    keeper.write_json(state / keeper.SESSION, {"mountpoint": str(mountpoint), "root": root,
+                                               "read_only": options.read_only})
+    fd = kernel.mount(kernel.MountRequest(mountpoint=mountpoint, source="strata:" + root, read_only=options.read_only,
+                                          allow_other=options.allow_other, max_read=MAX_IO))
+    try:
+        keeper.start(fd, state, mountpoint, options.resume_timeout)
+        attachment = keeper.attach(state, options.resume_timeout)
+    except BaseException:
+        os.close(fd)
+        unmount(mountpoint, lazy=True)
+        raise
+    os.close(fd)  # the keeper's copy is the same connection
+    if attachment is None:
+        unmount(mountpoint, lazy=True)
+        raise Unavailable(f"the keeper of {mountpoint} ended at once; see the messages above")
+    return attachment
 
 
 def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | None = None) -> int:
-    """Mount and serve until unmounted (by a signal, `fusermount3 -u`, or umount)."""
+    """Mount (or take over the mount kept at the mount point) and serve until unmounted (by a
+    signal, `fusermount3 -u`, or umount)."""
     # Before any thread exists, so every thread inherits the mask (see the module docstring).
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    mountpoint = prepare_mountpoint(options.mountpoint)
+    mountpoint = options.mountpoint.absolute()
     root = normalize(options.root, what="--root")
+    state = keeper.state_dir(mountpoint)
     write_type = pb.WriteType.Value(options.write_type) if options.write_type else pb.WRITE_TYPE_UNSPECIFIED
+    # A mount kept for a successor: take it over (AlreadyExists if a live server holds it).
+    attachment = keeper.attach(state, options.resume_timeout)
+    if attachment is not None:
+        kept = keeper.read_json(state / keeper.SESSION)
+        if (kept.get("root"), kept.get("read_only")) != (root, options.read_only):
+            attachment.sock.close()
+            raise InvalidArgument(
+                f"{mountpoint} is kept mounted with --root {kept.get('root')}"
+                f"{' --read-only' if kept.get('read_only') else ''}; resume it with the same options, "
+                f"or unmount it first: fusermount3 -u {mountpoint}")
     fs = StrataFileSystem(master=master, token=token, readahead=options.readahead, skip_instance_cache=True)
     try:
         info = fs.client.stat(root)  # the master answers, the token is right, the root exists
@@ -128,17 +163,42 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         settings = FuseSettings(root=root, read_only=options.read_only, write_type=write_type,
                                 attr_timeout=timeout, spool_dir=options.spool_dir)
         ops = StrataOperations(fs, settings)
-        threading.Thread(target=_stop_on_signal, args=(ops, mountpoint), name="strata-fuse-signals",
+        resumed = attachment is not None
+        if attachment is None:
+            log.info("strata fuse: mounting %s at %s (master %s)", root, mountpoint, fs.client.master_address)
+            attachment = _mount(mountpoint, root, options, state)
+        nodes = NodeTable("/", state / keeper.JOURNAL)
+
+        def remember_init(reply: InitReply) -> None:
+            try:
+                kept = keeper.read_json(state / keeper.SESSION)
+                keeper.write_json(state / keeper.SESSION, {**kept, "init": reply.__dict__})
+            except OSError as exc:
+                log.warning("strata fuse: could not record the session in %s: %s", state, exc)
+
+        session = Session(attachment.fd, ops, nodes, on_init=remember_init)
+        threading.Thread(target=_stop_on_signal, args=(ops, mountpoint, attachment), name="strata-fuse-signals",
                          daemon=True).start()
+        if resumed and not session.resume():
+            # Requests the dead process read would never be answered: end the mount instead.
+            entry = find_mount(mountpoint)
+            if entry is not None:
+                kernel.abort(entry.device)
+            unmount(mountpoint, lazy=True)
+            raise FailedPrecondition(
+                f"this kernel cannot hand the requests in flight of a dead server to a new one (Linux 6.9+ can); "
+                f"the kept mount at {mountpoint} was ended: run strata fuse again to mount anew")
+        session.start()
+        attachment.serving()
+        if resumed:
+            log.info("strata fuse: took over %s (%s at %s, %d nodes known to the kernel; requests in flight "
+                     "are answered again)", mountpoint, root, fs.client.master_address, len(nodes))
         threading.Thread(target=raise_readahead, args=(mountpoint,), name="strata-fuse-readahead",
                          daemon=True).start()
-        log.info("strata fuse: mounting %s at %s (master %s)", root, mountpoint, fs.client.master_address)
-        try:
-            mfusepy.FUSE(ops, str(mountpoint), raw_fi=True, **mount_options(root, options))
-        except RuntimeError as exc:
-            raise FailedPrecondition(
-                f"mounting {mountpoint} failed (libfuse: {exc}); see the messages above. Is /dev/fuse "
-                "usable here (a privileged container) and fuse3 installed?") from exc
+        session.wait()
+        ops.commit_all()
+        attachment.stop()
+        nodes.close()
         log.info("strata fuse: %s unmounted", mountpoint)
     finally:
         fs.client.close()

@@ -73,7 +73,7 @@ class WriteHandle:
                 os.pwrite(self._fd, data, self.size)
                 self.size += len(data)
 
-    def write(self, data: bytes, offset: int) -> int:
+    def write(self, data: bytes | memoryview, offset: int) -> int:
         with self._lock:
             written = os.pwrite(self._fd, data, offset)
             self.size = max(self.size, offset + written)

@@ -1,5 +1,5 @@
-"""The Strata namespace (or one subtree of it) as a POSIX file system: the callbacks libfuse3
-calls (through mfusepy), answered with the client library.
+"""The Strata namespace (or one subtree of it) as a POSIX file system: the operations the FUSE
+session (session.py) calls by path, answered with the client library.
 
 - Metadata: the kernel keeps attributes and directory entries for `attr_timeout` seconds
   (see `attr_timeout_for`); this process keeps what a listing returned for as long, so
@@ -19,6 +19,9 @@ calls (through mfusepy), answered with the client library.
   and change nothing: modes and owners come from the store.
 - Inode numbers are derived from the namespace path: the same file has the same number on
   every mount (tools that key on st_ino, such as find and tar, see one file across remounts).
+- File handles are numbered from the time the process started, with the lowest bit set for
+  files open for writing: a successor process (see keeper.py) tells the handles of its
+  predecessor from its own, and reads from writes.
 - `user.strata.locations` lists the hosts holding each block (see locations.py).
 - A read-only mount (`--read-only`, or a Strata mount with readOnly) refuses changes with EROFS.
 """
@@ -38,8 +41,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import mfusepy
 
 from ..client.fs import StrataFileSystem
 from ..constants import XATTR_LOCATIONS
@@ -62,8 +63,7 @@ from .locations import format_locations
 
 log = logging.getLogger("strata.fuse")
 
-# Largest read and write request the kernel sends (and the readahead it may do): 1 MiB, the
-# most libfuse3 buffers per request.
+# Largest read and write request the kernel sends (and the readahead it may do): 1 MiB.
 MAX_IO = 1024 * 1024
 # Metadata is reused at most this long, whatever the mounts' sync intervals say: changes made
 # through other Strata clients show up in the master at once, but not in this kernel's cache.
@@ -76,7 +76,7 @@ STATFS_TTL = 5.0
 REMEMBERED = 100_000
 STATFS_BLOCK = 4096
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
-# utimensat's "now" and "leave as is", as libfuse hands them over (seconds 0, these nanoseconds).
+# utimensat's "now" and "leave as is" (seconds 0, these nanoseconds), as utimens gets them.
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 
@@ -91,6 +91,13 @@ _ERRNO = {
     DataLoss: errno.EIO,
     FailedPrecondition: errno.EIO,
 }
+
+
+class FuseError(OSError):
+    """Fail the current request with this errno."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code, os.strerror(code))
 
 
 def inode_of(ns: str) -> int:
@@ -136,22 +143,22 @@ def _errors(fn: F) -> F:
     def wrapper(self: StrataOperations, *args: Any) -> Any:
         try:
             return fn(self, *args)
-        except mfusepy.FuseOSError:
+        except FuseError:
             raise
         except StrataError as exc:
             code = errno_of(exc)
             (log.debug if code == errno.ENOENT else log.warning)("%s%r: %s", fn.__name__, args[:1], exc)
-            raise mfusepy.FuseOSError(code) from exc
+            raise FuseError(code) from exc
         except IsADirectoryError as exc:
-            raise mfusepy.FuseOSError(errno.EISDIR) from exc
+            raise FuseError(errno.EISDIR) from exc
         except OSError as exc:
             if exc.errno:
                 raise
             log.exception("%s%r failed", fn.__name__, args[:1])
-            raise mfusepy.FuseOSError(errno.EIO) from exc
+            raise FuseError(errno.EIO) from exc
         except Exception as exc:
             log.exception("%s%r failed", fn.__name__, args[:1])
-            raise mfusepy.FuseOSError(errno.EIO) from exc
+            raise FuseError(errno.EIO) from exc
 
     return wrapper  # type: ignore[return-value]
 
@@ -189,8 +196,8 @@ class _AttrCache:
                 del self._entries[key]
 
 
-class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
-    use_ns = True  # times in nanoseconds
+class StrataOperations:
+    """Paths are below the mount point ("/" is the mount's root); times are in nanoseconds."""
 
     def __init__(self, fs: StrataFileSystem, settings: FuseSettings) -> None:
         self.fs = fs
@@ -199,7 +206,8 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         self.root = settings.root
         self._attrs = _AttrCache(settings.attr_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
-        self._ids = itertools.count(1)
+        # Handle numbers of this process start above any its predecessor used (one per microsecond at most).
+        self._ids = itertools.count(time.time_ns() // 1000)
         self._versions: OrderedDict[str, str] = OrderedDict()
         self._new_dirs: set[str] = set()  # made by mkdir, not (yet) known to the master
         self._lock = threading.Lock()
@@ -242,20 +250,40 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
 
     def _add(self, handle: ReadHandle | WriteHandle) -> int:
         with self._lock:
-            fh = next(self._ids)
+            fh = next(self._ids) << 1 | isinstance(handle, WriteHandle)
             self._handles[fh] = handle
             return fh
+
+    @staticmethod
+    def is_write_handle(fh: int) -> bool:
+        return bool(fh & 1)
+
+    def open_files(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    def has_handle(self, fh: int) -> bool:
+        return fh in self._handles
+
+    @_errors
+    def reopen(self, path: str, fh: int) -> None:
+        """Open `path` for reading as handle `fh` (one a predecessor process opened)."""
+        handle = ReadHandle(self.fs.open(self._ns(path), "rb"))
+        with self._lock:
+            old = self._handles.setdefault(fh, handle)
+        if old is not handle:  # another thread was first
+            handle.close()
 
     def _handle(self, fi: Any) -> ReadHandle | WriteHandle:
         handle = self._handles.get(fi.fh)
         if handle is None:
-            raise mfusepy.FuseOSError(errno.EBADF)
+            raise FuseError(errno.EBADF)
         return handle
 
     def _check_writable(self, ns: str) -> None:
         """EROFS unless a file may be written at `ns` (checked on the closest existing parent)."""
         if self.settings.read_only:
-            raise mfusepy.FuseOSError(errno.EROFS)
+            raise FuseError(errno.EROFS)
         path = ns
         while True:
             try:
@@ -266,7 +294,7 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
                 path = parent(path)
                 continue
             if info.read_only:
-                raise mfusepy.FuseOSError(errno.EROFS)
+                raise FuseError(errno.EROFS)
             return
 
     def _upload(self, ns: str, chunks: Iterator[bytes]) -> pb.FileInfo:
@@ -301,27 +329,6 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
             except StrataError as exc:
                 log.error("could not write %s: %s", writer.path, exc)
 
-    # -- lifecycle -------------------------------------------------------------------------------
-
-    def init_with_config(self, conn: Any, config: Any) -> None:
-        if config is not None:
-            timeout = self.settings.attr_timeout
-            config.entry_timeout = timeout
-            config.attr_timeout = timeout
-            config.negative_timeout = 0.0  # a file created elsewhere shows up at once
-            config.hard_remove = 1         # unlink of an open file: no .fuse_hidden renames in the store
-            config.kernel_cache = 0        # page cache kept per open, by version (see open)
-            config.auto_cache = 0
-        if conn is not None:
-            conn.max_write = MAX_IO
-            conn.max_read = MAX_IO  # must equal the max_read mount option
-            conn.max_readahead = MAX_IO
-        log.info("strata fuse: %s ready (metadata timeout %.1fs%s)", self.root, self.settings.attr_timeout,
-                 ", read-only" if self.settings.read_only else "")
-
-    def destroy(self, path: str) -> None:
-        self.commit_all()
-
     # -- metadata --------------------------------------------------------------------------------
 
     @_errors
@@ -351,7 +358,7 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
                 raise
             entries = []
         if len(entries) == 1 and entries[0].path == ns and not entries[0].is_dir:
-            raise mfusepy.FuseOSError(errno.ENOTDIR)
+            raise FuseError(errno.ENOTDIR)
         names: dict[str, int] = {}
         for entry in entries:
             self._attrs.put(entry)
@@ -396,18 +403,18 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         ns = self._ns(path)
         if name != XATTR_LOCATIONS:
-            raise mfusepy.FuseOSError(ENOATTR)
+            raise FuseError(ENOATTR)
         if self._writers(ns):
             return b""  # not written to the cache yet
         if self._info(ns).is_dir:
-            raise mfusepy.FuseOSError(ENOATTR)
+            raise FuseError(ENOATTR)
         return format_locations(self.client.block_locations(ns).blocks).encode()
 
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
-        raise mfusepy.FuseOSError(errno.ENOTSUP)
+        raise FuseError(errno.ENOTSUP)
 
     def removexattr(self, path: str, name: str) -> int:
-        raise mfusepy.FuseOSError(errno.ENOTSUP)
+        raise FuseError(errno.ENOTSUP)
 
     def chmod(self, path: str, mode: int) -> int:
         return 0
@@ -483,10 +490,10 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         return self._handle(fi).read(size, offset)
 
     @_errors
-    def write(self, path: str, data: bytes, offset: int, fi: Any) -> int:
+    def write(self, path: str, data: bytes | memoryview, offset: int, fi: Any) -> int:
         handle = self._handle(fi)
         if not isinstance(handle, WriteHandle):
-            raise mfusepy.FuseOSError(errno.EBADF)
+            raise FuseError(errno.EBADF)
         return handle.write(data, offset)
 
     @_errors
@@ -516,7 +523,7 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
                 handle.commit(self._upload)
             except StrataError as exc:
                 log.error("could not write %s: %s", handle.path, exc)
-                raise mfusepy.FuseOSError(errno_of(exc) if isinstance(exc, ResourceExhausted) else errno.EIO) from exc
+                raise FuseError(errno_of(exc) if isinstance(exc, ResourceExhausted) else errno.EIO) from exc
         return 0
 
     @_errors
@@ -575,10 +582,10 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         except NotFound:
             with self._lock:
                 if ns in self._new_dirs:
-                    raise mfusepy.FuseOSError(errno.EEXIST) from None
+                    raise FuseError(errno.EEXIST) from None
                 self._new_dirs.add(ns)
             return 0
-        raise mfusepy.FuseOSError(errno.EEXIST)
+        raise FuseError(errno.EEXIST)
 
     def _children(self, ns: str) -> bool:
         """True if this process holds something below `ns` the master does not know yet."""
@@ -591,16 +598,16 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         ns = self._ns(path)
         self._check_writable(ns)
         if self._children(ns):
-            raise mfusepy.FuseOSError(errno.ENOTEMPTY)
+            raise FuseError(errno.ENOTEMPTY)
         try:
             if self.client.ls(ns):
-                raise mfusepy.FuseOSError(errno.ENOTEMPTY)
+                raise FuseError(errno.ENOTEMPTY)
             self.client.rm(ns)
         except NotFound:
             if ns not in self._new_dirs:
                 raise
         except FailedPrecondition as exc:  # not empty after all (a race with another client)
-            raise mfusepy.FuseOSError(errno.ENOTEMPTY) from exc
+            raise FuseError(errno.ENOTEMPTY) from exc
         finally:
             with self._lock:
                 self._new_dirs.discard(ns)
@@ -642,10 +649,10 @@ class StrataOperations(mfusepy.Operations):  # type: ignore[misc]
         except AlreadyExists:
             source, target = self.client.stat(src), self.client.stat(dst)
             if target.is_dir and not source.is_dir:
-                raise mfusepy.FuseOSError(errno.EISDIR) from None
+                raise FuseError(errno.EISDIR) from None
             if source.is_dir and not target.is_dir:
-                raise mfusepy.FuseOSError(errno.ENOTDIR) from None
+                raise FuseError(errno.ENOTDIR) from None
             if target.is_dir and self.client.ls(dst):
-                raise mfusepy.FuseOSError(errno.ENOTEMPTY) from None
+                raise FuseError(errno.ENOTEMPTY) from None
         self.client.rm(dst)
         self.client.mv(src, dst)

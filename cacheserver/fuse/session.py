@@ -1,0 +1,418 @@
+"""A FUSE session: read the kernel's requests from /dev/fuse, answer them with StrataOperations.
+
+- Several threads each read the next request from the same descriptor and answer it
+  themselves, so requests are served in parallel (reads of one file included). They all read
+  the one descriptor, not clones of it (FUSE_DEV_IOC_CLONE): the kernel ends the requests a
+  clone was serving with an error when the clone is closed, so a process that dies would fail
+  its readers, while requests read from the shared descriptor wait (see keeper.py).
+- Node ids come from a NodeTable (nodes.py), which a successor process replays; file handles
+  carry whether they were opened for writing in their lowest bit, so a successor that does
+  not know a handle can tell a read (opened again from the node's path) from a write (its
+  buffered bytes died with the process: that call fails with EIO and the file keeps its
+  last committed content).
+- `resume()` asks the kernel to queue again every request the previous process read and did
+  not answer (FUSE_NOTIFY_RESEND, kernel 6.9+).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import wire
+from .nodes import NodeTable
+from .operations import MAX_IO, UTIME_NOW, UTIME_OMIT, FuseError, StrataOperations
+
+log = logging.getLogger("strata.fuse")
+
+# Threads reading requests; each holds a buffer of MAX_IO plus headers.
+THREADS = 16
+BUFFER = MAX_IO + 4096
+# What Strata asks for at INIT (see wire.py): parallel reads of one file, O_TRUNC at open,
+# 1 MiB requests, the page cache dropped when a file's size or time changes.
+WANT = (wire.ASYNC_READ | wire.ATOMIC_O_TRUNC | wire.BIG_WRITES | wire.AUTO_INVAL_DATA | wire.ASYNC_DIO
+        | wire.PARALLEL_DIROPS | wire.MAX_PAGES)
+
+Payload = Sequence[bytes | memoryview]
+Handler = Callable[[wire.InHeader, memoryview], Payload | None]
+
+
+@dataclass
+class FileInfo:
+    """What StrataOperations reads and sets on an open file (libfuse's fuse_file_info)."""
+    flags: int = 0
+    fh: int = 0
+    keep_cache: int = 0
+
+
+def child(parent: str, name: str) -> str:
+    if not name or "/" in name or name in (".", ".."):
+        raise FuseError(errno.EINVAL)
+    return "/" + name if parent == "/" else f"{parent}/{name}"
+
+
+def attr_of(st: dict[str, Any]) -> wire.Attr:
+    return wire.Attr(ino=st.get("st_ino", 0), mode=st["st_mode"], size=st.get("st_size", 0),
+                     nlink=st.get("st_nlink", 1), uid=st.get("st_uid", 0), gid=st.get("st_gid", 0),
+                     mtime_ns=st.get("st_mtime", 0), blksize=st.get("st_blksize", 4096))
+
+
+def xattr_reply(value: bytes, size: int) -> Payload:
+    """getxattr/listxattr: the length when asked for it (size 0), ERANGE when it does not fit."""
+    if size == 0:
+        return [wire.XATTR_OUT.pack(len(value), 0)]
+    if len(value) > size:
+        raise FuseError(errno.ERANGE)
+    return [value]
+
+
+class Session:
+    def __init__(self, fd: int, ops: StrataOperations, nodes: NodeTable,
+                 on_init: Callable[[wire.InitReply], None] = lambda reply: None) -> None:
+        self.fd = fd
+        self.ops = ops
+        self.nodes = nodes
+        self.timeout = ops.settings.attr_timeout
+        self._on_init = on_init
+        self._dirs: dict[int, list[tuple[str, int, int]]] = {}
+        self._dir_ids = iter(range(1, 1 << 62))
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._handlers: dict[int, Handler] = {
+            wire.INIT: self._init, wire.DESTROY: self._destroy,
+            wire.LOOKUP: self._lookup, wire.FORGET: self._forget, wire.BATCH_FORGET: self._batch_forget,
+            wire.GETATTR: self._getattr, wire.SETATTR: self._setattr, wire.STATFS: self._statfs,
+            wire.ACCESS: self._ok, wire.INTERRUPT: self._ignore,
+            wire.OPEN: self._open, wire.CREATE: self._create, wire.READ: self._read, wire.WRITE: self._write,
+            wire.FLUSH: self._flush, wire.FSYNC: self._fsync, wire.RELEASE: self._release,
+            wire.OPENDIR: self._opendir, wire.READDIR: self._readdir, wire.RELEASEDIR: self._releasedir,
+            wire.MKDIR: self._mkdir, wire.UNLINK: self._unlink, wire.RMDIR: self._rmdir,
+            wire.RENAME: self._rename, wire.RENAME2: self._rename2,
+            wire.GETXATTR: self._getxattr, wire.LISTXATTR: self._listxattr,
+            wire.SETXATTR: self._setxattr, wire.REMOVEXATTR: self._removexattr,
+        }
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def start(self, threads: int = THREADS) -> None:
+        for i in range(threads):
+            thread = threading.Thread(target=self._serve, name=f"strata-fuse-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def resume(self) -> bool:
+        """Have the kernel queue again the requests a previous process read and did not answer;
+        False if it cannot (Linux before 6.9)."""
+        try:
+            os.write(self.fd, wire.resend_notification())
+        except OSError as exc:
+            log.error("strata fuse: the kernel cannot resend requests in flight: %s", exc)
+            return False
+        return True
+
+    def wait(self) -> None:
+        """Until the connection ends (the mount was unmounted or aborted)."""
+        for thread in self._threads:
+            thread.join()
+
+    def _serve(self) -> None:
+        buf = bytearray(BUFFER)
+        view = memoryview(buf)
+        while True:
+            try:
+                n = os.readv(self.fd, [buf])
+            except OSError as exc:
+                if exc.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
+                    continue  # interrupted, or a request withdrawn before it was read
+                if exc.errno != errno.ENODEV:
+                    log.error("strata fuse: reading /dev/fuse: %s", exc)
+                return  # ENODEV: unmounted
+            if n < wire.IN_HEADER.size:
+                continue
+            self.dispatch(view[:n])
+
+    def dispatch(self, request: memoryview) -> None:
+        header = wire.parse_header(request)
+        body = request[wire.IN_HEADER.size:header.length]
+        handler = self._handlers.get(header.opcode)
+        error = 0
+        payload: Payload | None = []
+        try:
+            if handler is None:
+                error = errno.ENOSYS
+            else:
+                payload = handler(header, body)
+        except OSError as exc:
+            error = exc.errno or errno.EIO
+        except Exception:
+            log.exception("strata fuse: request %d on node %d failed", header.opcode, header.nodeid)
+            error = errno.EIO
+        if header.opcode in wire.NO_REPLY or payload is None:
+            return
+        self._reply(header.unique, [] if error else payload, error)
+
+    def _reply(self, unique: int, payload: Payload, error: int = 0) -> None:
+        length = sum(len(p) for p in payload)
+        try:
+            os.writev(self.fd, [wire.out_header(unique, length, error), *payload])
+        except OSError as exc:
+            # ENOENT: the caller was interrupted and the kernel dropped the request.
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                log.error("strata fuse: answering request %d: %s", unique, exc)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _path(self, header: wire.InHeader) -> str:
+        path = self.nodes.path(header.nodeid)
+        if path is None:
+            raise FuseError(errno.ESTALE if header.nodeid not in self.nodes else errno.ENOENT)
+        return path
+
+    def _entry(self, path: str, fi: FileInfo | None = None) -> bytes:
+        attr = attr_of(self.ops.getattr(path, fi))
+        return wire.entry_out(self.nodes.lookup(path), attr, self.timeout)
+
+    def _ok(self, header: wire.InHeader, body: memoryview) -> Payload:
+        return []
+
+    def _ignore(self, header: wire.InHeader, body: memoryview) -> None:
+        return None
+
+    # -- session ---------------------------------------------------------------------------------
+
+    def _init(self, header: wire.InHeader, body: memoryview) -> Payload:
+        reply = wire.negotiate(body, WANT, MAX_IO)
+        self._on_init(reply)
+        log.info("strata fuse: %s ready (FUSE %d.%d, metadata timeout %.1fs%s)", self.ops.root, reply.major,
+                 reply.minor, self.timeout, ", read-only" if self.ops.settings.read_only else "")
+        return [reply.pack()]
+
+    def _destroy(self, header: wire.InHeader, body: memoryview) -> Payload:
+        self.ops.commit_all()
+        return []
+
+    # -- names -----------------------------------------------------------------------------------
+
+    def _lookup(self, header: wire.InHeader, body: memoryview) -> Payload:
+        return [self._entry(child(self._path(header), wire.names(body, 1)[0]))]
+
+    def _forget(self, header: wire.InHeader, body: memoryview) -> None:
+        self.nodes.forget(header.nodeid, wire.FORGET_IN.unpack_from(body)[0])
+
+    def _batch_forget(self, header: wire.InHeader, body: memoryview) -> None:
+        count = wire.BATCH_FORGET_IN.unpack_from(body)[0]
+        start = wire.BATCH_FORGET_IN.size
+        self.nodes.forget_many([wire.FORGET_ONE.unpack_from(body, start + i * wire.FORGET_ONE.size)
+                                for i in range(count)])
+
+    def _getattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+        flags, _, fh = wire.GETATTR_IN.unpack_from(body)
+        fi = FileInfo(fh=fh) if flags & wire.GETATTR_FH else None
+        path = self.nodes.path(header.nodeid)
+        if path is None and (fi is None or not self.ops.has_handle(fi.fh)):
+            path = self._path(header)  # raises
+        return [wire.attr_out(attr_of(self.ops.getattr(path or "/", fi)), self.timeout)]
+
+    def _setattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+        (valid, _, fh, size, _owner, atime, mtime, _ctime, atimensec, mtimensec, _ctimensec, mode, _, uid, gid,
+         _) = wire.SETATTR_IN.unpack_from(body)
+        path = self._path(header)
+        fi = FileInfo(fh=fh) if valid & wire.FATTR_FH else None
+        if fi is not None and StrataOperations.is_write_handle(fh) and not self.ops.has_handle(fh):
+            raise FuseError(errno.EIO)  # ftruncate of a file whose buffered bytes died with the last process
+        if valid & wire.FATTR_MODE:
+            self.ops.chmod(path, mode)
+        if valid & (wire.FATTR_UID | wire.FATTR_GID):
+            self.ops.chown(path, uid if valid & wire.FATTR_UID else -1, gid if valid & wire.FATTR_GID else -1)
+        if valid & wire.FATTR_SIZE:
+            self.ops.truncate(path, size, fi)
+        times = wire.FATTR_ATIME | wire.FATTR_MTIME | wire.FATTR_ATIME_NOW | wire.FATTR_MTIME_NOW
+        if valid & times:
+            def when(now: int, given: int, sec: int, nsec: int) -> int:
+                if valid & now:
+                    return UTIME_NOW
+                return sec * 1_000_000_000 + nsec if valid & given else UTIME_OMIT
+
+            self.ops.utimens(path, (when(wire.FATTR_ATIME_NOW, wire.FATTR_ATIME, atime, atimensec),
+                                    when(wire.FATTR_MTIME_NOW, wire.FATTR_MTIME, mtime, mtimensec)))
+        return [wire.attr_out(attr_of(self.ops.getattr(path, fi)), self.timeout)]
+
+    def _statfs(self, header: wire.InHeader, body: memoryview) -> Payload:
+        st = self.ops.statfs("/")
+        return [wire.STATFS_OUT.pack(st["f_blocks"], st["f_bfree"], st["f_bavail"], 0, 0, st["f_bsize"],
+                                     st["f_namemax"], st["f_frsize"])]
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def _open(self, header: wire.InHeader, body: memoryview) -> Payload:
+        flags, _ = wire.OPEN_IN.unpack_from(body)
+        fi = FileInfo(flags=flags)
+        self.ops.open(self._path(header), fi)
+        return [wire.open_out(fi.fh, wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)]
+
+    def _create(self, header: wire.InHeader, body: memoryview) -> Payload:
+        flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(body)
+        path = child(self._path(header), wire.names(body[wire.CREATE_IN.size:], 1)[0])
+        fi = FileInfo(flags=flags)
+        self.ops.create(path, mode, fi)
+        return [self._entry(path, fi), wire.open_out(fi.fh, 0)]
+
+    def _known(self, fh: int, path: str | None) -> FileInfo:
+        """The open file `fh`; one this process did not open (its predecessor did) is opened
+        again if it was opened for reading."""
+        if not self.ops.has_handle(fh):
+            if StrataOperations.is_write_handle(fh) or path is None:
+                log.warning("strata fuse: a file handle of the previous process (%s) is gone: EIO", path)
+                raise FuseError(errno.EIO)
+            self.ops.reopen(path, fh)
+        return FileInfo(fh=fh)
+
+    def _read(self, header: wire.InHeader, body: memoryview) -> Payload:
+        fh, offset, size, *_ = wire.READ_IN.unpack_from(body)
+        path = self.nodes.path(header.nodeid)
+        return [self.ops.read(path or "", size, offset, self._known(fh, path))]
+
+    def _write(self, header: wire.InHeader, body: memoryview) -> Payload:
+        fh, offset, size, *_ = wire.WRITE_IN.unpack_from(body)
+        data = body[wire.WRITE_IN.size:wire.WRITE_IN.size + size]
+        path = self.nodes.path(header.nodeid)
+        written = self.ops.write(path or "", data, offset, self._known(fh, path))
+        return [wire.WRITE_OUT.pack(written, 0)]
+
+    def _flush(self, header: wire.InHeader, body: memoryview) -> Payload:
+        fh = wire.FLUSH_IN.unpack_from(body)[0]
+        if not self.ops.has_handle(fh):
+            if StrataOperations.is_write_handle(fh):
+                raise FuseError(errno.EIO)  # see _known: the buffered bytes are lost, close(2) says so
+            return []
+        self.ops.flush("", FileInfo(fh=fh))
+        return []
+
+    def _fsync(self, header: wire.InHeader, body: memoryview) -> Payload:
+        fh, flags, _ = wire.FSYNC_IN.unpack_from(body)
+        if not self.ops.has_handle(fh):
+            if StrataOperations.is_write_handle(fh):
+                raise FuseError(errno.EIO)
+            return []
+        self.ops.fsync("", flags & 1, FileInfo(fh=fh))
+        return []
+
+    def _release(self, header: wire.InHeader, body: memoryview) -> Payload:
+        self.ops.release("", FileInfo(fh=wire.RELEASE_IN.unpack_from(body)[0]))
+        return []
+
+    # -- directories -----------------------------------------------------------------------------
+
+    def _opendir(self, header: wire.InHeader, body: memoryview) -> Payload:
+        self._path(header)
+        with self._lock:
+            dh = next(self._dir_ids)
+        return [wire.open_out(dh, 0)]
+
+    def _listing(self, header: wire.InHeader, dh: int, offset: int) -> list[tuple[str, int, int]]:
+        """The entries of an open directory, listed at its first READDIR and kept until
+        RELEASEDIR (so a listing read in several requests is one consistent listing)."""
+        with self._lock:
+            listing = self._dirs.get(dh)
+        if listing is None or offset == 0:
+            entries = self.ops.readdir(self._path(header), None)
+            listing = [(name, st["st_ino"], st["st_mode"]) for name, st, _ in entries]
+            with self._lock:
+                self._dirs[dh] = listing
+        return listing
+
+    def _readdir(self, header: wire.InHeader, body: memoryview) -> Payload:
+        dh, offset, size, *_ = wire.READ_IN.unpack_from(body)
+        listing = self._listing(header, dh, offset)
+        out: list[bytes] = []
+        used = 0
+        for index in range(offset, len(listing)):
+            name, ino, mode = listing[index]
+            entry = wire.dirent(ino, index + 1, name, mode or stat.S_IFREG)
+            if used + len(entry) > size:
+                break
+            out.append(entry)
+            used += len(entry)
+        return [b"".join(out)]
+
+    def _releasedir(self, header: wire.InHeader, body: memoryview) -> Payload:
+        with self._lock:
+            self._dirs.pop(wire.RELEASE_IN.unpack_from(body)[0], None)
+        return []
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def _mkdir(self, header: wire.InHeader, body: memoryview) -> Payload:
+        mode, _umask = wire.MKDIR_IN.unpack_from(body)
+        path = child(self._path(header), wire.names(body[wire.MKDIR_IN.size:], 1)[0])
+        self.ops.mkdir(path, mode)
+        return [self._entry(path)]
+
+    def _unlink(self, header: wire.InHeader, body: memoryview) -> Payload:
+        path = child(self._path(header), wire.names(body, 1)[0])
+        self.ops.unlink(path)
+        self.nodes.remove(path)
+        return []
+
+    def _rmdir(self, header: wire.InHeader, body: memoryview) -> Payload:
+        path = child(self._path(header), wire.names(body, 1)[0])
+        self.ops.rmdir(path)
+        self.nodes.remove(path)
+        return []
+
+    def _move(self, header: wire.InHeader, newdir: int, names: memoryview, flags: int = 0) -> Payload:
+        old, new = wire.names(names, 2)
+        src = child(self._path(header), old)
+        target = self.nodes.path(newdir)
+        if target is None:
+            raise FuseError(errno.ENOENT)
+        dst = child(target, new)
+        if flags & ~wire.RENAME_NOREPLACE:
+            raise FuseError(errno.EINVAL)  # RENAME_EXCHANGE, RENAME_WHITEOUT
+        if flags & wire.RENAME_NOREPLACE:
+            try:
+                self.ops.getattr(dst, None)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+            else:
+                raise FuseError(errno.EEXIST)
+        self.ops.rename(src, dst)
+        self.nodes.rename(src, dst)
+        return []
+
+    def _rename(self, header: wire.InHeader, body: memoryview) -> Payload:
+        newdir = wire.RENAME_IN.unpack_from(body)[0]
+        return self._move(header, newdir, body[wire.RENAME_IN.size:])
+
+    def _rename2(self, header: wire.InHeader, body: memoryview) -> Payload:
+        newdir, flags, _ = wire.RENAME2_IN.unpack_from(body)
+        return self._move(header, newdir, body[wire.RENAME2_IN.size:], flags)
+
+    # -- extended attributes ---------------------------------------------------------------------
+
+    def _getxattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+        size, _ = wire.XATTR_SIZE_IN.unpack_from(body)
+        name = wire.names(body[wire.XATTR_SIZE_IN.size:], 1)[0]
+        return xattr_reply(self.ops.getxattr(self._path(header), name), size)
+
+    def _listxattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+        size, _ = wire.XATTR_SIZE_IN.unpack_from(body)
+        names = self.ops.listxattr(self._path(header))
+        return xattr_reply(b"".join(n.encode() + b"\0" for n in names), size)
+
+    def _setxattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+        self.ops.setxattr(self._path(header), "", b"", 0)
+        return []
+
+    def _removexattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+        self.ops.removexattr(self._path(header), "")
+        return []

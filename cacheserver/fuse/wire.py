@@ -1,0 +1,225 @@
+"""The FUSE kernel protocol (linux/fuse.h, version 7): the requests the kernel writes to
+/dev/fuse and the replies Strata writes back, as bytes.
+
+Only what Strata's session (session.py) uses is here. Every struct is little-endian on the
+machines Strata runs on and is written with native byte order and no padding ("=" formats),
+as the kernel lays them out (each struct in fuse.h is already 8-byte aligned by hand).
+"""
+
+from __future__ import annotations
+
+import stat
+import struct
+from dataclasses import dataclass
+
+KERNEL_VERSION = 7
+# The minor version Strata speaks: every struct below has its size of this version.
+KERNEL_MINOR = 40
+ROOT_ID = 1
+# A read of /dev/fuse must have room for the largest request: a write of max_write bytes.
+MIN_READ_BUFFER = 8192
+
+# Opcodes.
+LOOKUP = 1
+FORGET = 2
+GETATTR = 3
+SETATTR = 4
+READLINK = 5
+SYMLINK = 6
+MKNOD = 8
+MKDIR = 9
+UNLINK = 10
+RMDIR = 11
+RENAME = 12
+LINK = 13
+OPEN = 14
+READ = 15
+WRITE = 16
+STATFS = 17
+RELEASE = 18
+FSYNC = 20
+SETXATTR = 21
+GETXATTR = 22
+LISTXATTR = 23
+REMOVEXATTR = 24
+FLUSH = 25
+INIT = 26
+OPENDIR = 27
+READDIR = 28
+RELEASEDIR = 29
+FSYNCDIR = 30
+ACCESS = 34
+CREATE = 35
+INTERRUPT = 36
+DESTROY = 38
+NOTIFY_REPLY = 41
+BATCH_FORGET = 42
+RENAME2 = 45
+# Requests the kernel expects no reply to.
+NO_REPLY = frozenset({FORGET, BATCH_FORGET, INTERRUPT, NOTIFY_REPLY})
+
+# INIT flags (fuse_init_in.flags / flags2 << 32).
+ASYNC_READ = 1 << 0
+ATOMIC_O_TRUNC = 1 << 3
+BIG_WRITES = 1 << 5
+AUTO_INVAL_DATA = 1 << 12
+ASYNC_DIO = 1 << 15
+PARALLEL_DIROPS = 1 << 18
+MAX_PAGES = 1 << 22
+INIT_EXT = 1 << 30
+HAS_RESEND = 1 << 39  # the kernel can put requests in flight back in the queue (7.40)
+
+# fuse_open_out.open_flags
+FOPEN_DIRECT_IO = 1 << 0
+FOPEN_KEEP_CACHE = 1 << 1
+# fuse_getattr_in.getattr_flags
+GETATTR_FH = 1 << 0
+# fuse_setattr_in.valid
+FATTR_MODE = 1 << 0
+FATTR_UID = 1 << 1
+FATTR_GID = 1 << 2
+FATTR_SIZE = 1 << 3
+FATTR_ATIME = 1 << 4
+FATTR_MTIME = 1 << 5
+FATTR_FH = 1 << 6
+FATTR_ATIME_NOW = 1 << 7
+FATTR_MTIME_NOW = 1 << 8
+# renameat2 flags
+RENAME_NOREPLACE = 1 << 0
+# Notifications (fuse_out_header.error of a message with unique 0).
+NOTIFY_RESEND = 7
+# A request the kernel sent again after NOTIFY_RESEND has this bit set in its unique id.
+UNIQUE_RESEND = 1 << 63
+
+IN_HEADER = struct.Struct("=IIQQIIIHH")       # len opcode unique nodeid uid gid pid total_extlen padding
+OUT_HEADER = struct.Struct("=IiQ")            # len error unique
+INIT_IN = struct.Struct("=IIII")              # major minor max_readahead flags
+INIT_IN_EXT = struct.Struct("=I")             # flags2 (7.36+, with INIT_EXT)
+INIT_OUT = struct.Struct("=IIIIHHIIHHII24x")  # ... max_pages map_alignment flags2 max_stack_depth unused[6]
+ATTR = struct.Struct("=QQQQQQIIIIIIIIII")     # fuse_attr, 88 bytes
+ENTRY_OUT_HEAD = struct.Struct("=QQQQII")     # nodeid generation entry_valid attr_valid *_nsec
+ATTR_OUT_HEAD = struct.Struct("=QII")         # attr_valid attr_valid_nsec dummy
+GETATTR_IN = struct.Struct("=IIQ")            # getattr_flags dummy fh
+SETATTR_IN = struct.Struct("=IIQQQQQQIIIIIIII")
+OPEN_IN = struct.Struct("=II")                # flags open_flags
+OPEN_OUT = struct.Struct("=QIi")              # fh open_flags backing_id
+CREATE_IN = struct.Struct("=IIII")            # flags mode umask open_flags
+MKDIR_IN = struct.Struct("=II")               # mode umask
+READ_IN = struct.Struct("=QQIIQII")           # fh offset size read_flags lock_owner flags padding
+WRITE_IN = READ_IN                            # fh offset size write_flags lock_owner flags padding
+WRITE_OUT = struct.Struct("=II")
+RELEASE_IN = struct.Struct("=QIIQ")           # fh flags release_flags lock_owner
+FLUSH_IN = struct.Struct("=QIIQ")             # fh unused padding lock_owner
+FSYNC_IN = struct.Struct("=QII")              # fh fsync_flags padding
+FORGET_IN = struct.Struct("=Q")               # nlookup
+BATCH_FORGET_IN = struct.Struct("=II")        # count dummy
+FORGET_ONE = struct.Struct("=QQ")             # nodeid nlookup
+RENAME_IN = struct.Struct("=Q")               # newdir
+RENAME2_IN = struct.Struct("=QII")            # newdir flags padding
+XATTR_SIZE_IN = struct.Struct("=II")          # size padding (getxattr, listxattr)
+XATTR_OUT = struct.Struct("=II")              # size padding
+STATFS_OUT = struct.Struct("=QQQQQIII28x")    # blocks bfree bavail files ffree bsize namelen frsize padding spare[6]
+DIRENT_HEAD = struct.Struct("=QQII")          # ino off namelen type
+
+
+@dataclass(frozen=True)
+class InHeader:
+    length: int
+    opcode: int
+    unique: int
+    nodeid: int
+    uid: int
+    gid: int
+    pid: int
+
+
+def parse_header(buf: bytes | memoryview) -> InHeader:
+    length, opcode, unique, nodeid, uid, gid, pid, _ext, _pad = IN_HEADER.unpack_from(buf)
+    return InHeader(length, opcode, unique, nodeid, uid, gid, pid)
+
+
+def out_header(unique: int, payload_len: int, error: int = 0) -> bytes:
+    """The header of a reply: `error` is 0 or a positive errno (sent negated)."""
+    return OUT_HEADER.pack(OUT_HEADER.size + payload_len, -error, unique)
+
+
+def resend_notification() -> bytes:
+    """FUSE_NOTIFY_RESEND: every request read but not answered goes back to the queue."""
+    return OUT_HEADER.pack(OUT_HEADER.size, NOTIFY_RESEND, 0)
+
+
+def names(data: bytes | memoryview, count: int) -> list[str]:
+    """`count` NUL-terminated names (file names are bytes; Strata's are UTF-8)."""
+    parts = bytes(data).split(b"\0", count)
+    if len(parts) <= count:
+        raise ValueError(f"expected {count} NUL-terminated names in {bytes(data)[:100]!r}")
+    return [p.decode("utf-8", "surrogateescape") for p in parts[:count]]
+
+
+@dataclass(frozen=True)
+class Attr:
+    ino: int
+    mode: int
+    size: int = 0
+    nlink: int = 1
+    uid: int = 0
+    gid: int = 0
+    mtime_ns: int = 0
+    blksize: int = 4096
+
+    def pack(self) -> bytes:
+        sec, nsec = divmod(self.mtime_ns, 1_000_000_000)
+        return ATTR.pack(self.ino, self.size, (self.size + 511) // 512, sec, sec, sec, nsec, nsec, nsec,
+                         self.mode, self.nlink, self.uid, self.gid, 0, self.blksize, 0)
+
+
+def _split_timeout(seconds: float) -> tuple[int, int]:
+    whole = int(seconds)
+    return whole, int((seconds - whole) * 1_000_000_000)
+
+
+def entry_out(nodeid: int, attr: Attr, timeout: float) -> bytes:
+    sec, nsec = _split_timeout(timeout)
+    return ENTRY_OUT_HEAD.pack(nodeid, 0, sec, sec, nsec, nsec) + attr.pack()
+
+
+def attr_out(attr: Attr, timeout: float) -> bytes:
+    sec, nsec = _split_timeout(timeout)
+    return ATTR_OUT_HEAD.pack(sec, nsec, 0) + attr.pack()
+
+
+def open_out(fh: int, open_flags: int) -> bytes:
+    return OPEN_OUT.pack(fh, open_flags, 0)
+
+
+def dirent(ino: int, offset: int, name: str, mode: int) -> bytes:
+    """One directory entry; `offset` is where the next READDIR of this directory starts."""
+    raw = name.encode("utf-8", "surrogateescape")
+    entry = DIRENT_HEAD.pack(ino, offset, len(raw), stat.S_IFMT(mode) >> 12) + raw
+    return entry + b"\0" * (-len(entry) % 8)
+
+
+@dataclass(frozen=True)
+class InitReply:
+    """What was agreed at INIT; a successor serving the same connection needs it too."""
+    major: int
+    minor: int
+    max_readahead: int
+    flags: int
+    max_write: int
+    max_pages: int
+
+    def pack(self) -> bytes:
+        return INIT_OUT.pack(self.major, self.minor, self.max_readahead, self.flags & 0xFFFFFFFF, 0, 0,
+                             self.max_write, 1, self.max_pages, 0, self.flags >> 32, 0)
+
+
+def negotiate(body: bytes | memoryview, want: int, max_io: int) -> InitReply:
+    """Answer the kernel's INIT: Strata's version and the flags of `want` the kernel offers."""
+    major, minor, max_readahead, flags = INIT_IN.unpack_from(body)
+    if flags & INIT_EXT and len(body) >= INIT_IN.size + INIT_IN_EXT.size:
+        flags |= INIT_IN_EXT.unpack_from(body, INIT_IN.size)[0] << 32
+    if major != KERNEL_VERSION:
+        raise ValueError(f"the kernel speaks FUSE {major}.{minor}; Strata speaks {KERNEL_VERSION}.x")
+    return InitReply(major=KERNEL_VERSION, minor=min(minor, KERNEL_MINOR), max_readahead=min(max_readahead, max_io),
+                     flags=flags & (want | INIT_EXT), max_write=max_io, max_pages=max_io // 4096)

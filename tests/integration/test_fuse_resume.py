@@ -1,0 +1,227 @@
+"""A `strata fuse` mount outlives the process serving it (issue 13): killed under a reader and
+started again on the same mount point, it resumes; never restarted, its readers get an error
+after the resume timeout, not a hang; a write cut off by the crash fails, never corrupts."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strata.cacheserver.fuse.kernel import connection_of
+from strata.cacheserver.fuse.mountpoints import find_mount, wait_unmounted
+from strata.cacheserver.proto import strata_pb2 as pb
+
+from .conftest import BLOCK_SIZE, wait_until
+from .test_cluster import payload
+from .test_fuse import FuseProcess, alive, fuse_skip_reason, keeper_pid, mount_fuse  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300),
+              pytest.mark.skipif(fuse_skip_reason() is not None, reason=str(fuse_skip_reason())),
+              # The tests watch a connection's waiting requests in /sys/fs/fuse/connections (fusectl).
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root (fusectl)")]
+
+# Reads a file through the mount in a loop (the page cache dropped before each pass, so every
+# byte comes from the FUSE server), checks each pass's SHA-256, notes errors and the longest
+# wait for one read; writes its tally to OUT after each pass. Stops when STOP exists, or at the
+# first error if asked to.
+READER = r"""
+import hashlib, json, os, sys, time
+path, expected, out, stop, stop_on_error = sys.argv[1:6]
+tally = {"passes": 0, "mismatches": 0, "errors": [], "max_stall": 0.0}
+last = time.monotonic()
+def save():
+    with open(out + ".new", "w") as f:
+        json.dump(tally, f)
+    os.replace(out + ".new", out)
+save()
+while not os.path.exists(stop):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            digest = hashlib.sha256()
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                now = time.monotonic()
+                tally["max_stall"] = max(tally["max_stall"], now - last)
+                last = now
+                if not chunk:
+                    break
+                digest.update(chunk)
+        finally:
+            os.close(fd)
+        if digest.hexdigest() == expected:
+            tally["passes"] += 1
+        else:
+            tally["mismatches"] += 1
+    except OSError as exc:
+        tally["errors"].append([exc.errno, str(exc)])
+        if stop_on_error == "1" or len(tally["errors"]) > 20:
+            save()
+            break
+    save()
+"""
+
+# Writes WRITE_SIZE bytes in 1 MiB pieces; after the first piece creates HALF and waits for GO;
+# writes its outcome (the errno of the first failed call, and which call) to OUT.
+WRITER = r"""
+import json, os, sys, time
+path, size, half, go, out = sys.argv[1:6]
+result = {"errno": 0, "call": ""}
+piece = bytes(range(256)) * 4096
+try:
+    f = open(path, "wb", buffering=0)
+except OSError as exc:
+    result = {"errno": exc.errno, "call": "open"}
+else:
+    try:
+        written = 0
+        while written < int(size):
+            f.write(piece)
+            written += len(piece)
+            if not os.path.exists(half):
+                open(half, "w").close()
+                while not os.path.exists(go):
+                    time.sleep(0.01)
+    except OSError as exc:
+        result = {"errno": exc.errno, "call": "write"}
+    try:
+        f.close()
+    except OSError as exc:
+        result = result if result["errno"] else {"errno": exc.errno, "call": "close"}
+with open(out, "w") as out_file:
+    json.dump(result, out_file)
+"""
+
+
+@dataclass
+class Helper:
+    process: subprocess.Popen[bytes]
+    out: Path
+
+    def tally(self) -> dict[str, Any]:
+        try:
+            value = json.loads(self.out.read_text())
+        except (OSError, ValueError):
+            return {"passes": 0, "mismatches": 0, "errors": [], "max_stall": 0.0}
+        return value if isinstance(value, dict) else {}
+
+
+def start_reader(path: Path, data: bytes, workdir: Path, *, stop_on_error: bool = False) -> Helper:
+    out = workdir / "reader.json"
+    proc = subprocess.Popen([sys.executable, "-c", READER, str(path), hashlib.sha256(data).hexdigest(), str(out),
+                             str(workdir / "reader.stop"), "1" if stop_on_error else "0"])
+    return Helper(proc, out)
+
+
+def waiting(mountpoint: Path) -> int:
+    """Requests of the mount's connection waiting for an answer."""
+    entry = find_mount(mountpoint)
+    assert entry is not None, f"{mountpoint} is not mounted"
+    return int((connection_of(entry.device) / "waiting").read_text())
+
+
+def test_a_reader_streams_on_while_the_server_is_killed_and_started_again(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    cluster = start_cluster(workers=1)
+    data = payload(3 * BLOCK_SIZE + 12345)
+    cluster.s3.put_object(bucket, "stream.bin", data)
+    cluster.mount_bucket("/s", bucket)
+    fuse = mount_fuse(cluster)
+    reader = start_reader(fuse.path / "s" / "stream.bin", data, tmp_path)
+    try:
+        wait_until(lambda: reader.tally()["passes"] >= 2, 60, "the reader to read the file twice")
+        for _ in range(2):
+            os.kill(fuse.process.pid, signal.SIGKILL)
+            fuse.wait()
+            # The reader is now blocked on the dead server, the mount still there.
+            wait_until(lambda: waiting(fuse.path) > 0, 30, "the reader to wait for an answer")
+            assert reader.process.poll() is None
+            passes = reader.tally()["passes"]
+            fuse = mount_fuse(cluster, wait=False)  # the same mount point
+            wait_until(lambda: "took over" in fuse.output() or not fuse.alive(), 60, "the new server to take over")
+            assert fuse.alive(), fuse.output()
+            wait_until(lambda: reader.tally()["passes"] >= passes + 2, 60,
+                       f"the reader to read on through the new server (tally {reader.tally()})")
+    finally:
+        (tmp_path / "reader.stop").touch()
+        try:
+            reader.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            reader.process.kill()
+            raise
+    tally = reader.tally()
+    assert tally["errors"] == [] and tally["mismatches"] == 0, tally
+    print(f"\nreader: {tally['passes']} whole passes of {len(data)} bytes, longest stall {tally['max_stall']:.2f}s")
+
+
+def test_readers_of_a_mount_nobody_takes_over_get_an_error_after_the_resume_timeout(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    cluster = start_cluster(workers=1)
+    data = payload(BLOCK_SIZE + 5)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/b", bucket)
+    fuse = mount_fuse(cluster, "--resume-timeout", "3")
+    keeper = keeper_pid(fuse.path)
+    assert keeper and alive(keeper)
+    reader = start_reader(fuse.path / "b" / "f.bin", data, tmp_path, stop_on_error=True)
+    wait_until(lambda: reader.tally()["passes"] >= 1, 60, "the reader to read the file")
+    os.kill(fuse.process.pid, signal.SIGKILL)
+    fuse.wait()
+    # A successor with other options is refused, and says how to resume.
+    other = mount_fuse(cluster, "--root", "/b", wait=False)
+    assert other.wait() == 1 and "resume it with the same options" in other.output()
+    try:
+        reader.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        reader.process.kill()
+        raise AssertionError("the reader of a mount whose server died hangs past the resume timeout") from None
+    tally = reader.tally()
+    assert tally["mismatches"] == 0
+    assert [e[0] for e in tally["errors"]] in ([errno.ENOTCONN], [errno.ECONNABORTED]), tally
+    wait_until(lambda: not alive(keeper), 30, "the keeper to end")
+    assert wait_unmounted(fuse.path, 30)
+    assert "no server took over" in fuse.output()
+
+
+def test_a_write_cut_off_by_the_servers_death_fails_and_leaves_the_file_whole(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    cluster = start_cluster(workers=1)
+    old = payload(BLOCK_SIZE + 7)
+    cluster.s3.put_object(bucket, "out.bin", old)
+    cluster.mount_bucket("/w", bucket, write_type=pb.CACHE_THROUGH)
+    fuse = mount_fuse(cluster)
+    path = fuse.path / "w" / "out.bin"
+    half, go, out = tmp_path / "half", tmp_path / "go", tmp_path / "writer.json"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(8 << 20), str(half), str(go), str(out)])
+    try:
+        wait_until(half.exists, 60, "the writer to write its first MiB")
+        os.kill(fuse.process.pid, signal.SIGKILL)
+        fuse.wait()
+        go.touch()
+        wait_until(lambda: waiting(fuse.path) > 0, 30, "the writer to wait for an answer")
+        fuse = mount_fuse(cluster, wait=False)
+        writer.wait(timeout=60)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    result = json.loads(out.read_text())
+    # The bytes buffered by the dead process are gone: the application hears so.
+    assert result == {"errno": errno.EIO, "call": "write"}, result
+    # The file is what it was, in the store and through the mount, never a mix.
+    assert cluster.s3.get_object(bucket, "out.bin") == old
+    assert path.read_bytes() == old
+    # The new server writes files as usual.
+    path.write_bytes(b"after the restart")
+    assert cluster.s3.get_object(bucket, "out.bin") == b"after the restart"

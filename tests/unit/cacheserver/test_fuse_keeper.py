@@ -1,0 +1,42 @@
+"""Where a FUSE mount's keeper keeps its state, and how a server finds (or misses) it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from strata.cacheserver.fuse import keeper
+
+
+def test_the_state_folder_is_found_from_the_mount_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(keeper.STATE_DIR_ENV, str(tmp_path))
+    a, b = keeper.state_dir(Path("/mnt/a")), keeper.state_dir(Path("/mnt/b"))
+    assert a.parent == tmp_path and b.parent == tmp_path and a != b
+    assert keeper.state_dir(Path("/mnt/a")) == a  # the same for every process
+    assert len(str(a / keeper.SOCKET)) < 108  # a Unix socket's path limit, with a short root
+
+
+def test_the_resume_timeout_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(keeper.RESUME_TIMEOUT_ENV, raising=False)
+    assert keeper.resume_timeout_default() == keeper.DEFAULT_RESUME_TIMEOUT
+    monkeypatch.setenv(keeper.RESUME_TIMEOUT_ENV, "2.5")
+    assert keeper.resume_timeout_default() == 2.5
+
+
+def test_no_keeper_or_a_dead_ones_socket_means_mount_anew(tmp_path: Path) -> None:
+    assert keeper.attach(tmp_path, 60) is None
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(tmp_path / keeper.SOCKET))
+    dead.close()  # the file stays, nobody listens
+    assert keeper.attach(tmp_path, 60) is None
+
+
+def test_json_files_are_replaced_whole(tmp_path: Path) -> None:
+    path = tmp_path / keeper.SESSION
+    keeper.write_json(path, {"root": "/x"})
+    assert keeper.read_json(path) == {"root": "/x"}
+    path.write_text("{cut")
+    assert keeper.read_json(path) == {}
+    assert keeper.read_json(tmp_path / "missing.json") == {}
