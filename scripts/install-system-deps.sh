@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the Debian packages Strata's tests and demo use, where they are missing.
-#   fuse3, libfuse3-3, attr  FUSE mounts and xattrs (integration tests, demo)
+#   fuse3, attr              FUSE mounts (fusermount3) and xattrs (integration tests, demo)
 #   iproute2                 network namespaces, bridges
 #   rsync                    the FUSE test of `rsync -a` into a mount
 #   runc, containernetworking-plugins, nftables, conntrack, iptables
@@ -14,7 +14,6 @@ need=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 have_cmd fusermount3 || need+=(fuse3)
-[ -e /usr/lib/x86_64-linux-gnu/libfuse3.so.3 ] || ls /usr/lib/*/libfuse3.so.3 >/dev/null 2>&1 || need+=(libfuse3-3)
 have_cmd ip || need+=(iproute2)
 have_cmd getfattr || need+=(attr)
 have_cmd rsync || need+=(rsync)

@@ -150,7 +150,7 @@ def test_server_image_has_fuse_and_the_server_ports() -> None:
     runs = " ".join(final.values("RUN"))
     assert re.search(r"apt-get install -y --no-install-recommends fuse3\b", runs)
     assert "rm -rf /var/lib/apt/lists/*" in runs
-    # The import check loads libfuse3 (mfusepy) and the gRPC stubs at build time.
+    # The import check loads the FUSE server and the gRPC stubs at build time.
     assert "strata.cacheserver.fuse.daemon" in runs and "strata.cacheserver.worker.server" in runs
     ports = {int(p) for e in final.values("EXPOSE") for p in e.split()}
     assert ports == {constants.MASTER_RPC_PORT, constants.MASTER_HTTP_PORT, constants.WORKER_RPC_PORT,
