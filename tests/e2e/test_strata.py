@@ -754,3 +754,7 @@ def test_the_documented_uninstall_ends(
     strata.kubectl("delete", "-f", str(chart_dir / "crds"), "--timeout=120s")
     print(f"helm uninstall took {uninstalled:.1f}s, deleting the CRDs {time.monotonic() - started:.1f}s")
     assert not [c for c in strata.items("crd") if c["spec"]["group"] == "strata.dev"]
+    # The release's own pods end too (the next module installs it again and audits its
+    # account from its start: an operator still stopping would be refused by then).
+    wait_until(lambda: not strata.items("pods", RELEASE_NS), timeout=120, what=f"the pods of {RELEASE} to end",
+               diagnose=lambda: strata.describe_pods(RELEASE_NS))
