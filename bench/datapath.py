@@ -23,7 +23,6 @@ import resource
 import socket
 import subprocess
 import sys
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -191,6 +190,64 @@ def median(values: list[float]) -> float:
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
+def measure(stack: Any, local: Path, rel: str, counts: list[int], reps: int) -> list[dict[str, Any]]:
+    """For each reader count n: n processes read the file `rel` (under the stack's mount and
+    under `local`) through the data port of the stack's worker, warm, and n read it over
+    loopback TCP; `reps` interleaved runs each. One row per contestant and n: the runs and
+    their medians (GB/s, CPU seconds per GiB of readers and server), and the remote path's
+    share of the limit."""
+    from stack import MOUNT, OTHER_HOST, TOKEN
+    from strata.cacheserver.units import parse_size
+
+    size = (local / rel).stat().st_size
+    block = parse_size(stack.settings.block_size)
+    worker = next(c for c in stack.children if c.name == "worker").process.pid
+    options = {"master": stack.master_address, "token": TOKEN, "host": OTHER_HOST}
+    path = f"{MOUNT}/{rel}"
+    warm = Readers([{"kind": "strata", "options": options, "path": path, "size": size, "block": block, "first": 0}])
+    expected = warm.run(worker, "check")["crcs"]  # fills the cache
+    warm.close()
+    rows: list[dict[str, Any]] = []
+    sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(local / rel)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sender.stdout is not None
+        port = int(sender.stdout.readline())
+        blocks = -(-size // block)
+        for n in counts:
+            kinds = {
+                "strata-remote": (worker, [{"kind": "strata", "options": options, "path": path, "size": size,
+                                            "block": block, "first": i * blocks // n} for i in range(n)]),
+                "loopback-tcp": (sender.pid, [{"kind": "tcp", "port": port, "size": size, "block": block,
+                                               "first": i * blocks // n} for i in range(n)]),
+            }
+            started = {k: Readers(jobs) for k, (_, jobs) in kinds.items()}
+            runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+            try:
+                for k, readers in started.items():  # every reader's bytes checked, untimed
+                    got = readers.run(kinds[k][0], "check")["crcs"]
+                    if got != expected:
+                        raise AssertionError(f"{k} with {n} readers read other bytes: {got} != {expected}")
+                for _ in range(reps):  # interleaved: a change in load hits both alike
+                    for k, readers in started.items():
+                        runs[k].append(readers.run(kinds[k][0]))
+            finally:
+                for readers in started.values():
+                    readers.close()
+            for k, rs in runs.items():
+                row: dict[str, Any] = {"contestant": k, "readers": n, "reps": rs}
+                for key in ("gbps", "client_cpu_per_gib", "client_sys_per_gib", "server_cpu_per_gib"):
+                    row[key] = median([r[key] for r in rs])
+                rows.append(row)
+            limit = rows[-1]["gbps"]
+            rows[-2]["of_limit"] = rows[-2]["gbps"] / limit
+    finally:
+        sender.kill()
+        sender.wait(timeout=10)
+        if sender.stdout is not None:
+            sender.stdout.close()
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description="warm remote reads (data port) against loopback TCP")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -206,62 +263,20 @@ def main() -> int:
         return 0
 
     import datasets
-    from stack import BUCKET, MOUNT, OTHER_HOST, TOKEN, Stack, StackSettings
+    from stack import BUCKET, MOUNT, Stack, StackSettings
     from strata.cacheserver.units import parse_size
 
     size = parse_size(args.size)
     counts = [int(n) for n in args.readers.split(",") if n.strip()]
     local = args.workdir / "data"
     ds = datasets.text_dataset(local, f"text-{datasets.size_label(size)}", size)
-    rel = ds.files[0]
-    size = (local / rel).stat().st_size
+    size = (local / ds.files[0]).stat().st_size
     load = os.getloadavg()
-    rows: list[dict[str, Any]] = []
     with Stack(StackSettings(), args.workdir / "datapath") as stack:
         datasets.upload(ds, local, stack.s3fs(), BUCKET)
         stack.mount(MOUNT, f"s3://{BUCKET}")
-        block = parse_size(StackSettings().block_size)
-        worker = next(c for c in stack.children if c.name == "worker").process.pid
-        options = {"master": stack.master_address, "token": TOKEN, "host": OTHER_HOST}
-        path = f"{MOUNT}/{rel}"
-        warm = Readers([{"kind": "strata", "options": options, "path": path, "size": size, "block": block, "first": 0}])
-        expected = warm.run(worker, "check")["crcs"]  # fills the cache
-        warm.close()
-        sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(local / rel)], stdout=subprocess.PIPE, text=True)
-        try:
-            assert sender.stdout is not None
-            port = int(sender.stdout.readline())
-            blocks = -(-size // block)
-            for n in counts:
-                kinds = {
-                    "strata-remote": (worker, [{"kind": "strata", "options": options, "path": path, "size": size,
-                                                "block": block, "first": i * blocks // n} for i in range(n)]),
-                    "loopback-tcp": (sender.pid, [{"kind": "tcp", "port": port, "size": size, "block": block,
-                                                   "first": i * blocks // n} for i in range(n)]),
-                }
-                started = {k: Readers(jobs) for k, (_, jobs) in kinds.items()}
-                runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
-                try:
-                    for k, readers in started.items():  # every reader's bytes checked, untimed
-                        got = readers.run(kinds[k][0], "check")["crcs"]
-                        if got != expected:
-                            raise AssertionError(f"{k} with {n} readers read other bytes: {got} != {expected}")
-                    for _ in range(args.reps):  # interleaved: a change in load hits both alike
-                        for k, readers in started.items():
-                            runs[k].append(readers.run(kinds[k][0]))
-                finally:
-                    for readers in started.values():
-                        readers.close()
-                for k, rs in runs.items():
-                    row = {"contestant": k, "readers": n, "reps": rs}
-                    for key in ("gbps", "client_cpu_per_gib", "client_sys_per_gib", "server_cpu_per_gib"):
-                        row[key] = median([r[key] for r in rs])
-                    rows.append(row)
-                limit = rows[-1]["gbps"]
-                rows[-2]["of_limit"] = rows[-2]["gbps"] / limit
-        finally:
-            sender.kill()
-            sender.wait(timeout=10)
+        rows = measure(stack, local, ds.files[0], counts, args.reps)
+    block = parse_size(StackSettings().block_size)
     result = {"size": size, "block": block, "reps": args.reps, "load_start": load[0], "load_end": os.getloadavg()[0],
               "cpus": os.cpu_count(), "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)

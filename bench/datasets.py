@@ -5,11 +5,13 @@ match), uploaded to the store at the start of every run.
   are the dataset's size), in parts of up to 64 MiB; the expected sum is kept with them.
 - A text file of lines (wc -l style workload), with its line count.
 - A folder of small files for the metadata workload.
+- A training set: many files of ~100 KiB (an image dataset's shape), with their CRC-32 sum.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ PART_BYTES = 64 * MiB
 ROW_BYTES = 16  # two float64 columns
 LINE_CHUNK = 4 * MiB
 SMALL_FILE_BYTES = 100
+SAMPLE_KIB = (50, 150)  # a training sample's size range, KiB (mean ~100 KiB, as images are)
+UPLOAD_BATCH = 500      # small files put at once (s3fs sends them concurrently)
 
 
 @dataclass(frozen=True)
@@ -148,10 +152,30 @@ def small_files_dataset(root: Path, name: str, count: int) -> Dataset:
     return _dataset(root, name, _manifest(folder) or {})
 
 
+def training_dataset(root: Path, name: str, count: int, seed: int = 4) -> Dataset:
+    """`count` files of random bytes, 50-150 KiB each; the answer is the sum of their CRC-32s."""
+    folder = root / name
+    spec = {"kind": "training", "count": count, "seed": seed}
+    if (made := _made(root, name, spec)) is not None:
+        return made
+    rng = np.random.default_rng(seed)
+    files, total = [], 0
+    for i in range(count):
+        data = rng.bytes(int(rng.integers(*SAMPLE_KIB, endpoint=True)) * 1024)
+        file = f"s-{i:06d}.bin"
+        (folder / file).write_bytes(data)
+        total += zlib.crc32(data)
+        files.append(file)
+    _write_manifest(folder, files, float(total), spec)
+    return _dataset(root, name, _manifest(folder) or {})
+
+
 def upload(dataset: Dataset, local_root: Path, s3: Any, bucket: str) -> None:
     """Put the dataset's files into the bucket (small files in concurrent batches)."""
     if len(dataset.files) > 100:
-        s3.pipe({f"{bucket}/{f}": (local_root / f).read_bytes() for f in dataset.files})
+        for i in range(0, len(dataset.files), UPLOAD_BATCH):
+            batch = dataset.files[i:i + UPLOAD_BATCH]
+            s3.pipe({f"{bucket}/{f}": (local_root / f).read_bytes() for f in batch})
         return
     for f in dataset.files:
         s3.put_file(str(local_root / f), f"{bucket}/{f}")

@@ -4,8 +4,9 @@
 
 It builds its filesystem, prints READY, waits for a line on stdin (so several readers start
 together and their import time is not measured), runs the operation and prints one JSON
-line: {"seconds": ..., "result": ...} (one per run with "repeat": N; "full_paths" instead of
-"paths" gives paths not under the access's root).
+line: {"seconds": ..., "cpu": ..., "result": ...} (one per run with "repeat": N; "full_paths"
+instead of "paths" gives paths not under the access's root; "cpu" is the CPU seconds of this
+process, all threads, during the run).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ def main() -> None:
     sys.stdin.readline()
     paths = job.get("full_paths") or [access.path(p) for p in job["paths"]]
     for _ in range(int(job.get("repeat", 1))):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = run_op(job["op"], fs, paths)
         seconds = time.perf_counter() - start
-        print(json.dumps({"seconds": seconds, "result": result}), flush=True)
+        print(json.dumps({"seconds": seconds, "cpu": time.process_time() - cpu, "result": result}), flush=True)
     if fs is not None:
         close_filesystem(fs)
 

@@ -1,10 +1,11 @@
-"""Targets of issue 6 judged from one run, and the run written as JSON, a Markdown table and
+"""Targets of issues 6 and 15 judged from one run, and the run written as JSON, a Markdown table and
 a PNG plot (medians with min-max error bars)."""
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from collections.abc import Callable, Sequence
@@ -74,7 +75,12 @@ def _at_least(share: float) -> Callable[[float], bool]:
     return lambda ratio: ratio >= share
 
 
-def judge(workloads: list[Workload]) -> list[Target]:
+def judge(workloads: list[Workload], rate_mbit: float = 1000.0) -> list[Target]:
+    """The targets of issue 6, then those of issue 15."""
+    return judge_issue6(workloads) + judge_issue15(workloads, rate_mbit)
+
+
+def judge_issue6(workloads: list[Workload]) -> list[Target]:
     targets: list[Target] = []
     agg = _largest(workloads, "aggregate-")
     for x in STRATA:
@@ -124,6 +130,94 @@ def judge(workloads: list[Workload]) -> list[Target]:
     return targets
 
 
+# Issue 15: every warm path near the page cache (the remote path near loopback TCP), warm
+# spread near the page cache's, cold reads near the link's limit, one worker serving many.
+PAGE_CACHE_SHARE = 0.9
+LOOPBACK_SHARE = 0.8
+SPREAD_MARGIN = 0.1
+LINK_SHARE = 0.9
+MANY_READERS_SHARE = 0.7
+LOCAL_PATHS = ("strata-fuse", "strata-sc")  # paths on the worker's node, judged against the page cache
+
+
+def judge_issue15(workloads: list[Workload], rate_mbit: float) -> list[Target]:
+    targets: list[Target] = []
+    warm_workloads = [w for w in workloads if w.id.split("-")[0] in ("aggregate", "linecount", "training", "spill")]
+    for w in warm_workloads:
+        for x in LOCAL_PATHS:
+            targets.append(_ratio(
+                f"i15-warm-page-cache/{w.id}/{x}", f"warm read at least {PAGE_CACHE_SHARE:.0%} of the page cache's speed "
+                f"({w.id}): {x}", w, x, "warm", "local", "warm", lambda sx, sl: sl.median / sx.median,
+                _at_least(PAGE_CACHE_SHARE), f">= {PAGE_CACHE_SHARE}",
+                lambda sx, sl: f"warm median {sx.median:.3f} s, page cache {sl.median:.3f} s"))
+        if w.id.startswith("linecount-"):
+            targets.append(_ratio(
+                f"i15-warm-loopback/{w.id}/strata-remote", f"remote warm read at least {LOOPBACK_SHARE:.0%} of a loopback "
+                f"TCP read from another process ({w.id}): strata-remote", w, "strata-remote", "warm", "loopback-tcp",
+                "warm", lambda sx, st: st.median / sx.median, _at_least(LOOPBACK_SHARE), f">= {LOOPBACK_SHARE}",
+                lambda sx, st: f"warm median {sx.median:.3f} s, loopback TCP {st.median:.3f} s"))
+        if w.id.startswith(("aggregate-", "linecount-")):
+            for x in STRATA:
+                targets.append(_ratio(
+                    f"i15-warm-spread/{w.id}/{x}", f"warm spread within {SPREAD_MARGIN} of the page cache's ({w.id}): {x}",
+                    w, x, "warm", "local", "warm", lambda sx, sl: sx.spread - sl.spread,
+                    lambda r: r <= SPREAD_MARGIN, f"<= +{SPREAD_MARGIN}",
+                    lambda sx, sl: f"spread {sx.spread:.2f}, page cache {sl.spread:.2f}"))
+    link_bytes_per_s = rate_mbit * 1e6 / 8
+    for w in workloads:
+        if not w.id.startswith(("aggregate-", "linecount-", "spill-")):
+            continue
+        limit = w.bytes / link_bytes_per_s
+        for x in STRATA:
+            targets.append(_ratio(
+                f"i15-cold-link/{w.id}/{x}", f"cold read at least {LINK_SHARE:.0%} of the link's limit "
+                f"({rate_mbit:g} Mbit/s, {limit:.2f} s) and no slower than direct s3fs ({w.id}): {x}",
+                w, x, "cold", BASE, "cold", lambda sx, sb: limit / sx.median,
+                _at_least(LINK_SHARE), f">= {LINK_SHARE}",
+                lambda sx, sb: f"cold median {sx.median:.3f} s ({w.bytes / sx.median / 1e6:.0f} MB/s), s3fs "
+                               f"{sb.median:.3f} s" + ("" if sx.median <= sb.median else "; SLOWER than s3fs")))
+            last = targets[-1]
+            pair = _pair(w, x, "cold", BASE, "cold")
+            if last.verdict == "PASS" and not isinstance(pair, str) and pair[0].median > pair[1].median:
+                last.verdict = "MISS"
+    for w in workloads:
+        if w.id.startswith("spill-"):
+            for x in STRATA:
+                s = w.get(x, "warm")
+                text = f"spill: the warm read of a dataset twice the MEM tier reads nothing from the store: {x}"
+                if s is None or not s.ok:
+                    targets.append(_na(f"i15-spill-store/{x}", text, s.skipped if s else f"{x} was not measured"))
+                    continue
+                fetched = s.extra.get("store_bytes", [])
+                ratios = [r for r in s.extra.get("hit_ratio", []) if r is not None]
+                targets.append(Target(
+                    f"i15-spill-store/{x}", text, _verdict(bool(fetched) and max(fetched) == 0, s),
+                    float(max(fetched) if fetched else -1), "0 bytes from the store",
+                    f"warm: {max(fetched) if fetched else '?':,.0f} bytes from the store (max over reps); worker hit "
+                    f"ratio {min(ratios) if ratios else float('nan'):.2f}; MEM tier {w.extra.get('mem_quota', 0) / 2**20:.0f} MiB"))
+        if w.id.startswith("readers-"):
+            for phase in _phases(w):
+                targets.append(_ratio(
+                    f"i15-many-readers/{w.id}/{phase}", f"one worker serving {phase} at once: at least "
+                    f"{MANY_READERS_SHARE:.0%} of the loopback TCP limit", w, "strata-remote", phase, "loopback-tcp", phase,
+                    lambda sx, st: st.median / sx.median, _at_least(MANY_READERS_SHARE), f">= {MANY_READERS_SHARE}",
+                    lambda sx, st: f"{w.bytes * _count(sx.phase) / sx.median / 1e6:.0f} MB/s in all, loopback "
+                                   f"{w.bytes * _count(sx.phase) / st.median / 1e6:.0f} MB/s; CPU s/GiB: readers "
+                                   f"{_median(sx.extra.get('client_cpu_s_per_gib'))} (loopback "
+                                   f"{_median(st.extra.get('client_cpu_s_per_gib'))}), worker "
+                                   f"{_median(sx.extra.get('server_cpu_s_per_gib'))} (sender "
+                                   f"{_median(st.extra.get('server_cpu_s_per_gib'))})"))
+    return targets
+
+
+def _count(phase: str) -> int:
+    return int(phase.split()[0])
+
+
+def _median(values: list[float] | None) -> str:
+    return f"{statistics.median(values):.2f}" if values else "?"
+
+
 def _mib(values: list[float]) -> str:
     if not values:
         return "?"
@@ -155,7 +249,7 @@ def workload_table(w: Workload) -> list[str]:
     phases = _phases(w)
     base = {p: w.get(BASE, p) for p in phases}
     head = ["contestant"] + [f"{p}: median (min–max) s" for p in phases]
-    if w.bytes and not w.id.startswith("sharing"):
+    if w.bytes and not w.id.startswith(("sharing", "readers")):
         head += [f"{p} MB/s" for p in phases]
     head += [f"{p} vs s3fs" for p in phases if base[p] is not None and base[p].ok]  # type: ignore[union-attr]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -167,7 +261,7 @@ def workload_table(w: Workload) -> list[str]:
     for cid, label in contestants:
         series = {p: w.get(cid, p) for p in phases}
         cells = [label] + [_cell(series[p]) for p in phases]
-        if w.bytes and not w.id.startswith("sharing"):
+        if w.bytes and not w.id.startswith(("sharing", "readers")):
             cells += [f"{w.bytes / s.median / 1e6:.0f}" if s is not None and s.ok else "" for s in series.values()]
         for p in phases:
             b = base[p]

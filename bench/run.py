@@ -15,8 +15,11 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -25,13 +28,19 @@ import datasets  # noqa: E402
 import report  # noqa: E402
 from contestants import build  # noqa: E402
 from stack import BUCKET, MOUNT, NODE, OTHER_HOST, TOKEN, Stack, StackSettings  # noqa: E402
+from results import Workload  # noqa: E402
 from workloads import Runner  # noqa: E402
 
 META_MOUNT = "/bench-meta"
-WORKLOADS = ("aggregate", "linecount", "write", "sharing", "metadata")
+WORKLOADS = ("aggregate", "linecount", "write", "sharing", "metadata", "training", "spill", "readers")
 
-QUICK: dict[str, str | int] = {"agg": "64Mi,128Mi", "text": "128Mi", "write": "64Mi", "share": "64Mi", "files": 1000, "reps": 3}
-FULL: dict[str, str | int] = {"agg": "256Mi,1Gi", "text": "1Gi", "write": "256Mi", "share": "256Mi", "files": 10000, "reps": 7}
+QUICK: dict[str, str | int] = {"agg": "64Mi,128Mi", "text": "128Mi", "write": "64Mi", "share": "64Mi", "files": 1000,
+                               "train": 2000, "spill_mem": "128Mi", "readers": "32Mi", "reps": 3}
+FULL: dict[str, str | int] = {"agg": "256Mi,1Gi", "text": "1Gi", "write": "256Mi", "share": "256Mi", "files": 10000,
+                              "train": 100000, "spill_mem": "1Gi", "readers": "256Mi", "reps": 7}
+# The spill workload's own stack: MEM as given, an SSD tier this many times larger, and a
+# dataset twice the MEM tier.
+SPILL_SSD_FACTOR = 4
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--big-cold-reps", type=int, default=3,
                    help="cold repetitions for datasets of 1 GiB or more (default 3; warm keeps --reps)")
     p.add_argument("--files", type=int, help="small files for the metadata workload")
+    p.add_argument("--train-files", type=int, help="files of ~100 KiB for the training workload (default 100000, quick 2000)")
+    p.add_argument("--spill-mem", help="MEM tier of the spill workload's own worker; its dataset is twice that "
+                                       "(default 1Gi, quick 128Mi)")
+    p.add_argument("--readers-size", help="file the many-readers workload reads (default 256Mi, quick 32Mi)")
     p.add_argument("--rate-mbit", type=float, default=1000.0, help="store link bandwidth, Mbit/s (default 1000)")
     p.add_argument("--ttfb-ms", type=float, default=20.0, help="time to first byte added per store request (default 20)")
     p.add_argument("--mem", default="4Gi", help="the Strata worker's MEM tier quota (default 4Gi)")
@@ -87,6 +100,43 @@ def link_check(stack: Stack, dataset: datasets.Dataset) -> str:
             f"{size / seconds / 1e6:.0f} MB/s (boto3)")
 
 
+def on_stack(settings: StackSettings, args: argparse.Namespace, local: Path, reps: int,
+             needed: list[datasets.Dataset], meta: datasets.Dataset | None,
+             workloads: Callable[[Runner], list[Workload]]) -> tuple[str, dict[str, Any], list[Workload]]:
+    """Start a stack with these settings, put the datasets in its store, mount the bucket and
+    run `workloads`; returns the link check, the link's description and what was measured."""
+    with Stack(settings, args.workdir / "run") as stack:
+        log(f"store at {stack.endpoint_url} ({stack.link.describe()['mode']}); Strata master {stack.master_address}; "
+            f"MEM {settings.mem_quota}{f', SSD {settings.ssd_quota}' if settings.ssd_quota else ''}")
+        s3 = stack.s3fs()
+        for d in needed:
+            log(f"uploading {d.name} ({d.bytes / 2**20:.0f} MiB, {len(d.files)} files)")
+            datasets.upload(d, local, s3, BUCKET)
+        checked = link_check(stack, needed[0])
+        log(f"link check: {checked}")
+        stack.mount(MOUNT, f"s3://{BUCKET}")
+        if meta is not None:
+            stack.mount(META_MOUNT, f"s3://{BUCKET}/{meta.name}")
+        contestants = build(stack, local, args.workdir / "run", bucket=BUCKET, mount=MOUNT, node=NODE,
+                            other_host=OTHER_HOST, token=TOKEN)
+        if args.contestants:
+            chosen = {c.strip() for c in args.contestants.split(",") if c.strip()}
+            unknown_ids = chosen - {c.id for c in contestants}
+            if unknown_ids:
+                raise SystemExit(f"--contestants: unknown {sorted(unknown_ids)}; choose from "
+                                 f"{','.join(c.id for c in contestants)}")
+            contestants = [c for c in contestants if c.id in chosen]
+        for c in contestants:
+            if c.unavailable:
+                log(f"{c.id}: {c.unavailable}")
+        runner = Runner(stack, contestants, local, reps, BUCKET, MOUNT, log=log, big_cold_reps=args.big_cold_reps)
+        try:
+            return checked, stack.link.describe(), workloads(runner)
+        finally:
+            for c in contestants:
+                c.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     preset = QUICK if args.quick else FULL
@@ -101,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     write_size, = parse_sizes(args.write_size or str(preset["write"]))
     share_size, = parse_sizes(args.share_size or str(preset["share"]))
     files = args.files or int(preset["files"])
+    train_files = args.train_files or int(preset["train"])
+    spill_mem, = parse_sizes(args.spill_mem or str(preset["spill_mem"]))
+    readers_size, = parse_sizes(args.readers_size or str(preset["readers"]))
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
 
@@ -116,49 +169,47 @@ def main(argv: list[str] | None = None) -> int:
         local, f"agg-{datasets.size_label(share_size)}", share_size)
     meta = datasets.small_files_dataset(local, f"meta-{files}", files)
 
+    train = datasets.training_dataset(local, f"train-{train_files}", train_files) if "training" in only else None
+    spill = (datasets.parquet_dataset(local, f"agg-{datasets.size_label(2 * spill_mem)}", 2 * spill_mem)
+             if "spill" in only else None)
+    readers = (datasets.text_dataset(local, f"text-{datasets.size_label(readers_size)}", readers_size)
+               if "readers" in only else None)
+
     settings = StackSettings(rate_mbit=args.rate_mbit, ttfb_ms=args.ttfb_ms, mem_quota=args.mem)
-    workloads = []
-    with Stack(settings, args.workdir / "run") as stack:
-        log(f"store at {stack.endpoint_url} ({stack.link.describe()['mode']}); Strata master {stack.master_address}")
-        s3 = stack.s3fs()
-        wanted = {"aggregate": agg, "linecount": [text], "sharing": [share], "metadata": [meta]}
-        needed = {d.name: d for w, ds in wanted.items() if w in only for d in ds}
-        needed.setdefault(agg[0].name, agg[0])  # the link check reads it
-        for d in needed.values():
-            log(f"uploading {d.name} ({d.bytes / 2**20:.0f} MiB, {len(d.files)} files)")
-            datasets.upload(d, local, s3, BUCKET)
-        checked = link_check(stack, agg[0])
-        log(f"link check: {checked}")
-        stack.mount(MOUNT, f"s3://{BUCKET}")
-        stack.mount(META_MOUNT, f"s3://{BUCKET}/{meta.name}")
-        contestants = build(stack, local, args.workdir / "run", bucket=BUCKET, mount=MOUNT, node=NODE,
-                            other_host=OTHER_HOST, token=TOKEN)
-        if args.contestants:
-            chosen = {c.strip() for c in args.contestants.split(",") if c.strip()}
-            unknown_ids = chosen - {c.id for c in contestants}
-            if unknown_ids:
-                raise SystemExit(f"--contestants: unknown {sorted(unknown_ids)}; choose from "
-                                 f"{','.join(c.id for c in contestants)}")
-            contestants = [c for c in contestants if c.id in chosen]
-        for c in contestants:
-            if c.unavailable:
-                log(f"{c.id}: {c.unavailable}")
-        runner = Runner(stack, contestants, local, reps, BUCKET, MOUNT, log=log, big_cold_reps=args.big_cold_reps)
-        try:
-            if "aggregate" in only:
-                workloads += [runner.aggregation(d) for d in agg]
-            if "linecount" in only:
-                workloads.append(runner.line_count(text))
-            if "write" in only:
-                workloads.append(runner.writes(write))
-            if "sharing" in only:
-                workloads.append(runner.sharing(share))
-            if "metadata" in only:
-                workloads.append(runner.metadata(meta, META_MOUNT))
-        finally:
-            for c in contestants:
-                c.close()
-        network = stack.link.describe()
+    wanted = {"aggregate": agg, "linecount": [text], "sharing": [share], "metadata": [meta],
+              "training": [train], "readers": [readers]}
+    needed = {agg[0].name: agg[0]}  # the link check reads it
+    needed.update({d.name: d for w, ds in wanted.items() if w in only for d in ds if d is not None})
+    checked, network = "", {}
+
+    def main_workloads(runner: Runner) -> list[Workload]:
+        found = []
+        if "aggregate" in only:
+            found += [runner.aggregation(d) for d in agg]
+        if "linecount" in only:
+            found.append(runner.line_count(text))
+        if "write" in only:
+            found.append(runner.writes(write))
+        if "sharing" in only:
+            found.append(runner.sharing(share))
+        if "metadata" in only:
+            found.append(runner.metadata(meta, META_MOUNT))
+        if train is not None:
+            found.append(runner.training(train))
+        if readers is not None:
+            found.append(runner.many_readers(readers))
+        return found
+
+    workloads: list[Workload] = []
+    if only - {"spill"}:
+        checked, network, found = on_stack(settings, args, local, reps, list(needed.values()), meta, main_workloads)
+        workloads += found
+    if spill is not None:
+        spill_settings = replace(settings, mem_quota=str(spill_mem), ssd_quota=str(SPILL_SSD_FACTOR * spill_mem))
+        checked_spill, network, found = on_stack(spill_settings, args, local, reps, [spill], None,
+                                                 lambda runner: [runner.spill(spill, spill_mem)])
+        checked = checked or checked_spill
+        workloads += found
 
     run = {
         "name": name, "started": started.isoformat(timespec="seconds"), "duration_s": time.monotonic() - t0,
@@ -167,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                      "block_size": settings.block_size, "readahead_blocks": settings.readahead_blocks},
         "machine": {"cpus": os.cpu_count(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
                     "load_start": load_start, "load_end": os.getloadavg()[0], "python": sys.version.split()[0]},
-        "sizes": {"aggregate": agg_sizes, "text": text_size, "write": write_size, "share": share_size, "files": files},
+        "sizes": {"aggregate": agg_sizes, "text": text_size, "write": write_size, "share": share_size, "files": files,
+                  "train_files": train_files, "spill_mem": spill_mem, "readers": readers_size},
     }
-    targets = report.judge(workloads)
+    targets = report.judge(workloads, rate_mbit=args.rate_mbit)
     paths = report.write(args.out, name, run, workloads, targets)
     if not args.quick and not args.no_readme and only == set(WORKLOADS) and not args.contestants:
         report.update_readme(BENCH / "README.md", name, run, targets, workloads)

@@ -48,6 +48,7 @@ class StackSettings:
     rate_mbit: float = 1000.0
     ttfb_ms: float = 20.0
     mem_quota: str = "4Gi"
+    ssd_quota: str = ""          # an SSD tier under the run's folder, below MEM ("" = none)
     block_size: str = "16Mi"
     readahead_blocks: int = 2
 
@@ -210,7 +211,9 @@ class Stack:
         config = {
             "blockSize": self.settings.block_size,
             "masterAddress": self.master_address,
-            "tiers": [{"medium": "MEM", "quota": self.settings.mem_quota, "dirs": [str(shm)]}],
+            "tiers": [{"medium": "MEM", "quota": self.settings.mem_quota, "dirs": [str(shm)]}]
+            + ([{"medium": "SSD", "quota": self.settings.ssd_quota, "dirs": [str(root / "ssd")]}]
+               if self.settings.ssd_quota else []),
             "cachePolicy": {"readaheadBlocks": self.settings.readahead_blocks},
         }
         (root / "worker.yaml").write_text(yaml.safe_dump(config))

@@ -1,10 +1,12 @@
-"""The five workloads of issue 6. Repetitions are interleaved (rep 1 of every contestant,
+"""The five workloads of issue 6 and the three of issue 15 (training-style reads, a dataset
+larger than the MEM tier, many readers on one worker). Repetitions are interleaved (rep 1 of every contestant,
 then rep 2, ...) so a change in the machine's load hits all contestants alike."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import select
 import subprocess
 import sys
@@ -271,14 +273,23 @@ class Runner:
 
     def _readers(self, c: Contestant, dataset: Dataset, count: int) -> float:
         """Start `count` reader processes, let them go at once; seconds until the last is done."""
-        procs = []
+        jobs = []
         for _ in range(count):
             access = c.access
             if c.id == "simplecache":  # a per-process cache: every process starts with its own
                 access = Access(access.kind, access.root, {**access.options, "cache_storage": str(self._fresh_cache(c))})
-            job = {"access": access.to_json(), "op": "aggregate", "paths": list(dataset.files)}
-            procs.append(subprocess.Popen([sys.executable, "-P", str(BENCH / "reader.py"), json.dumps(job)],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy()))
+            jobs.append({"access": access.to_json(), "op": "aggregate", "paths": list(dataset.files)})
+        seconds, outputs = self._processes(jobs)
+        for out in outputs:
+            check("aggregate", float(out["result"]), dataset.expected, f"{c.id} reader")
+        return seconds
+
+    def _processes(self, jobs: Sequence[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
+        """One reader process per job (bench/reader.py), let go at once once all are ready;
+        seconds until the last is done, and what each printed."""
+        procs = [subprocess.Popen([sys.executable, "-P", str(BENCH / "reader.py"), json.dumps(job)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+                 for job in jobs]
         try:
             for p in procs:
                 self._expect_line(p, "READY")
@@ -287,10 +298,8 @@ class Runner:
                 assert p.stdin is not None
                 p.stdin.write("go\n")
                 p.stdin.flush()
-            for p in procs:
-                line = self._expect_line(p, "{")
-                check("aggregate", float(json.loads(line)["result"]), dataset.expected, f"{c.id} reader")
-            return time.perf_counter() - start
+            outputs = [json.loads(self._expect_line(p, "{")) for p in procs]
+            return time.perf_counter() - start, outputs
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -355,5 +364,128 @@ class Runner:
                 warm.times, warm.failures = list(cold.times), list(cold.failures)
                 cold.note = warm.note = ("one series: a new s3fs lists the store, then stats from its listing cache"
                                          if c.id == "s3fs" else "one series: local metadata is always cached")
+        w.load = (w.load[0], load1())
+        return w
+
+    # -- issue 15, 1: training-style reads ----------------------------------------------------
+
+    def training(self, dataset: Dataset, loaders: int = 4, epochs: int = 2) -> Workload:
+        """`loaders` processes read every file of the dataset once per epoch, each a share of
+        a new shuffled order, as a data loader's workers do. Epoch 1 is cold, the next warm."""
+        n = len(dataset.files)
+        w = Workload(f"training-{n}", f"Training reads: {n:,} files of ~100 KiB, {loaders} loaders, {epochs} epochs",
+                     f"{loaders} loader processes read whole files ({dataset.bytes / 2**20:.0f} MiB in all) in a shuffled "
+                     f"order, a new one each epoch; time of each epoch (files/s in the table's notes); epoch 1 cold, "
+                     "the others warm", dataset.bytes)
+        ids = ["s3fs", "simplecache", "strata-remote", "strata-fuse", "strata-sc", "local"]
+        chosen = [self.by_id[c] for c in ids if c in self.by_id]
+        self.skip_unavailable(w, chosen, ("cold", "warm"))
+        w.load = (load1(), 0.0)
+        for rep in range(self.reps):
+            for c in chosen:
+                if c.unavailable:
+                    continue
+                c.cold([dataset.name])
+                for epoch in range(epochs):
+                    phase = "cold" if epoch == 0 else "warm"
+                    order = list(dataset.files)
+                    random.Random(rep * epochs + epoch).shuffle(order)
+                    jobs = [{"access": c.access.to_json(), "op": "read_files", "paths": order[i::loaders]}
+                            for i in range(loaders)]
+                    series = w.series_for(c.id, c.label, phase)
+
+                    def run() -> float:
+                        seconds, outputs = self._processes(jobs)
+                        check("read_files", sum(float(o["result"]) for o in outputs), dataset.expected, c.id)
+                        series.extra.setdefault("client_cpu_s", []).append(sum(o["cpu"] for o in outputs))
+                        return seconds
+
+                    seconds = self.attempt(series, rep, run)
+                    if seconds is not None:
+                        series.extra.setdefault("files_per_s", []).append(n / seconds)
+                        self.log(f"[{w.id}] rep {rep + 1}/{self.reps} {c.id:14s} epoch {epoch + 1} {seconds:7.3f} s"
+                                 f"  ({n / seconds:8.0f} files/s)  load {load1():.1f}")
+        for c in chosen:
+            if c.id == "s3fs" and not c.unavailable:
+                w.series_for(c.id, c.label, "warm").note = "no cache: every epoch reads the store"
+            if c.cached and not c.unavailable:
+                c.cold([dataset.name])
+        w.load = (w.load[0], load1())
+        return w
+
+    # -- issue 15, 2: a dataset larger than the MEM tier --------------------------------------
+
+    def spill(self, dataset: Dataset, mem_quota: int) -> Workload:
+        """The aggregation of a dataset about twice the worker's MEM tier: its blocks spill to
+        the SSD tier. The warm read should come from MEM and SSD, none from the store."""
+        w = Workload(f"spill-{size_label(dataset.nominal)}",
+                     f"A dataset twice the MEM tier, {human(dataset.nominal)} (MEM {human(mem_quota)} + SSD)",
+                     "the aggregation, cold then warm, with blocks spilling from the MEM tier to the SSD tier; "
+                     "store bytes and cache hit ratio of the warm read from the worker's counters", dataset.bytes)
+        ids = ["s3fs", "strata-remote", "strata-fuse", "strata-sc", "local"]
+        chosen = [self.by_id[c] for c in ids if c in self.by_id]
+        self.skip_unavailable(w, chosen, ("cold", "warm"))
+        w.load = (load1(), 0.0)
+        paths_of = {c.id: [c.access.path(f) for f in dataset.files] for c in chosen}
+        for rep in range(self.reps):
+            for c in chosen:
+                if c.unavailable:
+                    continue
+                c.cold([dataset.name])
+                for phase in ("cold", "warm") if c.cached else ("cold",):
+                    series = w.series_for(c.id, c.label, phase)
+                    before = self.stack.worker_counters()
+                    with c.filesystem() as fs:
+                        seconds = self.attempt(series, rep, lambda: self.timed(
+                            lambda: aggregate(fs, paths_of[c.id]), dataset.expected, "aggregate", c.id))
+                    after = self.stack.worker_counters()
+                    if seconds is None:
+                        continue
+                    if c.id.startswith("strata"):
+                        hits = after.get("cache_hits", 0) - before.get("cache_hits", 0)
+                        misses = after.get("cache_misses", 0) - before.get("cache_misses", 0)
+                        series.extra.setdefault("store_bytes", []).append(
+                            after.get("ufs_bytes_read", 0) - before.get("ufs_bytes_read", 0))
+                        series.extra.setdefault("hit_ratio", []).append(hits / (hits + misses) if hits + misses else None)
+                    self.log(f"[{w.id}] rep {rep + 1}/{self.reps} {c.id:14s} {phase:5s} {seconds:7.3f} s"
+                             f"  ({dataset.bytes / seconds / 1e6:8.1f} MB/s)  store bytes "
+                             f"{series.extra.get('store_bytes', ['-'])[-1]}")
+        for c in chosen:
+            if c.cached and not c.unavailable:
+                c.cold([dataset.name])
+        w.load = (w.load[0], load1())
+        w.extra["mem_quota"] = mem_quota
+        return w
+
+    # -- issue 15, 3: many readers on one worker ------------------------------------------------
+
+    def many_readers(self, dataset: Dataset, counts: Sequence[int] = (8, 32)) -> Workload:
+        """n processes on a host without a worker read the same warm file at once from one
+        worker's data port, against n processes reading it over loopback TCP from another
+        process (datapath.py: bytes checked, CPU per GiB of readers and server)."""
+        import datapath
+
+        w = Workload(f"readers-{size_label(dataset.nominal)}",
+                     f"Many readers on one worker: {', '.join(map(str, counts))} processes, {human(dataset.nominal)} each",
+                     "n processes each read the same warm file whole, 16 MiB per read(), reader i starting at block "
+                     "i*blocks/n; time until the last is done; CPU seconds per GiB of the readers and of the server "
+                     "(the worker, or the loopback sender)", dataset.bytes)
+        labels = {"strata-remote": self.by_id["strata-remote"].label if "strata-remote" in self.by_id else "strata-remote",
+                  "loopback-tcp": "loopback TCP from another process (sendfile from page cache)"}
+        w.load = (load1(), 0.0)
+        try:
+            rows = datapath.measure(self.stack, self.local_root, dataset.files[0], list(counts), self.reps)
+        finally:
+            for c in self.contestants:
+                if c.id == "strata-remote":
+                    c.cold([dataset.name])
+        for row in rows:
+            series = w.series_for(row["contestant"], labels[row["contestant"]], f"{row['readers']} readers")
+            series.times = [r["wall"] for r in row["reps"]]
+            series.extra.update({"mb_per_s": [r["bytes"] / r["wall"] / 1e6 for r in row["reps"]],
+                                 "client_cpu_s_per_gib": [r["client_cpu_per_gib"] for r in row["reps"]],
+                                 "server_cpu_s_per_gib": [r["server_cpu_per_gib"] for r in row["reps"]]})
+            self.log(f"[{w.id}] {row['contestant']:14s} {row['readers']:3d} readers {row['gbps'] * 1000:8.1f} MB/s in all"
+                     f"  CPU s/GiB: readers {row['client_cpu_per_gib']:.2f}, server {row['server_cpu_per_gib']:.2f}")
         w.load = (w.load[0], load1())
         return w
