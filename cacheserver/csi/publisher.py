@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..auth import CREDENTIAL_ENV
@@ -186,12 +186,32 @@ class Publisher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=1)
 
+    def _served_by(self, target: str) -> int:
+        """The live process serving the mount at `target` as its keeper last recorded (0: none).
+        A successor started by an earlier plugin may serve a mount whose record still names
+        the dead process before it."""
+        recorded = keeper.read_json(keeper.state_dir(Path(target)) / keeper.KEEPER).get("server_pid")
+        pid = recorded if isinstance(recorded, int) else 0
+        return pid if pid > 0 and self._alive(pid, target) else 0
+
     def _kept(self, record: Publication | None) -> bool:
-        """True if `record`'s FUSE process is gone and a keeper holds its mount for a successor.
-        Decided from the process and the keeper's socket alone: a stat of such a mount waits."""
-        if record is None or self._alive(record.pid, record.target):
+        """True if `record`'s mount has no live server and a keeper holds it for a successor.
+        Decided from processes and the keeper's files alone: a stat of such a mount waits."""
+        if record is None or self._alive(record.pid, record.target) or self._served_by(record.target):
             return False
         return (keeper.state_dir(Path(record.target)) / keeper.SOCKET).exists()
+
+    def _wait_serving(self, pid: int, target: str) -> None:
+        """Wait until the keeper of `target` hands its mount to `pid` (a successor refused
+        because another process serves the mount ends instead)."""
+        deadline = time.monotonic() + self.mount_timeout
+        while self._served_by(target) != pid:
+            if not self._alive(pid, target):
+                raise Unavailable(f"the FUSE process taking over {target} ended before it served")
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the FUSE process taking over {target} did not serve within "
+                                  f"{self.mount_timeout:.0f}s")
+            time.sleep(0.05)
 
     # -- publish -------------------------------------------------------------------------------
 
@@ -240,6 +260,8 @@ class Publisher:
             f.write(source.token)
         pid = self._spawn(target, source, read_only, token_file, log_file)
         try:
+            if resume:
+                self._wait_serving(pid, target)
             wait_mounted(target, self.mount_timeout, fstype=FSTYPE, alive=lambda: self._alive(pid, target),
                          what=f"the FUSE process of {source.name}")
         except Unavailable as exc:
@@ -327,6 +349,11 @@ class Publisher:
 
     def _recover(self, record: Publication) -> None:
         target = record.target
+        server = self._served_by(target)
+        if server and server != record.pid:  # a successor whose start an earlier plugin did not see end
+            log.info("%s at %s is served by pid %d; keeping it", record.volume_id, target, server)
+            self._save(replace(record, pid=server))
+            return
         kept = self._kept(record)
         if not kept:
             state = mount_state(target)

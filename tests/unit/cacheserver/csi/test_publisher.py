@@ -3,10 +3,12 @@ retries a volume that fails (no FUSE here: the integration tests mount for real)
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,17 +44,30 @@ def test_a_mount_is_kept_only_when_its_server_is_gone_and_its_keeper_listens(
     state.mkdir(parents=True)
     (state / keeper.SOCKET).touch()
     assert publisher._kept(gone)
-    # A live server (this process stands in: its command line names "fuse" and the target) serves it.
+    with fake_server(target) as pid:
+        assert not publisher._kept(record(target, pid))  # its server lives
+        # A successor the keeper recorded serves it, though the record names the dead one.
+        keeper.write_json(state / keeper.KEEPER, {"keeper_pid": 1, "server_pid": pid})
+        assert not publisher._kept(gone)
+        publisher._save(gone)
+        publisher._recover(gone)  # adopts the successor: nothing started, nothing unmounted
+        assert publisher.load(str(target)) == record(target, pid)
+    assert publisher._kept(record(target, pid))  # and once that one is gone too, kept again
+    assert not publisher._kept(None)
+
+
+@contextlib.contextmanager
+def fake_server(target: Path) -> Iterator[int]:
+    """A live process whose command line names `fuse` and the target, as a volume's server's does."""
     serving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "fuse", str(target)])
     try:
         cmdline = Path(f"/proc/{serving.pid}/cmdline")
         while str(target).encode() not in cmdline.read_bytes():  # until it runs its own program
             time.sleep(0.01)
-        assert not publisher._kept(record(target, serving.pid))
+        yield serving.pid
     finally:
         serving.kill()
         serving.wait()
-    assert not publisher._kept(None)
 
 
 def test_the_watch_tries_a_failing_volume_again_less_and_less_often(
