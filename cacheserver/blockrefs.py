@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .cache.keys import BlockKey
-from .proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 
 def key_of(ref: pb.BlockRef) -> BlockKey:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import FailedPrecondition, Unavailable
+from strata.contract.errors import FailedPrecondition, Unavailable
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 # A live FUSE daemon answers a stat in microseconds; one that takes this long is hung.

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..client.fs import StrataFileSystem
-from ..constants import XATTR_LOCATIONS
-from ..errors import (
+from strata.contract.constants import XATTR_LOCATIONS
+from strata.contract.errors import (
     AlreadyExists,
     DataLoss,
     FailedPrecondition,
@@ -57,7 +57,7 @@ from ..errors import (
     Unavailable,
 )
 from ..namespace.paths import is_under, join, parent
-from ..proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 from .handles import ReadHandle, WriteHandle
 from .locations import format_locations
 

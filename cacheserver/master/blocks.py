@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..blockrefs import reported_key
 from ..cache.keys import BlockKey
-from ..proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 
 @dataclass(frozen=True)

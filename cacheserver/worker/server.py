@@ -26,10 +26,11 @@ from .. import rpcutil
 from ..auth import Credentials
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
-from ..config import ServerConfig, ServerEnvironment
-from ..errors import StrataError
-from ..httpserver import HttpServer, serve_until_signalled
-from ..proto import strata_pb2_grpc as pb_grpc
+from strata.contract.config import ServerConfig
+from ..config import ServerEnvironment
+from strata.contract.errors import StrataError
+from strata.contract.httpserver import HttpServer, serve_until_signalled
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from ..uploads import pending_upload_metrics
 from .masterlink import MasterLink
 from .membership import BlockReports, Endpoints, Membership, WorkerIdentity, identity_from_env

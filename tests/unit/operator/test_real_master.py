@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.auth import Credentials
-from strata.cacheserver.config import ServerConfig
+from strata.contract.config import ServerConfig
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.cacheserver.namespace.mounts import MountOptions
 from strata.operator.master import MasterClient

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strata.cacheserver.config import ServerConfig
+from strata.contract.config import ServerConfig
 from strata.cacheserver.master.server import drop_disallowed_mounts
 from strata.cacheserver.namespace.mounts import MountTable
 

@@ -13,7 +13,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from strata.cacheserver.errors import (
+from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,

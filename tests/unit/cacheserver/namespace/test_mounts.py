@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.errors import AlreadyExists, InvalidArgument, NotFound
+from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound
 from strata.cacheserver.namespace.mounts import Mount, MountOptions, MountTable
 
 

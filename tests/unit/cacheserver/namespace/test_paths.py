@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 from strata.cacheserver.namespace.paths import is_under, join, name, normalize, overlaps, parent, relative
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.errors import FailedPrecondition
+from strata.contract.errors import FailedPrecondition
 from strata.cacheserver.namespace.statefile import StateFile, read_state, write_state
 
 
