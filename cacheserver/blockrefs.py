@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .cache.keys import BlockKey
 from strata.contract.proto import strata_pb2 as pb
+from .cache.keys import BlockKey
 
 
 def key_of(ref: pb.BlockRef) -> BlockKey:

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from strata.contract import constants
-from . import localcluster
-from .auth import load_credentials
-from .client import localstate
 from strata.contract.errors import InvalidArgument, StrataError
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.units import format_size, parse_duration
+from . import localcluster
+from .auth import load_credentials
+from .client import localstate
 from .uploads import oldest_age_seconds, sum_pending
 
 log = logging.getLogger("strata")

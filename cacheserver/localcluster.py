@@ -18,10 +18,10 @@ from pathlib import Path
 import yaml
 
 from strata.contract import constants
-from .auth import ROLE_ENV, generate_token, local_token_name
-from .client import localstate
 from strata.contract.errors import FailedPrecondition, StrataError, Unavailable
 from strata.contract.units import parse_size
+from .auth import ROLE_ENV, generate_token, local_token_name
+from .client import localstate
 
 # How long `local up` waits for the servers to answer /healthz.
 STARTUP_TIMEOUT = 60.0

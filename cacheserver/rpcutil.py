@@ -13,10 +13,10 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from . import auth
 from strata.contract import constants
 from strata.contract.errors import ANSWERED, FailedPrecondition, StrataError, Unreachable, answered_by_server, from_status
 from strata.contract.proto import strata_pb2 as pb
+from . import auth
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from strata.contract.config import CachePolicySettings, Medium, ServerConfig, TierSettings
 from strata.contract.constants import DEFAULT_BLOCK_SIZE
-from strata.contract.modes import ReadType, WriteType
 from strata.contract.errors import InvalidArgument
+from strata.contract.modes import ReadType, WriteType
 from strata.contract.units import parse_duration, parse_size
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -29,9 +29,6 @@ from typing import Any
 import grpc
 
 from strata.contract import constants
-from .. import rpcutil
-from ..auth import load_token
-from ..blockrefs import key_of
 from strata.contract.errors import (
     DataLoss,
     FailedPrecondition,
@@ -43,6 +40,9 @@ from strata.contract.errors import (
 )
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from .. import rpcutil
+from ..auth import load_token
+from ..blockrefs import key_of
 from ..placement import rank_workers
 from . import localstate
 from .settings import ClientSettings

@@ -25,9 +25,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
 from strata.contract import constants
 from strata.contract import csi as c
+from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
 from .volumes import VolumeSource, volume_token
 
 Obj = dict[str, Any]

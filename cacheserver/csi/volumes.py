@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from strata.contract.errors import InvalidArgument
-from ..namespace.paths import join, normalize
-from strata.contract.modes import WriteType
 from strata.contract import csi as c
+from strata.contract.errors import InvalidArgument
+from strata.contract.modes import WriteType
+from ..namespace.paths import join, normalize
 from .proto import csi_pb2 as csi
 
 Mode = csi.VolumeCapability.AccessMode

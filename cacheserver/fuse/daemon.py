@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..client.fs import StrataFileSystem
 from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -34,8 +33,9 @@ from strata.contract.errors import (
     StrataError,
     Unavailable,
 )
-from ..namespace.paths import normalize
 from strata.contract.modes import WriteType
+from ..client.fs import StrataFileSystem
+from ..namespace.paths import normalize
 from . import kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .nodes import NodeTable

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
-from ..client.fs import StrataFile
 from strata.contract.proto import strata_pb2 as pb
+from ..client.fs import StrataFile
 
 # Bytes read from the spool per piece of an upload.
 UPLOAD_CHUNK = 4 * 1024 * 1024

@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..client.fs import StrataFileSystem
 from strata.contract.constants import XATTR_LOCATIONS
 from strata.contract.errors import (
     AlreadyExists,
@@ -56,8 +55,9 @@ from strata.contract.errors import (
     Unauthenticated,
     Unavailable,
 )
-from ..namespace.paths import is_under, join, parent
 from strata.contract.proto import strata_pb2 as pb
+from ..client.fs import StrataFileSystem
+from ..namespace.paths import is_under, join, parent
 from .handles import ReadHandle, WriteHandle
 from .locations import format_locations
 

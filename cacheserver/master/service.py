@@ -11,20 +11,20 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from strata.contract.config import ServerConfig
+from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
+from strata.contract.modes import ReadType, WriteType
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
-from strata.contract.config import ServerConfig
-from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
 from ..namespace.metadata import FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
-from strata.contract.modes import ReadType, WriteType
-from strata.contract.proto import strata_pb2 as pb
-from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from ..ufs import Store, check_source_allowed
 from ..uploads import sum_pending
 from .blocks import BlockIndex

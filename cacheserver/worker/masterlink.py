@@ -7,10 +7,10 @@ import logging
 
 import grpc
 
-from .. import rpcutil
 from strata.contract.errors import Unavailable
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from .. import rpcutil
 
 log = logging.getLogger(__name__)
 

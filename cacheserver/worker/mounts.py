@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from strata.contract.errors import NotFound, PermissionDenied
-from ..namespace.paths import is_under, relative
 from strata.contract.proto import strata_pb2 as pb
+from ..namespace.paths import is_under, relative
 from ..ufs import Store
 
 

@@ -9,12 +9,12 @@ import logging
 
 import grpc
 
-from .. import rpcutil
-from ..background import BackgroundTasks
-from ..blockrefs import key_of
 from strata.contract.errors import FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from .. import rpcutil
+from ..background import BackgroundTasks
+from ..blockrefs import key_of
 from .masterlink import MasterLink
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,6 @@ import logging
 import os
 from dataclasses import dataclass
 
-from ..background import BackgroundTasks
-from ..blockrefs import key_of
-from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from strata.contract.config import ServerConfig
 from strata.contract.errors import (
     FailedPrecondition,
@@ -21,9 +18,12 @@ from strata.contract.errors import (
     ResourceExhausted,
     StrataError,
 )
-from ..namespace.metadata import is_upload_path
 from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
+from ..background import BackgroundTasks
+from ..blockrefs import key_of
+from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
+from ..namespace.metadata import is_upload_path
 from ..ufs import VersionChanged
 from .geometry import FileStatuses
 from .masterlink import MasterLink

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from strata.contract import constants
-from .. import rpcutil
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from .. import rpcutil
 from .reads import BlockReads
 from .retention import Retention
 from .writes import Writes

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..blockrefs import key_of
-from ..cache.store import BlockStore
 from strata.contract.config import ServerConfig
 from strata.contract.errors import InvalidArgument, NotFound, StrataError
-from ..namespace.paths import normalize
 from strata.contract.proto import strata_pb2 as pb
+from ..blockrefs import key_of
+from ..cache.store import BlockStore
+from ..namespace.paths import normalize
 from ..ufs import UfsStatus
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts

@@ -21,8 +21,6 @@ import pytest
 import yaml
 
 from strata.cacheserver.auth import CREDENTIAL_ENV
-from strata.contract import csi as c
-from strata.contract.constants import data_token_key
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.proto import csi_pb2_grpc as csi_grpc
@@ -30,6 +28,8 @@ from strata.cacheserver.csi.publisher import Publisher
 from strata.cacheserver.csi.server import serve
 from strata.cacheserver.fuse import keeper
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state
+from strata.contract import csi as c
+from strata.contract.constants import data_token_key
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, DATA_TOKEN, TOKEN, Cluster, wait_until

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from strata.contract import errors
 from strata.cacheserver.blockwire import request_line
+from strata.contract import errors
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, TOKEN, Cluster, free_port, read_by_blocks

@@ -21,8 +21,8 @@ import pytest
 
 from strata.cacheserver.fuse.locations import parse_locations
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state, wait_mounted
-from strata.contract.proto import strata_pb2 as pb
 from strata.contract.modes import WriteType
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, Cluster, wait_until
 from .test_cluster import payload

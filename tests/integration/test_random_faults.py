@@ -33,8 +33,8 @@ import pytest
 from storeproxy import Mode, StoreProxy
 
 from strata.contract.errors import NotFound, StrataError
-from strata.contract.proto import strata_pb2 as pb
 from strata.contract.modes import WriteType
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, Cluster, Server, wait_until
 

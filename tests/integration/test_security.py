@@ -16,10 +16,10 @@ from typing import Any
 import grpc
 import pytest
 
-from strata.contract import errors
 from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.blockwire import request_line
+from strata.contract import errors
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from strata.contract import constants
 from strata.cacheserver.cli import build_parser
+from strata.contract import constants
 from strata.operator.cli import build_parser as operator_parser
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from strata.contract.config import ServerConfig
 from strata.cacheserver.config import ServerEnvironment, load_server_config
+from strata.contract.config import ServerConfig
 from strata.contract.errors import InvalidArgument
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from strata.contract.errors import InvalidArgument
 from strata.cacheserver.fuse.locations import BlockHosts, format_locations, parse_locations
+from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 
 

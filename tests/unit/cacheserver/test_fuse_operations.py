@@ -7,8 +7,8 @@ import errno
 
 import pytest
 
-from strata.contract import errors
 from strata.cacheserver.fuse.operations import DEFAULT_ATTR_TIMEOUT, MAX_ATTR_TIMEOUT, attr_timeout_for, errno_of
+from strata.contract import errors
 from strata.contract.proto import strata_pb2 as pb
 
 

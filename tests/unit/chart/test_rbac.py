@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from strata.contract import constants, csi
 from strata.cacheserver.csi.kube import KubeResolver
+from strata.contract import constants, csi
 from strata.operator import constants as c
 from strata.operator.handlers.admission import WebhookSettings, certificate_place, review
 from strata.operator.reconcile.webhook import ensure_certificate

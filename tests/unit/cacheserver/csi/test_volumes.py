@@ -6,7 +6,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from strata.contract import csi as c
 from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.volumes import (
     VolumeSource,
@@ -17,6 +16,7 @@ from strata.cacheserver.csi.volumes import (
     volume_id_for,
     wants_read_only,
 )
+from strata.contract import csi as c
 from strata.contract.errors import InvalidArgument, NotFound
 
 Mode = csi.VolumeCapability.AccessMode

@@ -13,6 +13,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from strata.cacheserver.namespace.metadata import FileEntry, Namespace
+from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -21,8 +23,6 @@ from strata.contract.errors import (
     PermissionDenied,
     Unavailable,
 )
-from strata.cacheserver.namespace.metadata import FileEntry, Namespace
-from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 
 BLOCK = 4096
 
