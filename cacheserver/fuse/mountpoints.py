@@ -131,14 +131,6 @@ def unmount_gracefully(path: Path | str) -> None:
         unmount(path, lazy=True)
 
 
-def clear_stale(path: Path | str) -> bool:
-    """Lazily unmount `path` if a dead FUSE process left it behind; True if it did."""
-    if mount_state(path) is not MountState.STALE:
-        return False
-    unmount(path, lazy=True)
-    return True
-
-
 def wait_mounted(path: Path | str, timeout: float, *, fstype: str | None = None,
                  alive: Callable[[], bool] = lambda: True, what: str = "the mount") -> MountEntry:
     """Wait until a live mount (of `fstype`, if given) is at `path`. Raises Unavailable if

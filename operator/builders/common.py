@@ -68,7 +68,7 @@ class SharedSecret:
 
 def csi_tokens(settings_namespace: str, secret: str) -> SharedSecret:
     """Every cluster's data token for the CSI node plugin, one key per cluster
-    (cacheserver/csi/constants.py names it)."""
+    (contract/constants.py, data_token_key, names it)."""
     return SharedSecret(settings_namespace, secret, "csi-tokens", "csi")
 
 
