@@ -2,7 +2,7 @@
 volume shows.
 
 For the Mount NAME in namespace NS it reads
-- the Mount (constants.API_VERSION, `strata.dev/v1alpha1`): `spec.cluster`, `spec.path`, `spec.readOnly`,
+- the Mount (`strata.dev/v1alpha1`): `spec.cluster`, `spec.path`, `spec.readOnly`,
   `spec.allowedNamespaces` (a pod of another namespace than NS may use it only when listed:
   the grant is the owning namespace's) and `status.phase`, which must be Mounted;
 - its CacheCluster (same namespace): `status.master.endpoint`, the master's HOST:PORT;
