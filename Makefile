@@ -11,7 +11,7 @@ export PYTHONSAFEPATH := 1
 # Every Python package at the version pinned in requirements.lock (scripts/lock.sh makes it
 # from pyproject.toml): no resolving, the same versions as the images and CI.
 LOCK := requirements.lock
-$(VENV)/.installed: pyproject.toml setup.py cacheserver/proto/strata.proto $(LOCK)
+$(VENV)/.installed: pyproject.toml setup.py contract/proto/strata.proto $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet --constraint $(LOCK) grpcio-tools mypy-protobuf

@@ -1,5 +1,5 @@
-"""Map the source folders to their import names: operator/ -> strata.operator,
-cacheserver/ -> strata.cacheserver; and make the gRPC stubs from the .proto files in every
+"""Map the source folders to their import names: contract/ -> strata.contract,
+operator/ -> strata.operator, cacheserver/ -> strata.cacheserver; and make the gRPC stubs from the .proto files in every
 build (wheel, sdist, editable), so an installed package never lacks them. Everything else is
 in pyproject.toml.
 
@@ -17,9 +17,9 @@ from setuptools import Command, find_packages, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
-FOLDERS = {"strata.operator": "operator", "strata.cacheserver": "cacheserver"}
+FOLDERS = {"strata.contract": "contract", "strata.operator": "operator", "strata.cacheserver": "cacheserver"}
 # Folders holding .proto files, and the package their stubs are imported from.
-PROTO_PACKAGES = {"cacheserver/proto": "strata.cacheserver.proto", "cacheserver/csi/proto": "strata.cacheserver.csi.proto"}
+PROTO_PACKAGES = {"contract/proto": "strata.contract.proto", "cacheserver/csi/proto": "strata.cacheserver.csi.proto"}
 HERE = Path(__file__).resolve().parent
 
 

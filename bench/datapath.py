@@ -197,7 +197,7 @@ def measure(stack: Any, local: Path, rel: str, counts: list[int], reps: int) -> 
     their medians (GB/s, CPU seconds per GiB of readers and server), and the remote path's
     share of the limit."""
     from stack import MOUNT, OTHER_HOST, TOKEN
-    from strata.cacheserver.units import parse_size
+    from strata.contract.units import parse_size
 
     size = (local / rel).stat().st_size
     block = parse_size(stack.settings.block_size)
@@ -264,7 +264,7 @@ def main() -> int:
 
     import datasets
     from stack import BUCKET, MOUNT, Stack, StackSettings
-    from strata.cacheserver.units import parse_size
+    from strata.contract.units import parse_size
 
     size = parse_size(args.size)
     counts = [int(n) for n in args.readers.split(",") if n.strip()]

@@ -88,7 +88,7 @@ def main() -> int:
     p.add_argument("--workdir", type=Path, default=BENCH / ".scratch")
     p.add_argument("--out", type=Path, default=BENCH / "results" / "profiles")
     args = p.parse_args()
-    from strata.cacheserver.units import parse_size
+    from strata.contract.units import parse_size
 
     tag = args.tag or f"{args.contestant}-{args.workload}-{args.phase}"
     local = args.workdir / "data"

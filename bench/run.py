@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def parse_sizes(text: str) -> list[int]:
-    from strata.cacheserver.units import parse_size
+    from strata.contract.units import parse_size
 
     return [parse_size(part, what="benchmark size") for part in text.split(",") if part.strip()]
 

@@ -262,7 +262,7 @@ class Stack:
         return StrataFileSystem(master=self.master_address, token=TOKEN, host=host, skip_instance_cache=True, **kwargs)
 
     def mount(self, path: str, source: str, *, sync_interval: float = 300.0) -> None:
-        from strata.cacheserver.proto import strata_pb2 as pb
+        from strata.contract.proto import strata_pb2 as pb
 
         options = pb.MountOptions(options={"endpoint_url": self.endpoint_url, "region": REGION,
                                            "key": KEY, "secret": SECRET},

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata.contract.modes import WriteType
+
 from contestants import Access, Contestant, LoopbackSender, close_filesystem, open_filesystem
 from datasets import Dataset, human, size_label
 from ops import READ_CHUNK, aggregate, check, count_lines, list_and_stat
@@ -24,7 +26,7 @@ from results import Series, Workload
 BENCH = Path(__file__).resolve().parent
 READER_TIMEOUT = 600.0
 PERSIST_TIMEOUT = 300.0
-WRITE_TYPES = ("MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH")
+WRITE_TYPES = tuple(WriteType)
 
 
 def load1() -> float:

@@ -34,8 +34,8 @@ from typing import Any
 
 import grpc
 
-from . import constants
-from .errors import InvalidArgument
+from strata.contract import constants
+from strata.contract.errors import InvalidArgument
 
 
 class Role(enum.Enum):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from strata.contract.proto import strata_pb2 as pb
 from .cache.keys import BlockKey
-from .proto import strata_pb2 as pb
 
 
 def key_of(ref: pb.BlockRef) -> BlockKey:

@@ -25,8 +25,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import StrataError
-from .proto import strata_pb2 as pb
+from strata.contract.errors import StrataError
+from strata.contract.proto import strata_pb2 as pb
 
 # A request line longer than this is refused (a block request is a few hundred bytes).
 MAX_REQUEST_BYTES = 64 * 1024

@@ -12,12 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import constants, localcluster
+from strata.contract import constants
+from strata.contract.errors import InvalidArgument, StrataError
+from strata.contract.modes import ReadType, WriteType
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.units import format_size, parse_duration
+from . import localcluster
 from .auth import load_credentials
 from .client import localstate
-from .errors import InvalidArgument, StrataError
-from .proto import strata_pb2 as pb
-from .units import format_size, parse_duration
 from .uploads import oldest_age_seconds, sum_pending
 
 log = logging.getLogger("strata")
@@ -70,27 +72,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     credentials = load_credentials()
     asyncio.run(run_worker(config, data_dir=args.data_dir, credentials=credentials, bind=args.bind, port=args.port, http_port=args.http_port,
                            data_port=args.data_port))
-    return 0
-
-
-def cmd_operator(args: argparse.Namespace) -> int:
-    from strata.operator.main import run
-
-    run(namespaces=args.namespace or [], all_namespaces=args.all_namespaces,
-        liveness_endpoint=args.liveness, peering=args.peering, standalone=args.standalone)
-    return 0
-
-
-def cmd_uninstall(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from strata.operator.kube import Kube
-    from strata.operator.uninstall import uninstall
-
-    if bool(args.namespace) == args.all_namespaces:
-        raise InvalidArgument("give --all-namespaces or one or more --namespace")
-    dropped = asyncio.run(uninstall(Kube.from_environment(), args.namespace or [], args.timeout))
-    print(f"every Mount and CacheCluster is gone{'; finalizer dropped from: ' + ', '.join(dropped) if dropped else ''}")
     return 0
 
 
@@ -164,8 +145,8 @@ def cmd_mount_add(args: argparse.Namespace) -> int:
         credentials=_pairs(args.credential, "--credential"),
         read_only=args.read_only,
         metadata_sync_interval=parse_duration(args.sync_interval, what="--sync-interval"),
-        read_type=pb.ReadType.Value(args.read_type) if args.read_type else pb.READ_TYPE_UNSPECIFIED,
-        write_type=pb.WriteType.Value(args.write_type) if args.write_type else pb.WRITE_TYPE_UNSPECIFIED,
+        read_type=ReadType.proto_of(args.read_type),
+        write_type=WriteType.proto_of(args.write_type),
         pin=args.pin,
         ttl_seconds=parse_duration(args.ttl, what="--ttl") if args.ttl else 0,
         stale_if_error=args.stale_if_error,
@@ -251,7 +232,7 @@ def cmd_fs_put(args: argparse.Namespace) -> int:
     source = sys.stdin.buffer if args.local == "-" else open(args.local, "rb")  # noqa: SIM115
     with source:
         chunks = iter(lambda: source.read(constants.STREAM_CHUNK_SIZE), b"")
-        info = client.write_file(args.path, chunks, write_type=pb.WriteType.Value(args.write_type) if args.write_type else pb.WRITE_TYPE_UNSPECIFIED,
+        info = client.write_file(args.path, chunks, write_type=WriteType.proto_of(args.write_type),
                                  overwrite=not args.no_overwrite)
     print(f"wrote {info.path} ({format_size(info.length)}, {'persisted' if info.persisted else 'cached, not persisted yet'})")
     return 0
@@ -374,27 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=constants.WORKER_HTTP_PORT)
     p.add_argument("--data-port", type=int, default=constants.WORKER_DATA_PORT, help="block bytes over TCP")
 
-    p = add(sub, "operator", cmd_operator, "run the Kubernetes operator")
-    p.add_argument("--namespace", "-n", action="append", help="watch this namespace (repeatable)")
-    p.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
-    p.add_argument("--peering", default=None, help="peering object name for leader election")
-    p.add_argument("--standalone", action="store_true", help="no leader election (one replica only)")
-
-    p = add(sub, "uninstall", cmd_uninstall, "delete every Mount and CacheCluster and wait until they are gone "
-            "(the chart's pre-delete hook; run it before removing the operator)")
-    p.add_argument("--namespace", "-n", action="append", help="in this namespace (repeatable)")
-    p.add_argument("--all-namespaces", "-A", action="store_true", help="in every namespace")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="then drop the operator's finalizer from what is left (default 120)")
-
     p = add(sub, "fuse", cmd_fuse, "mount the namespace (or a subtree) as POSIX files; runs until unmounted or SIGTERM")
     p.add_argument("mountpoint", help="an existing directory")
     p.add_argument("--root", default="/", help="namespace path to show at the mount point (default /)")
     p.add_argument("--read-only", action="store_true", help="refuse every change (EROFS)")
     p.add_argument("--allow-other", action="store_true", help="let other users in (needs user_allow_other in "
                    "/etc/fuse.conf unless root)")
-    p.add_argument("--write-type", choices=["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"],
+    p.add_argument("--write-type", choices=list(WriteType),
                    help="write type of files written (default: the Strata mount's)")
     p.add_argument("--attr-timeout", type=float, default=None, metavar="SECONDS",
                    help="how long metadata is reused (default: the mounts' metadata sync interval, at most 60)")
@@ -424,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem", default="1Gi", help="MEM tier quota per worker (0: none)")
     p.add_argument("--ssd", action="append", metavar="DIR:SIZE", help="SSD tier directory and quota")
     p.add_argument("--hdd", action="append", metavar="DIR:SIZE", help="HDD tier directory and quota")
-    p.add_argument("--block-size", default="16Mi")
+    p.add_argument("--block-size", default=constants.DEFAULT_BLOCK_SIZE_QUANTITY)
     p.add_argument("--master-port", type=int, default=constants.MASTER_RPC_PORT)
     p.add_argument("--worker-port", type=int, default=constants.WORKER_RPC_PORT)
     add(local, "down", cmd_local_down, "stop the local cluster")
@@ -440,8 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-interval", default="30s", help="metadata sync interval: 0s = every access, -1 = never")
     p.add_argument("--stale-if-error", action=argparse.BooleanOptionalAction, default=True,
                    help="when the store cannot be reached, answer from older metadata (default: on)")
-    p.add_argument("--read-type", choices=["CACHE", "CACHE_PROMOTE", "NO_CACHE"])
-    p.add_argument("--write-type", choices=["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"])
+    p.add_argument("--read-type", choices=list(ReadType))
+    p.add_argument("--write-type", choices=list(WriteType))
     p.add_argument("--pin", action="store_true")
     p.add_argument("--ttl", default="", help="free cached blocks unused this long, e.g. 24h")
     p.add_argument("--replace", action="store_true", help="replace an existing mount at PATH")
@@ -461,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(fs, "put", cmd_fs_put, "write a local file (or - for stdin) to PATH")
     p.add_argument("local")
     p.add_argument("path")
-    p.add_argument("--write-type", choices=["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"])
+    p.add_argument("--write-type", choices=list(WriteType))
     p.add_argument("--no-overwrite", action="store_true")
     p = add(fs, "rm", cmd_fs_rm, "remove a file (or a directory with -r)")
     p.add_argument("path")
@@ -482,8 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "operator":  # kopf sets up the operator's (JSON) logging itself
-        _setup_logging(args.log_level, args.log_json)
+    _setup_logging(args.log_level, args.log_json)
     try:
         return int(args.fn(args))
     except StrataError as exc:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from . import constants
+from strata.contract import constants
+from strata.contract.errors import FailedPrecondition, StrataError, Unavailable
+from strata.contract.units import parse_size
 from .auth import ROLE_ENV, generate_token, local_token_name
 from .client import localstate
-from .errors import FailedPrecondition, StrataError, Unavailable
-from .units import parse_size
 
 # How long `local up` waits for the servers to answer /healthz.
 STARTUP_TIMEOUT = 60.0
@@ -37,7 +37,7 @@ class LocalClusterSpec:
     mem: str = "1Gi"
     ssd: tuple[str, ...] = ()  # "DIR:SIZE"
     hdd: tuple[str, ...] = ()
-    block_size: str = "16Mi"
+    block_size: str = constants.DEFAULT_BLOCK_SIZE_QUANTITY
     master_port: int = constants.MASTER_RPC_PORT
     worker_port: int = constants.WORKER_RPC_PORT
     bind: str = "127.0.0.1"

@@ -13,9 +13,10 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from . import auth, constants
-from .errors import FailedPrecondition, StrataError, Unreachable, from_status
-from .proto import strata_pb2 as pb
+from strata.contract import constants
+from strata.contract.errors import ANSWERED, FailedPrecondition, StrataError, Unreachable, answered_by_server, from_status
+from strata.contract.proto import strata_pb2 as pb
+from . import auth
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +78,14 @@ def server(credentials: auth.Credentials, *, max_receive_bytes: int) -> grpc.aio
     )
 
 
-# Trailing metadata on every error a Strata server answers itself, so that a client tells a
-# server that answered UNAVAILABLE (say, its store is down) from one it could not reach.
-ANSWERED_KEY = "strata-answered"
-_ANSWERED = ((ANSWERED_KEY, "1"),)
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, StrataError):
-        await context.abort(exc.code, str(exc), trailing_metadata=_ANSWERED)
+        await context.abort(exc.code, str(exc), trailing_metadata=ANSWERED)
     log.exception("unexpected error in %s", method)
     await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}",
-                        trailing_metadata=_ANSWERED)
-
-
-def answered_by_server(exc: grpc.RpcError) -> bool:
-    """Whether the server itself answered with this error (see ANSWERED_KEY)."""
-    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    return any(key == ANSWERED_KEY for key, _ in trailing or ())
+                        trailing_metadata=ANSWERED)
 
 
 def unary(

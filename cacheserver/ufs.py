@@ -43,8 +43,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from s3fs import S3FileSystem
 
-from .constants import FSSPEC_PROTOCOL
-from .errors import (
+from strata.contract.constants import FSSPEC_PROTOCOL
+from strata.contract.errors import (
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,

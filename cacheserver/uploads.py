@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 
-from .proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 
 def sum_pending(parts: Iterable[pb.PendingUploads], mount_id: int = 0) -> pb.PendingUploads:

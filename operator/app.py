@@ -1,5 +1,5 @@
 """For `kopf run -m strata.operator.app`: the handlers in kopf's default registry.
-Production uses `strata operator` (strata.operator.main.run), which sets up JSON logs too."""
+Production uses `strata-operator run` (strata.operator.main.run), which sets up JSON logs too."""
 
 from __future__ import annotations
 

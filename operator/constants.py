@@ -8,23 +8,24 @@ from __future__ import annotations
 
 from typing import Final
 
-from strata.cacheserver import constants as server
+from strata.contract import constants as contract
 
-GROUP: Final = "strata.dev"
-VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
+# The API group and its kinds are the contract's (strata.contract.constants).
+GROUP: Final = contract.GROUP
+VERSION: Final = contract.VERSION
+API_VERSION: Final = contract.API_VERSION
 
-CACHE_CLUSTER_KIND: Final = "CacheCluster"
-CACHE_CLUSTER_PLURAL: Final = "cacheclusters"
-MOUNT_KIND: Final = "Mount"
-MOUNT_PLURAL: Final = "mounts"
+CACHE_CLUSTER_KIND: Final = contract.CACHE_CLUSTER_KIND
+CACHE_CLUSTER_PLURAL: Final = contract.CACHE_CLUSTER_PLURAL
+MOUNT_KIND: Final = contract.MOUNT_KIND
+MOUNT_PLURAL: Final = contract.MOUNT_PLURAL
 
-FINALIZER: Final = "strata.dev/finalizer"
+FINALIZER: Final = f"{GROUP}/finalizer"
 FIELD_MANAGER: Final = "strata-operator"
 # kopf keeps its handler progress in annotations under this prefix (never in `status`).
-ANNOTATION_PREFIX: Final = "strata.dev"
+ANNOTATION_PREFIX: Final = GROUP
 # Pod template annotation: a hash of strata.yaml, so a config change rolls the pods.
-CONFIG_HASH_ANNOTATION: Final = "strata.dev/config-hash"
+CONFIG_HASH_ANNOTATION: Final = f"{GROUP}/config-hash"
 
 # Recommended labels (app.kubernetes.io/*) on every child.
 LABEL_NAME: Final = "app.kubernetes.io/name"
@@ -42,9 +43,9 @@ CONFIG_FILE: Final = "strata.yaml"
 AUTH_DIR: Final = "/etc/strata/auth"
 # Keys of the `<cluster>-auth` Secret: admin (the operator's), data (volumes'), internal
 # (the servers' among themselves). Each is a file of that name in AUTH_DIR of the pods.
-TOKEN_KEY: Final = server.SECRET_ADMIN_TOKEN_KEY
-DATA_TOKEN_KEY: Final = server.SECRET_DATA_TOKEN_KEY
-INTERNAL_TOKEN_KEY: Final = server.SECRET_INTERNAL_TOKEN_KEY
+TOKEN_KEY: Final = contract.SECRET_ADMIN_TOKEN_KEY
+DATA_TOKEN_KEY: Final = contract.SECRET_DATA_TOKEN_KEY
+INTERNAL_TOKEN_KEY: Final = contract.SECRET_INTERNAL_TOKEN_KEY
 JOURNAL_DIR: Final = "/var/lib/strata/journal"
 DATA_DIR: Final = "/var/lib/strata"
 TIERS_DIR: Final = "/var/lib/strata/tiers"
@@ -53,11 +54,11 @@ SHORT_CIRCUIT_HOST_ROOT: Final = "/var/run/strata"
 # The non-root user of the server image (Dockerfile.server) that runs master and workers.
 SERVER_UID: Final = 10001
 
-MASTER_RPC_PORT: Final = server.MASTER_RPC_PORT
-MASTER_HTTP_PORT: Final = server.MASTER_HTTP_PORT
-WORKER_RPC_PORT: Final = server.WORKER_RPC_PORT
-WORKER_HTTP_PORT: Final = server.WORKER_HTTP_PORT
-WORKER_DATA_PORT: Final = server.WORKER_DATA_PORT
+MASTER_RPC_PORT: Final = contract.MASTER_RPC_PORT
+MASTER_HTTP_PORT: Final = contract.MASTER_HTTP_PORT
+WORKER_RPC_PORT: Final = contract.WORKER_RPC_PORT
+WORKER_HTTP_PORT: Final = contract.WORKER_HTTP_PORT
+WORKER_DATA_PORT: Final = contract.WORKER_DATA_PORT
 
 # Condition types. Ready/Reconciling/Stalled follow kstatus (read by Argo CD and Flux).
 READY: Final = "Ready"
@@ -78,7 +79,7 @@ class ClusterPhase:
 
 class MountPhase:
     PENDING: Final = "Pending"
-    MOUNTED: Final = "Mounted"
+    MOUNTED: Final = contract.MOUNTED_PHASE
     FAILED: Final = "Failed"
     UNMOUNTING: Final = "Unmounting"
 

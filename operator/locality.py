@@ -21,18 +21,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
-from strata.cacheserver.csi import constants as csi
-from strata.cacheserver.errors import InvalidArgument
-from strata.cacheserver.units import parse_size
+from strata.contract import csi
+from strata.contract.errors import InvalidArgument
+from strata.contract.units import parse_size
 from strata.operator import constants as c
 
 Obj = dict[str, Any]
 Mode = Literal["Preferred", "Required", "Disabled"]
 
 # Pod annotation a user sets: required | preferred | disabled (wins over the cluster's setting).
-LOCALITY_ANNOTATION: Final = "strata.dev/locality"
+LOCALITY_ANNOTATION: Final = f"{c.GROUP}/locality"
 # Set on pods this webhook placed, with the mode used; a pod carrying it is never changed again.
-APPLIED_ANNOTATION: Final = "strata.dev/locality-applied"
+APPLIED_ANNOTATION: Final = f"{c.GROUP}/locality-applied"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 # Preferred terms name at most this many nodes (those holding the most data): the scheduler
 # scores every term for every node, and a pod spec should stay small.

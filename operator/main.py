@@ -1,4 +1,4 @@
-"""Entry point: run the operator with kopf (`strata operator` calls `run`)."""
+"""Run the operator with kopf (`strata-operator run` calls `run`, operator/cli.py)."""
 
 from __future__ import annotations
 

@@ -20,11 +20,11 @@ import grpc
 import grpc.aio
 from cachetools import TTLCache
 
-from strata.cacheserver import constants as server
-from strata.cacheserver.errors import StrataError, Unreachable, from_status
-from strata.cacheserver.rpcutil import answered_by_server
-from strata.cacheserver.proto import strata_pb2 as pb
-from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
+from strata.contract import constants as contract
+from strata.contract.errors import StrataError, Unreachable, from_status
+from strata.contract.errors import answered_by_server
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
 # Codes that mean "the master is not there (yet)": retry later, do not blame the spec.
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -47,7 +47,7 @@ class MasterClient:
     def __init__(self, endpoint: str, token: str, *, timeout: float) -> None:
         self.endpoint = endpoint
         self._timeout = timeout
-        self._metadata = ((server.AUTH_METADATA_KEY, f"{server.AUTH_SCHEME} {token}"),)
+        self._metadata = ((contract.AUTH_METADATA_KEY, f"{contract.AUTH_SCHEME} {token}"),)
         self._channel = grpc.aio.insecure_channel(endpoint)
         self._stub = pb_grpc.MasterStub(self._channel)
 

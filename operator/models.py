@@ -15,16 +15,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from strata.cacheserver.config import (
-    CachePolicySettings,
-    Medium,
-    ReadTypeName,
-    ServerConfig,
-    TierSettings,
-    WriteTypeName,
-)
-from strata.cacheserver.errors import InvalidArgument
-from strata.cacheserver.units import parse_duration, parse_size
+from strata.contract.config import CachePolicySettings, Medium, ServerConfig, TierSettings
+from strata.contract.constants import DEFAULT_BLOCK_SIZE
+from strata.contract.errors import InvalidArgument
+from strata.contract.modes import ReadType, WriteType
+from strata.contract.units import parse_duration, parse_size
 
 _M = TypeVar("_M", bound=BaseModel)
 Locality = Literal["Preferred", "Required", "Disabled"]
@@ -35,7 +30,6 @@ SOURCE_SCHEMES: tuple[str, ...] = (
 )
 # Schemes that read the servers' own files: allowed under spec.localSources.allowedRoots only.
 LOCAL_SOURCE_SCHEMES: tuple[str, ...] = ("file", "local")
-DEFAULT_BLOCK_SIZE = "16Mi"
 DEFAULT_MEM_QUOTA = "1Gi"
 
 
@@ -135,7 +129,7 @@ class CacheClusterSpec(_Spec):
 
     # "": the server image the operator was installed with (OperatorSettings.server_image).
     image: str = ""
-    block_size: int = Field(parse_size(DEFAULT_BLOCK_SIZE), gt=0, alias="blockSize")
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, gt=0, alias="blockSize")
     master: MasterSpec = MasterSpec.model_validate({})
     worker: WorkerSpec = WorkerSpec.model_validate({})
     tiers: tuple[TierSpec, ...] = Field(default_factory=_default_tiers, min_length=1)
@@ -198,8 +192,8 @@ class MountSpec(_Spec):
     credentials: Credentials | None = None
     read_only: bool = Field(True, alias="readOnly")
     metadata_sync: MetadataSync = Field(MetadataSync.model_validate({}), alias="metadataSync")
-    read_type: ReadTypeName | None = Field(None, alias="readType")
-    write_type: WriteTypeName | None = Field(None, alias="writeType")
+    read_type: ReadType | None = Field(None, alias="readType")
+    write_type: WriteType | None = Field(None, alias="writeType")
     preload: Preload = Preload.model_validate({})
     pin: bool = False
     # Seconds; 0 = no TTL.

@@ -46,7 +46,7 @@ class OperatorSettings(BaseSettings):
     # operator keeps for itself and the CSI node plugin live.
     namespace: str = ""
     # Name of the Secret in `namespace` that holds every cluster's data token for the CSI
-    # node plugin (one key per cluster, see cacheserver/csi/constants.py); "" keeps none,
+    # node plugin (one key per cluster, see contract/constants.py); "" keeps none,
     # and volumes then need the token in their own secrets (nodePublishSecretRef).
     csi_tokens_secret: str = ""
     # Name of the Secret in `namespace` where the operator keeps its own copy of every

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from strata.cacheserver.constants import MEDIA
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.constants import MEDIA
+from strata.contract.proto import strata_pb2 as pb
 from strata.operator import constants as c
 from strata.operator.builders.common import approximate_quantity, label_selector
 from strata.operator.constants import ClusterPhase, MountPhase, PreloadPhase, Reason

@@ -1,5 +1,5 @@
-"""`strata uninstall`: delete every Mount and CacheCluster the operator manages and wait until
-they are gone, so an uninstall ends.
+"""`strata-operator uninstall`: delete every Mount and CacheCluster the operator manages and
+wait until they are gone, so an uninstall ends.
 
 The chart runs it as a pre-delete hook, while the operator still runs: Mounts go first (each
 unmounts and frees its blocks while its master is there), then CacheClusters (their masters,

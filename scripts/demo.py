@@ -209,7 +209,7 @@ class Result:
 
 def run(size: int, latency_ms: float, rate_mbit: float, workers: int, work: Path,
         cleanup: contextlib.ExitStack) -> list[Result]:
-    from strata.cacheserver.units import format_size
+    from strata.contract.units import format_size
 
     say(f"== 1/5  a Parquet table of two float64 columns, ~{format_size(size)}")
     dataset, took = timed(functools.partial(make_dataset, work / "part-0.parquet", size))
@@ -319,7 +319,7 @@ def _local_down(strata: Strata) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from strata.cacheserver.units import parse_size
+    from strata.contract.units import parse_size
 
     parser = argparse.ArgumentParser(description="Strata demo: cold and warm reads of a Parquet table from S3.")
     parser.add_argument("--size", default="256Mi", help="size of the generated table (default 256Mi)")

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import ClassVar, NamedTuple
 
-from ..errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 
 
 class Mark(NamedTuple):

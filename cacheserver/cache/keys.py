@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ..errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 
 # Hex digits of a block id: 128 bits keep collisions out of reach for any cache size.
 BLOCK_ID_DIGEST_BYTES = 16

@@ -17,8 +17,8 @@ from typing import Any
 
 from crc32c import crc32c
 
-from ..constants import MEDIA
-from ..errors import DataLoss, InvalidArgument
+from strata.contract.constants import MEDIA
+from strata.contract.errors import DataLoss, InvalidArgument
 from .files import write_atomically
 from .keys import BlockKey
 

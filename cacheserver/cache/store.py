@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, ParamSpec, TypeVar
 
-from ..constants import MEDIA
-from ..errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from ..units import format_size
+from strata.contract.constants import MEDIA
+from strata.contract.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from strata.contract.units import format_size
 from .eviction import make_policy
 from .files import block_file, copy_atomically, meta_file, remove_block_files, write_atomically
 from .keys import BlockKey

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..constants import ENV_HOSTNAME, MEDIA
-from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from ..units import format_size
+from strata.contract.constants import ENV_HOSTNAME, MEDIA
+from strata.contract.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from strata.contract.units import format_size
 from .files import DIR_MODE, FileKind, block_file, classify, meta_file, remove_block_files
 from .metadata import BlockMetadata
 

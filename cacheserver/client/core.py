@@ -28,12 +28,21 @@ from typing import Any
 
 import grpc
 
-from .. import constants, rpcutil
+from strata.contract import constants
+from strata.contract.errors import (
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    StrataError,
+    Unavailable,
+    Unreachable,
+)
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from .. import rpcutil
 from ..auth import load_token
 from ..blockrefs import key_of
-from ..errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted, StrataError, Unavailable, Unreachable
-from ..proto import strata_pb2 as pb
-from ..proto import strata_pb2_grpc as pb_grpc
 from ..placement import rank_workers
 from . import localstate
 from .settings import ClientSettings

@@ -19,8 +19,9 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
-from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError
-from ..proto import strata_pb2 as pb
+from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError
+from strata.contract.modes import WriteType
+from strata.contract.proto import strata_pb2 as pb
 from .core import Buffer, StrataClient, StreamingUpload
 
 # Threads fetching blocks for the files of one filesystem object (the blocks a sequential
@@ -73,7 +74,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
             raise InvalidArgument(f"readahead must be a number of blocks >= 0, got {readahead}")
         # None: each file's FileInfo.readahead_blocks (the cluster's cachePolicy.readaheadBlocks).
         self.readahead = readahead
-        self.write_type = pb.WriteType.Value(write_type) if write_type else pb.WRITE_TYPE_UNSPECIFIED
+        self.write_type = WriteType.proto_of(write_type)
         threads = FETCH_THREADS if readahead is None else max(2, readahead + 2)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="strata-read")
 
@@ -268,7 +269,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             super().__init__(fs, path, mode, block_size=4 * 1024 * 1024, cache_type="none")
             if mode == "ab":
                 self.loc = existing or 0  # tell() counts from the end of what is there
-            wt = pb.WriteType.Value(write_type) if write_type else fs.write_type
+            wt = WriteType.proto_of(write_type) if write_type else fs.write_type
             self._upload: StreamingUpload | None = None
             self._write_type = wt
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import constants
+from strata.contract import constants
 
 
 def home() -> Path:

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from strata.contract.errors import DataLoss, StrataError, Unavailable
+from strata.contract.proto import strata_pb2 as pb
 from ..blockwire import check_reply, request_line
 from ..cache.metadata import chunk_span, first_bad_chunk
-from ..errors import DataLoss, StrataError, Unavailable
-from ..proto import strata_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ..errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
-from . import constants as c
+from strata.contract import constants
+from strata.contract import csi as c
+from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
 from .volumes import VolumeSource, volume_token
 
 Obj = dict[str, Any]
@@ -97,7 +98,7 @@ class ApiReader:
 
 
 def _path(namespace: str, plural: str, name: str) -> str:
-    return f"/apis/{c.API_GROUP_VERSION}/namespaces/{namespace}/{plural}/{name}"
+    return f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{plural}/{name}"
 
 
 def _status_message(obj: Obj) -> str:
@@ -129,7 +130,7 @@ class KubeResolver:
 
     def resolve(self, namespace: str, name: str, secrets: Mapping[str, str], requester: str) -> VolumeSource:
         what = f"Mount {namespace}/{name}"
-        mount = self._reader.get(_path(namespace, c.MOUNT_PLURAL, name))
+        mount = self._reader.get(_path(namespace, constants.MOUNT_PLURAL, name))
         if mount is None:
             raise NotFound(f"{what} does not exist: create it, or fix the volume's `{c.ATTR_MOUNT}` attribute")
         spec = mount.get("spec", {})
@@ -138,11 +139,11 @@ class KubeResolver:
         if not cluster_name or not path:
             raise FailedPrecondition(f"{what} has no spec.cluster or spec.path")
         phase = mount.get("status", {}).get("phase")
-        if phase != c.MOUNTED_PHASE:
+        if phase != constants.MOUNTED_PHASE:
             raise FailedPrecondition(f"{what} is {phase or 'not reconciled yet'}{_status_message(mount)}; "
-                                     f"the volume is mounted once its phase is {c.MOUNTED_PHASE} "
+                                     f"the volume is mounted once its phase is {constants.MOUNTED_PHASE} "
                                      f"(kubectl get mounts.strata.dev -n {namespace} {name})")
-        cluster = self._reader.get(_path(namespace, c.CACHE_CLUSTER_PLURAL, cluster_name))
+        cluster = self._reader.get(_path(namespace, constants.CACHE_CLUSTER_PLURAL, cluster_name))
         if cluster is None:
             raise NotFound(f"CacheCluster {namespace}/{cluster_name} of {what} does not exist")
         endpoint = (cluster.get("status", {}).get("master") or {}).get("endpoint")
@@ -163,7 +164,7 @@ class KubeResolver:
         if secret is None:
             raise NotFound(f"Secret {self._tokens_secret}, where the operator keeps the clusters' data tokens for "
                            "the CSI plugin, does not exist: is the operator running?")
-        key = c.data_token_key(namespace, cluster)
+        key = constants.data_token_key(namespace, cluster)
         encoded = (secret.get("data") or {}).get(key)
         try:
             token = base64.b64decode(encoded or "", validate=True).decode().strip()

@@ -36,10 +36,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from strata.contract.constants import ENV_DATA_TOKEN_FILE, ENV_MASTER
+from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
 from ..auth import CREDENTIAL_ENV
 from ..client.core import StrataClient
-from ..constants import ENV_DATA_TOKEN_FILE, ENV_MASTER
-from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
 from ..fuse import keeper
 from ..fuse.mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .volumes import VolumeSource

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from ..errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 from .kube import ApiReader, KubeResolver
 from .proto import csi_pb2_grpc as csi_grpc
 from .publisher import Publisher

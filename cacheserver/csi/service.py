@@ -17,9 +17,9 @@ from importlib import metadata
 import grpc
 from google.protobuf import wrappers_pb2
 
+from strata.contract import csi as c
+from strata.contract.errors import InvalidArgument, NotFound
 from .. import rpcutil
-from ..errors import InvalidArgument, NotFound
-from . import constants as c
 from .proto import csi_pb2 as csi
 from .proto import csi_pb2_grpc as csi_grpc
 from .publisher import Publisher, check_source

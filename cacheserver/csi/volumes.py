@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ..errors import InvalidArgument
+from strata.contract import csi as c
+from strata.contract.errors import InvalidArgument
+from strata.contract.modes import WriteType
 from ..namespace.paths import join, normalize
-from ..proto import strata_pb2 as pb
-from . import constants as c
 from .proto import csi_pb2 as csi
 
 Mode = csi.VolumeCapability.AccessMode
@@ -69,9 +69,8 @@ def requester_namespace(attributes: Mapping[str, str]) -> str:
 
 
 def check_write_type(value: str) -> str:
-    if value and value not in pb.WriteType.keys():
-        names = [n for n in pb.WriteType.keys() if n != "WRITE_TYPE_UNSPECIFIED"]
-        raise InvalidArgument(f"writeType {value!r} is not one of {', '.join(names)}")
+    if value and value not in WriteType.__members__:
+        raise InvalidArgument(f"writeType {value!r} is not one of {', '.join(WriteType)}")
     return value
 
 

@@ -26,10 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strata.contract.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    StrataError,
+    Unavailable,
+)
+from strata.contract.modes import WriteType
 from ..client.fs import StrataFileSystem
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, StrataError, Unavailable
 from ..namespace.paths import normalize
-from ..proto import strata_pb2 as pb
 from . import kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .nodes import NodeTable
@@ -141,7 +147,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
     mountpoint = options.mountpoint.absolute()
     root = normalize(options.root, what="--root")
     state = keeper.state_dir(mountpoint)
-    write_type = pb.WriteType.Value(options.write_type) if options.write_type else pb.WRITE_TYPE_UNSPECIFIED
+    write_type = WriteType.proto_of(options.write_type)
     # A mount kept for a successor: take it over (AlreadyExists if a live server holds it).
     attachment = keeper.attach(state, options.resume_timeout)
     if attachment is not None:

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
+from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFile
-from ..proto import strata_pb2 as pb
 
 # Bytes read from the spool per piece of an upload.
 UPLOAD_CHUNK = 4 * 1024 * 1024

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlreadyExists, Unavailable
+from strata.contract.errors import AlreadyExists, Unavailable
 from . import kernel
 from .mountpoints import find_mount, unmount
 

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import FailedPrecondition
+from strata.contract.errors import FailedPrecondition
 
 FSTYPE = "fuse.strata"
 CONNECTIONS = Path("/sys/fs/fuse/connections")

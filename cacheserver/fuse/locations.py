@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ..errors import InvalidArgument
-from ..proto import strata_pb2 as pb
+from strata.contract.errors import InvalidArgument
+from strata.contract.proto import strata_pb2 as pb
 
 
 class BlockHosts(NamedTuple):

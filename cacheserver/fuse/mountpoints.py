@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import FailedPrecondition, Unavailable
+from strata.contract.errors import FailedPrecondition, Unavailable
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 # A live FUSE daemon answers a stat in microseconds; one that takes this long is hung.
@@ -129,14 +129,6 @@ def unmount_gracefully(path: Path | str) -> None:
         unmount(path)
     except FailedPrecondition:
         unmount(path, lazy=True)
-
-
-def clear_stale(path: Path | str) -> bool:
-    """Lazily unmount `path` if a dead FUSE process left it behind; True if it did."""
-    if mount_state(path) is not MountState.STALE:
-        return False
-    unmount(path, lazy=True)
-    return True
 
 
 def wait_mounted(path: Path | str, timeout: float, *, fstype: str | None = None,

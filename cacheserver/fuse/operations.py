@@ -44,9 +44,8 @@ from typing import Any, TypeVar
 
 from cachetools import TTLCache
 
-from ..client.fs import StrataFileSystem
-from ..constants import XATTR_LOCATIONS
-from ..errors import (
+from strata.contract.constants import XATTR_LOCATIONS
+from strata.contract.errors import (
     AlreadyExists,
     DataLoss,
     FailedPrecondition,
@@ -58,8 +57,9 @@ from ..errors import (
     Unauthenticated,
     Unavailable,
 )
+from strata.contract.proto import strata_pb2 as pb
+from ..client.fs import StrataFileSystem
 from ..namespace.paths import is_under, join, parent
-from ..proto import strata_pb2 as pb
 from .handles import ReadHandle, WriteHandle
 from .locations import format_locations
 

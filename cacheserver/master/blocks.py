@@ -6,9 +6,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import reported_key
 from ..cache.keys import BlockKey
-from ..proto import strata_pb2 as pb
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 
 @dataclass

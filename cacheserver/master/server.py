@@ -12,14 +12,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from strata.contract.config import ServerConfig
+from strata.contract.errors import StrataError
+from strata.contract.httpserver import HttpServer, serve_until_signalled
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..auth import Credentials
-from ..config import ServerConfig
-from ..errors import StrataError
-from ..httpserver import HttpServer, serve_until_signalled
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
-from ..proto import strata_pb2_grpc as pb_grpc
 from ..ufs import check_source_allowed
 from ..uploads import pending_upload_metrics
 from .service import MasterService

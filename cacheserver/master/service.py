@@ -11,19 +11,20 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from strata.contract.config import ServerConfig
+from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
+from strata.contract.modes import ReadType, WriteType
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
-from ..config import ServerConfig
-from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
 from ..namespace.metadata import FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
-from ..proto import strata_pb2 as pb
-from ..proto import strata_pb2_grpc as pb_grpc
 from ..ufs import Store, check_source_allowed
 from ..uploads import sum_pending
 from .blocks import BlockIndex
@@ -87,14 +88,6 @@ class UfsTotals:
     at: float
 
 
-def read_type_name(value: pb.ReadType.ValueType) -> str:
-    return "" if value == pb.READ_TYPE_UNSPECIFIED else pb.ReadType.Name(value)
-
-
-def write_type_name(value: pb.WriteType.ValueType) -> str:
-    return "" if value == pb.WRITE_TYPE_UNSPECIFIED else pb.WriteType.Name(value)
-
-
 def options_from_proto(options: pb.MountOptions, has_options: bool) -> MountOptions:
     if not has_options:
         return MountOptions()
@@ -103,8 +96,8 @@ def options_from_proto(options: pb.MountOptions, has_options: bool) -> MountOpti
         credentials=dict(options.credentials),
         read_only=options.read_only,
         metadata_sync_interval=options.metadata_sync_interval,
-        read_type=read_type_name(options.read_type),
-        write_type=write_type_name(options.write_type),
+        read_type=ReadType.name_of(options.read_type),
+        write_type=WriteType.name_of(options.write_type),
         pin=options.pin,
         ttl_seconds=options.ttl_seconds,
         stale_if_error=options.stale_if_error if options.HasField("stale_if_error") else True,
@@ -124,8 +117,8 @@ def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str])
             credentials=o.credentials if with_credentials else {},
             read_only=o.read_only,
             metadata_sync_interval=o.metadata_sync_interval,
-            read_type=pb.ReadType.Value(o.read_type) if o.read_type else pb.READ_TYPE_UNSPECIFIED,
-            write_type=pb.WriteType.Value(o.write_type) if o.write_type else pb.WRITE_TYPE_UNSPECIFIED,
+            read_type=ReadType.proto_of(o.read_type),
+            write_type=WriteType.proto_of(o.write_type),
             pin=o.pin,
             ttl_seconds=o.ttl_seconds,
             stale_if_error=o.stale_if_error,

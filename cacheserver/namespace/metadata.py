@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..constants import UPLOAD_DIR
-from ..errors import (
+from strata.contract.constants import UPLOAD_DIR
+from strata.contract.errors import (
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,

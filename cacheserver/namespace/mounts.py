@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlreadyExists, InvalidArgument, NotFound
+from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound
+from strata.contract.modes import ReadType, WriteType
 from ..retry import RetrySettings
 from ..ufs import Store
 from .paths import is_under, normalize, overlaps, relative
@@ -34,8 +35,6 @@ SEALED_CREDENTIALS = "sealed_credentials"
 def _seal_binding(path: str, mount_id: int) -> str:
     """What sealed credentials are bound to: they open for this mount only."""
     return f"{path}#{mount_id}"
-READ_TYPES = ("", "CACHE", "CACHE_PROMOTE", "NO_CACHE")
-WRITE_TYPES = ("", "MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH")
 # Seconds a mount's metadata may lag behind its store. 30 s keeps listing-heavy jobs (one
 # stat per file) off the store while a file changed outside Strata shows up within half a
 # minute; datasets that never change can say -1, stores changed by others all the time 0.
@@ -73,10 +72,10 @@ class MountOptions:
             )
         if self.ttl_seconds < 0:
             raise InvalidArgument(f"ttl must not be negative, got {self.ttl_seconds} seconds")
-        if self.read_type not in READ_TYPES:
-            raise InvalidArgument(f"read type must be one of {', '.join(READ_TYPES[1:])}, got {self.read_type!r}")
-        if self.write_type not in WRITE_TYPES:
-            raise InvalidArgument(f"write type must be one of {', '.join(WRITE_TYPES[1:])}, got {self.write_type!r}")
+        if self.read_type and self.read_type not in ReadType.__members__:
+            raise InvalidArgument(f"read type must be one of {', '.join(ReadType)}, got {self.read_type!r}")
+        if self.write_type and self.write_type not in WriteType.__members__:
+            raise InvalidArgument(f"write type must be one of {', '.join(WriteType)}, got {self.write_type!r}")
 
     def store_options(self) -> dict[str, str]:
         """Options for the mount's Store: the plain ones and the credentials."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 
 
 def normalize(path: str, *, what: str = "path") -> str:

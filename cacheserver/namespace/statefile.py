@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import FailedPrecondition
+from strata.contract.errors import FailedPrecondition
 
 
 def write_state(path: Path, data: Any) -> None:

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 
 from cachetools import TTLCache
 
-from ..errors import FailedPrecondition, NotFound, StrataError, Unavailable
-from ..proto import strata_pb2 as pb
+from strata.contract.errors import FailedPrecondition, NotFound, StrataError, Unavailable
+from strata.contract.proto import strata_pb2 as pb
 
 # How long a file's status is reused for further misses of its blocks (seconds). Short: a
 # file replaced through another worker is seen within this long; a sequential reader's

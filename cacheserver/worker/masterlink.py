@@ -7,10 +7,10 @@ import logging
 
 import grpc
 
+from strata.contract.errors import Unavailable
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
-from ..errors import Unavailable
-from ..proto import strata_pb2 as pb
-from ..proto import strata_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

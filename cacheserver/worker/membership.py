@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from strata.contract.errors import StrataError
+from strata.contract.proto import strata_pb2 as pb
 from .. import rpcutil
 from ..blockrefs import ref_of, reported_key
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore, CachedBlock
 from ..config import ServerEnvironment
-from ..errors import StrataError
-from ..proto import strata_pb2 as pb
 from .masterlink import MasterLink
 from .mounts import WorkerMounts
 from .reads import Counters

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import NotFound, PermissionDenied
+from strata.contract.errors import NotFound, PermissionDenied
+from strata.contract.proto import strata_pb2 as pb
 from ..namespace.paths import is_under, relative
-from ..proto import strata_pb2 as pb
 from ..ufs import Store
 
 

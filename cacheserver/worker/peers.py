@@ -9,12 +9,12 @@ import logging
 
 import grpc
 
+from strata.contract.errors import FailedPrecondition
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
-from ..errors import FailedPrecondition
-from ..proto import strata_pb2 as pb
-from ..proto import strata_pb2_grpc as pb_grpc
 from .masterlink import MasterLink
 
 log = logging.getLogger(__name__)

@@ -10,13 +10,20 @@ import logging
 import os
 from dataclasses import dataclass
 
+from strata.contract.config import ServerConfig
+from strata.contract.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    StrataError,
+)
+from strata.contract.modes import ReadType
+from strata.contract.proto import strata_pb2 as pb
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
-from ..config import ServerConfig
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, StrataError
 from ..namespace.metadata import is_upload_path
-from ..proto import strata_pb2 as pb
 from ..ufs import VersionChanged
 from .geometry import FileStatuses
 from .masterlink import MasterLink
@@ -70,7 +77,7 @@ def effective_read_type(request_type: pb.ReadType.ValueType, mount: MountView, c
         return request_type
     if mount.info.options.read_type:
         return mount.info.options.read_type
-    return pb.ReadType.Value(config.cache_policy.read_type)
+    return config.cache_policy.read_type.to_proto()
 
 
 class BlockReads:
@@ -216,7 +223,7 @@ class BlockReads:
         length) verifies the chunks of that range on this open too. A bad copy is dropped and
         fetched again."""
         mount = await self.mounts.get(ref.mount_id)
-        promote = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config) == pb.CACHE_PROMOTE
+        promote = effective_read_type(ReadType.from_wire(read_type), mount, self.config) == pb.CACHE_PROMOTE
         for attempt in (1, 2):
             block, hit = await self.ensure_cached(ref, promote=promote)
             try:
@@ -246,7 +253,7 @@ class BlockReads:
             raise InvalidArgument(f"offset {offset} is past the end of block {ref.index} ({total} bytes)")
         length = min(length or total, total - offset)
         mount = await self.mounts.get(ref.mount_id)
-        effective = effective_read_type(pb.ReadType.ValueType(read_type), mount, self.config)
+        effective = effective_read_type(ReadType.from_wire(read_type), mount, self.config)
         if effective == pb.NO_CACHE and self.store.lookup(key_of(ref)) is None:
             source = BlockSource(hit=False, length=length, data=await self.read_uncached(ref, offset, length))
         else:

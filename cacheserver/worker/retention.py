@@ -8,11 +8,11 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
+from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore
 from ..namespace.paths import is_under
-from ..proto import strata_pb2 as pb
 from .mounts import WorkerMounts
 
 # Versions of files written into the cache (MUST_CACHE, ASYNC_THROUGH) start with this; their

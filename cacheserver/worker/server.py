@@ -22,14 +22,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from strata.contract.config import ServerConfig
+from strata.contract.errors import StrataError
+from strata.contract.httpserver import HttpServer, serve_until_signalled
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..auth import Credentials
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
-from ..config import ServerConfig, ServerEnvironment
-from ..errors import StrataError
-from ..httpserver import HttpServer, serve_until_signalled
-from ..proto import strata_pb2_grpc as pb_grpc
+from ..config import ServerEnvironment
 from ..uploads import pending_upload_metrics
 from .masterlink import MasterLink
 from .membership import BlockReports, Endpoints, Membership, WorkerIdentity, identity_from_env

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from .. import constants, rpcutil
-from ..proto import strata_pb2 as pb
-from ..proto import strata_pb2_grpc as pb_grpc
+from strata.contract import constants
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from .. import rpcutil
 from .reads import BlockReads
 from .retention import Retention
 from .writes import Writes

@@ -22,11 +22,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from strata.contract.config import DataPortSettings
+from strata.contract.errors import StrataError
+from strata.contract.proto import strata_pb2 as pb
 from ..auth import BLOCK_SOCKET, Credentials, check_access
 from ..blockwire import MAX_REQUEST_BYTES, error_reply, ok_reply, parse_request, reply_line
-from ..config import DataPortSettings
-from ..errors import StrataError
-from ..proto import strata_pb2 as pb
 from .reads import BlockReads, BlockSource
 
 log = logging.getLogger(__name__)

@@ -30,11 +30,11 @@ import grpc
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from strata.contract.errors import NotFound, StrataError
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from ..blockrefs import block_count
-from ..errors import NotFound, StrataError
 from ..namespace.metadata import upload_rel
-from ..proto import strata_pb2 as pb
-from ..proto import strata_pb2_grpc as pb_grpc
 from ..retry import call_with_backoff
 from ..uploads import sum_pending
 from .mounts import WorkerMounts

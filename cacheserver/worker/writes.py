@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from strata.contract.config import ServerConfig
+from strata.contract.errors import InvalidArgument, NotFound, StrataError
+from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
 from ..cache.store import BlockStore
-from ..config import ServerConfig
-from ..errors import InvalidArgument, NotFound, StrataError
 from ..namespace.paths import normalize
-from ..proto import strata_pb2 as pb
 from ..ufs import UfsStatus
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
@@ -40,7 +40,7 @@ def effective_write_type(request_type: pb.WriteType.ValueType, mount: MountView,
         return request_type
     if mount.info.options.write_type:
         return mount.info.options.write_type
-    return pb.WriteType.Value(config.cache_policy.write_type)
+    return config.cache_policy.write_type.to_proto()
 
 
 class Writes:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from strata.cacheserver.csi.constants import data_token_key
+from strata.contract.constants import auth_secret_name, data_token_key
 from strata.operator import constants as c
 from strata.operator.models import Cluster, ObjectRef
 
@@ -31,7 +31,7 @@ def config_name(cluster: str) -> str:
 
 
 def auth_name(cluster: str) -> str:
-    return f"{cluster}-auth"
+    return auth_secret_name(cluster)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class SharedSecret:
 
 def csi_tokens(settings_namespace: str, secret: str) -> SharedSecret:
     """Every cluster's data token for the CSI node plugin, one key per cluster
-    (cacheserver/csi/constants.py names it)."""
+    (contract/constants.py, data_token_key, names it)."""
     return SharedSecret(settings_namespace, secret, "csi-tokens", "csi")
 
 

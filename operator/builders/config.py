@@ -6,7 +6,7 @@ import base64
 import hashlib
 from pathlib import Path, PurePosixPath
 
-from strata.cacheserver.config import ServerConfig, TierSettings
+from strata.contract.config import ServerConfig, TierSettings
 from strata.operator import constants as c
 from strata.operator.builders.common import (
     Manifest,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.modes import ReadType, WriteType
+from strata.contract.proto import strata_pb2 as pb
 from strata.operator.models import MountSpec
 
 
@@ -17,8 +18,8 @@ def build_mount_request(spec: MountSpec, credentials: Mapping[str, str]) -> pb.M
         credentials=dict(credentials),
         read_only=spec.read_only,
         metadata_sync_interval=spec.metadata_sync.interval,
-        read_type=pb.ReadType.Value(spec.read_type or "READ_TYPE_UNSPECIFIED"),
-        write_type=pb.WriteType.Value(spec.write_type or "WRITE_TYPE_UNSPECIFIED"),
+        read_type=ReadType.proto_of(spec.read_type),
+        write_type=WriteType.proto_of(spec.write_type),
         pin=spec.pin,
         ttl_seconds=spec.ttl,
         stale_if_error=spec.stale_if_error,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.cacheserver.constants import ENV_DATA_TOKEN_FILE, ENV_INTERNAL_TOKEN_FILE, ENV_TOKEN_FILE
+from strata.contract.constants import ENV_DATA_TOKEN_FILE, ENV_INTERNAL_TOKEN_FILE, ENV_TOKEN_FILE
 from strata.operator import constants as c
 from strata.operator.builders.common import (
     Manifest,

@@ -10,7 +10,7 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from strata.cacheserver.httpserver import HttpServer
+from strata.contract.httpserver import HttpServer
 
 
 class MetricsSettings(BaseSettings):

@@ -12,8 +12,8 @@ from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from strata.cacheserver.csi.constants import data_token_key
-from strata.cacheserver.errors import InvalidArgument, StrataError
+from strata.contract.constants import data_token_key
+from strata.contract.errors import InvalidArgument, StrataError
 from strata.operator import constants as c
 from strata.operator.builders import build_master_children, build_worker_children
 from strata.operator.builders.common import (

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from strata.cacheserver.errors import (
+from strata.contract.errors import (
     AlreadyExists,
     DeadlineExceeded,
     InvalidArgument,
@@ -22,7 +22,7 @@ from strata.cacheserver.errors import (
     Unavailable,
     Unreachable,
 )
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 from strata.operator import constants as c
 from strata.operator.builders.common import approximate_quantity, master_endpoint
 from strata.operator.builders.mount import build_mount_request, request_fingerprint

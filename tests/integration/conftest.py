@@ -188,7 +188,7 @@ class Cluster:
         wait_until(lambda: len(fs.client.workers(refresh=True)) == count, 30, f"{count} live workers")
 
     def mount_bucket(self, path: str, bucket: str, **options: Any) -> None:
-        from strata.cacheserver.proto import strata_pb2 as pb
+        from strata.contract.proto import strata_pb2 as pb
 
         self.fs().client.mount(path, f"s3://{bucket}", pb.MountOptions(options=self.s3.storage_options(), **options))
 

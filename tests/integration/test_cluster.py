@@ -12,9 +12,9 @@ import fsspec
 import grpc
 import pytest
 
-from strata.cacheserver import errors
-from strata.cacheserver.proto import strata_pb2 as pb
-from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
+from strata.contract import errors
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
 from .conftest import BLOCK_SIZE, TOKEN, Cluster, http_get, metric, wait_until
 

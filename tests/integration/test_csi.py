@@ -21,7 +21,6 @@ import pytest
 import yaml
 
 from strata.cacheserver.auth import CREDENTIAL_ENV
-from strata.cacheserver.csi import constants as c
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.proto import csi_pb2_grpc as csi_grpc
@@ -29,7 +28,9 @@ from strata.cacheserver.csi.publisher import Publisher
 from strata.cacheserver.csi.server import serve
 from strata.cacheserver.fuse import keeper
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract import csi as c
+from strata.contract.constants import data_token_key
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, DATA_TOKEN, TOKEN, Cluster, wait_until
 from .test_cluster import payload
@@ -63,7 +64,7 @@ class Objects:
         (the plugin reads no other Secret; `<cluster>-auth` with the admin token is not there)."""
         self.objects[f"{API}/cacheclusters/{name}"] = {"status": {"master": {"endpoint": endpoint}}}
         tokens = self.objects.setdefault(TOKENS_PATH, {"data": {}})
-        tokens["data"][c.data_token_key("team", name)] = base64.b64encode(data_token.encode()).decode()
+        tokens["data"][data_token_key("team", name)] = base64.b64encode(data_token.encode()).decode()
 
     def add_mount(self, name: str, cluster: str, path: str, *, phase: str = "Mounted", read_only: bool = False) -> None:
         self.objects[f"{API}/mounts/{name}"] = {"spec": {"cluster": cluster, "path": path, "readOnly": read_only},

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from strata.cacheserver import errors
 from strata.cacheserver.blockwire import request_line
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract import errors
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, TOKEN, Cluster, free_port, read_by_blocks
 

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import pytest
 from storeproxy import StoreProxy
 
-from strata.cacheserver import errors
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract import errors
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, Cluster, allow, free_port, metric, wait_until
 

@@ -21,13 +21,14 @@ import pytest
 
 from strata.cacheserver.fuse.locations import parse_locations
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state, wait_mounted
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.modes import WriteType
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, Cluster, wait_until
 from .test_cluster import payload
 
 FSTYPE = "fuse.strata"
-WRITE_TYPES = ["MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH"]
+WRITE_TYPES = list(WriteType)
 
 
 def fuse_skip_reason() -> str | None:

@@ -20,7 +20,7 @@ import pytest
 
 from strata.cacheserver.fuse.kernel import connection_of
 from strata.cacheserver.fuse.mountpoints import find_mount, wait_unmounted
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, wait_until
 from .test_cluster import payload

@@ -18,7 +18,7 @@ from tinydisk import tiny_disk
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.blockwire import request_line
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric, read_by_blocks
 from .test_data_port import exchange

@@ -23,7 +23,7 @@ from .conftest import REPO, TOKEN
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-STUBS = ["strata/cacheserver/proto/strata_pb2.py", "strata/cacheserver/proto/strata_pb2_grpc.py",
+STUBS = ["strata/contract/proto/strata_pb2.py", "strata/contract/proto/strata_pb2_grpc.py",
          "strata/cacheserver/csi/proto/csi_pb2.py", "strata/cacheserver/csi/proto/csi_pb2_grpc.py"]
 
 
@@ -89,6 +89,7 @@ def test_a_wheel_and_an_sdist_carry_the_stubs_and_the_installed_command_reads(
     run(*pip, "install", "-c", constraints, wheel, env=env, cwd=tmp_path)
     strata = venv / "bin" / "strata"
     assert "usage: strata" in run(strata, "--help", env=env, cwd=tmp_path)
+    assert "usage: strata-operator" in run(venv / "bin" / "strata-operator", "--help", env=env, cwd=tmp_path)
 
     cluster = start_cluster(workers=1)
     data = os.urandom(300_000)

@@ -32,8 +32,9 @@ from typing import Any
 import pytest
 from storeproxy import Mode, StoreProxy
 
-from strata.cacheserver.errors import NotFound, StrataError
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.errors import NotFound, StrataError
+from strata.contract.modes import WriteType
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, Cluster, Server, wait_until
 
@@ -46,7 +47,7 @@ SETTLE_TIMEOUT = 90.0
 
 pytestmark = pytest.mark.timeout(int(SECONDS + 4 * OP_TIMEOUT + SETTLE_TIMEOUT + 120))
 
-WRITE_TYPES = ("MUST_CACHE", "CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH")
+WRITE_TYPES = tuple(WriteType)
 THROUGH_TYPES = ("CACHE_THROUGH", "THROUGH", "ASYNC_THROUGH")
 SIZES = (0, 1, 4097, BLOCK_SIZE - 1, BLOCK_SIZE + 1, 2 * BLOCK_SIZE + 3)
 ABSENT = None
@@ -115,7 +116,7 @@ class Run:
         self.log.append(f"  {write_type}, {len(data)} bytes, via node-{worker}")
         client = self.fs(host=f"node-{worker}").client
         try:
-            client.write_file(path, [data], write_type=pb.WriteType.Value(write_type))
+            client.write_file(path, [data], write_type=write_type.to_proto())
         except StrataError:
             self.note(f"write {write_type} failed")
             self.expected[path].fail(data)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from strata.cacheserver.errors import FailedPrecondition
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.errors import FailedPrecondition
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, Cluster, allow, wait_until
 

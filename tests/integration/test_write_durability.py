@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from storeproxy import StoreProxy
 
-from strata.cacheserver.errors import StrataError
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.errors import StrataError
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, wait_until
 

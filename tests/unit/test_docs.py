@@ -145,7 +145,7 @@ def test_strata_commands_in_the_readme_parse(readme: str) -> None:
 
 def test_paths_in_the_readme_exist(readme: str) -> None:
     mentioned = set(re.findall(r"\]\(((?!https?:|#)[^)]+)\)", readme))          # markdown links
-    folders = ("bench/", "cacheserver/", "charts/", "crds/", "docs/", "manifests/", "operator/", "scripts/", "tests/")
+    folders = ("bench/", "cacheserver/", "charts/", "contract/", "crds/", "docs/", "manifests/", "operator/", "scripts/", "tests/")
     for command in shell_commands(readme):
         mentioned |= {w for w in command if w.startswith(folders) or w.startswith("Dockerfile.")}
     assert "manifests/install.yaml" in mentioned and "charts/strata" in mentioned

@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver import constants
 from strata.cacheserver.cli import build_parser
+from strata.contract import constants
+from strata.operator.cli import build_parser as operator_parser
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = {"server": REPO / "Dockerfile.server", "operator": REPO / "Dockerfile.operator"}
+# Each image runs one command: its ENTRYPOINT, whose parser its CMD must satisfy.
+COMMANDS = {"server": "strata", "operator": "strata-operator"}
+PARSERS = {"server": build_parser, "operator": operator_parser}
 PINNED_BASE = re.compile(r"^python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}$")
 BUILD_TOOLS = ("grpcio-tools", "gcc", "build-essential", "setuptools", "pip wheel", "gen_protos")
 
@@ -105,7 +109,7 @@ def test_build_stage_makes_stubs_and_wheels(image: tuple[str, list[Stage], str])
     assert "--constraint" in runs and "grpcio|protobuf" in runs
     copied = [shlex.split(c)[:-1] for c in build.values("COPY")]
     sources = {s for c in copied for s in c if not s.startswith("--")}
-    assert {"pyproject.toml", "setup.py", "README.md", "cacheserver/", "operator/", "scripts/gen_protos.sh"} <= sources
+    assert {"pyproject.toml", "setup.py", "README.md", "contract/", "cacheserver/", "operator/", "scripts/gen_protos.sh"} <= sources
 
 
 def test_final_stage_installs_wheels_only(image: tuple[str, list[Stage], str]) -> None:
@@ -133,16 +137,16 @@ def test_final_stage_runs_strata_as_non_root(image: tuple[str, list[Stage], str]
     assert not gid or (gid.isdigit() and int(gid) != 0)
     assert "useradd" in " ".join(final.values("RUN")) and f"--uid {uid}" in " ".join(final.values("RUN"))
     entrypoints = final.values("ENTRYPOINT")
-    assert entrypoints == ['["strata"]'], f"{kind}: ENTRYPOINT must be exec form [\"strata\"] on one line"
+    assert entrypoints == [json.dumps([COMMANDS[kind]])], f"{kind}: ENTRYPOINT must be exec form [\"{COMMANDS[kind]}\"] on one line"
 
 
 def test_cmd_is_a_command_the_cli_accepts(image: tuple[str, list[Stage], str]) -> None:
     kind, found, _ = image
     cmd = json.loads(found[-1].values("CMD")[-1])
     try:
-        build_parser().parse_args(cmd)
+        PARSERS[kind]().parse_args(cmd)
     except SystemExit as exc:  # --help exits 0; a bad command exits 2
-        assert exc.code == 0, f"{kind}: CMD {cmd} is not a strata command"
+        assert exc.code == 0, f"{kind}: CMD {cmd} is not a {COMMANDS[kind]} command"
 
 
 def test_server_image_has_fuse_and_the_server_ports() -> None:
@@ -163,8 +167,8 @@ def test_operator_image_has_no_fuse_and_runs_the_operator() -> None:
     final = stages(IMAGES["operator"].read_text())[-1]
     assert "fuse" not in " ".join(final.values("RUN"))
     cmd = json.loads(final.values("CMD")[-1])
-    args = build_parser().parse_args(cmd)
-    assert args.command == "operator" and args.all_namespaces and args.peering == "strata"
+    args = operator_parser().parse_args(cmd)
+    assert args.command == "run" and args.all_namespaces and args.peering == "strata"
 
 
 # -- the build context ---------------------------------------------------------------------------
@@ -215,13 +219,13 @@ def test_build_context_holds_what_the_build_copies() -> None:
                     assert (REPO / source).exists(), f"{kind}: COPY {source}: no such file"
                     assert in_context(source.rstrip("/") + ("/__init__.py" if source.endswith("/") else "")), \
                         f"{kind}: COPY {source} is excluded by .dockerignore"
-    assert in_context("cacheserver/proto/strata.proto") and in_context("operator/handlers/__init__.py")
+    assert in_context("contract/proto/strata.proto") and in_context("operator/handlers/__init__.py")
     assert in_context("README.md")
 
 
 @pytest.mark.parametrize("path", [
     ".venv/bin/python", ".git/HEAD", "tests/unit/test_docs.py", "bench/run.py", "charts/strata/Chart.yaml",
-    "cacheserver/proto/strata_pb2.py", "cacheserver/proto/strata_pb2_grpc.pyi", "cacheserver/__pycache__/cli.cpython-311.pyc",
+    "contract/proto/strata_pb2.py", "contract/proto/strata_pb2_grpc.pyi", "cacheserver/__pycache__/cli.cpython-311.pyc",
     "operator/builders/__pycache__/x.pyc",
 ])
 def test_build_context_leaves_out(path: str) -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from strata.cacheserver import auth
 from strata.cacheserver.auth import BLOCK_SOCKET, METHOD_ROLES, Credentials, Role, check_access
-from strata.cacheserver.errors import InvalidArgument
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.errors import InvalidArgument
+from strata.contract.proto import strata_pb2 as pb
 
 CREDENTIALS = Credentials(admin="a" * 8, data="d" * 8, internal="i" * 8)
 

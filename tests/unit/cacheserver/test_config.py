@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.config import ServerConfig, ServerEnvironment, load_server_config
-from strata.cacheserver.errors import InvalidArgument
+from strata.cacheserver.config import ServerEnvironment, load_server_config
+from strata.contract.config import ServerConfig
+from strata.contract.errors import InvalidArgument
 
 
 def test_yaml_round_trip_with_quantities(tmp_path: Path) -> None:

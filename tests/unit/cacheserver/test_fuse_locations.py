@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.errors import InvalidArgument
 from strata.cacheserver.fuse.locations import BlockHosts, format_locations, parse_locations
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.errors import InvalidArgument
+from strata.contract.proto import strata_pb2 as pb
 
 
 def test_blocks_format_as_offset_length_and_hosts() -> None:

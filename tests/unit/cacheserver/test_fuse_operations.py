@@ -7,9 +7,9 @@ import errno
 
 import pytest
 
-from strata.cacheserver import errors
 from strata.cacheserver.fuse.operations import DEFAULT_ATTR_TIMEOUT, MAX_ATTR_TIMEOUT, attr_timeout_for, errno_of
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract import errors
+from strata.contract.proto import strata_pb2 as pb
 
 
 def mount(path: str, interval: float) -> pb.MountInfo:

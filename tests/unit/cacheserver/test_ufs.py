@@ -13,9 +13,16 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from s3fs import S3FileSystem
 
-from strata.cacheserver.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from strata.cacheserver.retry import RetrySettings
 from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
+from strata.contract.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 
 FAST_RETRY = RetrySettings(attempts=5, base_delay=0.001, max_delay=0.01)
 

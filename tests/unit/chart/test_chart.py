@@ -13,8 +13,9 @@ import yaml
 from cryptography import x509
 
 from strata.cacheserver.cli import build_parser
-from strata.cacheserver.csi import constants as csi
+from strata.contract import csi
 from strata.operator.handlers.admission import HANDLER_ID, WEBHOOK_NAME, WebhookSettings
+from strata.operator.cli import build_parser as operator_parser
 from strata.operator.handlers.metrics import MetricsSettings
 from strata.operator.settings import OperatorSettings
 from tests.unit.chart.conftest import CHART, NAMESPACE, Obj, Render, kinds, one, render_text, run_helm
@@ -102,9 +103,9 @@ def test_operator_deployment(render: Render) -> None:
     assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"  # the e2e suite finds it so
     operator = container(deployment, "operator")
     assert operator["image"] == f"ghcr.io/strata-dev/strata-operator:{APP_VERSION}"
-    # The arguments are what `strata operator` accepts.
-    args = build_parser().parse_args(operator["args"])
-    assert args.all_namespaces and not args.namespace and not args.standalone
+    # The arguments are what `strata-operator run` accepts.
+    args = operator_parser().parse_args(operator["args"])
+    assert args.command == "run" and args.all_namespaces and not args.namespace and not args.standalone
     peering = one(objs, "ClusterKopfPeering")
     assert args.peering == peering["metadata"]["name"] == "strata"
     # Liveness probe on kopf's liveness endpoint.
@@ -141,7 +142,7 @@ def test_images_follow_the_values(render: Render) -> None:
 
 def test_namespaced_mode(render: Render) -> None:
     objs = render({"operator.watchAllNamespaces": "false", "operator.watchNamespaces": "{team-a,team-b}"})
-    args = build_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"])
+    args = operator_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"])
     assert not args.all_namespaces and args.namespace == ["team-a", "team-b"]
     peerings = [o for o in objs if o["kind"] == "KopfPeering"]
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
@@ -166,7 +167,7 @@ def test_namespaced_mode(render: Render) -> None:
     assert sorted(tenant) == [("team-a", "strata-tenant"), ("team-b", "strata-tenant")]
     # Default: the release namespace.
     objs = render({"operator.watchAllNamespaces": "false"})
-    assert build_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"]).namespace == [NAMESPACE]
+    assert operator_parser().parse_args(container(one(objs, "Deployment"), "operator")["args"]).namespace == [NAMESPACE]
 
 
 def test_names_fit_63_characters(render: Render) -> None:

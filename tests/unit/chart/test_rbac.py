@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from strata.cacheserver.csi import constants as csi
 from strata.cacheserver.csi.kube import KubeResolver
+from strata.contract import constants, csi
 from strata.operator import constants as c
 from strata.operator.handlers.admission import WebhookSettings, certificate_place, review
 from strata.operator.reconcile.webhook import ensure_certificate
@@ -279,7 +279,7 @@ class RecordingReader:
 
 
 def test_csi_node_plugin_rbac_is_exactly_its_reads(render: Render) -> None:
-    group = f"/apis/{csi.API_GROUP_VERSION}/namespaces/team"
+    group = f"/apis/{constants.API_VERSION}/namespaces/team"
     reader = RecordingReader({
         f"{group}/mounts/data": {"spec": {"cluster": "demo", "path": "/data"}, "status": {"phase": "Mounted"}},
         f"{group}/cacheclusters/demo": {"status": {"master": {"endpoint": "demo-master-0:19998"}}},
@@ -314,7 +314,7 @@ def test_without_csi_and_own_certificate_the_operator_keeps_only_its_token_copy_
 @pytest.mark.parametrize("values", [{}, {"operator.watchAllNamespaces": "false",
                                          "operator.watchNamespaces": "{team-a,team-b}"}])
 def test_only_the_uninstall_hook_may_delete_and_only_while_helm_uninstalls(render: Render, values: dict[str, str]) -> None:
-    """`strata uninstall` lists, deletes and takes the finalizer off (patch) Mounts and
+    """`strata-operator uninstall` lists, deletes and takes the finalizer off (patch) Mounts and
     CacheClusters where the operator works, nothing else; its account and grants exist only
     while `helm uninstall` runs (pre-delete hook objects, removed once the Job succeeded)."""
     hook = [o for o in render(values) if _uninstall_hook(o)]

@@ -15,9 +15,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from strata.cacheserver.proto import strata_pb2 as pb
-from strata.cacheserver.rpcutil import ANSWERED_KEY
-from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
+from strata.contract.errors import ANSWERED_KEY
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from strata.operator import constants as c
 from strata.operator.kube import KubeError, Obj
 from strata.operator.master import MasterClient, Masters

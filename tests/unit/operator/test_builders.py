@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from strata.cacheserver.config import ServerConfig
+from strata.contract.config import ServerConfig
 from strata.operator import builders
 from strata.operator.builders.common import (
     approximate_quantity,

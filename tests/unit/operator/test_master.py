@@ -8,8 +8,8 @@ import time
 import grpc
 import pytest
 
-from strata.cacheserver.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
+from strata.contract.proto import strata_pb2 as pb
 from strata.operator.master import MasterClient, Masters
 from tests.unit.operator.conftest import TOKEN, RunningMaster
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.errors import InvalidArgument
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.errors import InvalidArgument
+from strata.contract.proto import strata_pb2 as pb
 from strata.operator.builders.mount import build_mount_request, request_fingerprint
 from strata.operator.models import CacheClusterSpec, MountSpec, parse_spec, paths_overlap
 

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 from strata.operator.kube import KubeError
 from strata.operator.reconcile import ObjectState, reconcile_mount, remove_mount
 from tests.unit.operator.conftest import TOKEN, FakeKube, World, mount_body

@@ -1,4 +1,4 @@
-"""`strata uninstall` against an in-memory stand-in of the API server's deletion rules (an
+"""`strata-operator uninstall` against an in-memory stand-in of the API server's deletion rules (an
 object with finalizers is only marked deleted; it goes when the last finalizer is taken
 off). The e2e suite runs it as the chart's pre-delete hook on a real cluster."""
 

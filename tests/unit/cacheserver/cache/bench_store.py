@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from strata.cacheserver.cache import BlockKey, BlockStore, TierConfig
-from strata.cacheserver.constants import DEFAULT_BLOCK_SIZE
+from strata.contract.constants import DEFAULT_BLOCK_SIZE
 
 MIB = 1024 * 1024
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.cache import EVICTION_POLICIES, BlockKey, BlockStore, CachedBlock, TierConfig
-from strata.cacheserver.constants import MEDIA
+from strata.contract.constants import MEDIA
 
 
 class Recorder:

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from strata.cacheserver.cache import EVICTION_POLICIES, EvictionPolicy, LRFUPolicy, LRUPolicy, make_policy
-from strata.cacheserver.errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from strata.cacheserver.cache import BlockKey
-from strata.cacheserver.errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 
 MiB = 1 << 20
 

@@ -9,7 +9,7 @@ import pytest
 
 from strata.cacheserver.cache import CHUNK_SIZE, BlockKey, BlockMetadata
 from strata.cacheserver.cache.metadata import compute_checksums
-from strata.cacheserver.errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 
 def key_for(length: int) -> BlockKey:
     return BlockKey(3, "/logs/day-1.json", "mtime-1700000000", 4, 4 * CHUNK_SIZE, length)

@@ -29,8 +29,8 @@ from strata.cacheserver.cache import (
 from strata.cacheserver.cache import BlockMetadata
 from strata.cacheserver.cache import store as store_module
 from strata.cacheserver.cache.metadata import compute_checksums
-from strata.cacheserver.constants import DEFAULT_BLOCK_SIZE
-from strata.cacheserver.errors import (
+from strata.contract.constants import DEFAULT_BLOCK_SIZE
+from strata.contract.errors import (
     DataLoss,
     FailedPrecondition,
     InvalidArgument,

@@ -10,7 +10,7 @@ from strata.cacheserver.cache import BlockKey, BlockMetadata, TierConfig, defaul
 from strata.cacheserver.cache.files import block_file, meta_file, write_atomically
 from strata.cacheserver.cache.metadata import compute_checksums
 from strata.cacheserver.cache.tiers import Tier
-from strata.cacheserver.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from strata.contract.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 
 def store_block(directory: Path, index: int, data: bytes) -> BlockKey:

@@ -16,9 +16,9 @@ import pytest
 from strata.cacheserver.auth import Credentials
 from strata.cacheserver.client.core import StrataClient
 from strata.cacheserver.client.settings import ClientSettings
-from strata.cacheserver.config import ServerConfig
-from strata.cacheserver.errors import NotFound, Unavailable
 from strata.cacheserver.master.server import MasterHandle, start_master
+from strata.contract.config import ServerConfig
+from strata.contract.errors import NotFound, Unavailable
 
 TOKEN = "client-test-token"
 T = TypeVar("T")

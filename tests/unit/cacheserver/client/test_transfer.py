@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from strata.cacheserver.client.transfer import BufferPool, DataReader, Patience, WorkerStalled
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 REF = pb.BlockRef(mount_id=1, path="/m/f", version="v1", index=0, block_size=1024, file_length=1024, in_store=True)
 

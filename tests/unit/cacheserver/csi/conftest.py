@@ -14,7 +14,7 @@ from strata.cacheserver.csi.publisher import Publisher
 from strata.cacheserver.csi.server import build_server
 from strata.cacheserver.csi.kube import check_grant
 from strata.cacheserver.csi.volumes import VolumeSource
-from strata.cacheserver.errors import NotFound
+from strata.contract.errors import NotFound
 
 
 class Mounts:

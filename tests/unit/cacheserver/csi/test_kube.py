@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.csi.kube import ApiReader, KubeResolver
-from strata.cacheserver.errors import FailedPrecondition, NotFound, PermissionDenied
+from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied
 
 API = "/apis/strata.dev/v1alpha1/namespaces/team"
 TOKENS = "strata-system/strata-csi-tokens"

@@ -12,7 +12,7 @@ from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.proto import csi_pb2_grpc as csi_grpc
 from strata.cacheserver.csi.publisher import Publisher
 from strata.cacheserver.csi.server import serve, socket_path
-from strata.cacheserver.errors import InvalidArgument
+from strata.contract.errors import InvalidArgument
 
 from .conftest import Mounts
 

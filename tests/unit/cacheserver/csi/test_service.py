@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import pytest
 
-from strata.cacheserver.csi import constants as c
 from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.volumes import VolumeSource, volume_id_for
+from strata.contract import csi as c
 
 from .conftest import Plugin
 

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from strata.cacheserver.csi import constants as c
 from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.volumes import (
     VolumeSource,
@@ -17,7 +16,8 @@ from strata.cacheserver.csi.volumes import (
     volume_id_for,
     wants_read_only,
 )
-from strata.cacheserver.errors import InvalidArgument, NotFound
+from strata.contract import csi as c
+from strata.contract.errors import InvalidArgument, NotFound
 
 Mode = csi.VolumeCapability.AccessMode
 

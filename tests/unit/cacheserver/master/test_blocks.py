@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from strata.cacheserver.cache.keys import BlockKey
 from strata.cacheserver.master.blocks import BlockIndex
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 MiB = 1 << 20
 

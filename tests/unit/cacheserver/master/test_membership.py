@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from strata.cacheserver.master.membership import Membership
-from strata.cacheserver.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2 as pb
 
 
 class Clock:

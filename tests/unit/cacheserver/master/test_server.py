@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strata.cacheserver.config import ServerConfig
 from strata.cacheserver.master.server import drop_disallowed_mounts
 from strata.cacheserver.namespace.mounts import MountTable
+from strata.contract.config import ServerConfig
 
 
 def test_journaled_file_mounts_outside_the_allowed_roots_are_dropped(tmp_path: Path) -> None:

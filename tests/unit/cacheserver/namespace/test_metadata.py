@@ -13,7 +13,9 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from strata.cacheserver.errors import (
+from strata.cacheserver.namespace.metadata import FileEntry, Namespace
+from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
@@ -21,8 +23,6 @@ from strata.cacheserver.errors import (
     PermissionDenied,
     Unavailable,
 )
-from strata.cacheserver.namespace.metadata import FileEntry, Namespace
-from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 
 BLOCK = 4096
 

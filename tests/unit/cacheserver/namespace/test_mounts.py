@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.errors import AlreadyExists, InvalidArgument, NotFound
 from strata.cacheserver.namespace.mounts import Mount, MountOptions, MountTable
+from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound
 
 
 def test_add_get_list_and_resolve() -> None:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.errors import InvalidArgument
 from strata.cacheserver.namespace.paths import is_under, join, name, normalize, overlaps, parent, relative
+from strata.contract.errors import InvalidArgument
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.errors import FailedPrecondition
 from strata.cacheserver.namespace.statefile import StateFile, read_state, write_state
+from strata.contract.errors import FailedPrecondition
 
 
 def test_write_replaces_atomically_with_private_mode(tmp_path: Path) -> None:

@@ -16,12 +16,12 @@ import s3server
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import Credentials
-from strata.cacheserver.config import ServerConfig
 from strata.cacheserver.master.server import MasterHandle, start_master
-from strata.cacheserver.proto import strata_pb2 as pb
-from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 from strata.cacheserver.worker.membership import Endpoints, WorkerIdentity
 from strata.cacheserver.worker.server import WorkerParts, build_parts
+from strata.contract.config import ServerConfig
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
 ADMIN = "worker-parts-admin-token"
 CREDENTIALS = Credentials.from_admin(ADMIN)

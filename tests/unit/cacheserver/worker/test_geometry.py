@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from strata.cacheserver.errors import FailedPrecondition, NotFound, Unavailable
-from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.worker.geometry import FileStatuses, mismatch
+from strata.contract.errors import FailedPrecondition, NotFound, Unavailable
+from strata.contract.proto import strata_pb2 as pb
 
 MiB = 1 << 20
 

@@ -7,8 +7,8 @@ import pytest
 
 from strata.cacheserver.blockrefs import key_of
 from strata.cacheserver.config import ServerEnvironment
-from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.worker.membership import WorkerIdentity, identity_from_env
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, Cluster, ref_for
 

@@ -9,12 +9,12 @@ import grpc
 import pytest
 
 from strata.cacheserver import rpcutil
-from strata.cacheserver.errors import FailedPrecondition
-from strata.cacheserver.proto import strata_pb2 as pb
-from strata.cacheserver.proto import strata_pb2_grpc as pb_grpc
 from strata.cacheserver.worker.membership import Endpoints
 from strata.cacheserver.worker.server import WorkerParts
 from strata.cacheserver.worker.service import WorkerService
+from strata.contract.errors import FailedPrecondition
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
 from .conftest import BLOCK, CREDENTIALS, Cluster, chunks
 

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from strata.cacheserver.blockrefs import key_of
-from strata.cacheserver.errors import FailedPrecondition
-from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.ufs import VersionChanged
+from strata.contract.errors import FailedPrecondition
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, Cluster, eventually, ref_for
 

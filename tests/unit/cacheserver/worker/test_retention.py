@@ -7,9 +7,9 @@ from pathlib import Path
 from strata.cacheserver.blockrefs import key_of
 from strata.cacheserver.cache.store import BlockStore
 from strata.cacheserver.cache.tiers import TierConfig
-from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.worker.mounts import WorkerMounts
 from strata.cacheserver.worker.retention import Retention
+from strata.contract.proto import strata_pb2 as pb
 
 BLOCK = 1024
 

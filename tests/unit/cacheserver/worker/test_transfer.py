@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.blockwire import request_line
-from strata.cacheserver.config import DataPortSettings
-from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.worker.reads import BlockReads
 from strata.cacheserver.worker.transfer import DataServer, ShortCircuitServer
+from strata.contract.config import DataPortSettings
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, CREDENTIALS, Cluster, ref_for
 

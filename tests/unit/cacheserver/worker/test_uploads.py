@@ -7,10 +7,10 @@ import os
 import time
 from pathlib import Path
 
-from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.uploads import oldest_age_seconds, sum_pending
 from strata.cacheserver.worker.mounts import WorkerMounts
 from strata.cacheserver.worker.uploads import UploadRecord, Uploads, record_file, remove_stale_staging
+from strata.contract.proto import strata_pb2 as pb
 
 
 async def _no_table() -> pb.GetMountTableResponse:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.errors import AlreadyExists, InvalidArgument, PermissionDenied
-from strata.cacheserver.proto import strata_pb2 as pb
 from strata.cacheserver.worker.server import WorkerParts
+from strata.contract.errors import AlreadyExists, InvalidArgument, PermissionDenied
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, Cluster, chunks, eventually
 

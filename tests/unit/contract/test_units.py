@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.errors import InvalidArgument
-from strata.cacheserver.units import format_size, parse_duration, parse_size
+from strata.contract.errors import InvalidArgument
+from strata.contract.units import format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [("16Mi", 16 << 20), ("1Gi", 1 << 30), ("1G", 10**9), ("512", 512),

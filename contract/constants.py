@@ -1,4 +1,6 @@
-"""Names and numbers of the cache server that users and the operator rely on (DESIGN.md)."""
+"""Names and numbers of Strata that users, the operator and the servers rely on (DESIGN.md),
+each written once: ports, the Kubernetes API (group, kinds), Secret keys, environment
+variables, the default block size."""
 
 from typing import Final
 
@@ -15,6 +17,32 @@ FSSPEC_PROTOCOL: Final = "strata"
 # Every RPC carries `authorization: Bearer <token>`; the token names the caller's role.
 AUTH_METADATA_KEY: Final = "authorization"
 AUTH_SCHEME: Final = "Bearer"
+
+# The Kubernetes API (crds/): CacheCluster and Mount objects.
+GROUP: Final = "strata.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+CACHE_CLUSTER_KIND: Final = "CacheCluster"
+CACHE_CLUSTER_PLURAL: Final = "cacheclusters"
+MOUNT_KIND: Final = "Mount"
+MOUNT_PLURAL: Final = "mounts"
+# A Mount's status.phase once the master serves it.
+MOUNTED_PHASE: Final = "Mounted"
+
+# A cluster's credentials Secret: CacheCluster demo -> Secret demo-auth.
+AUTH_SECRET_SUFFIX: Final = "-auth"
+
+
+def auth_secret_name(cluster: str) -> str:
+    return f"{cluster}{AUTH_SECRET_SUFFIX}"
+
+
+# The data tokens of every CacheCluster, which the operator keeps for the node plugin in one
+# Secret of its own namespace (the plugin may read that one Secret, no other): one key per
+# cluster. Namespace names hold no dots, so the first dot ends the namespace.
+def data_token_key(namespace: str, cluster: str) -> str:
+    return f"{namespace}.{cluster}"
+
 
 # Keys of a cluster's credentials Secret (`<cluster>-auth` in Kubernetes): the admin token
 # under the key every cluster had from the start, then the data and internal ones (auth.py).
@@ -36,8 +64,12 @@ ENV_HOSTNAME: Final = "STRATA_HOSTNAME"
 ENV_HOME: Final = "STRATA_HOME"
 
 DEFAULT_BLOCK_SIZE: Final = 16 * 1024 * 1024
-# Blocks stream in messages this big: few enough that per-message cost stays small, and
-# under the 64 MiB message limit every Strata channel sets (rpcutil.CHANNEL_OPTIONS).
+# The same as people write it (strata.yaml, the CRDs, flags): 16Mi.
+DEFAULT_BLOCK_SIZE_QUANTITY: Final = f"{DEFAULT_BLOCK_SIZE // 2**20}Mi"
+# Block bytes (ReadBlock) and a written file's bytes (WriteFile, AppendFile) stream in
+# messages this big: few enough that per-message cost stays small. Clients' channels take
+# up to 64 MiB; a worker takes one piece and the fields beside it, no more (the cache
+# server's rpcutil.WORKER_MAX_RECEIVE_BYTES).
 STREAM_CHUNK_SIZE: Final = 4 * 1024 * 1024
 
 # ASYNC_THROUGH uploads land in this folder of the mount's store first; the master moves

@@ -1,7 +1,8 @@
 """Errors a user sees. Each says what was wrong, with the value, and what to do.
 
 Every error maps to one gRPC status code (its `code`): a server aborts a call with it
-(rpcutil) and a client turns the status back into the same error type (`from_status`).
+(the cache server's rpcutil), marked as its own answer (ANSWERED), and a client turns the
+status back into the same error type (`from_status`).
 """
 
 from __future__ import annotations
@@ -94,3 +95,15 @@ _BY_CODE: dict[grpc.StatusCode, type[StrataError]] = {
 def from_status(code: grpc.StatusCode, details: str) -> StrataError:
     """The error a client raises for a failed RPC."""
     return _BY_CODE.get(code, StrataError)(details)
+
+
+# Trailing metadata on every error a Strata server answers itself, so that a client tells a
+# server that answered UNAVAILABLE (say, its store is down) from one it could not reach.
+ANSWERED_KEY = "strata-answered"
+ANSWERED = ((ANSWERED_KEY, "1"),)
+
+
+def answered_by_server(exc: grpc.RpcError) -> bool:
+    """Whether the server itself answered with this error (see ANSWERED_KEY)."""
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return any(key == ANSWERED_KEY for key, _ in trailing or ())

@@ -1,15 +1,16 @@
-"""Names of the CSI driver that Kubernetes objects and users rely on."""
+"""Names of the CSI driver (the cache server's node plugin, strata.cacheserver.csi) that
+Kubernetes objects, the operator and users rely on."""
 
 from typing import Final
 
-from ..constants import SECRET_ADMIN_TOKEN_KEY, SECRET_DATA_TOKEN_KEY
+from .constants import SECRET_ADMIN_TOKEN_KEY, SECRET_DATA_TOKEN_KEY
 
 DRIVER_NAME: Final = "csi.strata.dev"
 # NodeGetInfo reports the node under this topology key (kubelet labels the Node with it).
 TOPOLOGY_KEY: Final = "topology.strata.dev/node"
 
 # Volume attributes (inline volumes, PVs) and StorageClass parameters.
-ATTR_MOUNT: Final = "mount"              # name of a Mount (strata.dev/v1alpha1)
+ATTR_MOUNT: Final = "mount"              # name of a Mount (constants.API_VERSION)
 ATTR_NAMESPACE: Final = "namespace"      # the Mount's namespace (default: the pod's / PVC's)
 ATTR_SUBPATH: Final = "subPath"          # a directory below the Mount's path
 ATTR_MASTER: Final = "masterAddress"     # without a Mount: the master's HOST:PORT ...
@@ -27,20 +28,6 @@ POD_NAMESPACE: Final = "csi.storage.k8s.io/pod.namespace"
 PVC_NAMESPACE: Final = "csi.storage.k8s.io/pvc/namespace"
 RESERVED_PREFIX: Final = "csi.storage.k8s.io/"
 
-# The data tokens of every CacheCluster, which the operator keeps for the node plugin in one
-# Secret of its own namespace (the plugin may read that one Secret, no other): one key per
-# cluster. Namespace names hold no dots, so the first dot ends the namespace.
-def data_token_key(namespace: str, cluster: str) -> str:
-    return f"{namespace}.{cluster}"
-
-
 # Volumes made by CreateVolume have ids with this prefix.
 VOLUME_ID_PREFIX: Final = "strata-"
-
-# The Kubernetes objects the plugin reads (see kube.py).
-API_GROUP_VERSION: Final = "strata.dev/v1alpha1"
-MOUNT_PLURAL: Final = "mounts"
-CACHE_CLUSTER_PLURAL: Final = "cacheclusters"
-AUTH_SECRET_SUFFIX: Final = "-auth"      # CacheCluster demo -> Secret demo-auth
-MOUNTED_PHASE: Final = "Mounted"
 MOUNT_ALLOWED_NAMESPACES: Final = "allowedNamespaces"  # Mount spec: namespaces granted its use
