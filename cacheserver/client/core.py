@@ -37,6 +37,7 @@ from strata.contract.errors import (
     StrataError,
     Unavailable,
     Unreachable,
+    answered_by_server,
 )
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
@@ -315,7 +316,7 @@ class StrataClient:
         try:
             return call(request, timeout=self.settings.master_quick_timeout)
         except grpc.RpcError as exc:
-            slow = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not rpcutil.answered_by_server(exc)
+            slow = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not answered_by_server(exc)
             if not slow:
                 raise rpcutil.raise_from_rpc_error(exc, where) from exc
         self._list_workers(self.settings.master_quick_timeout)  # raises _MASTER_AWAY if it is not there
