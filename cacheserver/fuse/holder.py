@@ -193,6 +193,28 @@ class Holder:
     def reap(self) -> list[int]:
         """Collect the keepers that ended; their pids."""
         ended = []
+        for pid, status in self._exited():
+            with self.lock:
+                mountpoint = self.keepers.pop(pid, None)
+            if mountpoint is not None:
+                log.info("strata fuse-holder: keeper %d of %s ended (%s)", pid, mountpoint, describe_status(status))
+                ended.append(pid)
+        return ended
+
+    def _exited(self) -> list[tuple[int, int]]:
+        """(pid, wait status) of the children that ended. As a container's first process the
+        holder collects every orphan of the container too; elsewhere only its keepers."""
+        found = []
+        if os.getpid() == 1:
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not pid:
+                    break
+                found.append((pid, status))
+            return found
         with self.lock:
             pids = list(self.keepers)
         for pid in pids:
@@ -201,12 +223,8 @@ class Holder:
             except ChildProcessError:  # already collected
                 done, status = pid, 0
             if done:
-                with self.lock:
-                    mountpoint = self.keepers.pop(pid)
-                log.info("strata fuse-holder: keeper %d of %s ended (%s)", pid, mountpoint,
-                         describe_status(status))
-                ended.append(pid)
-        return ended
+                found.append((pid, status))
+        return found
 
     def close(self) -> None:
         self.listener.close()
