@@ -11,6 +11,13 @@ file), so a restarted plugin still knows what it published: it leaves live mount
 mounts again the targets whose FUSE process died (pods whose volume mount has
 `mountPropagation: HostToContainer` see the new mount). The FUSE processes run in their own
 session, so stopping the plugin does not unmount its volumes.
+
+A volume's mount also outlives its FUSE process (fuse/keeper.py): a keeper holds the
+connection, and readers wait while a successor takes over. The plugin is that successor's
+starter: its watch thread starts a new `strata fuse` for a target whose process died, and a
+restarted plugin does the same for every kept mount it finds. A kept mount is never probed
+with stat (a stat waits for the successor like any reader) and never unmounted on the way:
+files open through it stay open and read on.
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..auth import CREDENTIAL_ENV
 from ..client.core import StrataClient
 from ..constants import ENV_DATA_TOKEN_FILE, ENV_MASTER
 from ..errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
+from ..fuse import keeper
 from ..fuse.mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .volumes import VolumeSource
 
@@ -42,6 +50,8 @@ FSTYPE = "fuse.strata"
 MOUNT_TIMEOUT = 30.0  # for a FUSE process to mount (it checks the master first)
 STOP_TIMEOUT = 10.0   # for a FUSE process to exit after its mount point is gone
 LOG_TAIL = 2000       # characters of a failed FUSE process's log put into the error
+WATCH_INTERVAL = 1.0  # seconds between the watch thread's looks at the volumes' processes
+RETRY_MAX = 30.0      # longest pause between tries to serve a volume again after failures
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class Publisher:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._failures: dict[str, tuple[int, float]] = {}  # target -> (failed tries, next try at)
 
     # -- records -------------------------------------------------------------------------------
 
@@ -175,6 +186,33 @@ class Publisher:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=1)
 
+    def _served_by(self, target: str) -> int:
+        """The live process serving the mount at `target` as its keeper last recorded (0: none).
+        A successor started by an earlier plugin may serve a mount whose record still names
+        the dead process before it."""
+        recorded = keeper.read_json(keeper.state_dir(Path(target)) / keeper.KEEPER).get("server_pid")
+        pid = recorded if isinstance(recorded, int) else 0
+        return pid if pid > 0 and self._alive(pid, target) else 0
+
+    def _kept(self, record: Publication | None) -> bool:
+        """True if `record`'s mount has no live server and a keeper holds it for a successor.
+        Decided from processes and the keeper's files alone: a stat of such a mount waits."""
+        if record is None or self._alive(record.pid, record.target) or self._served_by(record.target):
+            return False
+        return (keeper.state_dir(Path(record.target)) / keeper.SOCKET).exists()
+
+    def _wait_serving(self, pid: int, target: str) -> None:
+        """Wait until the keeper of `target` hands its mount to `pid` (a successor refused
+        because another process serves the mount ends instead)."""
+        deadline = time.monotonic() + self.mount_timeout
+        while self._served_by(target) != pid:
+            if not self._alive(pid, target):
+                raise Unavailable(f"the FUSE process taking over {target} ended before it served")
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the FUSE process taking over {target} did not serve within "
+                                  f"{self.mount_timeout:.0f}s")
+            time.sleep(0.05)
+
     # -- publish -------------------------------------------------------------------------------
 
     def publish(self, volume_id: str, target: str, source: VolumeSource, read_only: bool) -> None:
@@ -182,10 +220,13 @@ class Publisher:
         read_only = read_only or source.read_only
         with self._locked(target):
             record = self.load(target)
-            state = mount_state(target)
+            kept = self._kept(record)
+            state = MountState.LIVE if kept else mount_state(target)
             if state is MountState.LIVE and record is not None:
                 same = (record.volume_id, record.read_only, record.master, record.path) == (
                     volume_id, read_only, source.master, source.path)
+                if same and kept:
+                    self._mount(volume_id, target, source, read_only, resume=True)
                 if same:
                     return
                 raise AlreadyExists(
@@ -206,25 +247,34 @@ class Publisher:
             check_source(source)
             self._mount(volume_id, target, source, read_only)
 
-    def _mount(self, volume_id: str, target: str, source: VolumeSource, read_only: bool) -> None:
+    def _mount(self, volume_id: str, target: str, source: VolumeSource, read_only: bool, *,
+               resume: bool = False) -> None:
+        """Start the FUSE process of `target` and wait until it serves. With `resume`, the mount
+        is kept for a successor: the new process takes it over, and a failure leaves it kept
+        (its readers wait on, up to the keeper's resume timeout) for the next try."""
         _, token_file, log_file = self._files(target)
-        Path(target).mkdir(parents=True, exist_ok=True)
+        if not resume:  # (the folder of a kept mount exists, and a stat of it would wait)
+            Path(target).mkdir(parents=True, exist_ok=True)
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(source.token)
         pid = self._spawn(target, source, read_only, token_file, log_file)
         try:
+            if resume:
+                self._wait_serving(pid, target)
             wait_mounted(target, self.mount_timeout, fstype=FSTYPE, alive=lambda: self._alive(pid, target),
                          what=f"the FUSE process of {source.name}")
         except Unavailable as exc:
             self._stop(pid, target)
-            if find_mount(target) is not None:
+            if not resume and find_mount(target) is not None:
                 unmount(target, lazy=True)
             tail = log_file.read_text(errors="replace")[-LOG_TAIL:].strip()
             raise Unavailable(f"{exc}; its log ({log_file}): {tail}") from exc
         self._save(Publication(volume_id=volume_id, target=target, master=source.master, path=source.path,
                                read_only=read_only, write_type=source.write_type, pid=pid))
-        log.info("published %s (%s) at %s%s", volume_id, source.name, target, " read-only" if read_only else "")
+        self._failures.pop(target, None)
+        log.info("%s %s (%s) at %s%s", "resumed" if resume else "published", volume_id, source.name, target,
+                 " read-only" if read_only else "")
 
     # -- unpublish -----------------------------------------------------------------------------
 
@@ -234,7 +284,7 @@ class Publisher:
             record = self.load(target)
             if record is not None and record.volume_id != volume_id:
                 raise NotFound(f"{target} shows volume {record.volume_id}, not {volume_id}")
-            state = mount_state(target)
+            state = MountState.STALE if self._kept(record) else mount_state(target)
             if state is MountState.LIVE:
                 entry = find_mount(target)
                 if record is None and (entry is None or entry.fstype != FSTYPE):
@@ -259,40 +309,72 @@ class Publisher:
         record = self.load(target)
         if record is None or record.volume_id != volume_id:
             raise NotFound(f"volume {volume_id} is not published at {target} on this node")
+        if self._kept(record):
+            return VolumeStats(0, 0, 0, True, f"the FUSE process of {target} is gone; its mount is kept and "
+                                              "readers wait while the plugin starts its successor")
         state = mount_state(target)
         if state is not MountState.LIVE:
             return VolumeStats(0, 0, 0, True, f"the FUSE mount at {target} is {state.value}: its process is gone "
-                                              "or hung; the plugin mounts it again when it restarts")
+                                              "or hung; the plugin mounts it again")
         st = os.statvfs(target)
         total, available = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
         return VolumeStats(total, total - st.f_bfree * st.f_frsize, available, False, "mounted")
 
     def recover(self) -> None:
-        """After a restart: mount again what was published and lost its FUSE process."""
+        """After a restart: serve again what was published and lost its FUSE process."""
         for record in self.records():
             with self._locked(record.target):
                 self._recover(record)
 
+    def watch(self, stop: threading.Event, interval: float = WATCH_INTERVAL) -> None:
+        """Until `stop` is set: start a successor for every volume whose FUSE process died (a
+        crash, an OOM kill, a SIGKILL); failing volumes are tried again less and less often."""
+        while not stop.wait(interval):
+            for record in self.records():
+                if self._alive(record.pid, record.target) or not self._due(record.target):
+                    continue
+                with self._locked(record.target):
+                    current = self.load(record.target)  # unpublished or served again meanwhile?
+                    if current is not None and not self._alive(current.pid, current.target):
+                        log.warning("the FUSE process %d of %s at %s is gone; starting its successor", current.pid,
+                                    current.volume_id, current.target)
+                        self._recover(current)
+
+    def _due(self, target: str) -> bool:
+        return time.monotonic() >= self._failures.get(target, (0, 0.0))[1]
+
+    def _failed(self, target: str) -> None:
+        tries = self._failures.get(target, (0, 0.0))[0] + 1
+        self._failures[target] = (tries, time.monotonic() + min(RETRY_MAX, 2.0 ** tries))
+
     def _recover(self, record: Publication) -> None:
         target = record.target
-        state = mount_state(target)
-        if state is MountState.LIVE and self._alive(record.pid, target):
+        server = self._served_by(target)
+        if server and server != record.pid:  # a successor whose start an earlier plugin did not see end
+            log.info("%s at %s is served by pid %d; keeping it", record.volume_id, target, server)
+            self._save(replace(record, pid=server))
             return
-        if state is MountState.ABSENT and not os.path.isdir(target):  # (a stat of a kept mount waits for its server)
-            log.info("forgetting %s: its target %s is gone", record.volume_id, target)
-            self._forget(target)
-            return
-        if state is not MountState.ABSENT:
-            unmount(target, lazy=True)
+        kept = self._kept(record)
+        if not kept:
+            state = mount_state(target)
+            if state is MountState.LIVE and self._alive(record.pid, target):
+                return
+            if state is MountState.ABSENT and not os.path.isdir(target):
+                log.info("forgetting %s: its target %s is gone", record.volume_id, target)
+                self._forget(target)
+                return
+            if state is not MountState.ABSENT:
+                unmount(target, lazy=True)
         token_file = self._files(target)[1]
         try:
             token = token_file.read_text()
         except OSError:
-            log.error("cannot mount %s at %s again: its token file is gone", record.volume_id, target)
+            log.error("cannot serve %s at %s again: its token file is gone", record.volume_id, target)
             return
         source = VolumeSource(master=record.master, token=token, path=record.path, write_type=record.write_type,
                               name=f"{record.path} on {record.master}")
         try:
-            self._mount(record.volume_id, target, source, record.read_only)
+            self._mount(record.volume_id, target, source, record.read_only, resume=kept)
         except StrataError as exc:
-            log.error("cannot mount %s at %s again: %s", record.volume_id, target, exc)
+            self._failed(target)
+            log.error("cannot serve %s at %s again: %s", record.volume_id, target, exc)

@@ -1,9 +1,10 @@
 """`strata csi --endpoint unix:///csi/csi.sock --node-id NODE`: the CSI plugin's gRPC server.
 
 One process serves Identity, Node and Controller on one Unix socket (kubelet's registrar and
-the external-provisioner both talk to it). At start it mounts again the volumes it had
-published whose FUSE process is gone (publisher.py). SIGTERM/SIGINT stop the server; the
-published volumes stay mounted.
+the external-provisioner both talk to it). At start it serves again the volumes it had
+published whose FUSE process is gone, and from then on it starts a successor for any volume
+whose FUSE process dies (publisher.py). SIGTERM/SIGINT stop the server; the published volumes
+stay mounted.
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ def run_csi(*, endpoint: str, node_id: str | None, state_dir: Path | None = None
     if tokens_secret and tokens_secret.count("/") != 1:
         raise InvalidArgument(f"--tokens-secret {tokens_secret!r}: give NAMESPACE/NAME of the operator's Secret")
     resolver = KubeResolver(ApiReader(kubeconfig), tokens_secret)
-    threading.Thread(target=publisher.recover, name="strata-csi-recover", daemon=True).start()
-    asyncio.run(serve(sock, node_id, publisher, resolver))
+    stop = threading.Event()
+
+    def look_after_volumes() -> None:
+        publisher.recover()
+        publisher.watch(stop)
+
+    threading.Thread(target=look_after_volumes, name="strata-csi-volumes", daemon=True).start()
+    try:
+        asyncio.run(serve(sock, node_id, publisher, resolver))
+    finally:
+        stop.set()
     return 0

@@ -27,12 +27,14 @@ from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.proto import csi_pb2_grpc as csi_grpc
 from strata.cacheserver.csi.publisher import Publisher
 from strata.cacheserver.csi.server import serve
+from strata.cacheserver.fuse import keeper
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state
 from strata.cacheserver.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, DATA_TOKEN, TOKEN, Cluster, wait_until
 from .test_cluster import payload
 from .test_fuse import fuse_skip_reason
+from .test_fuse_resume import start_reader
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300),
               pytest.mark.skipif(fuse_skip_reason() is not None, reason=str(fuse_skip_reason()))]
@@ -311,33 +313,79 @@ def direct(cluster: Cluster) -> dict[str, str]:
     return {c.ATTR_MASTER: cluster.master_address, c.ATTR_PATH: "/datasets/x"}
 
 
-def test_the_cli_plugin_keeps_volumes_across_its_restarts(
+def test_a_volume_reads_on_through_plugin_restarts_and_its_servers_deaths(
+        cluster: Cluster, bucket: str, cli_plugin: CliPlugin, tmp_path: Path) -> None:
+    """Issue 13: a reader streaming a file through a published volume sees no error while, in
+    turn, the plugin is killed and started again, the volume's FUSE process is SIGKILLed under
+    a running plugin (its watch starts a successor), and both die at once (the restarted
+    plugin resumes the kept mount)."""
+    data = payload(3 * BLOCK_SIZE + 4321)
+    cluster.s3.put_object(bucket, "stream.bin", data)
+    target = pod_target(tmp_path)
+    channel, node = cli_plugin.node()
+    publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})
+    channel.close()
+    reader = start_reader(target / "stream.bin", data, tmp_path)
+    pids = []
+
+    def serving_pid() -> int:
+        (record,) = Publisher(cli_plugin.state).records()
+        return record.pid
+
+    def reads_on(what: str) -> None:
+        passes = reader.tally()["passes"]
+        wait_until(lambda: reader.tally()["passes"] >= passes + 2 or reader.process.poll() is not None, 90,
+                   f"the reader to read on after {what} (tally {reader.tally()})")
+        assert reader.process.poll() is None and not reader.tally()["errors"], reader.tally()
+
+    try:
+        reads_on("the start")
+        cli_plugin.kill()  # a crashed or upgraded plugin: the FUSE process lives on
+        reads_on("the plugin's death")
+        cli_plugin.start()
+        channel, node = cli_plugin.node()
+        publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})  # known, live: nothing to do
+        channel.close()
+        pids.append(serving_pid())
+
+        os.kill(pids[-1], signal.SIGKILL)  # the plugin runs: its watch starts a successor
+        wait_until(lambda: serving_pid() != pids[-1], 60, "the plugin to start a successor")
+        pids.append(serving_pid())
+        reads_on("the FUSE process's death")
+
+        cli_plugin.kill()  # both at once, as when a node plugin's container ends
+        os.kill(pids[-1], signal.SIGKILL)
+        cli_plugin.start()
+        wait_until(lambda: serving_pid() != pids[-1], 60, "the restarted plugin to resume the volume")
+        pids.append(serving_pid())
+        reads_on("the plugin's and FUSE process's death")
+    finally:
+        tally = reader.finish()
+    assert tally["errors"] == [] and tally["mismatches"] == 0, tally
+    assert len(set(pids)) == 3, pids
+    print(f"\nreader: {tally['passes']} whole passes of {len(data)} bytes, longest stall {tally['max_stall']:.2f}s")
+    channel, node = cli_plugin.node()
+    node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=str(target)))
+    channel.close()
+    assert not target.exists() and find_mount(target) is None and Publisher(cli_plugin.state).records() == []
+
+
+def test_a_volume_whose_keeper_died_too_is_mounted_again(
         cluster: Cluster, bucket: str, cli_plugin: CliPlugin, tmp_path: Path) -> None:
     cluster.s3.put_object(bucket, "f.txt", b"survives")
     target = pod_target(tmp_path)
     channel, node = cli_plugin.node()
     publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})
     channel.close()
-    assert (target / "f.txt").read_bytes() == b"survives"
-
-    cli_plugin.kill()  # a crashed or upgraded plugin: the FUSE process lives on
-    assert (target / "f.txt").read_bytes() == b"survives"
-    cli_plugin.start()
-    channel, node = cli_plugin.node()
-    publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})  # known, live: nothing to do
-    channel.close()
-
     (record,) = Publisher(cli_plugin.state).records()
-    os.kill(record.pid, signal.SIGKILL)  # the volume's FUSE process dies
-    wait_until(lambda: mount_state(target) is not MountState.LIVE, 10, "the dead mount to go")
-    cli_plugin.stop()
-    cli_plugin.start()  # mounts it again
-    wait_until(lambda: mount_state(target) is MountState.LIVE, 30, "the volume to be mounted again")
+    kept = int(keeper.read_json(keeper.state_dir(target) / keeper.KEEPER).get("keeper_pid", 0))
+    assert kept and Path(f"/proc/{kept}").exists()
+    os.kill(kept, signal.SIGKILL)  # nothing holds the connection: the mount is dead, not kept
+    os.kill(record.pid, signal.SIGKILL)
+    wait_until(lambda: Publisher(cli_plugin.state).records()[0].pid != record.pid, 60,
+               "the plugin to mount the volume again")
+    assert mount_state(target) is MountState.LIVE
     assert (target / "f.txt").read_bytes() == b"survives"
-    channel, node = cli_plugin.node()
-    node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=str(target)))
-    channel.close()
-    assert not target.exists() and Publisher(cli_plugin.state).records() == []
 
 
 def find_csi_sanity() -> str | None:

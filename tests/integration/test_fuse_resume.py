@@ -117,6 +117,16 @@ class Helper:
             return {"passes": 0, "mismatches": 0, "errors": [], "max_stall": 0.0}
         return value if isinstance(value, dict) else {}
 
+    def finish(self) -> dict[str, Any]:
+        """Stop the reader after its pass (killed if it does not end in a minute); its tally."""
+        (self.out.parent / "reader.stop").touch()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        return self.tally()
+
 
 def start_reader(path: Path, data: bytes, workdir: Path, *, stop_on_error: bool = False) -> Helper:
     out = workdir / "reader.json"
@@ -155,13 +165,7 @@ def test_a_reader_streams_on_while_the_server_is_killed_and_started_again(
             wait_until(lambda: reader.tally()["passes"] >= passes + 2, 60,
                        f"the reader to read on through the new server (tally {reader.tally()})")
     finally:
-        (tmp_path / "reader.stop").touch()
-        try:
-            reader.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            reader.process.kill()
-            raise
-    tally = reader.tally()
+        tally = reader.finish()
     assert tally["errors"] == [] and tally["mismatches"] == 0, tally
     print(f"\nreader: {tally['passes']} whole passes of {len(data)} bytes, longest stall {tally['max_stall']:.2f}s")
 
