@@ -201,8 +201,26 @@ def _kill_server(cluster: Cluster, plugin: Obj, reader_uid: str) -> str:
     return out[0]
 
 
-def _case(reader: Reader, name: str, disrupt: Callable[[], object], recovered: Callable[[], object],
-          stalls: dict[str, float]) -> None:
+class HolderLog:
+    """What the fuse-holder pod of the reader's node says about the reader's mount (its
+    keepers log to the holder's output): which keepers held it, how often a server took it."""
+
+    def __init__(self, cluster: Cluster, node: str, reader_uid: str) -> None:
+        pods = [p for p in cluster.items("pods", RELEASE_NS, selector=HOLDER) if p["spec"]["nodeName"] == node]
+        assert len(pods) == 1, f"fuse-holder pods on {node}: {[p['metadata']['name'] for p in pods]}"
+        self.cluster, self.pod, self.reader_uid = cluster, pods[0]["metadata"]["name"], reader_uid
+
+    def lines(self, word: str) -> list[str]:
+        text = self.cluster.kubectl("logs", self.pod, "-n", RELEASE_NS)
+        return [line for line in text.splitlines() if word in line and self.reader_uid in line]
+
+    def takeovers(self) -> int:
+        return len(self.lines(" serves "))
+
+
+def _case(reader: Reader, holder: HolderLog, name: str, disrupt: Callable[[], object],
+          recovered: Callable[[], object], stalls: dict[str, float]) -> None:
+    takeovers = holder.takeovers()
     reader.exec("touch", "/tmp/reset")
     wait_until(lambda: reader.exec("sh", "-c", "test -e /tmp/reset || echo gone").strip() == "gone", timeout=60,
                what="the reader to take the reset")
@@ -213,6 +231,9 @@ def _case(reader: Reader, name: str, disrupt: Callable[[], object], recovered: C
     wait_until(lambda: reader.tally()["passes"] >= passes + PASSES_AFTER, timeout=CASE_TIMEOUT,
                what=f"the reader to read on after: {name}", diagnose=lambda: json.dumps(reader.tally()))
     tally = reader.check(name)
+    # A new server took the mount over from the same keeper (the holder's child, started once).
+    assert holder.takeovers() > takeovers, f"{name}: no new server took the reader's mount over"
+    assert len(holder.lines(" holds ")) == 1, holder.lines(" holds ")
     stalls[name] = tally["case_stall"]
     print(f"\n{name}: back in {time.monotonic() - started:.1f}s; reader: {tally['passes']} passes so far, 0 errors, "
           f"longest stall {tally['case_stall']:.2f}s", flush=True)
@@ -241,12 +262,14 @@ def test_a_readers_volume_survives_plugin_deletion_upgrade_and_server_kill(
     reader_uid = reader.pod()["metadata"]["uid"]
     holders = _holders(strata)
     assert node in holders, f"no fuse-holder pod on {node}: {holders}"
+    holder = HolderLog(strata, node, reader_uid)
+    assert holder.takeovers() == 1 and len(holder.lines(" holds ")) == 1, holder.lines("")
     stalls: dict[str, float] = {}
     try:
         # 1: the node plugin pod is deleted (its container ends, every process in it).
         old = _plugin_on(strata, node)
         assert old is not None
-        _case(reader, "plugin pod deleted",
+        _case(reader, holder, "plugin pod deleted",
               lambda: strata.kubectl("delete", "pod", old["metadata"]["name"], "-n", RELEASE_NS, "--wait=false"),
               lambda: _new_plugin_ready(strata, node, old["metadata"]["uid"]), stalls)
 
@@ -265,14 +288,14 @@ def test_a_readers_volume_survives_plugin_deletion_upgrade_and_server_kill(
             assert plugin["spec"]["containers"][0]["image"].endswith(f":{NEXT_TAG}")
             strata.kubectl("rollout", "status", f"daemonset/{RELEASE}-csi-node", "-n", RELEASE_NS, "--timeout=300s")
 
-        _case(reader, "helm upgrade to a new image", upgrade, rolled, stalls)
+        _case(reader, holder, "helm upgrade to a new image", upgrade, rolled, stalls)
         assert _holders(strata) == holders, "the upgrade replaced a fuse-holder pod"
 
         # 3: the serving strata fuse process is SIGKILLed (the plugin starts another).
         plugin = _plugin_on(strata, node)
         assert plugin is not None
-        _case(reader, "strata fuse SIGKILLed", lambda: print(f"killed pid {_kill_server(strata, plugin, reader_uid)}"),
-              lambda: None, stalls)
+        _case(reader, holder, "strata fuse SIGKILLed",
+              lambda: print(f"killed pid {_kill_server(strata, plugin, reader_uid)}"), lambda: None, stalls)
     finally:
         print(f"\nlongest reader stall per case: {json.dumps({k: round(v, 2) for k, v in stalls.items()})}")
         if not os.environ.get("STRATA_E2E_KEEP"):
