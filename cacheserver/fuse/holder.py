@@ -153,11 +153,7 @@ class Holder:
     def handle(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(REQUEST_TIMEOUT)
-            try:
-                reply = self.answer(conn)
-            except OSError as exc:
-                log.warning("strata fuse-holder: a request failed: %s", exc)
-                return
+            reply = self.answer(conn)
             try:
                 conn.sendall(json.dumps(reply).encode() + b"\n")
             except OSError as exc:
@@ -179,7 +175,7 @@ class Holder:
         except RequestError as exc:
             log.warning("strata fuse-holder: refused a request: %s", exc)
             return {"error": str(exc)}
-        except StrataError as exc:
+        except (StrataError, OSError) as exc:  # the keeper did not start, or the request did not come whole
             log.error("strata fuse-holder: %s", exc)
             return {"error": str(exc)}
         finally:
