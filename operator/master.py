@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import grpc
 import grpc.aio
+from cachetools import TTLCache
 
 from strata.cacheserver import constants as server
 from strata.cacheserver.errors import StrataError, Unreachable, from_status
@@ -108,10 +108,8 @@ class MasterClient:
             call.cancel()
 
 
-@dataclass
-class _CachedReport:
-    at: float
-    report: pb.ReportResponse
+# Masters whose Reports are kept at once (one per CacheCluster's master and token).
+REPORTS_KEPT = 1024
 
 
 class Masters:
@@ -119,9 +117,8 @@ class Masters:
 
     def __init__(self, *, timeout: float, report_ttl: float) -> None:
         self._timeout = timeout
-        self._ttl = report_ttl
         self._clients: dict[tuple[str, str], MasterClient] = {}
-        self._reports: dict[tuple[str, str], _CachedReport] = {}
+        self._reports: TTLCache[tuple[str, str], pb.ReportResponse] = TTLCache(REPORTS_KEPT, report_ttl)
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def client(self, endpoint: str, token: str) -> MasterClient:
@@ -135,10 +132,10 @@ class Masters:
         key = (endpoint, token)
         async with self._locks.setdefault(key, asyncio.Lock()):
             cached = self._reports.get(key)
-            if cached is not None and not fresh and time.monotonic() - cached.at < self._ttl:
-                return cached.report
+            if cached is not None and not fresh:
+                return cached
             report = await self.client(endpoint, token).report()
-            self._reports[key] = _CachedReport(time.monotonic(), report)
+            self._reports[key] = report
             return report
 
     def invalidate(self, endpoint: str) -> None:

@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from cachetools import TTLCache
+
 from ..client.fs import StrataFileSystem
 from ..constants import XATTR_LOCATIONS
 from ..errors import (
@@ -164,33 +166,30 @@ def _errors(fn: F) -> F:
 
 
 class _AttrCache:
-    """FileInfo by namespace path for `ttl` seconds, dropped when this mount changes the path."""
+    """FileInfo by namespace path for `ttl` seconds (at most REMEMBERED paths, the least
+    recently used go first), dropped when this mount changes the path."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
-        self._entries: dict[str, tuple[float, pb.FileInfo]] = {}
+        self._entries: TTLCache[str, pb.FileInfo] | None = TTLCache(REMEMBERED, ttl) if ttl > 0 else None
         self._lock = threading.Lock()
 
     def get(self, path: str) -> pb.FileInfo | None:
+        if self._entries is None:
+            return None
         with self._lock:
-            hit = self._entries.get(path)
-            if hit is None:
-                return None
-            if time.monotonic() > hit[0]:
-                del self._entries[path]
-                return None
-            return hit[1]
+            return self._entries.get(path)
 
     def put(self, info: pb.FileInfo) -> None:
-        if self.ttl <= 0:
+        if self._entries is None:
             return
         with self._lock:
-            if len(self._entries) > REMEMBERED:
-                self._entries.clear()
-            self._entries[info.path] = (time.monotonic() + self.ttl, info)
+            self._entries[info.path] = info
 
     def drop(self, path: str) -> None:
         """Forget `path` and everything below it."""
+        if self._entries is None:
+            return
         with self._lock:
             for key in [k for k in self._entries if is_under(k, path)]:
                 del self._entries[key]
