@@ -87,6 +87,12 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     return run_fuse(options, master=args.master, token=args.token)
 
 
+def cmd_fuse_holder(args: argparse.Namespace) -> int:
+    from .fuse.holder import run_holder
+
+    return run_holder(args.socket)
+
+
 def cmd_csi(args: argparse.Namespace) -> int:
     from .csi.server import run_csi
 
@@ -372,6 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="if this process dies, how long readers wait for `strata fuse` to be run again on the "
                    "mount point before they get an error and the mount ends (default: STRATA_FUSE_RESUME_TIMEOUT "
                    "or 60)")
+
+    p = add(sub, "fuse-holder", cmd_fuse_holder, "start and reap the keepers of the FUSE mounts of `strata fuse` "
+            "processes run with STRATA_FUSE_HOLDER (a node's CSI volumes); runs until SIGTERM")
+    p.add_argument("--socket", type=Path, default=None,
+                   help="where to listen (default: holder.sock in STRATA_FUSE_STATE_DIR, /run/strata/fuse as root)")
 
     p = add(sub, "csi", cmd_csi, "run the CSI plugin (identity, node and controller services) of driver csi.strata.dev")
     p.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", "unix:///csi/csi.sock"),

@@ -8,6 +8,8 @@
 - The mount outlives this process (keeper.py): a keeper process holds the connection, and if
   this process dies, `strata fuse` run again with the same mount point takes it over; readers
   wait meanwhile (up to --resume-timeout, then they get an error and the mount ends).
+- With STRATA_FUSE_HOLDER set (a CSI node plugin's volumes), the keeper is started by the
+  node's `strata fuse-holder` instead (holder.py), so it also outlives the plugin's container.
 - A stale mount point (ENOTCONN: its server and keeper are both gone) is lazily unmounted first.
 - SIGTERM, SIGINT or SIGHUP: changed open files are written, then the mount point is unmounted
   (lazily if it is busy) and the process exits 0. The signals are blocked in every thread and
@@ -36,7 +38,7 @@ from strata.contract.errors import (
 from strata.contract.modes import WriteType
 from ..client.fs import StrataFileSystem
 from ..namespace.paths import normalize
-from . import kernel, keeper
+from . import holder, kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .nodes import NodeTable
 from .operations import MAX_IO, FuseSettings, StrataOperations, attr_timeout_for
@@ -117,7 +119,11 @@ def _stop_on_signal(ops: StrataOperations, mountpoint: Path, attachment: keeper.
 
 
 def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> keeper.Attachment:
-    """Mount anew, start the mount's keeper and attach to it."""
+    """Mount anew, start the mount's keeper (or have the node's holder start it, see holder.py)
+    and attach to it."""
+    holder_socket = holder.configured()
+    if holder_socket is not None:  # before mounting: a mount nobody keeps would look published
+        holder.wait_ready(holder_socket)
     prepare_mountpoint(mountpoint)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True, mode=0o700)
@@ -126,7 +132,10 @@ def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> ke
     fd = kernel.mount(kernel.MountRequest(mountpoint=mountpoint, source="strata:" + root, read_only=options.read_only,
                                           allow_other=options.allow_other, max_read=MAX_IO))
     try:
-        keeper.start(fd, state, mountpoint, options.resume_timeout)
+        if holder_socket is not None:
+            holder.start_keeper(holder_socket, fd, state, mountpoint, options.resume_timeout)
+        else:
+            keeper.start(fd, state, mountpoint, options.resume_timeout)
         attachment = keeper.attach(state, options.resume_timeout)
     except BaseException:
         os.close(fd)

@@ -23,8 +23,16 @@ was agreed with the kernel at INIT), `keeper.json` (the keeper's pid and the ser
 process's) and `nodes.journal`. Another program (a CSI node plugin) can resume a mount the
 same way, given the same state folder.
 
-Protocol on `keeper.sock`: a server sends one JSON line `{"pid": P, "resume_timeout": S}`; the
-keeper answers `{"ok": true}` with the descriptor attached, or `{"error": "..."}` when a live
+Who starts the keeper: `strata fuse` itself, or, with STRATA_FUSE_HOLDER set, the node's
+`strata fuse-holder` (holder.py), to which `strata fuse` sends the new mount's descriptor. A
+keeper lives as long as the process tree it is part of: in a CSI node plugin's container it
+would end with the container (a deleted plugin pod, a `helm upgrade`), so the chart's node
+plugin hands its mounts to the holder, which runs in a pod of its own that upgrades never
+replace; the keeper works the same either way.
+
+Protocol on `keeper.sock`: a server sends one JSON line `{"version": 1, "pid": P,
+"resume_timeout": S}` (unknown fields are ignored and a hello without a version is accepted,
+so a server of a newer or older image resumes the mount just the same); the keeper answers `{"ok": true}` with the descriptor attached, or `{"error": "..."}` when a live
 server still holds the mount. The server keeps the connection open while it serves: its end
 (EOF) is how the keeper learns the server is gone. Once it serves, it sends `serving` (a
 server that ends before that does not extend the readers' deadline); a server stopping
@@ -68,6 +76,10 @@ JOURNAL = "nodes.journal"
 # Seconds a server waits for the keeper's answer.
 ATTACH_TIMEOUT = 10.0
 MAX_MESSAGE = 65536
+# The hello's version. Servers of another image version resume the mounts kept by this one
+# (and the other way round): fields are added, never changed in meaning, and unknown ones
+# are ignored; a hello without a version is of the first servers.
+HELLO_VERSION = 1
 # Seconds between the keeper's looks at the mount point while no server holds it.
 WATCH_INTERVAL = 1.0
 
@@ -140,7 +152,8 @@ def attach(state: Path, resume_timeout: float) -> Attachment | None:
     sock.settimeout(ATTACH_TIMEOUT)
     try:
         sock.connect(str(path))
-        sock.sendall(json.dumps({"pid": os.getpid(), "resume_timeout": resume_timeout}).encode() + b"\n")
+        hello = {"version": HELLO_VERSION, "pid": os.getpid(), "resume_timeout": resume_timeout}
+        sock.sendall(json.dumps(hello).encode() + b"\n")
         message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
     except (ConnectionRefusedError, FileNotFoundError):
         sock.close()
@@ -248,6 +261,8 @@ class Keeper:
         conn.settimeout(ATTACH_TIMEOUT)
         try:
             hello = json.loads(conn.recv(MAX_MESSAGE) or b"{}")
+            if not isinstance(hello, dict):
+                raise ValueError(f"a hello is a JSON object, not {hello!r:.100}")
             if self.server is None and self._unmounted():
                 conn.sendall(json.dumps({"gone": True}).encode())
                 conn.close()

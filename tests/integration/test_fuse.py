@@ -66,7 +66,7 @@ class FuseProcess:
 
 
 def start_fuse(cluster: Cluster, mountpoint: Path, *args: str, host: str = "fuse-client",
-               wait: bool = True) -> FuseProcess:
+               wait: bool = True, env: dict[str, str] | None = None) -> FuseProcess:
     """`strata fuse MOUNTPOINT ARGS` as a user runs it (in its own session, as a daemon would be)."""
     try:
         if find_mount(mountpoint) is None:  # a mount there (a dead one, or one kept for a successor) may not answer
@@ -75,11 +75,11 @@ def start_fuse(cluster: Cluster, mountpoint: Path, *args: str, host: str = "fuse
         if exc.errno != errno.ENOTCONN:  # a dead mount point is for strata fuse to replace
             raise
     log = mountpoint.parent / f"{mountpoint.name}.{time.monotonic_ns()}.log"
-    env = {**cluster.env, "STRATA_MASTER": cluster.master_address, "STRATA_HOSTNAME": host,
-           "STRATA_FUSE_STATE_DIR": str(state_root(mountpoint))}
+    full_env = {**cluster.env, "STRATA_MASTER": cluster.master_address, "STRATA_HOSTNAME": host,
+                "STRATA_FUSE_STATE_DIR": str(state_root(mountpoint)), **(env or {})}
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-P", "-m", "strata.cacheserver", "fuse", str(mountpoint), *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     fuse = FuseProcess(mountpoint, proc, log)
     if wait:
         try:

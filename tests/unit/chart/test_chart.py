@@ -137,7 +137,10 @@ def test_images_follow_the_values(render: Render) -> None:
     operator = container(one(objs, "Deployment"), "operator")
     assert operator["image"] == "registry.example:5000/team/strata-operator:1.2.3"
     assert env_of(operator)["STRATA_OPERATOR_SERVER_IMAGE"] == "registry.example:5000/team/strata-server:1.2.3"
-    assert container(one(objs, "DaemonSet"), "node-plugin")["image"] == "registry.example:5000/team/strata-server:1.2.3"
+    assert container(one(objs, "DaemonSet", "strata-csi-node"), "node-plugin")["image"] == \
+        "registry.example:5000/team/strata-server:1.2.3"
+    assert container(one(objs, "DaemonSet", "strata-fuse-holder"), "fuse-holder")["image"] == \
+        "registry.example:5000/team/strata-server:1.2.3"
 
 
 def test_namespaced_mode(render: Render) -> None:
@@ -187,8 +190,7 @@ def test_labels_and_selectors(render: Render) -> None:
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] == "strata" and labels["app.kubernetes.io/instance"] == "strata"
         assert labels["helm.sh/chart"] == "strata-0.1.0", obj["metadata"]["name"]
-    for kind in ("Deployment", "DaemonSet"):
-        workload = one(objs, kind)
+    for workload in (o for o in objs if o["kind"] in ("Deployment", "DaemonSet")):
         selector = workload["spec"]["selector"]["matchLabels"]
         # Selectors hold no version or chart label, which change on upgrade (selectors are immutable).
         assert not {"helm.sh/chart", "app.kubernetes.io/version"} & set(selector)
@@ -301,7 +303,7 @@ def test_csi_driver_object(render: Render) -> None:
 @pytest.mark.parametrize("kubelet", ["/var/lib/kubelet", "/var/snap/microk8s/common/var/lib/kubelet/"])
 def test_csi_node_plugin_layout(render: Render, kubelet: str) -> None:
     """Socket where the registrar and kubelet expect it, pods' folders shared both ways."""
-    daemonset = one(render({"csi.kubeletDir": kubelet}), "DaemonSet")
+    daemonset = one(render({"csi.kubeletDir": kubelet}), "DaemonSet", "strata-csi-node")
     root = kubelet.rstrip("/")
     plugin, registrar = container(daemonset, "node-plugin"), container(daemonset, "node-driver-registrar")
     assert plugin["image"] == f"ghcr.io/strata-dev/strata-server:{APP_VERSION}"
@@ -322,6 +324,40 @@ def test_csi_node_plugin_layout(render: Render, kubelet: str) -> None:
     assert plugin["securityContext"]["privileged"] is True
     assert registrar["image"].startswith("registry.k8s.io/sig-storage/csi-node-driver-registrar:")
     assert daemonset["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]
+
+
+@pytest.mark.parametrize("kubelet", ["/var/lib/kubelet", "/var/snap/microk8s/common/var/lib/kubelet/"])
+def test_the_fuse_holder_keeps_the_node_plugins_mounts(render: Render, kubelet: str) -> None:
+    """The node plugin hands its mounts to the node's holder, which sees them (the pods
+    folder from the host, at the same path) and shares the keepers' state folder; an upgrade
+    never replaces the holder (it would end every volume of the node); it has no token."""
+    objs = render({"csi.kubeletDir": kubelet})
+    root = kubelet.rstrip("/")
+    node = one(objs, "DaemonSet", "strata-csi-node")
+    plugin = container(node, "node-plugin")
+    daemonset = one(objs, "DaemonSet", "strata-fuse-holder")
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    spec = daemonset["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec
+    assert spec["tolerations"] == node["spec"]["template"]["spec"]["tolerations"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "fuse-holder"
+    assert node["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "csi-node"
+    holder = container(daemonset, "fuse-holder")
+    assert holder["securityContext"]["privileged"] is True
+    args = build_parser().parse_args(holder["args"])
+    assert args.command == "fuse-holder"
+    assert str(args.socket) == env_of(plugin)["STRATA_FUSE_HOLDER"]
+    state = env_of(plugin)["STRATA_FUSE_STATE_DIR"]
+    assert env_of(holder)["STRATA_FUSE_STATE_DIR"] == state and args.socket.parent.as_posix() == state
+    for workload, c in ((node, plugin), (daemonset, holder)):
+        assert mount_of(c, "fuse-state")["mountPath"] == state
+        assert volume(workload, "fuse-state")["hostPath"] == {"path": state, "type": "DirectoryOrCreate"}
+    pods = mount_of(holder, "pods-dir")
+    assert pods["mountPath"] == mount_of(plugin, "pods-dir")["mountPath"] == f"{root}/pods"
+    assert volume(daemonset, "pods-dir")["hostPath"]["path"] == f"{root}/pods"
+    assert pods["mountPropagation"] == "HostToContainer"
+    assert float(env_of(plugin)["STRATA_FUSE_RESUME_TIMEOUT"]) >= 60
 
 
 def test_csi_disabled(render: Render) -> None:

@@ -285,7 +285,7 @@ def test_csi_node_plugin_rbac_is_exactly_its_reads(render: Render) -> None:
         f"{group}/cacheclusters/demo": {"status": {"master": {"endpoint": "demo-master-0:19998"}}},
         f"/api/v1/namespaces/{NAMESPACE}/secrets/strata-csi-tokens": {"data": {"team.demo": b64("t0k3n")}},
     })
-    daemonset = next(o for o in render() if o["kind"] == "DaemonSet")
+    daemonset = next(o for o in render() if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "strata-csi-node")
     args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
     tokens = next(a.split("=", 1)[1] for a in args if a.startswith("--tokens-secret="))
     source = KubeResolver(reader, tokens).resolve("team", "data", {}, "team")
