@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.cacheserver.errors import Unavailable
+from strata.contract.errors import Unavailable
 from strata.cacheserver.fuse import holder, keeper
 
 
