@@ -390,6 +390,31 @@ def test_a_volume_whose_keeper_died_too_is_mounted_again(
     assert (target / "f.txt").read_bytes() == b"survives"
 
 
+def test_a_kept_volume_unpublished_while_the_plugin_was_down_is_cleaned(
+        cluster: Cluster, bucket: str, cli_plugin: CliPlugin, tmp_path: Path) -> None:
+    """Kubelet retries NodeUnpublishVolume until the plugin is back: the kept mount of a pod
+    that is gone is unmounted, its keeper ends and its state goes (whether or not the
+    restarted plugin resumed it first)."""
+    cluster.s3.put_object(bucket, "f.txt", b"gone")
+    target = pod_target(tmp_path)
+    channel, node = cli_plugin.node()
+    publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})
+    channel.close()
+    (record,) = Publisher(cli_plugin.state).records()
+    state = keeper.state_dir(target)
+    kept = int(keeper.read_json(state / keeper.KEEPER).get("keeper_pid", 0))
+    cli_plugin.kill()
+    os.kill(record.pid, signal.SIGKILL)  # the mount is kept, nobody serves it
+    cli_plugin.start()
+    channel, node = cli_plugin.node()
+    node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=str(target)), timeout=60)
+    channel.close()
+    assert find_mount(target) is None and not target.exists()
+    assert Publisher(cli_plugin.state).records() == []
+    wait_until(lambda: not Path(f"/proc/{kept}").exists(), 30, "the keeper to end")
+    assert not state.exists()
+
+
 def find_csi_sanity() -> str | None:
     folder = Path(os.environ.get("STRATA_E2E_BIN") or Path.home() / ".cache" / "strata" / "e2e-bin")
     candidate = folder / "csi-sanity"
