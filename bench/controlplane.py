@@ -88,21 +88,41 @@ def phases(cluster: Cluster) -> dict[str, str]:
             for m in cluster.items("mounts", NAMESPACE)}
 
 
-def count_writes(cluster: Cluster, seconds: float) -> dict[str, int]:
-    """New resourceVersions of Mounts and the CacheCluster seen by a watch for `seconds`."""
+def changed_fields(before: Any, after: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the leaves that differ between two status objects."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        found = []
+        for key in sorted(set(before) | set(after)):
+            found += changed_fields(before.get(key), after.get(key), f"{prefix}.{key}" if prefix else key)
+        return found
+    return [] if before == after else [prefix or "(whole)"]
+
+
+def count_writes(cluster: Cluster, seconds: float) -> tuple[dict[str, int], dict[str, int]]:
+    """Writes to the Mounts and the CacheCluster seen by a watch for `seconds` (each event is
+    a new resourceVersion), and how often each status field was among the changes."""
     kubectl = find_tool("kubectl")
     assert kubectl is not None
-    watchers = {kind: subprocess.Popen(
-        [kubectl, "get", kind, "-n", NAMESPACE, "--watch-only", "-o",
-         "custom-columns=NAME:.metadata.name,RV:.metadata.resourceVersion", "--no-headers"],
-        stdout=subprocess.PIPE, text=True, env=cluster.env()) for kind in ("mounts", "cacheclusters")}
+    kinds = ("mounts", "cacheclusters")
+    last = {kind: {o["metadata"]["name"]: o.get("status") for o in cluster.items(kind, NAMESPACE)} for kind in kinds}
+    watchers = {kind: subprocess.Popen([kubectl, "get", kind, "-n", NAMESPACE, "--watch-only", "-o", "json"],
+                                       stdout=subprocess.PIPE, text=True, env=cluster.env()) for kind in kinds}
     time.sleep(seconds)
-    counts = {}
+    counts: dict[str, int] = {}
+    fields: dict[str, int] = {}
+    decoder = json.JSONDecoder()
     for kind, proc in watchers.items():
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
-        counts[kind] = len([line for line in out.splitlines() if line.strip()])
-    return counts
+        counts[kind], at = 0, 0
+        while rest := out[at:].lstrip():  # a stream of JSON objects, one per event
+            event, at = decoder.raw_decode(out, len(out) - len(rest))
+            counts[kind] += 1
+            name = event["metadata"]["name"]
+            for field in changed_fields(last[kind].get(name), event.get("status")) or ["(metadata or spec)"]:
+                fields[f"{kind}: {field}"] = fields.get(f"{kind}: {field}", 0) + 1
+            last[kind][name] = event.get("status")
+    return counts, fields
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,9 +167,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         all_mounted = max(mounted_at.values())
         cpu_apply = operator_cpu() - cpu_before
 
-        time.sleep(10)  # the last status writes of the burst land
+        time.sleep(args.settle)  # the last status writes of the burst land
         cpu_rest_before = operator_cpu()
-        writes = count_writes(cluster, args.rest)
+        writes, fields = count_writes(cluster, args.rest)
         cpu_rest = operator_cpu() - cpu_rest_before
         return {
             "mounts": args.mounts,
@@ -158,7 +178,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "all_mounted_s": round(all_mounted, 1),
             "operator_cpu_s": round(cpu_apply, 1),
             "operator_cpu_ms_per_mount": round(1000 * cpu_apply / args.mounts, 1),
+            "settle_seconds": args.settle,
             "rest_seconds": args.rest,
+            "rest_changed_fields": dict(sorted(fields.items(), key=lambda kv: -kv[1])),
             "rest_writes_per_minute": {k: round(v * 60 / args.rest, 1) for k, v in writes.items()},
             "rest_operator_cpu_s_per_minute": round(cpu_rest * 60 / args.rest, 2),
             "load_average": os.getloadavg()[0],
@@ -188,6 +210,10 @@ def report(result: dict[str, Any]) -> str:
         f"CacheCluster {writes['cacheclusters']} (target ~0: **{verdict}**) |",
         f"| operator CPU at rest | {result['rest_operator_cpu_s_per_minute']} s per minute |",
         "",
+        f"Rest watched from {result['settle_seconds']:.0f} s after the last Mount was Mounted. Status fields "
+        "changed by the writes at rest: "
+        + (", ".join(f"{k} ({v})" for k, v in result["rest_changed_fields"].items()) or "none") + ".",
+        "",
         f"1-minute load average at the end: {result['load_average']:.1f} (2 CPUs).",
         "",
     ])
@@ -196,7 +222,8 @@ def report(result: dict[str, Any]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mounts", type=int, default=200)
-    p.add_argument("--rest", type=float, default=60.0, help="seconds to watch for writes once all are Mounted")
+    p.add_argument("--settle", type=float, default=60.0, help="seconds from the last Mounted to the watch at rest")
+    p.add_argument("--rest", type=float, default=60.0, help="seconds to watch for writes at rest")
     p.add_argument("--name", default="run")
     args = p.parse_args()
     result = run(args)
