@@ -134,6 +134,7 @@ class Publisher:
     def _forget(self, target: str) -> None:
         for path in self._files(target):
             path.unlink(missing_ok=True)
+        self._failures.pop(target, None)
 
     @contextlib.contextmanager
     def _locked(self, target: str) -> Iterator[None]:

@@ -144,12 +144,10 @@ def test_the_holder_is_configured_from_the_environment(monkeypatch: pytest.Monke
     assert holder.configured() == Path("/run/strata/fuse/holder.sock")
 
 
-@pytest.mark.parametrize("hello", [
-    {"pid": 4242, "resume_timeout": 7},  # a server of the first images: no version
-    {"version": 9, "pid": 4242, "resume_timeout": 7, "later": {"field": [1]}},  # of a newer image
-])
-def test_the_keeper_hands_over_to_a_hello_of_any_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        hello: dict[str, object]) -> None:
+@pytest.fixture
+def listening(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[keeper.Keeper, socket.socket]]:
+    """A keeper of a stand-in descriptor (a pipe) whose mount is there, and a client connected
+    to its socket; the test calls `_accept` itself."""
     r, w = os.pipe()
     k = keeper.Keeper(r, tmp_path, tmp_path / "m", 60)
     k.device = "0:99"
@@ -159,14 +157,7 @@ def test_the_keeper_hands_over_to_a_hello_of_any_version(tmp_path: Path, monkeyp
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)
             sock.connect(str(tmp_path / keeper.SOCKET))
-            sock.sendall(json.dumps(hello).encode() + b"\n")
-            poller = select.poll()
-            assert k._accept(poller)
-            message, fds, _, _ = socket.recv_fds(sock, 1024, 1)
-            for fd in fds:
-                os.close(fd)
-        assert json.loads(message) == {"ok": True} and len(fds) == 1
-        assert k.server_pid == 4242 and k.resume_timeout == 7
+            yield k, sock
     finally:
         if k.server is not None:
             k.server.close()
@@ -175,21 +166,25 @@ def test_the_keeper_hands_over_to_a_hello_of_any_version(tmp_path: Path, monkeyp
         os.close(w)
 
 
-def test_the_keeper_refuses_a_hello_that_is_no_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    r, w = os.pipe()
-    k = keeper.Keeper(r, tmp_path, tmp_path / "m", 60)
-    k.device = "0:99"
-    monkeypatch.setattr(keeper, "find_mount", lambda path: SimpleNamespace(device="0:99"))
-    k.listen()
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
-            sock.connect(str(tmp_path / keeper.SOCKET))
-            sock.sendall(b"[1]\n")
-            assert k._accept(select.poll())
-            assert sock.recv(100) == b""  # closed without a descriptor
-        assert k.server is None
-    finally:
-        k.listener.close()
-        os.close(r)
-        os.close(w)
+@pytest.mark.parametrize("hello", [
+    {"pid": 4242, "resume_timeout": 7},  # a server of the first images: no version
+    {"version": 9, "pid": 4242, "resume_timeout": 7, "later": {"field": [1]}},  # of a newer image
+])
+def test_the_keeper_hands_over_to_a_hello_of_any_version(
+        listening: tuple[keeper.Keeper, socket.socket], hello: dict[str, object]) -> None:
+    k, sock = listening
+    sock.sendall(json.dumps(hello).encode() + b"\n")
+    assert k._accept(select.poll())
+    message, fds, _, _ = socket.recv_fds(sock, 1024, 1)
+    for fd in fds:
+        os.close(fd)
+    assert json.loads(message) == {"ok": True} and len(fds) == 1
+    assert k.server_pid == 4242 and k.resume_timeout == 7
+
+
+def test_the_keeper_refuses_a_hello_that_is_no_object(listening: tuple[keeper.Keeper, socket.socket]) -> None:
+    k, sock = listening
+    sock.sendall(b"[1]\n")
+    assert k._accept(select.poll())
+    assert sock.recv(100) == b""  # closed without a descriptor
+    assert k.server is None
