@@ -75,6 +75,9 @@ KEEPER = "keeper.json"     # written by the keeper
 JOURNAL = "nodes.journal"
 # Seconds a server waits for the keeper's answer.
 ATTACH_TIMEOUT = 10.0
+# Seconds a new keeper has to listen (under the holder's START_TIMEOUT, so the holder can still
+# answer with the error).
+START_TIMEOUT = 20.0
 MAX_MESSAGE = 65536
 # The hello's version. Servers of another image version resume the mounts kept by this one
 # (and the other way round): fields are added, never changed in meaning, and unknown ones
@@ -183,10 +186,15 @@ def start(fd: int, state: Path, mountpoint: Path, resume_timeout: float) -> int:
         pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None
     with proc.stdout:
-        ready = proc.stdout.readline()
+        answered, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+        ready = proc.stdout.readline() if answered else b""
     if ready.strip() != b"ready":
+        hung = proc.poll() is None
+        if hung:  # no mount waits on a keeper that never listened
+            proc.kill()
         proc.wait()
-        raise Unavailable(f"the keeper of {mountpoint} did not start (exit {proc.returncode}); see the messages above")
+        why = f"did not listen within {START_TIMEOUT:.0f}s and was killed" if hung else f"ended (exit {proc.returncode})"
+        raise Unavailable(f"the keeper of {mountpoint} {why} before it listened; see the messages above")
     return proc.pid
 
 
