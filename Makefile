@@ -43,10 +43,9 @@ test: setup lint
 	  --suite e2e --prepare '$(MAKE) --no-print-directory -j2 --output-sync=line e2e-images' --nice 19 \
 	  -- --durations=20 tests/e2e
 
-# The venv and the Debian packages, side by side.
+# The venv and the Debian packages, side by side (lint then makes the protos).
 setup:
 	$(MAKE) --no-print-directory -j2 --output-sync=target venv deps-system
-	$(MAKE) --no-print-directory protos
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
 lint: venv protos
