@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # standard library's `operator` module.
 export PYTHONSAFEPATH := 1
 
-.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools e2e-images lint install-yaml demo clean lock
+.PHONY: venv setup protos deps-system test test-unit test-integration test-e2e e2e-tools e2e-images e2e-images-python e2e-images-bin lint install-yaml demo clean lock
 
 # Every Python package at the version pinned in requirements.lock (scripts/lock.sh makes it
 # from pyproject.toml): no resolving, the same versions as the images and CI.
@@ -33,9 +33,19 @@ deps-system:
 	scripts/install-system-deps.sh
 
 # Everything: unit, integration (real processes) and end-to-end (a real Kubernetes control
-# plane built from Go modules into ~/.cache/strata/e2e-bin on first use) in one pytest run.
-test: venv deps-system protos e2e-tools e2e-images lint
-	$(VENV)/bin/pytest --durations=30 tests/unit tests/integration tests/e2e
+# plane and kubelets built from Go modules into ~/.cache/strata/e2e-bin on first use). Two
+# pytest runs side by side (scripts/run-suites.py): unit + integration start at once, while
+# the e2e suite first builds what its cluster needs (at the lowest CPU priority, so a cold
+# compile does not slow the timing-bound tests), then runs.
+test: setup lint
+	$(PY) -P scripts/run-suites.py \
+	  --suite unit+integration -- --durations=20 tests/unit tests/integration \
+	  --suite e2e --prepare '$(MAKE) --no-print-directory -j2 --output-sync=line e2e-images' --nice 19 \
+	  -- --durations=20 tests/e2e
+
+# The venv and the Debian packages, side by side (lint then makes the protos).
+setup:
+	$(MAKE) --no-print-directory -j2 --output-sync=target venv deps-system
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
 lint: venv protos
@@ -52,9 +62,16 @@ e2e-tools:
 	tests/e2e/tools/build.sh
 
 # The e2e images (a Debian base, both Dockerfiles, pause, CoreDNS, the CSI registrar) into
-# ~/.cache/strata/e2e-images, rebuilt only when their inputs change.
-e2e-images: deps-system e2e-tools
-	tests/e2e/images/build.sh
+# ~/.cache/strata/e2e-images, rebuilt only when their inputs change. The Python ones need no
+# Go binary: with -j they build while tools/build.sh compiles.
+e2e-images: e2e-images-python e2e-images-bin
+
+e2e-images-python: deps-system
+	tests/e2e/images/build.sh server operator
+
+# After the Python ones: both would otherwise make a missing base image at once.
+e2e-images-bin: deps-system e2e-tools e2e-images-python
+	tests/e2e/images/build.sh pause coredns csi-registrar
 
 # manifests/install.yaml from the chart (a unit test fails when it is stale).
 install-yaml: e2e-tools

@@ -2,8 +2,9 @@
 # Build the e2e binaries into ${STRATA_E2E_BIN:-$HOME/.cache/strata/e2e-bin}:
 #   control plane   etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 #   nodes           kubelet, kube-proxy, pause (pod sandbox), csi-registrar (registers
-#                   a CSI plugin with kubelet), and, from their own modules at a pinned
-#                   version, containerd + containerd-shim-runc-v2 + ctr, coredns
+#                   a CSI plugin with kubelet), coredns (only the plugins the cluster
+#                   uses: its own module in coredns/), and, from their own module at a
+#                   pinned version, containerd + containerd-shim-runc-v2 + ctr
 #   clients         kubectl, helm, csi-sanity
 # The first group and the clients come from the pinned Go module in this folder.
 #
@@ -26,7 +27,8 @@ export CGO_ENABLED="${CGO_ENABLED:-0}"
 mkdir -p "$bin"
 cd "$here"
 
-# name | Go package | module whose version stamps the binary
+# name | Go package | module whose version stamps the binary (a folder of this one: the
+# hash of its files)
 targets=(
   "etcd|./cmd/etcd|go.etcd.io/etcd/server/v3"
   "kube-apiserver|k8s.io/kubernetes/cmd/kube-apiserver|k8s.io/kubernetes"
@@ -39,17 +41,16 @@ targets=(
   "kube-proxy|k8s.io/kubernetes/cmd/kube-proxy|k8s.io/kubernetes"
   "pause|./cmd/pause|strata.dev/e2e/tools"
   "csi-registrar|./cmd/csi-registrar|strata.dev/e2e/tools"
+  "coredns|.|strata.dev/e2e/tools/coredns"
 )
 # Built with `go install <package>@<version>` from their own modules (their go.mod
 # files do not mix with Kubernetes' pins): name | package@version | build tags
 containerd_version=v2.4.2
-coredns_version=v1.14.7
 containerd_tags="no_btrfs no_devmapper no_zfs no_aufs"
 installs=(
   "containerd|github.com/containerd/containerd/v2/cmd/containerd@$containerd_version|$containerd_tags"
   "containerd-shim-runc-v2|github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version|$containerd_tags"
   "ctr|github.com/containerd/containerd/v2/cmd/ctr@$containerd_version|$containerd_tags"
-  "coredns|github.com/coredns/coredns@$coredns_version|"
 )
 
 now() { date +%s.%N; }
@@ -72,7 +73,11 @@ failed=()
 for t in "${targets[@]}"; do
   IFS='|' read -r name pkg mod <<<"$t"
   if [[ $# -gt 0 ]] && [[ " $* " != *" $name "* ]]; then continue; fi
-  if [[ "$mod" == strata.dev/e2e/tools ]]; then
+  dir=.
+  if [[ "$mod" == strata.dev/e2e/tools/* ]]; then
+    dir="${mod#strata.dev/e2e/tools/}"  # a module of its own: its go.mod decides
+    version="$(cat "$dir"/go.mod "$dir"/go.sum "$dir"/*.go | sha256sum | cut -c1-16)"
+  elif [[ "$mod" == strata.dev/e2e/tools ]]; then
     version="$(cat "${pkg#./}"/*.go | sha256sum | cut -c1-16)"
   else
     version="$("$go" list -m -f '{{.Version}}' "$mod")"
@@ -98,7 +103,7 @@ for t in "${targets[@]}"; do
   echo "== $name ($mod@$version)"
   ts=$(now)
   log="$bin/$name.build.log"
-  if "$go" build -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg" >"$log" 2>&1; then
+  if (cd "$dir" && "$go" build -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg") >"$log" 2>&1; then
     mv -f "$bin/$name.tmp" "$bin/$name"
     echo "$stamp" >"$bin/$name.stamp"
     rm -f "$log"
