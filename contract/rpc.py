@@ -49,9 +49,10 @@ def error_of(exc: grpc.RpcError, what: str = "", *, no_answer: tuple[grpc.Status
         details = f"{what}: {details}"
     elif what and code == grpc.StatusCode.DEADLINE_EXCEEDED:
         details = f"{what}: timed out ({details})"
+    details = details or (f"{what} failed" if what else code.name)
     if code in no_answer and not answered_by_server(exc):
         return Unreachable(details)
-    return from_status(code, details or (f"{what} failed" if what else code.name))
+    return from_status(code, details)
 
 
 def aio_channel(address: str, token: str) -> grpc.aio.Channel:
