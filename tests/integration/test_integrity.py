@@ -17,8 +17,8 @@ import yaml
 from tinydisk import tiny_disk
 
 from strata.cacheserver.blockwire import request_line
-from strata.contract.proto import strata_pb2 as pb
 from strata.contract import rpc
+from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric, read_by_blocks
 from .test_data_port import exchange

@@ -18,10 +18,9 @@ import pytest
 
 from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.blockwire import request_line
-from strata.contract import errors
+from strata.contract import errors, rpc
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from strata.contract import rpc
 
 from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, allow, free_port_range, wait_until
 from .test_cli import strata

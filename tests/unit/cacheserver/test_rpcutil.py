@@ -11,10 +11,10 @@ import pytest
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import Credentials
+from strata.contract import rpc
 from strata.contract.errors import FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from strata.contract import rpc
 
 
 def test_block_lists_are_split_into_bounded_batches() -> None:

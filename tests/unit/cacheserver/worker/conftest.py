@@ -18,10 +18,10 @@ from strata.cacheserver.auth import Credentials
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.cacheserver.worker.membership import Endpoints, WorkerIdentity
 from strata.cacheserver.worker.server import WorkerParts, build_parts
+from strata.contract import rpc
 from strata.contract.config import ServerConfig
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from strata.contract import rpc
 
 ADMIN = "worker-parts-admin-token"
 CREDENTIALS = Credentials.from_admin(ADMIN)

@@ -12,10 +12,10 @@ from strata.cacheserver import rpcutil
 from strata.cacheserver.worker.membership import Endpoints
 from strata.cacheserver.worker.server import WorkerParts
 from strata.cacheserver.worker.service import WorkerService
+from strata.contract import rpc
 from strata.contract.errors import FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from strata.contract import rpc
 
 from .conftest import BLOCK, CREDENTIALS, Cluster, chunks
 
