@@ -33,8 +33,10 @@ _NO_ANSWER = (*NO_ANSWER, grpc.StatusCode.CANCELLED)
 
 
 class MasterClient:
-    """One master over one channel. `timeout` (seconds) bounds each call that names none.
-    Use `async with` or call `close()`."""
+    """One master over one channel. `timeout` (seconds) bounds each call that names none;
+    `what` names a call in the message of an absent or late master (rpc.error_of: the worker
+    and the CLI say what they asked; the operator's own messages name the master, so it
+    passes none). Use `async with` or call `close()`."""
 
     def __init__(self, address: str, token: str, *, timeout: float) -> None:
         self.address = address
