@@ -174,10 +174,6 @@ def local_token_name(role: Role) -> str:
     return "token" if role is Role.ADMIN else f"{role.value}-token"
 
 
-def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
-    return ((constants.AUTH_METADATA_KEY, f"{constants.AUTH_SCHEME} {token}"),)
-
-
 def presented_token(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     for key, value in metadata or ():
         if key == constants.AUTH_METADATA_KEY and isinstance(value, str):

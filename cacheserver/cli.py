@@ -8,9 +8,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from strata.contract import constants
 from strata.contract.errors import InvalidArgument, StrataError
@@ -22,7 +22,14 @@ from .auth import load_credentials
 from .client import localstate
 from .uploads import oldest_age_seconds, sum_pending
 
+if TYPE_CHECKING:
+    from strata.contract.master import MasterClient
+
 log = logging.getLogger("strata")
+
+_T = TypeVar("_T")
+# Seconds a `strata fs load` follows its load.
+LOAD_TIMEOUT = 24 * 3600
 
 
 def _setup_logging(level: str, json_logs: bool = False) -> None:
@@ -47,6 +54,27 @@ def _client(args: argparse.Namespace) -> Any:
     from .client.core import StrataClient
 
     return StrataClient(master=args.master, token=args.token)
+
+
+def _ask_master(args: argparse.Namespace, ask: Callable[[MasterClient], Awaitable[_T]]) -> _T:
+    """What `ask` gets from the master (the shared asyncio client, each call within
+    STRATA_CLIENT_MASTER_TIMEOUT): the commands that manage mounts and the cache."""
+    from strata.contract.master import MasterClient
+
+    from .client.core import resolve_master, resolve_token
+    from .client.settings import ClientSettings
+
+    async def run() -> _T:
+        async with MasterClient(resolve_master(args.master), resolve_token(args.token),
+                                timeout=ClientSettings().master_timeout) as master:
+            return await ask(master)
+
+    return asyncio.run(run())
+
+
+def _about(master: MasterClient, what: str) -> str:
+    """`what` as an error names it: the call and the master."""
+    return f"{what} (master {master.address})"
 
 
 # -- servers -------------------------------------------------------------------------------
@@ -157,19 +185,20 @@ def cmd_mount_add(args: argparse.Namespace) -> int:
         ttl_seconds=parse_duration(args.ttl, what="--ttl") if args.ttl else 0,
         stale_if_error=args.stale_if_error,
     )
-    mount = _client(args).mount(args.path, args.source, options, replace=args.replace)
-    print(f"mounted {mount.path} -> {mount.source}")
+    request = pb.MountRequest(path=args.path, source=args.source, options=options, replace=args.replace, check=True)
+    answer = _ask_master(args, lambda m: m.mount(request, what=_about(m, f"mount {args.path}")))
+    print(f"mounted {answer.mount.path} -> {answer.mount.source}")
     return 0
 
 
 def cmd_mount_rm(args: argparse.Namespace) -> int:
-    _client(args).unmount(args.path, free=not args.keep_cache)
+    _ask_master(args, lambda m: m.unmount(args.path, free=not args.keep_cache, what=_about(m, f"unmount {args.path}")))
     print(f"unmounted {args.path}")
     return 0
 
 
 def cmd_mount_ls(args: argparse.Namespace) -> int:
-    mounts = _client(args).mounts()
+    mounts = _ask_master(args, lambda m: m.list_mounts(what=_about(m, "listing mounts")))
     if args.json:
         print(json.dumps([{"path": m.path, "source": m.source, "readOnly": m.options.read_only} for m in mounts], indent=2))
         return 0
@@ -252,16 +281,21 @@ def cmd_fs_rm(args: argparse.Namespace) -> int:
 def cmd_fs_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    client = _client(args)
     bar: Any = None
-    last = None
-    for progress in client.load(args.path):
-        last = progress
-        if bar is None and progress.bytes_total:
-            bar = tqdm(total=progress.bytes_total, unit="B", unit_scale=True, unit_divisor=1024,
-                       desc=f"load {args.path}", disable=args.quiet)
-        if bar is not None:
-            bar.update(progress.bytes_loaded - bar.n)
+
+    async def follow(master: MasterClient) -> pb.LoadProgress | None:
+        nonlocal bar
+        last = None
+        async for progress in master.load(args.path, timeout=LOAD_TIMEOUT, what=f"load {args.path}"):
+            last = progress
+            if bar is None and progress.bytes_total:
+                bar = tqdm(total=progress.bytes_total, unit="B", unit_scale=True, unit_divisor=1024,
+                           desc=f"load {args.path}", disable=args.quiet)
+            if bar is not None:
+                bar.update(progress.bytes_loaded - bar.n)
+        return last
+
+    last = _ask_master(args, follow)
     if bar is not None:
         bar.close()
     if last is not None:
@@ -270,25 +304,25 @@ def cmd_fs_load(args: argparse.Namespace) -> int:
 
 
 def cmd_fs_free(args: argparse.Namespace) -> int:
-    freed = _client(args).free(args.path)
+    freed = _ask_master(args, lambda m: m.free(args.path, what=_about(m, f"free {args.path}")))
     print(f"freed {format_size(freed)}")
     return 0
 
 
 def cmd_fs_pin(args: argparse.Namespace) -> int:
-    _client(args).set_pinned(args.path, True)
+    _ask_master(args, lambda m: m.set_pinned(args.path, True, what=_about(m, f"pin {args.path}")))
     print(f"pinned {args.path}")
     return 0
 
 
 def cmd_fs_unpin(args: argparse.Namespace) -> int:
-    _client(args).set_pinned(args.path, False)
+    _ask_master(args, lambda m: m.set_pinned(args.path, False, what=_about(m, f"pin {args.path}")))
     print(f"unpinned {args.path}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    report = _client(args).report()
+    report = _ask_master(args, lambda m: m.report(what=_about(m, "report")))
     total = report.hits + report.misses
     ratio = report.hits / total if total else 0.0
     if args.json:

@@ -1,5 +1,6 @@
-"""gRPC plumbing shared by the servers and the clients: errors to status codes and back,
-channel options, authenticated channels."""
+"""gRPC plumbing of the servers: servers that check tokens, errors to status codes, bounded
+messages, ports, and a cache of channels by server id. Channels and the mapping of a failed
+call back to its error are the contract's (strata.contract.rpc), shared with the operator."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import logging
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import grpc
 
 from strata.contract import constants
-from strata.contract.errors import ANSWERED, FailedPrecondition, StrataError, Unreachable, answered_by_server, from_status
+from strata.contract.errors import ANSWERED, FailedPrecondition, StrataError
 from strata.contract.proto import strata_pb2 as pb
+from strata.contract.rpc import MAX_MESSAGE_BYTES
 from . import auth
 
 log = logging.getLogger(__name__)
@@ -24,20 +26,6 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Self = TypeVar("Self")
 Channel = TypeVar("Channel")
-
-# What a client channel accepts: answers such as the listing of a large folder can be big.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.enable_retries", 0),
-    # After a server restart, a channel tries to connect again at most 1 s apart (gRPC's
-    # default back-off grows to 2 min): workers re-register and clients resume within about
-    # a second of the master answering again.
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 # What a server receives in one message. A worker's largest are the pieces of a write
 # (WriteFile, AppendFile): writers send a file's bytes in STREAM_CHUNK_SIZE pieces, and no
@@ -76,8 +64,6 @@ def server(credentials: auth.Credentials, *, max_receive_bytes: int) -> grpc.aio
             ("grpc.keepalive_time_ms", 30_000),
         ],
     )
-
-
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
@@ -122,33 +108,6 @@ def streaming(
             await _abort(context, exc, fn.__name__)
 
     return wrapper
-
-
-def raise_from_rpc_error(exc: grpc.RpcError, what: str) -> StrataError:
-    """The StrataError a client raises for a failed call (`raise ... from exc`)."""
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        details = f"{what}: {details}"
-    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        details = f"{what}: timed out ({details})"
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not answered_by_server(exc):
-        return Unreachable(details)
-    return from_status(code, details or f"{what} failed")
-
-
-def aio_channel(address: str, token: str) -> grpc.aio.Channel:
-    """An asyncio channel whose every call carries the token."""
-    return grpc.aio.insecure_channel(
-        address, options=CHANNEL_OPTIONS,
-        interceptors=[_AioUnaryUnaryAuth(token), _AioUnaryStreamAuth(token), _AioStreamUnaryAuth(token)],
-    )
-
-
-def sync_channel(address: str, token: str) -> grpc.Channel:
-    """A blocking channel whose every call carries the token (client library, CLI)."""
-    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.intercept_channel(channel, _SyncAuthInterceptor(token))
 
 
 class ChannelCache(Generic[Channel]):
@@ -203,68 +162,6 @@ class ChannelCache(Generic[Channel]):
             self._by_id.clear()
             self._retired = []
         return channels
-
-
-def _with_token(details: Any, token: str, cls: Any) -> Any:
-    metadata = list(details.metadata or ()) + list(auth.call_metadata(token))
-    fields = {f: getattr(details, f, None) for f in cls._fields}
-    fields["metadata"] = metadata
-    return cls(**fields)
-
-
-class _AioAuth:
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def _details(self, details: Any) -> Any:
-        return _with_token(details, self._token, grpc.aio.ClientCallDetails)
-
-
-# One class per kind of call: an asyncio channel files each interceptor under the first
-# kind it implements only (grpc.aio's channel tests them in turn), so one class of all three
-# kinds would leave streaming calls (a peer's ReadBlock, a WriteFile) without the token.
-class _AioUnaryUnaryAuth(_AioAuth, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _AioUnaryStreamAuth(_AioAuth, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _AioStreamUnaryAuth(_AioAuth, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(details), request_iterator)
-
-
-class _SyncCallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
-    _fields = ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
-
-    def __init__(self, **fields: Any) -> None:
-        for name in self._fields:
-            setattr(self, name, fields.get(name))
-
-
-class _SyncAuthInterceptor(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
-):
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def _details(self, details: Any) -> Any:
-        return _with_token(details, self._token, _SyncCallDetails)
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(details), request_iterator)
 
 
 def _port_taken(bind: str, port: int) -> bool:

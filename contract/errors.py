@@ -2,7 +2,7 @@
 
 Every error maps to one gRPC status code (its `code`): a server aborts a call with it
 (the cache server's rpcutil), marked as its own answer (ANSWERED), and a client turns the
-status back into the same error type (`from_status`).
+status back into the same error type (`from_status`; rpc.error_of for a failed call).
 """
 
 from __future__ import annotations

@@ -1,112 +1,17 @@
-"""The operator's client of a cluster's master (gRPC, package strata.v1).
-
-Every call carries the cluster token and a deadline, and a failed call raises the
-`StrataError` for its status code, so callers can tell a missing bucket (NotFound) from bad
-credentials (PermissionDenied) from a master that cannot be reached (Unreachable) from a master
-that answered that its store cannot be reached (Unavailable, DeadlineExceeded).
-`Masters` keeps one channel per master and shares one Report among the Mounts of a cluster.
-A call whose channel is closed under it (the cluster's deletion forgets its master) fails
-with Unreachable too, so the step retries instead of ending as cancelled.
+"""The operator's masters: one client (strata.contract.master's MasterClient: token,
+deadlines, status codes to errors, Unreachable when a master is away) per master and token,
+and one Report per master shared among the Mounts of a cluster for a short while.
+Calls raise the server's details alone; the operator's messages say which master.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar, cast
 
-import grpc
-import grpc.aio
 from cachetools import TTLCache
 
-from strata.contract import constants as contract
-from strata.contract.errors import StrataError, Unreachable, from_status
-from strata.contract.errors import answered_by_server
+from strata.contract.master import MasterClient
 from strata.contract.proto import strata_pb2 as pb
-from strata.contract.proto import strata_pb2_grpc as pb_grpc
-
-# Codes that mean "the master is not there (yet)": retry later, do not blame the spec.
-_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-
-
-_T = TypeVar("_T")
-
-
-def _error(exc: grpc.aio.AioRpcError) -> StrataError:
-    """The error for a failed call; callers name the master in what they tell people."""
-    details = exc.details() or exc.code().name
-    if exc.code() in _UNREACHABLE and not answered_by_server(exc):
-        return Unreachable(details)
-    return from_status(exc.code(), details)  # the master's own answer (e.g. its store is down)
-
-
-class MasterClient:
-    """One master, one channel. Use `async with` or call `close()`."""
-
-    def __init__(self, endpoint: str, token: str, *, timeout: float) -> None:
-        self.endpoint = endpoint
-        self._timeout = timeout
-        self._metadata = ((contract.AUTH_METADATA_KEY, f"{contract.AUTH_SCHEME} {token}"),)
-        self._channel = grpc.aio.insecure_channel(endpoint)
-        self._stub = pb_grpc.MasterStub(self._channel)
-
-    async def __aenter__(self) -> MasterClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def _call(self, call: Awaitable[_T]) -> _T:
-        """The call's answer, or the StrataError for its failure."""
-        try:
-            return await call
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this task is being stopped: let it stop
-            # grpc cancels the calls of a channel that is closed (Masters.forget).
-            raise Unreachable(f"the connection to the master at {self.endpoint} was closed during the call "
-                              "(its cluster is being deleted, or its channel was replaced)") from None
-
-    async def mount(self, request: pb.MountRequest) -> pb.MountResponse:
-        """The mount as the master now holds it, and whether this call changed it."""
-        response = await self._call(self._stub.Mount(request, metadata=self._metadata, timeout=self._timeout))
-        return cast(pb.MountResponse, response)
-
-    async def unmount(self, path: str, *, free: bool = True) -> None:
-        await self._call(self._stub.Unmount(
-            pb.UnmountRequest(path=path, free=free), metadata=self._metadata, timeout=self._timeout))
-
-    async def report(self) -> pb.ReportResponse:
-        report = await self._call(self._stub.Report(pb.ReportRequest(), metadata=self._metadata,
-                                                    timeout=self._timeout))
-        return cast(pb.ReportResponse, report)
-
-    async def decommission(self, worker_ids: Sequence[str]) -> None:
-        await self._call(self._stub.DecommissionWorkers(
-            pb.DecommissionWorkersRequest(worker_ids=list(worker_ids)), metadata=self._metadata,
-            timeout=self._timeout))
-
-    async def start_load(self, path: str) -> pb.LoadProgress | None:
-        """Start loading `path` into the cache and return its first progress message (None if
-        the load finished without one). The master goes on after the stream is cancelled;
-        progress is followed through Report."""
-        call = self._stub.Load(pb.LoadRequest(path=path), metadata=self._metadata, timeout=self._timeout)
-        try:
-            async for progress in call:
-                return cast(pb.LoadProgress, progress)
-            return None
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
-        finally:
-            call.cancel()
-
 
 # Masters whose Reports are kept at once (one per CacheCluster's master and token).
 REPORTS_KEPT = 1024

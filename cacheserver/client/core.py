@@ -41,6 +41,7 @@ from strata.contract.errors import (
 )
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from strata.contract.rpc import error_of, sync_channel
 from .. import rpcutil
 from ..auth import load_token
 from ..blockrefs import key_of
@@ -134,13 +135,13 @@ class StrataClient:
         self.host = host or local_host()
         self.short_circuit = short_circuit
         self.settings = settings or ClientSettings()
-        self._channel = rpcutil.sync_channel(self.master_address, self.token)
+        self._channel = sync_channel(self.master_address, self.token)
         self.master = pb_grpc.MasterStub(self._channel)
         self._workers: _Workers | None = None
         # Replaced channels (a worker back at another address) stay open until close():
         # another thread may still be reading through one.
         self._worker_channels: rpcutil.ChannelCache[grpc.Channel] = rpcutil.ChannelCache(
-            functools.partial(rpcutil.sync_channel, token=self.token))
+            functools.partial(sync_channel, token=self.token))
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
         self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
@@ -159,7 +160,7 @@ class StrataClient:
         try:
             return getattr(self.master, method)(request, timeout=timeout or self.settings.master_timeout)
         except grpc.RpcError as exc:
-            raise rpcutil.raise_from_rpc_error(exc, f"{what} (master {self.master_address})") from exc
+            raise error_of(exc, f"{what} (master {self.master_address})") from exc
 
     def _within_grace(self, at: float) -> bool:
         return time.monotonic() - at <= self.settings.master_outage_grace
@@ -184,7 +185,7 @@ class StrataClient:
         try:
             self._took_workers(future.result())
         except grpc.RpcError as exc:
-            away = isinstance(rpcutil.raise_from_rpc_error(exc, "probing the master"), _MASTER_AWAY)
+            away = isinstance(error_of(exc, "probing the master"), _MASTER_AWAY)
             self._master_failed_at = time.monotonic() if away else None  # an error answered: it is there
         finally:
             self._probing = False
@@ -318,13 +319,13 @@ class StrataClient:
         except grpc.RpcError as exc:
             slow = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not answered_by_server(exc)
             if not slow:
-                raise rpcutil.raise_from_rpc_error(exc, where) from exc
+                raise error_of(exc, where) from exc
         self._list_workers(self.settings.master_quick_timeout)  # raises _MASTER_AWAY if it is not there
         remaining = self.settings.master_timeout - (time.monotonic() - started)
         try:
             return call(request, timeout=max(remaining, self.settings.master_quick_timeout))
         except grpc.RpcError as exc:
-            raise rpcutil.raise_from_rpc_error(exc, where) from exc
+            raise error_of(exc, where) from exc
 
     def ls(self, path: str, recursive: bool = False) -> list[pb.FileInfo]:
         response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive), what=f"ls {path}")
@@ -357,7 +358,7 @@ class StrataClient:
         try:
             yield from self.master.Load(pb.LoadRequest(path=path), timeout=24 * 3600)
         except grpc.RpcError as exc:
-            raise rpcutil.raise_from_rpc_error(exc, f"load {path}") from exc
+            raise error_of(exc, f"load {path}") from exc
 
     def free(self, path: str) -> int:
         return int(self.call("Free", pb.FreeRequest(path=path), what=f"free {path}").bytes_freed)
@@ -465,7 +466,7 @@ class StrataClient:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - started >= timeout:
                 # Our own deadline (the worker's store errors come sooner): skip the worker.
                 raise WorkerStalled(f"{what}: no answer within {timeout:g}s (STRATA_CLIENT_BLOCK_TIMEOUT)") from exc
-            raise rpcutil.raise_from_rpc_error(exc, what) from exc
+            raise error_of(exc, what) from exc
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     # -- writes ------------------------------------------------------------------------------
@@ -501,7 +502,7 @@ class StrataClient:
         try:
             return call(messages(), timeout=3600).file  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
-            raise rpcutil.raise_from_rpc_error(exc, f"writing {path} through worker {worker.worker_id}") from exc
+            raise error_of(exc, f"writing {path} through worker {worker.worker_id}") from exc
 
     def copy_file(self, src: str, dst: str, *, overwrite: bool = True,
                   write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED) -> pb.FileInfo:
@@ -512,7 +513,7 @@ class StrataClient:
         try:
             return self.worker_stub(worker).CopyFile(request, timeout=3600).file  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
-            raise rpcutil.raise_from_rpc_error(exc, f"copying {src} to {dst} through worker {worker.worker_id}") from exc
+            raise error_of(exc, f"copying {src} to {dst} through worker {worker.worker_id}") from exc
 
 
 class StreamingUpload:

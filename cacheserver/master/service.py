@@ -16,6 +16,7 @@ from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, Str
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from strata.contract.rpc import aio_channel, error_of
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
@@ -139,7 +140,7 @@ class MasterService(pb_grpc.MasterServicer):
         self._table_version = 1
         self._background = BackgroundTasks()
         self._worker_channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
-            lambda address: rpcutil.aio_channel(address, token), retire=self._close_channel)
+            lambda address: aio_channel(address, token), retire=self._close_channel)
         # Paths whose ASYNC_THROUGH upload is being moved into place in the store: writes,
         # deletes and renames of them wait (so no older upload lands after a newer write).
         self._moving: dict[str, asyncio.Event] = {}
@@ -506,7 +507,7 @@ class MasterService(pb_grpc.MasterServicer):
                 try:
                     await self._worker_stub(workers[worker_id]).CacheBlocks(pb.CacheBlocksRequest(blocks=batch), timeout=600)
                 except grpc.RpcError as exc:
-                    raise rpcutil.raise_from_rpc_error(exc, f"loading {entry.path} on worker {worker_id}") from exc
+                    raise error_of(exc, f"loading {entry.path} on worker {worker_id}") from exc
             job.update(bytes_loaded=job.progress.bytes_loaded + sum(min(r.block_size, r.file_length - r.index * r.block_size) for r in batch))
 
         await asyncio.gather(*(

@@ -9,8 +9,6 @@ import logging
 import socket
 from dataclasses import dataclass, field
 
-import grpc
-
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from .. import rpcutil
@@ -156,7 +154,7 @@ class Membership:
                 worker_id=self.identity.worker_id, stats=self.stats(), added=added, removed=removed,
                 mount_table_version=self._mounts.version,
             ))
-        except grpc.RpcError:
+        except StrataError:
             self.reports.requeue(added, removed)  # keep the deltas for the next try
             raise
         if response.reregister:
@@ -172,9 +170,8 @@ class Membership:
                 if failures:
                     log.info("master reachable again")
                 failures = 0
-            except (grpc.RpcError, StrataError) as exc:
+            except StrataError as exc:
                 failures += 1
                 if failures in (1, 10) or failures % 60 == 0:
-                    log.warning("heartbeat to master %s failed (%d in a row): %s", self._link.address, failures,
-                                exc.details() if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else exc)
+                    log.warning("heartbeat to master %s failed (%d in a row): %s", self._link.address, failures, exc)
             await asyncio.sleep(self._interval)

@@ -9,9 +9,10 @@ import logging
 
 import grpc
 
-from strata.contract.errors import FailedPrecondition
+from strata.contract.errors import FailedPrecondition, StrataError
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
+from strata.contract.rpc import aio_channel
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
@@ -34,7 +35,7 @@ class Peers:
         self._workers: dict[str, pb.WorkerInfo] = {}
         self._tasks = BackgroundTasks()
         self._channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
-            lambda address: rpcutil.aio_channel(address, token), retire=self._close_channel)
+            lambda address: aio_channel(address, token), retire=self._close_channel)
 
     def _close_channel(self, worker_id: str, channel: grpc.aio.Channel) -> None:
         self._tasks.spawn(channel.close(), f"close-channel-{worker_id}")
@@ -48,7 +49,7 @@ class Peers:
 
     async def refresh_loop(self) -> None:
         while True:
-            with contextlib.suppress(grpc.RpcError):
+            with contextlib.suppress(StrataError):
                 await self.refresh()
             await asyncio.sleep(PEER_REFRESH_SECONDS)
 

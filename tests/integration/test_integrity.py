@@ -16,8 +16,8 @@ import pytest
 import yaml
 from tinydisk import tiny_disk
 
-from strata.cacheserver import rpcutil
 from strata.cacheserver.blockwire import request_line
+from strata.contract import rpc
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric, read_by_blocks
@@ -160,7 +160,7 @@ def test_no_call_takes_block_bytes(start_cluster: Any, bucket: str) -> None:
     worker = client.workers()[0]
     # PutBlock(stream PutBlockChunk{block = 1, data = 3}) as it was on the wire.
     chunk = _field(1, ref.SerializeToString()) + _field(3, b"X" * BLOCK_SIZE)
-    channel = rpcutil.sync_channel(worker.address, INTERNAL_TOKEN)  # not even the servers' own credential
+    channel = rpc.sync_channel(worker.address, INTERNAL_TOKEN)  # not even the servers' own credential
     try:
         put = channel.stream_unary("/strata.v1.Worker/PutBlock")
         with pytest.raises(grpc.RpcError) as refused:

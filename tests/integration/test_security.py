@@ -16,10 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
-from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.blockwire import request_line
-from strata.contract import errors
+from strata.contract import errors, rpc
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
@@ -114,7 +113,7 @@ def test_an_unauthenticated_flood_is_refused_before_its_bodies_are_read(cluster:
 
 
 def _stub(cluster: Cluster, token: str) -> pb_grpc.MasterStub:
-    return pb_grpc.MasterStub(rpcutil.sync_channel(cluster.master_address, token))
+    return pb_grpc.MasterStub(rpc.sync_channel(cluster.master_address, token))
 
 
 def _code(fn: Any) -> grpc.StatusCode:
@@ -163,7 +162,7 @@ def test_each_credential_opens_only_its_own_doors(cluster: Cluster, bucket: str)
         fs.client.free("/d")
 
     # Worker doors: block management is for the master and peers only.
-    worker = pb_grpc.WorkerStub(rpcutil.sync_channel(f"127.0.0.1:{cluster.workers[0].port}", DATA_TOKEN))
+    worker = pb_grpc.WorkerStub(rpc.sync_channel(f"127.0.0.1:{cluster.workers[0].port}", DATA_TOKEN))
     assert _code(lambda: worker.FreeBlocks(pb.FreeBlocksRequest(mount_id=1), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
     assert _code(lambda: worker.PinBlocks(pb.PinBlocksRequest(), timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
 

@@ -11,6 +11,7 @@ import pytest
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import Credentials
+from strata.contract import rpc
 from strata.contract.errors import FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
@@ -77,12 +78,12 @@ async def test_an_asyncio_channel_carries_the_token_on_streaming_calls_too() -> 
         yield pb.WriteFileChunk(data=b"c")
 
     try:
-        async with rpcutil.aio_channel(f"127.0.0.1:{port}", credentials.internal) as channel:
+        async with rpc.aio_channel(f"127.0.0.1:{port}", credentials.internal) as channel:
             stub = pb_grpc.WorkerStub(channel)
             assert (await stub.CopyFile(pb.CopyFileRequest(dst="/m/d"), timeout=10)).file.path == "/m/d"
             assert [c.data async for c in stub.ReadBlock(pb.ReadBlockRequest(), timeout=10)] == [b"block"]
             assert (await stub.WriteFile(two_chunks(), timeout=10)).file.length == 3
-        async with rpcutil.aio_channel(f"127.0.0.1:{port}", "not-a-token") as channel:
+        async with rpc.aio_channel(f"127.0.0.1:{port}", "not-a-token") as channel:
             with pytest.raises(grpc.RpcError) as refused:
                 [c async for c in pb_grpc.WorkerStub(channel).ReadBlock(pb.ReadBlockRequest(), timeout=10)]
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

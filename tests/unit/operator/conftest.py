@@ -20,7 +20,8 @@ from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from strata.operator import constants as c
 from strata.operator.kube import KubeError, Obj
-from strata.operator.master import MasterClient, Masters
+from strata.contract.master import MasterClient
+from strata.operator.master import Masters
 from strata.operator.reconcile import Deps
 from strata.operator.settings import OperatorSettings
 

@@ -10,7 +10,8 @@ import pytest
 
 from strata.contract.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
 from strata.contract.proto import strata_pb2 as pb
-from strata.operator.master import MasterClient, Masters
+from strata.contract.master import MasterClient
+from strata.operator.master import Masters
 from tests.unit.operator.conftest import TOKEN, RunningMaster
 
 

@@ -16,7 +16,7 @@ from strata.cacheserver.auth import Credentials
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.cacheserver.namespace.mounts import MountOptions
 from strata.contract.config import ServerConfig
-from strata.operator.master import MasterClient
+from strata.contract.master import MasterClient
 from strata.operator.reconcile import Deps, ObjectState, reconcile_cluster, reconcile_mount, remove_mount
 from strata.operator.settings import OperatorSettings
 from tests.unit.operator.conftest import Clock, FakeKube, LocalMasters, cluster_body, mount_body

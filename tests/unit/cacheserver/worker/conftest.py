@@ -14,11 +14,11 @@ import grpc
 import pytest
 import s3server
 
-from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import Credentials
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.cacheserver.worker.membership import Endpoints, WorkerIdentity
 from strata.cacheserver.worker.server import WorkerParts, build_parts
+from strata.contract import rpc
 from strata.contract.config import ServerConfig
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
@@ -84,7 +84,7 @@ class Cluster:
 async def cluster(tmp_path: Path, s3_server: s3server.S3Server, bucket: str) -> AsyncIterator[Cluster]:
     master = await start_master(server_config(), journal_dir=tmp_path / "journal", credentials=CREDENTIALS,
                                 bind="127.0.0.1", port=0, http_port=0)
-    channel = rpcutil.aio_channel(f"127.0.0.1:{master.port}", ADMIN)
+    channel = rpc.aio_channel(f"127.0.0.1:{master.port}", ADMIN)
     c = Cluster(master, pb_grpc.MasterStub(channel), s3_server, bucket, tmp_path, [])
     try:
         yield c

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from strata.cacheserver.blockrefs import key_of
 from strata.cacheserver.config import ServerEnvironment
 from strata.cacheserver.worker.membership import WorkerIdentity, identity_from_env
+from strata.contract.errors import Unreachable
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, Cluster, ref_for
@@ -55,7 +55,7 @@ async def test_a_failed_heartbeat_keeps_its_deltas_for_the_next(cluster: Cluster
     info = await cluster.status("/m/c")
     await parts.reads.cache_blocks([ref_for(info, 0)])
     await cluster.master.server.stop(0)  # the master goes away
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(Unreachable):
         await parts.membership.heartbeat_once()
     assert [ref.path for ref in parts.membership.reports.added.values()] == ["/m/c"]
 

@@ -12,6 +12,7 @@ from strata.cacheserver import rpcutil
 from strata.cacheserver.worker.membership import Endpoints
 from strata.cacheserver.worker.server import WorkerParts
 from strata.cacheserver.worker.service import WorkerService
+from strata.contract import rpc
 from strata.contract.errors import FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
@@ -66,7 +67,7 @@ async def test_the_adapter_turns_errors_into_statuses(
     _, server = served
     master = await cluster.admin.ListWorkers(pb.ListWorkersRequest(), timeout=30)
     [w1] = master.workers
-    async with rpcutil.aio_channel(w1.address, CREDENTIALS.data) as channel:
+    async with rpc.aio_channel(w1.address, CREDENTIALS.data) as channel:
         stub = pb_grpc.WorkerStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             await stub.CopyFile(pb.CopyFileRequest(src="/m/x", dst="/m/x"), timeout=30)
