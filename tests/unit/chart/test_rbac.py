@@ -18,7 +18,7 @@ from strata.contract import constants, csi
 from strata.operator import constants as c
 from strata.operator.handlers.admission import WebhookSettings, certificate_place, review
 from strata.operator.reconcile.webhook import ensure_certificate
-from strata.operator.kube import PLURALS, Obj
+from strata.operator.kube import KINDS, Obj
 from strata.operator.reconcile import ObjectState, reconcile_cluster, reconcile_mount, remove_mount
 from tests.unit.chart.conftest import NAMESPACE, Render
 from tests.unit.operator.conftest import (  # noqa: F401 - fixtures used by `world`
@@ -53,7 +53,7 @@ class RecordingKube:
 
     def _note(self, verbs: Iterable[str], api_version: str, kind: str, namespace: str, name: str,
               sub: str = "") -> None:
-        resource = PLURALS[kind] + (f"/{sub}" if sub else "")
+        resource = KINDS[kind].plural + (f"/{sub}" if sub else "")
         for verb in verbs:
             self.requests.add((verb, group_of(api_version), resource))
             self.placed.add((verb, group_of(api_version), resource, namespace, name))
