@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from csiobjects import PathObjects
 
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.contract import constants, csi
@@ -266,16 +267,14 @@ def test_rbac_grants_no_more_than_it_needs(render: Render) -> None:
             assert not {"pods", "nodes", "persistentvolumes"} & set(rule["resources"]), rule
 
 
-class RecordingReader:
-    def __init__(self, objects: dict[str, Obj]) -> None:
-        self.objects = objects
-        self.placed: set[Placed] = set()
-
-    def get(self, path: str) -> Obj | None:
-        parts = path.strip("/").split("/")
-        group = "" if parts[0] == "api" else parts[1]
-        self.placed.add(("get", group, parts[-2], parts[-3], parts[-1]))
-        return self.objects.get(path)
+class RecordingReader(PathObjects):
+    @property
+    def placed(self) -> set[Placed]:
+        found: set[Placed] = set()
+        for path in self.read:
+            parts = path.strip("/").split("/")
+            found.add(("get", "" if parts[0] == "api" else parts[1], parts[-2], parts[-3], parts[-1]))
+        return found
 
 
 def test_csi_node_plugin_rbac_is_exactly_its_reads(render: Render) -> None:
