@@ -88,8 +88,9 @@ def _resource(api_version: str, kind: str) -> Any:
     group, _, version = api_version.rpartition("/")
     known = KINDS[kind]
     status = {"kind": kind, "name": f"{known.plural}/status", "namespaced": known.namespaced}
-    return Resource(prefix="apis" if group else "api", group=group, api_version=version,  # type: ignore[no-untyped-call]
-                    kind=kind, name=known.plural, namespaced=known.namespaced, subresources={"status": status})
+    return Resource(  # type: ignore[no-untyped-call]
+        prefix="apis" if group else "api", group=group, api_version=version, kind=kind, name=known.plural,
+        namespaced=known.namespaced, subresources={"status": status})
 
 
 def _as_dict(_client: DynamicClient, data: Obj | None) -> Obj:
@@ -138,26 +139,26 @@ class Kube:
             raise KubeError(exc.status or 0, _message(exc)) from None
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        resource = _resource(api_version, kind)
         try:
-            return await self._call(self._dynamic.get(_resource(api_version, kind), name=name, namespace=namespace or None,
-                                                      **self._options))
+            return await self._call(self._dynamic.get(resource, name=name, namespace=namespace, **self._options))
         except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def list(self, api_version: str, kind: str, namespace: str) -> list[Obj]:
-        result = await self._call(self._dynamic.get(_resource(api_version, kind), namespace=namespace or None, **self._options))
+        resource = _resource(api_version, kind)
+        result = await self._call(self._dynamic.get(resource, namespace=namespace, **self._options))
         return list(result.get("items", []))
 
     async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
         return await self._apply(_resource(manifest["apiVersion"], manifest["kind"]), manifest, manager)
 
     async def create(self, manifest: Obj) -> Obj | None:
-        resource = _resource(manifest["apiVersion"], manifest["kind"])
+        resource, namespace = _resource(manifest["apiVersion"], manifest["kind"]), manifest["metadata"].get("namespace")
         try:
-            return await self._call(self._dynamic.create(
-                resource, body=manifest, namespace=manifest["metadata"].get("namespace") or None, **self._options))
+            return await self._call(self._dynamic.create(resource, body=manifest, namespace=namespace, **self._options))
         except KubeError as exc:
             if exc.status == 409:
                 return None
@@ -165,9 +166,9 @@ class Kube:
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete the object (gone already is fine)."""
+        resource = _resource(api_version, kind)
         try:
-            await self._call(self._dynamic.delete(_resource(api_version, kind), name=name, namespace=namespace or None,
-                                                   **self._options))
+            await self._call(self._dynamic.delete(resource, name=name, namespace=namespace, **self._options))
         except KubeError as exc:
             if exc.status != 404:
                 raise
@@ -178,9 +179,10 @@ class Kube:
         meta = obj["metadata"]
         patch = {"metadata": {"finalizers": [f for f in meta.get("finalizers", []) if f != finalizer],
                               "resourceVersion": meta["resourceVersion"]}}
+        resource = _resource(obj["apiVersion"], obj["kind"])
         try:
-            await self._call(self._dynamic.patch(_resource(obj["apiVersion"], obj["kind"]), body=patch, name=meta["name"],
-                                                 namespace=meta.get("namespace") or None, content_type=_MERGE_PATCH,
+            await self._call(self._dynamic.patch(resource, body=patch, name=meta["name"],
+                                                 namespace=meta.get("namespace"), content_type=_MERGE_PATCH,
                                                  **self._options))
         except KubeError as exc:
             if exc.status != 404:
@@ -194,5 +196,5 @@ class Kube:
     async def _apply(self, resource: Any, body: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
         meta = body["metadata"]
         return await self._call(self._dynamic.server_side_apply(
-            resource, body=body, name=meta["name"], namespace=meta.get("namespace") or None,
+            resource, body=body, name=meta["name"], namespace=meta.get("namespace"),
             field_manager=manager, force_conflicts=True, **self._options))

@@ -61,7 +61,8 @@ def configuration(kubeconfig: str | None) -> Any:
     loaded = client.Configuration()
     try:
         if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=loaded)  # type: ignore[no-untyped-call]
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=loaded)
         else:
             try:
                 config.load_incluster_config(client_configuration=loaded)  # type: ignore[no-untyped-call]

@@ -73,7 +73,8 @@ async def test_status_goes_to_the_status_subresource(kube: Kube, server: ApiServ
 
 
 async def test_get_missing_is_none_and_errors_carry_the_servers_message(kube: Kube, server: ApiServer) -> None:
-    server.answer("GET", "/api/v1/namespaces/ns/secrets/nope", 404, {"kind": "Status", "message": 'secrets "nope" not found'})
+    server.answer("GET", "/api/v1/namespaces/ns/secrets/nope", 404,
+                  {"kind": "Status", "message": 'secrets "nope" not found'})
     assert await kube.get("v1", "Secret", "ns", "nope") is None
     sts = "/apis/apps/v1/namespaces/ns/statefulsets/demo-master"
     server.answer("PATCH", sts, 422, {"kind": "Status", "message": "spec.selector: field is immutable"})
@@ -81,7 +82,8 @@ async def test_get_missing_is_none_and_errors_carry_the_servers_message(kube: Ku
         await kube.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
                           "metadata": {"name": "demo-master", "namespace": "ns"}})
     assert info.value.status == 422
-    server.answer("GET", "/api/v1/namespaces/ns/secrets/demo-auth", 403, {"kind": "Status", "message": "forbidden here"})
+    server.answer("GET", "/api/v1/namespaces/ns/secrets/demo-auth", 403,
+                  {"kind": "Status", "message": "forbidden here"})
     with pytest.raises(KubeError, match="^forbidden here$") as info:
         await kube.get("v1", "Secret", "ns", "demo-auth")
     assert info.value.status == 403
@@ -93,7 +95,8 @@ async def test_get_and_list_give_the_servers_json(kube: Kube, server: ApiServer)
            "spec": {"maxUnavailable": 1}}
     server.answer("GET", "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/demo-worker", 200, pdb)
     assert await kube.get("policy/v1", "PodDisruptionBudget", "ns", "demo-worker") == pdb
-    server.answer("GET", "/apis/strata.dev/v1alpha1/namespaces/ns/mounts", 200, {"items": [{"metadata": {"name": "a"}}]})
+    server.answer("GET", "/apis/strata.dev/v1alpha1/namespaces/ns/mounts", 200,
+                  {"items": [{"metadata": {"name": "a"}}]})
     assert await kube.list("strata.dev/v1alpha1", "Mount", "ns") == [{"metadata": {"name": "a"}}]
     server.answer("GET", "/apis/strata.dev/v1alpha1/cacheclusters", 200, {"items": []})
     assert await kube.list("strata.dev/v1alpha1", "CacheCluster", "") == []  # every namespace
@@ -106,7 +109,8 @@ async def test_create_posts_and_is_none_when_it_exists(kube: Kube, server: ApiSe
     assert await kube.create(secret) == secret
     server.answer("POST", "/api/v1/namespaces/home/secrets", 409, {"kind": "Status", "message": "already exists"})
     assert await kube.create(secret) is None
-    assert [(r.method, r.path, r.body) for r in server.requests] == [("POST", "/api/v1/namespaces/home/secrets", secret)] * 2
+    assert [(r.method, r.path, r.body) for r in server.requests] == [
+        ("POST", "/api/v1/namespaces/home/secrets", secret)] * 2
     server.answer("POST", "/api/v1/namespaces/home/secrets", 403, {"kind": "Status", "message": "no create"})
     with pytest.raises(KubeError, match="no create"):
         await kube.create(secret)

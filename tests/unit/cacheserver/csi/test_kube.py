@@ -130,7 +130,8 @@ def test_the_api_reader_reads_mounts_clusters_and_the_tokens_secret(server: ApiS
     for path, obj in objects().items():
         server.answer("GET", path, 200, obj)
     source = KubeResolver(reader, TOKENS).resolve("team", "data", {}, "team")
-    assert (source.master, source.token, source.path) == ("demo-master-0.demo-master.team.svc:19998", "s3cret", "/datasets/x")
+    assert (source.master, source.token, source.path) == (
+        "demo-master-0.demo-master.team.svc:19998", "s3cret", "/datasets/x")
     assert [(r.method, r.path) for r in server.requests] == [
         ("GET", f"{API}/mounts/data"), ("GET", f"{API}/cacheclusters/demo"), ("GET", TOKENS_PATH)]
     assert {r.auth for r in server.requests} == {"Bearer csi-token"}
