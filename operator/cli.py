@@ -28,7 +28,15 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
     if bool(args.namespace) == args.all_namespaces:
         raise InvalidArgument("give --all-namespaces or one or more --namespace")
-    dropped = asyncio.run(uninstall(Kube.from_environment(), args.namespace or [], args.timeout))
+
+    async def run() -> list[str]:
+        kube = await Kube.from_environment()
+        try:
+            return await uninstall(kube, args.namespace or [], args.timeout)
+        finally:
+            await kube.close()
+
+    dropped = asyncio.run(run())
     print(f"every Mount and CacheCluster is gone{'; finalizer dropped from: ' + ', '.join(dropped) if dropped else ''}")
     return 0
 

@@ -3,38 +3,59 @@
 Children and status are written with server-side apply under one field manager
 (`strata-operator`), so applying the same manifest twice changes nothing and fields the
 operator stops setting are removed. The CSI tokens Secret, which every cluster shares, is
-applied under one field manager per cluster, each owning its own key. The `kubernetes` client is synchronous; each call runs
-in a worker thread so kopf's event loop keeps going.
+applied under one field manager per cluster, each owning its own key.
+
+Requests go through the asyncio half of the `kubernetes` package (`kubernetes.aio`), so kopf's
+event loop never waits on one. Of its two public ways in, the generated typed APIs and the
+dynamic client, the dynamic client fits: the operator handles a handful of kinds as plain
+dicts (builders make dicts, status is a dict), and the dynamic client's verbs take any kind
+and give back the server's JSON, where the typed APIs would need one method per kind and verb
+and turn answers into generated models. The dynamic client finds its resources by discovery
+when awaited; this module never awaits it and declares the resources instead (`KINDS`: plural
+and scope of each kind), so the operator starts without a discovery round-trip, makes none
+per call, and needs no discovery cache file.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.dynamic import DynamicClient, Resource
 
 from strata.operator import constants as c
 
 Obj = dict[str, Any]
 
-# kind -> plural, for the kinds the operator reads or writes.
-PLURALS: Mapping[str, str] = {
-    "ConfigMap": "configmaps",
-    "Secret": "secrets",
-    "Service": "services",
-    "StatefulSet": "statefulsets",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
-    c.CACHE_CLUSTER_KIND: c.CACHE_CLUSTER_PLURAL,
-    c.MOUNT_KIND: c.MOUNT_PLURAL,
+
+@dataclass(frozen=True)
+class Kind:
+    """What the API server calls a kind in its paths: the plural, and whether its objects
+    live in a namespace."""
+
+    plural: str
+    namespaced: bool = True
+
+
+# The kinds the operator reads or writes.
+KINDS: Mapping[str, Kind] = {
+    "ConfigMap": Kind("configmaps"),
+    "Secret": Kind("secrets"),
+    "Service": Kind("services"),
+    "StatefulSet": Kind("statefulsets"),
+    "PodDisruptionBudget": Kind("poddisruptionbudgets"),
+    "MutatingWebhookConfiguration": Kind("mutatingwebhookconfigurations", namespaced=False),
+    c.CACHE_CLUSTER_KIND: Kind(c.CACHE_CLUSTER_PLURAL),
+    c.MOUNT_KIND: Kind(c.MOUNT_PLURAL),
 }
-_APPLY = "application/apply-patch+yaml"
+_MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubeError(Exception):
@@ -61,12 +82,20 @@ class KubeAPI(Protocol):
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None: ...
 
 
-def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    """REST path of an object (or of its collection when name is None); namespace "" for a
-    cluster-scoped kind."""
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}" if namespace else f"{base}/{PLURALS[kind]}"
-    return f"{path}/{name}" if name is not None else path
+@functools.cache
+def _resource(api_version: str, kind: str) -> Any:
+    """The dynamic client's Resource of a kind, with its status subresource."""
+    group, _, version = api_version.rpartition("/")
+    known = KINDS[kind]
+    status = {"kind": kind, "name": f"{known.plural}/status", "namespaced": known.namespaced}
+    return Resource(  # type: ignore[no-untyped-call]
+        prefix="apis" if group else "api", group=group, api_version=version, kind=kind, name=known.plural,
+        namespaced=known.namespaced, subresources={"status": status})
+
+
+def _as_dict(_client: DynamicClient, data: Obj | None) -> Obj:
+    """Answers stay the server's JSON (the dynamic client would wrap them)."""
+    return data or {}
 
 
 def _message(exc: ApiException) -> str:
@@ -77,61 +106,59 @@ def _message(exc: ApiException) -> str:
 
 
 class Kube:
-    """KubeAPI over the `kubernetes` client."""
+    """KubeAPI over the `kubernetes.aio` dynamic client."""
 
     def __init__(self, api_client: k8s.ApiClient, *, timeout: float = 30.0) -> None:
         self._api = api_client
-        self._timeout = timeout
+        # Never awaited, so it discovers nothing (see the module docstring). The package's
+        # functions carry no type hints: the client is Any here, answers are Obj at this boundary.
+        self._dynamic: Any = DynamicClient(api_client)  # type: ignore[no-untyped-call]
+        # Every request: answers as dicts, and no request waits longer than `timeout` seconds.
+        self._options: Obj = {"serializer": _as_dict, "_request_timeout": timeout}
 
     @classmethod
-    def from_environment(cls) -> Kube:
-        """In-cluster service account if there is one, else the local kubeconfig."""
+    async def from_environment(cls) -> Kube:
+        """In-cluster service account if there is one, else the local kubeconfig: $KUBECONFIG
+        (read now, where the package reads it once at import) or ~/.kube/config."""
+        configuration = k8s.Configuration()
         try:
-            k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except ConfigException:
-            k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(k8s.ApiClient())
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException:
+            await k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+        return cls(k8s.ApiClient(configuration))
 
-    def _call(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
-              body: Obj | None = None, content_type: str | None = None) -> Obj:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        _, url, headers, payload, _ = self._api.param_serialize(
-            method, path, query_params=query or [], header_params=headers, body=body,
-            auth_settings=["BearerToken"],
-        )
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._api.close()  # type: ignore[no-untyped-call]
+
+    async def _call(self, request: Awaitable[Obj]) -> Obj:
         try:
-            response = self._api.call_api(method, url, header_params=headers, body=payload,
-                                          _request_timeout=self._timeout)
-            data = response.read()  # type: ignore[no-untyped-call]
+            return await request
         except ApiException as exc:
             raise KubeError(exc.status or 0, _message(exc)) from None
-        if not 200 <= response.status < 300:
-            raise KubeError(response.status, _message(ApiException(http_resp=response.response)))
-        return json.loads(data) if data else {}
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        resource = _resource(api_version, kind)
         try:
-            return await asyncio.to_thread(self._call, "GET", resource_path(api_version, kind, namespace, name))
+            return await self._call(self._dynamic.get(resource, name=name, namespace=namespace, **self._options))
         except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def list(self, api_version: str, kind: str, namespace: str) -> list[Obj]:
-        result = await asyncio.to_thread(self._call, "GET", resource_path(api_version, kind, namespace))
+        resource = _resource(api_version, kind)
+        result = await self._call(self._dynamic.get(resource, namespace=namespace, **self._options))
         return list(result.get("items", []))
 
     async def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
-        meta = manifest["metadata"]
-        path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace", ""), meta["name"])
-        return await self._apply(path, manifest, manager)
+        return await self._apply(_resource(manifest["apiVersion"], manifest["kind"]), manifest, manager)
 
     async def create(self, manifest: Obj) -> Obj | None:
-        path = resource_path(manifest["apiVersion"], manifest["kind"], manifest["metadata"].get("namespace", ""))
+        resource, namespace = _resource(manifest["apiVersion"], manifest["kind"]), manifest["metadata"].get("namespace")
         try:
-            return await asyncio.to_thread(self._call, "POST", path, body=manifest)
+            return await self._call(self._dynamic.create(resource, body=manifest, namespace=namespace, **self._options))
         except KubeError as exc:
             if exc.status == 409:
                 return None
@@ -139,8 +166,9 @@ class Kube:
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete the object (gone already is fine)."""
+        resource = _resource(api_version, kind)
         try:
-            await asyncio.to_thread(self._call, "DELETE", resource_path(api_version, kind, namespace, name))
+            await self._call(self._dynamic.delete(resource, name=name, namespace=namespace, **self._options))
         except KubeError as exc:
             if exc.status != 404:
                 raise
@@ -151,9 +179,11 @@ class Kube:
         meta = obj["metadata"]
         patch = {"metadata": {"finalizers": [f for f in meta.get("finalizers", []) if f != finalizer],
                               "resourceVersion": meta["resourceVersion"]}}
-        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+        resource = _resource(obj["apiVersion"], obj["kind"])
         try:
-            await asyncio.to_thread(self._call, "PATCH", path, body=patch, content_type="application/merge-patch+json")
+            await self._call(self._dynamic.patch(resource, body=patch, name=meta["name"],
+                                                 namespace=meta.get("namespace"), content_type=_MERGE_PATCH,
+                                                 **self._options))
         except KubeError as exc:
             if exc.status != 404:
                 raise
@@ -161,8 +191,10 @@ class Kube:
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         body = {"apiVersion": api_version, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace}, "status": status}
-        await self._apply(resource_path(api_version, kind, namespace, name) + "/status", body)
+        await self._apply(_resource(api_version, kind).subresources["status"], body)
 
-    async def _apply(self, path: str, body: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
-        query = [("fieldManager", manager), ("force", "true")]
-        return await asyncio.to_thread(self._call, "PATCH", path, query=query, body=body, content_type=_APPLY)
+    async def _apply(self, resource: Any, body: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
+        meta = body["metadata"]
+        return await self._call(self._dynamic.server_side_apply(
+            resource, body=body, name=meta["name"], namespace=meta.get("namespace"),
+            field_manager=manager, force_conflicts=True, **self._options))

@@ -21,8 +21,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from strata.contract import constants
@@ -34,14 +35,52 @@ Obj = dict[str, Any]
 
 
 class ObjectReader(Protocol):
-    """GET of a REST path of the API server; None when the object does not exist (404)."""
+    """Reads of the API server; None when the object does not exist (404)."""
 
-    def get(self, path: str) -> Obj | None: ...
+    def strata_object(self, plural: str, namespace: str, name: str) -> Obj | None:
+        """A Mount or CacheCluster (`strata.dev/v1alpha1`) by its plural."""
+        ...
+
+    def secret(self, namespace: str, name: str) -> Obj | None: ...
+
+
+def strata_path(plural: str, namespace: str, name: str) -> str:
+    return f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{plural}/{name}"
+
+
+def secret_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/secrets/{name}"
+
+
+def configuration(kubeconfig: str | None) -> Any:
+    """The `kubernetes` client configuration of the plugin: the kubeconfig at `kubeconfig` when
+    given, else the in-cluster service account, else $KUBECONFIG or ~/.kube/config."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    loaded = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=loaded)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=loaded)  # type: ignore[no-untyped-call]
+            except ConfigException:
+                config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=os.environ.get("KUBECONFIG"), client_configuration=loaded)
+    except (ConfigException, OSError) as exc:
+        raise FailedPrecondition(
+            f"the CSI plugin has no Kubernetes API access ({exc}), which volumes naming a Mount need: "
+            "run it in a pod with a ServiceAccount, pass --kubeconfig, or give the volume "
+            f"`{c.ATTR_MASTER}` and `{c.ATTR_PATH}` attributes instead") from exc
+    return loaded
 
 
 class ApiReader:
-    """ObjectReader over the `kubernetes` client, configured on first use (in-cluster, else the
-    kubeconfig), so the plugin starts and serves attribute-only volumes without an API server."""
+    """ObjectReader over the `kubernetes` client's typed APIs (CustomObjectsApi for Mounts and
+    CacheClusters, CoreV1Api for the Secret: no discovery), configured on first use (see
+    `configuration`), so the plugin starts and serves attribute-only volumes without an API server."""
 
     def __init__(self, kubeconfig: str | None = None, timeout: float = 15.0) -> None:
         self._kubeconfig = kubeconfig
@@ -52,38 +91,34 @@ class ApiReader:
     def _client(self) -> Any:
         with self._lock:
             if self._api is None:
-                from kubernetes import client, config
-                from kubernetes.config.config_exception import ConfigException
+                from kubernetes import client
 
-                try:
-                    if self._kubeconfig:
-                        config.load_kube_config(config_file=self._kubeconfig)  # type: ignore[no-untyped-call]
-                    else:
-                        try:
-                            config.load_incluster_config()  # type: ignore[no-untyped-call]
-                        except ConfigException:
-                            config.load_kube_config()  # type: ignore[no-untyped-call]
-                except (ConfigException, OSError) as exc:
-                    raise FailedPrecondition(
-                        f"the CSI plugin has no Kubernetes API access ({exc}), which volumes naming a Mount need: "
-                        "run it in a pod with a ServiceAccount, pass --kubeconfig, or give the volume "
-                        f"`{c.ATTR_MASTER}` and `{c.ATTR_PATH}` attributes instead") from exc
-                self._api = client.ApiClient()
+                self._api = client.ApiClient(configuration(self._kubeconfig))
             return self._api
 
-    def get(self, path: str) -> Obj | None:
+    def strata_object(self, plural: str, namespace: str, name: str) -> Obj | None:
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self._client())
+        return self._read(strata_path(plural, namespace, name), lambda: api.get_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, plural, name, _request_timeout=self._timeout))
+
+    def secret(self, namespace: str, name: str) -> Obj | None:
+        from kubernetes import client
+
+        api = self._client()
+        return self._read(secret_path(namespace, name), lambda: api.sanitize_for_serialization(
+            client.CoreV1Api(api).read_namespaced_secret(name, namespace, _request_timeout=self._timeout)))
+
+    def _read(self, path: str, read: Callable[[], Any]) -> Obj | None:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        api = self._client()
-        _, url, headers, _, _ = api.param_serialize("GET", path, header_params={"Accept": "application/json"},
-                                                    auth_settings=["BearerToken"])
         try:
-            response = api.call_api("GET", url, header_params=headers, _request_timeout=self._timeout)
-            data = response.read()
-            status, reason = response.status, response.reason
+            answer: Obj = read()
+            return answer
         except ApiException as exc:
-            status, reason, data = exc.status or 0, exc.reason, b""
+            status, reason = exc.status or 0, exc.reason
         except (OSError, HTTPError) as exc:
             raise Unavailable(f"the Kubernetes API cannot be reached for {path}: {exc}") from exc
         if status == 404:
@@ -92,13 +127,7 @@ class ApiReader:
             raise PermissionDenied(
                 f"the CSI plugin may not read {path} ({status} {reason}): grant its ServiceAccount get on "
                 "mounts.strata.dev, cacheclusters.strata.dev and on the CSI tokens Secret")
-        if not 200 <= status < 300:
-            raise Unavailable(f"the Kubernetes API answered {status} {reason} for {path}")
-        return json.loads(data)  # type: ignore[no-any-return]
-
-
-def _path(namespace: str, plural: str, name: str) -> str:
-    return f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{plural}/{name}"
+        raise Unavailable(f"the Kubernetes API answered {status} {reason} for {path}")
 
 
 def _status_message(obj: Obj) -> str:
@@ -130,7 +159,7 @@ class KubeResolver:
 
     def resolve(self, namespace: str, name: str, secrets: Mapping[str, str], requester: str) -> VolumeSource:
         what = f"Mount {namespace}/{name}"
-        mount = self._reader.get(_path(namespace, constants.MOUNT_PLURAL, name))
+        mount = self._reader.strata_object(constants.MOUNT_PLURAL, namespace, name)
         if mount is None:
             raise NotFound(f"{what} does not exist: create it, or fix the volume's `{c.ATTR_MOUNT}` attribute")
         spec = mount.get("spec", {})
@@ -143,7 +172,7 @@ class KubeResolver:
             raise FailedPrecondition(f"{what} is {phase or 'not reconciled yet'}{_status_message(mount)}; "
                                      f"the volume is mounted once its phase is {constants.MOUNTED_PHASE} "
                                      f"(kubectl get mounts.strata.dev -n {namespace} {name})")
-        cluster = self._reader.get(_path(namespace, constants.CACHE_CLUSTER_PLURAL, cluster_name))
+        cluster = self._reader.strata_object(constants.CACHE_CLUSTER_PLURAL, namespace, cluster_name)
         if cluster is None:
             raise NotFound(f"CacheCluster {namespace}/{cluster_name} of {what} does not exist")
         endpoint = (cluster.get("status", {}).get("master") or {}).get("endpoint")
@@ -160,7 +189,7 @@ class KubeResolver:
                 "the plugin was started without --tokens-secret: set nodePublishSecretRef to a Secret with the "
                 "cluster's data token, or run the plugin as the chart does")
         home, _, name = self._tokens_secret.partition("/")
-        secret = self._reader.get(f"/api/v1/namespaces/{home}/secrets/{name}")
+        secret = self._reader.secret(home, name)
         if secret is None:
             raise NotFound(f"Secret {self._tokens_secret}, where the operator keeps the clusters' data tokens for "
                            "the CSI plugin, does not exist: is the operator running?")

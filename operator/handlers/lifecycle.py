@@ -37,8 +37,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     @kopf.on.startup(id="startup", registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings)
+        memo["kube"] = kube = await Kube.from_environment()
         memo["deps"] = Deps(
-            kube=Kube.from_environment(),
+            kube=kube,
             masters=Masters(timeout=operator_settings.rpc_timeout, report_ttl=operator_settings.report_ttl),
             settings=operator_settings,
         )
@@ -48,3 +49,6 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         deps = memo.get("deps")
         if isinstance(deps, Deps):
             await deps.masters.close()
+        kube = memo.get("kube")
+        if isinstance(kube, Kube):
+            await kube.close()

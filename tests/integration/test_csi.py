@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from csiobjects import PathObjects
 
 from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.csi.kube import KubeResolver
@@ -50,14 +51,8 @@ def capability(mode: int = Mode.SINGLE_NODE_WRITER) -> csi.VolumeCapability:
     return csi.VolumeCapability(mount=csi.VolumeCapability.MountVolume(), access_mode=Mode(mode=mode))
 
 
-class Objects:
+class Objects(PathObjects):
     """The Kubernetes objects the plugin reads (an ObjectReader without an API server)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-
-    def get(self, path: str) -> dict[str, Any] | None:
-        return self.objects.get(path)
 
     def add_cluster(self, name: str, endpoint: str, data_token: str) -> None:
         """A CacheCluster, and its data token in the CSI tokens Secret as the operator keeps it

@@ -12,13 +12,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from csiobjects import PathObjects
 
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.contract import constants, csi
 from strata.operator import constants as c
 from strata.operator.handlers.admission import WebhookSettings, certificate_place, review
 from strata.operator.reconcile.webhook import ensure_certificate
-from strata.operator.kube import PLURALS, Obj
+from strata.operator.kube import KINDS, Obj
 from strata.operator.reconcile import ObjectState, reconcile_cluster, reconcile_mount, remove_mount
 from tests.unit.chart.conftest import NAMESPACE, Render
 from tests.unit.operator.conftest import (  # noqa: F401 - fixtures used by `world`
@@ -53,7 +54,7 @@ class RecordingKube:
 
     def _note(self, verbs: Iterable[str], api_version: str, kind: str, namespace: str, name: str,
               sub: str = "") -> None:
-        resource = PLURALS[kind] + (f"/{sub}" if sub else "")
+        resource = KINDS[kind].plural + (f"/{sub}" if sub else "")
         for verb in verbs:
             self.requests.add((verb, group_of(api_version), resource))
             self.placed.add((verb, group_of(api_version), resource, namespace, name))
@@ -266,16 +267,14 @@ def test_rbac_grants_no_more_than_it_needs(render: Render) -> None:
             assert not {"pods", "nodes", "persistentvolumes"} & set(rule["resources"]), rule
 
 
-class RecordingReader:
-    def __init__(self, objects: dict[str, Obj]) -> None:
-        self.objects = objects
-        self.placed: set[Placed] = set()
-
-    def get(self, path: str) -> Obj | None:
-        parts = path.strip("/").split("/")
-        group = "" if parts[0] == "api" else parts[1]
-        self.placed.add(("get", group, parts[-2], parts[-3], parts[-1]))
-        return self.objects.get(path)
+class RecordingReader(PathObjects):
+    @property
+    def placed(self) -> set[Placed]:
+        found: set[Placed] = set()
+        for path in self.read:
+            parts = path.strip("/").split("/")
+            found.add(("get", "" if parts[0] == "api" else parts[1], parts[-2], parts[-3], parts[-1]))
+        return found
 
 
 def test_csi_node_plugin_rbac_is_exactly_its_reads(render: Render) -> None:
