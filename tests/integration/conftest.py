@@ -11,7 +11,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
