@@ -9,17 +9,15 @@
   worker's MEM tier in /dev/shm, the bucket mounted at /bench;
 - `strata fuse` at a mount point, when this checkout has it.
 
-Children are started in their own sessions and stopped by process group on close.
+Children are started, awaited and stopped by strata.cacheserver.launcher (each in a session of
+its own, stopped by process group on close).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import select
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +30,9 @@ import yaml
 
 from netlab import Link, LinkSettings
 
+from strata.cacheserver import launcher
+from strata.cacheserver.launcher import Child, free_port
+
 BENCH = Path(__file__).resolve().parent
 TOKEN = "strata-bench-token"
 BUCKET = "bench"
@@ -39,6 +40,8 @@ MOUNT = "/bench"
 NODE = "bench-node"          # the worker's host name: a client that says it is here reads short-circuit
 OTHER_HOST = "bench-client"  # a client elsewhere: it reads from the worker's data port (TCP)
 STARTUP_TIMEOUT = 90.0
+# Seconds a server has to end after SIGTERM before SIGKILL (a worker drains its uploads).
+STOP_GRACE = 15.0
 REGION = "us-east-1"
 KEY, SECRET = "bench", "bench-secret"
 
@@ -53,12 +56,6 @@ class StackSettings:
     readahead_blocks: int = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while not (result := predicate()):
@@ -68,67 +65,15 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05
     return result
 
 
-def healthy(http_port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def tail(self) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=15)
-            except ProcessLookupError:
-                pass
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-
 def spawn(name: str, argv: list[str], log: Path, env: dict[str, str], *, port_line: bool = False) -> tuple[Child, int]:
     """Start argv; with `port_line`, wait for it to print `PORT <n>` and return n."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE if port_line else out, stderr=out,
-                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    child = Child(name, process, log)
-    if not port_line:
-        return child, 0
-    assert process.stdout is not None
-    line = b""
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while not line.endswith(b"\n"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            child.stop()
-            raise RuntimeError(f"{name} did not start (exit code {process.poll()}):\n{child.tail()}")
-        ready, _, _ = select.select([process.stdout], [], [], 1.0)
-        if ready:
-            line += os.read(process.stdout.fileno(), 1)
-    match = re.match(rb"PORT (\d+)", line)
-    if not match:
-        child.stop()
-        raise RuntimeError(f"{name} printed {line!r} instead of its port")
-    return child, int(match.group(1))
+    child = launcher.start(name, argv, log, env=env, stdout_pipe=port_line)
+    return child, child.read_port(STARTUP_TIMEOUT) if port_line else 0
+
+
+def wait_healthy(child: Child, http_port: int) -> None:
+    launcher.wait_ready([(child, lambda: launcher.http_ok(http_port, timeout=2),
+                          f"it answers /healthz on port {http_port}")], STARTUP_TIMEOUT)
 
 
 @dataclass
@@ -163,7 +108,7 @@ class Stack:
     def close(self) -> None:
         self.stop_fuse()
         for child in reversed(self.children):
-            child.stop()
+            child.stop(grace=STOP_GRACE)
         self.children.clear()
         self.link.close()
         shm = Path(f"/dev/shm/strata-bench-{os.getpid()}")
@@ -205,7 +150,7 @@ class Stack:
                           self.workdir / "logs" / "master.log", env)
         self.children.append(master)
         self.master_address = f"127.0.0.1:{port}"
-        wait_until(lambda: self._check(master) and healthy(http), STARTUP_TIMEOUT, "the master")
+        wait_healthy(master, http)
         wport, self.worker_http, wdata = free_port(), free_port(), free_port()
         shm = Path(f"/dev/shm/strata-bench-{os.getpid()}")
         config = {
@@ -225,16 +170,10 @@ class Stack:
                                      "--data-port", str(wdata)],
                           self.workdir / "logs" / "worker.log", worker_env)
         self.children.append(worker)
-        wait_until(lambda: self._check(worker) and healthy(self.worker_http), STARTUP_TIMEOUT, "the worker")
+        wait_healthy(worker, self.worker_http)
         fs = self.strata_fs()
         wait_until(lambda: len(fs.client.workers(refresh=True)) == 1, STARTUP_TIMEOUT, "the worker to register")
         fs.client.close()
-
-    @staticmethod
-    def _check(child: Child) -> bool:
-        if not child.alive():
-            raise RuntimeError(f"{child.name} exited with {child.process.returncode}:\n{child.tail()}")
-        return True
 
     # -- the store ---------------------------------------------------------------------------
 
@@ -315,9 +254,8 @@ class Stack:
         child, _ = spawn("fuse", [*strata, "--master", self.master_address, "--token", TOKEN, "fuse", str(mountpoint)],
                          self.workdir / "logs" / "fuse.log", env)
         try:
-            wait_until(lambda: self._check(child) and _is_mounted(mountpoint), 60, "the FUSE mount")
-        except (RuntimeError, TimeoutError) as exc:
-            child.stop()
+            child.wait_ready(lambda: _is_mounted(mountpoint), f"{mountpoint} is mounted", 60)
+        except launcher.LaunchError as exc:
             self.fuse_unavailable = f"not available: `strata fuse` did not mount: {exc}"
             return None
         self.children.append(child)
@@ -328,7 +266,7 @@ class Stack:
         if self.fuse_mountpoint is None:
             return
         for child in [c for c in self.children if c.name == "fuse"]:
-            child.stop()
+            child.stop(grace=STOP_GRACE)
             self.children.remove(child)
         if _is_mounted(self.fuse_mountpoint):
             subprocess.run(["fusermount3", "-uz", str(self.fuse_mountpoint)], capture_output=True)

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import os
 import signal
 import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +16,7 @@ import yaml
 from strata.contract import constants
 from strata.contract.errors import FailedPrecondition, StrataError, Unavailable
 from strata.contract.units import parse_size
+from . import launcher
 from .auth import ROLE_ENV, generate_token, local_token_name
 from .client import localstate
 
@@ -68,26 +65,8 @@ def _disk_tier(medium: str, values: tuple[str, ...], worker: int) -> dict[str, o
     return {"medium": medium, "quota": quota, "dirs": dirs}
 
 
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-P", "-m", "strata.cacheserver", *args],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,
-        )
-
-
 def up(spec: LocalClusterSpec) -> localstate.LocalState:
-    if (state := localstate.read_state()) is not None and _healthy(state.master_http):
+    if (state := localstate.read_state()) is not None and launcher.http_ok(state.master_http):
         raise FailedPrecondition(f"a local cluster is already running (master {state.master}); stop it with `strata local down`")
     base = localstate.local_dir()
     base.mkdir(parents=True, exist_ok=True)
@@ -112,19 +91,18 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
         env.pop(value_env, None)
     tag = hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:8]
     logs = base / "logs"
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    procs: dict[str, launcher.Child] = {}
     master = f"{spec.bind}:{spec.master_port}"
     try:
         master_cfg = base / "master.yaml"
         master_cfg.write_text(yaml.safe_dump({"blockSize": spec.block_size, "masterAddress": master,
                                               "localSources": LOCAL_SOURCES}))
-        procs["master"] = _spawn(
-            ["master", "--config", str(master_cfg), "--journal-dir", str(base / "journal"),
-             "--bind", spec.bind, "--port", str(spec.master_port), "--http-port", str(spec.master_port + 1)],
-            logs / "master.log", env,
-        )
-        _wait_healthy({"master": spec.master_port + 1}, procs, logs)
-        worker_http: dict[str, int] = {}
+        procs["master"] = launcher.start("master", launcher.strata_argv(
+            "master", "--config", str(master_cfg), "--journal-dir", str(base / "journal"),
+            "--bind", spec.bind, "--port", str(spec.master_port), "--http-port", str(spec.master_port + 1)),
+            logs / "master.log", env=env)
+        _wait_healthy([(procs["master"], spec.master_port + 1)])
+        worker_http: list[tuple[launcher.Child, int]] = []
         addresses = []
         for i in range(spec.workers):
             name = f"worker-{i}"
@@ -135,18 +113,16 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
                                            "localSources": LOCAL_SOURCES}))
             port = spec.worker_port + WORKER_PORTS * i
             worker_env = {**env, "STRATA_WORKER_ID": f"local-{name}", "STRATA_ADVERTISE_HOST": spec.bind}
-            procs[name] = _spawn(
-                ["worker", "--config", str(cfg), "--data-dir", str(base / name),
-                 "--bind", spec.bind, "--port", str(port), "--http-port", str(port + 1), "--data-port", str(port + 2)],
-                logs / f"{name}.log", worker_env,
-            )
-            worker_http[name] = port + 1
+            procs[name] = launcher.start(name, launcher.strata_argv(
+                "worker", "--config", str(cfg), "--data-dir", str(base / name),
+                "--bind", spec.bind, "--port", str(port), "--http-port", str(port + 1), "--data-port", str(port + 2)),
+                logs / f"{name}.log", env=worker_env)
+            worker_http.append((procs[name], port + 1))
             addresses.append(f"{spec.bind}:{port}")
-        _wait_healthy(worker_http, procs, logs)
+        _wait_healthy(worker_http)
     except BaseException:
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+        for child in procs.values():
+            child.send_signal(signal.SIGTERM)
         raise
     state = localstate.LocalState(
         master=master, master_http=spec.master_port + 1,
@@ -156,20 +132,14 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
     return state
 
 
-def _wait_healthy(ports: dict[str, int], procs: dict[str, subprocess.Popen[bytes]], logs: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    waiting = dict(ports)
-    while waiting:
-        for name in list(waiting):
-            if procs[name].poll() is not None:
-                tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
-                raise Unavailable(f"{name} exited with code {procs[name].returncode}:\n" + "\n".join(tail))
-            if _healthy(waiting[name]):
-                del waiting[name]
-        if waiting and time.monotonic() > deadline:
-            raise Unavailable(f"{', '.join(waiting)} did not become healthy within {STARTUP_TIMEOUT:.0f}s; see {logs}")
-        if waiting:
-            time.sleep(0.1)
+def _wait_healthy(servers: list[tuple[launcher.Child, int]]) -> None:
+    """Until each server answers /healthz on its HTTP port (the servers listen on all the
+    cluster's ports by then)."""
+    try:
+        launcher.wait_ready([(child, functools.partial(launcher.http_ok, port),
+                              f"it answers /healthz on port {port}") for child, port in servers], STARTUP_TIMEOUT)
+    except launcher.LaunchError as exc:
+        raise Unavailable(str(exc)) from None
 
 
 def down() -> list[str]:
@@ -177,18 +147,8 @@ def down() -> list[str]:
     state = localstate.read_state()
     if state is None:
         return []
-    stopped = []
-    for name, pid in state.pids.items():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
-            stopped.append(name)
-    deadline = time.monotonic() + 10
-    for pid in state.pids.values():
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.05)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+    signalled = launcher.stop_groups(state.pids.values())
+    stopped = [name for name, pid in state.pids.items() if pid in signalled]
     tag = hashlib.sha256(str(localstate.local_dir().resolve()).encode()).hexdigest()[:8]
     for shm in Path("/dev/shm").glob(f"strata-{tag}-*"):
         subprocess.run(["rm", "-rf", str(shm)], check=False)
@@ -196,23 +156,8 @@ def down() -> list[str]:
     return stopped
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
 def status() -> dict[str, bool] | None:
     state = localstate.read_state()
     if state is None:
         return None
-    return {name: _alive(pid) for name, pid in state.pids.items()}
+    return {name: launcher.pid_alive(pid) for name, pid in state.pids.items()}

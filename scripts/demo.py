@@ -23,7 +23,6 @@ import importlib
 import math
 import os
 import random
-import select
 import signal
 import subprocess
 import sys
@@ -33,7 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from strata.cacheserver.launcher import Child
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
@@ -64,34 +66,22 @@ def load_s3server() -> ModuleType:
     return importlib.import_module("s3server")
 
 
-def start_delay_proxy(target: str, ttfb_ms: float, rate_mbit: float) -> tuple[subprocess.Popen[bytes], str]:
+def start_delay_proxy(target: str, ttfb_ms: float, rate_mbit: float, log: Path) -> tuple[Child, str]:
     """bench/delayproxy.py in front of `target` (HOST:PORT): every request waits `ttfb_ms` for
     its first byte, and with `rate_mbit` the bytes flow at most that fast. Returns the
     process and the proxy's endpoint URL."""
+    from strata.cacheserver import launcher
+
     args = [sys.executable, "-P", str(REPO / "bench" / "delayproxy.py"), "--listen", "127.0.0.1",
             "--target", target, "--ttfb-ms", str(ttfb_ms)]
     if rate_mbit:
         args += ["--rate-mbit", str(rate_mbit)]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], PROXY_START_TIMEOUT)
-    line = process.stdout.readline().decode() if ready else ""
-    if not line.startswith("PORT "):
-        stop_process(process)
-        raise DemoError(f"the delaying proxy did not start within {PROXY_START_TIMEOUT:.0f}s (exit code {process.poll()})")
-    return process, f"http://127.0.0.1:{int(line.split()[1])}"
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-    if process.stdout is not None:
-        process.stdout.close()
+    proxy = launcher.start("the delaying proxy", args, log, stdout_pipe=True)
+    try:
+        port = proxy.read_port(PROXY_START_TIMEOUT)
+    except launcher.LaunchError as exc:
+        raise DemoError(str(exc)) from None
+    return proxy, f"http://127.0.0.1:{port}"
 
 
 # -- the dataset -----------------------------------------------------------------------------
@@ -228,8 +218,9 @@ def run(size: int, latency_ms: float, rate_mbit: float, workers: int, work: Path
     options = s3.storage_options()
     endpoint = options["endpoint_url"]
     if latency_ms > 0 or rate_mbit > 0:
-        proxy, endpoint = start_delay_proxy(endpoint.removeprefix("http://"), latency_ms, rate_mbit)
-        cleanup.callback(stop_process, proxy)
+        proxy, endpoint = start_delay_proxy(endpoint.removeprefix("http://"), latency_ms, rate_mbit,
+                                            work / "proxy.log")
+        cleanup.callback(proxy.stop)
         cap = f", at most {rate_mbit:g} Mbit/s" if rate_mbit else ", no bandwidth cap"
         say(f"  NOTE: moto on loopback is much faster than a remote store, so every request to it passes a\n"
             f"  proxy (bench/delayproxy.py, {endpoint}): {latency_ms:g} ms to the first byte{cap}.\n"

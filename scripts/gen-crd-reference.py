@@ -5,6 +5,15 @@
 
 tests/unit/test_docs.py fails when the file differs from what this script makes, so a CRD
 change and its reference land together.
+
+The CRDs are kept once: the YAML in charts/strata/crds/ (Helm installs that folder, users
+apply it, manifests/install.yaml is rendered from the chart), with crds/ a link to it. The
+schemas stay written by hand rather than generated from operator/models.py: what the API
+server enforces (structural types, defaults, CEL rules with their messages and cost bounds,
+int-or-string quantities, printer columns, the scale subresource, a description on every
+field) has no faithful form in the pydantic models, whose checks are Python (sizes parsed,
+paths normalised, tiers ordered). tests/unit/operator/test_crds.py holds the two together:
+the defaults the schema fills parse to the models' defaults, and both refuse the same paths.
 """
 
 from __future__ import annotations

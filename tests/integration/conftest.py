@@ -11,7 +11,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 import s3server
 import yaml
 
+from strata.cacheserver import launcher
 from strata.cacheserver.blockrefs import block_count
 from strata.cacheserver.client.core import StrataClient
 from strata.cacheserver.client.fs import StrataFileSystem
@@ -119,24 +119,23 @@ class Server:
     log: Path
     http_port: int
     port: int
-    process: subprocess.Popen[bytes] | None = None
+    child: launcher.Child | None = None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.child.process if self.child is not None else None
 
     def start(self) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "strata.cacheserver", *self.args],
-                stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-            )
+        self.child = launcher.start(self.name, launcher.strata_argv(*self.args), self.log, env=self.env)
+
+    def ready(self) -> tuple[launcher.Child, Any, str]:
+        """The wait for this server to answer /healthz (for `launcher.wait_ready`)."""
+        assert self.child is not None, f"{self.name} was not started"
+        return self.child, lambda: http_get(self.http_port, "/healthz")[0] == 200, \
+            f"it answers /healthz on port {self.http_port}"
 
     def wait_healthy(self) -> None:
-        def ready() -> bool:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
-            return http_get(self.http_port, "/healthz")[0] == 200
-
-        wait_until(ready, STARTUP_TIMEOUT, f"{self.name} to become healthy")
+        launcher.wait_ready([self.ready()], STARTUP_TIMEOUT)
 
     def metrics(self) -> str:
         status, text = http_get(self.http_port, "/metrics")
@@ -144,14 +143,9 @@ class Server:
         return text
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=15)
-        self.process = None
+        if self.child is not None:
+            self.child.stop(grace=15, sig=sig)
+        self.child = None
 
 
 @dataclass
@@ -266,8 +260,7 @@ def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, 
         worker = make_worker(root, i, port, env, tiers=tiers, extra=extra)
         worker.start()
         cluster.workers.append(worker)
-    for worker in cluster.workers:
-        worker.wait_healthy()
+    launcher.wait_ready([w.ready() for w in cluster.workers], STARTUP_TIMEOUT)
     cluster.wait_workers(workers)
     return cluster
 

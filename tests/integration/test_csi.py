@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import yaml
 from csiobjects import PathObjects
 
+from strata.cacheserver import launcher
 from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.cacheserver.csi.proto import csi_pb2 as csi
@@ -267,14 +267,11 @@ class CliPlugin:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-P", "-m", "strata.cacheserver", "csi", "--endpoint", f"unix://{self.socket}",
-                 "--node-id", "node-0", "--state-dir", str(self.state)],
-                stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        wait_until(lambda: self.socket.exists() or self.process.poll() is not None, 30,  # type: ignore[union-attr]
-                   "the plugin's socket")
-        assert self.process.poll() is None, self.log.read_text()
+        child = launcher.start("strata csi", launcher.strata_argv(
+            "csi", "--endpoint", f"unix://{self.socket}", "--node-id", "node-0", "--state-dir", str(self.state)),
+            self.log, env=self.env)
+        self.process = child.process
+        child.wait_ready(self.socket.exists, f"its socket {self.socket} exists", 30)
 
     def kill(self) -> None:
         assert self.process is not None
@@ -282,9 +279,8 @@ class CliPlugin:
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=15)
+        if self.process is not None:
+            launcher.stop(self.process, grace=15)
 
     def node(self) -> tuple[grpc.Channel, csi_grpc.NodeStub]:
         channel = grpc.insecure_channel(f"unix://{self.socket}")

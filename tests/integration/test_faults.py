@@ -330,7 +330,7 @@ def test_reads_go_on_through_a_master_outage(start_cluster: Any, bucket: str, si
             os.killpg(master.process.pid, signal.SIGCONT)
         else:
             master.process.wait(timeout=10)
-            master.process = None
+            master.child = None
             if outage_at:
                 # An outage of 8 s: long enough for gRPC's default reconnect back-off to
                 # grow past a few seconds (what kept workers away ~12 s after a restart).

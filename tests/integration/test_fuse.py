@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from strata.cacheserver import launcher
 from strata.cacheserver.fuse.locations import parse_locations
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state, wait_mounted
 from strata.contract.modes import WriteType
@@ -77,10 +77,8 @@ def start_fuse(cluster: Cluster, mountpoint: Path, *args: str, host: str = "fuse
     log = mountpoint.parent / f"{mountpoint.name}.{time.monotonic_ns()}.log"
     full_env = {**cluster.env, "STRATA_MASTER": cluster.master_address, "STRATA_HOSTNAME": host,
                 "STRATA_FUSE_STATE_DIR": str(state_root(mountpoint)), **(env or {})}
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "strata.cacheserver", "fuse", str(mountpoint), *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-    fuse = FuseProcess(mountpoint, proc, log)
+    child = launcher.start("strata fuse", launcher.strata_argv("fuse", str(mountpoint), *args), log, env=full_env)
+    fuse = FuseProcess(mountpoint, child.process, log)
     if wait:
         try:
             wait_mounted(mountpoint, 30, fstype=FSTYPE, alive=fuse.alive, what="strata fuse")
@@ -114,13 +112,7 @@ def alive(pid: int) -> bool:
 def stop_fuse(fuse: FuseProcess) -> None:
     """Clean up whatever a test left (never raises)."""
     keeper = keeper_pid(fuse.path)
-    if fuse.alive():
-        os.killpg(fuse.process.pid, signal.SIGTERM)
-        try:
-            fuse.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(fuse.process.pid, signal.SIGKILL)
-            fuse.process.wait(timeout=15)
+    launcher.stop(fuse.process, grace=15)
     if keeper and alive(keeper):
         os.kill(keeper, signal.SIGKILL)
     if find_mount(fuse.path) is not None:

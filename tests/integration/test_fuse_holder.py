@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from strata.cacheserver import launcher
 from strata.cacheserver.fuse import holder
 from strata.cacheserver.fuse.mountpoints import find_mount
 
@@ -46,17 +46,14 @@ def fuse_holder(tmp_path: Path) -> Iterator[HolderProcess]:
     root = state_root(tmp_path / "mnt")
     root.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "holder.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "strata.cacheserver", "fuse-holder"],
-                                env={**os.environ, "STRATA_FUSE_STATE_DIR": str(root)}, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    started = HolderProcess(proc, root / holder.SOCKET, log)
+    child = launcher.start("strata fuse-holder", launcher.strata_argv("fuse-holder"), log,
+                           env={**os.environ, "STRATA_FUSE_STATE_DIR": str(root)})
+    started = HolderProcess(child.process, root / holder.SOCKET, log)
     try:
         holder.wait_ready(started.socket, wait=30)
         yield started
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        child.stop(grace=20)
 
 
 def parent_of(pid: int) -> int:

@@ -266,7 +266,7 @@ def test_random_reads_writes_and_faults_lose_no_acknowledged_write(start_cluster
             proxy.set_mode("pass")
             for worker in cluster.workers:
                 if worker.process is None or worker.process.poll() is not None:
-                    worker.process = None
+                    worker.child = None
                     worker.start()
                     worker.wait_healthy()
         print(f"random faults: seed {seed}: " + ", ".join(f"{k} {v}" for k, v in sorted(run.counts.items())))

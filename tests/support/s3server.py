@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -34,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from strata.cacheserver import launcher
 
 # Seconds the child may take to import moto and bind its port (a loaded 2-core machine).
 START_TIMEOUT = 60.0
@@ -81,7 +81,7 @@ class Recording:
 @dataclass
 class S3Server:
     endpoint_url: str
-    process: subprocess.Popen[bytes]
+    child: launcher.Child
     recording_file: Path
     auth_enforced: bool = False
     admin_key: str = ADMIN_KEY
@@ -180,17 +180,14 @@ class S3Server:
                     RecordedRequest(method=entry["method"], url=entry["url"], headers=dict(entry["headers"]))
                 )
 
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
+
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        self.child.stop()
         self.recording_file.unlink(missing_ok=True)
+        self.child.log.unlink(missing_ok=True)
 
 
 def start_moto_server(*, enforce_auth: bool = False) -> S3Server:
@@ -206,28 +203,14 @@ def start_moto_server(*, enforce_auth: bool = False) -> S3Server:
         "MOTO_RECORDER_FILEPATH": recording,
         "PYTHONSAFEPATH": "1",
     }
-    process = subprocess.Popen(
-        [sys.executable, "-P", str(Path(__file__).resolve()), "--child"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    assert process.stdout is not None
-    deadline = time.monotonic() + START_TIMEOUT
-    line = b""
-    while not line.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or process.poll() is not None:
-            process.kill()
-            raise RuntimeError(f"moto server did not start within {START_TIMEOUT}s (exit code {process.poll()})")
-        ready, _, _ = select.select([process.stdout], [], [], remaining)
-        if ready:
-            chunk = os.read(process.stdout.fileno(), 1)
-            if not chunk:
-                continue
-            line += chunk
-    port = int(line.decode().split()[1])
-    server = S3Server(endpoint_url=f"http://127.0.0.1:{port}", process=process, recording_file=Path(recording))
+    child = launcher.start("moto server", [sys.executable, "-P", str(Path(__file__).resolve()), "--child"],
+                           Path(recording).with_suffix(".log"), env=env, stdout_pipe=True)
+    try:
+        port = child.read_port(START_TIMEOUT)
+    except launcher.LaunchError:
+        Path(recording).unlink(missing_ok=True)
+        raise
+    server = S3Server(endpoint_url=f"http://127.0.0.1:{port}", child=child, recording_file=Path(recording))
     if enforce_auth:
         # The admin user must exist before auth is on: creating it is itself a request.
         iam = server.client("iam")

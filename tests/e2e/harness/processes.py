@@ -1,29 +1,25 @@
-"""Child processes that die with the harness, and waiting with deadlines."""
+"""Child processes that die with the harness, and waiting with deadlines.
+
+Starting, stopping, free ports and log tails are strata.cacheserver.launcher's (the one
+launcher of the repository); the harness adds the parent-death signal and its own wait."""
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from strata.cacheserver import launcher
+from strata.cacheserver.launcher import free_port, tail
+
+__all__ = ["free_port", "spawn", "stop", "tail", "take_lock", "wait_for"]
+
 T = TypeVar("T")
-
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: own process group, SIGKILL when the
-    spawning thread goes away (so a killed harness leaves nothing behind)."""
-    os.setsid()
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def spawn(
@@ -33,40 +29,15 @@ def spawn(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start argv in its own process group, output appended to log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            preexec_fn=_die_with_parent,
-        )
+    """Start argv in its own session, output appended to log; the kernel SIGKILLs it when the
+    spawning thread goes away (so a killed harness leaves nothing behind)."""
+    return launcher.start(Path(argv[0]).name, argv, log, env=env, cwd=cwd,
+                          parent_death_signal=signal.SIGKILL).process
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int | None:
     """SIGTERM the process group, SIGKILL it after `grace` seconds."""
-    if proc.poll() is None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    _signal_group(proc.pid, signal.SIGKILL)
-    try:
-        return proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        return None
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return launcher.stop(proc, grace)
 
 
 def wait_for(
@@ -100,22 +71,6 @@ def wait_for(
                     extra += f"\n(diagnose failed: {exc!r})"
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
         time.sleep(interval)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    """The last lines of a log file, for error messages."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(f"  | {line}" for line in text[-lines:])
 
 
 def take_lock(path: Path, owns: str) -> int:

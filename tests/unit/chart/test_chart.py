@@ -86,11 +86,14 @@ def test_the_schema_refuses_mistakes(helm: str) -> None:
         assert proc.returncode != 0 and "values don't meet the specifications of the schema" in proc.stderr, bad
 
 
-def test_crds_are_the_repositorys() -> None:
-    """Helm installs the chart's crds/ folder: it must hold exactly /crds."""
-    repo_crds = {p.name: p.read_bytes() for p in (CHART.parents[1] / "crds").glob("*.yaml")}
-    chart_crds = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
-    assert chart_crds == repo_crds, "charts/strata/crds differs from crds/: cp crds/*.yaml charts/strata/crds/"
+def test_crds_are_kept_once() -> None:
+    """The CRDs are the chart's crds/ folder (Helm installs it, users apply it); /crds, which
+    the tests, the CRD reference and the models' checks read, is a link to it, not a copy."""
+    repo_crds = CHART.parents[1] / "crds"
+    assert repo_crds.is_symlink() and repo_crds.resolve() == (CHART / "crds").resolve(), \
+        "crds/ must be the link charts/strata/crds (ln -s charts/strata/crds crds), not a copy"
+    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == [
+        "cacheclusters.strata.dev.yaml", "kopf-peering.yaml", "mounts.strata.dev.yaml"]
 
 
 # -- the operator -------------------------------------------------------------------------
