@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # standard library's `operator` module.
 export PYTHONSAFEPATH := 1
 
-.PHONY: venv setup protos deps-system test test-unit test-integration test-e2e e2e-tools e2e-images e2e-images-python e2e-images-bin lint install-yaml demo clean lock
+.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools e2e-images e2e-images-python e2e-images-bin lint install-yaml demo clean lock
 
 # Every Python package at the version pinned in requirements.lock (scripts/lock.sh makes it
 # from pyproject.toml): no resolving, the same versions as the images and CI.
@@ -34,18 +34,16 @@ deps-system:
 
 # Everything: unit, integration (real processes) and end-to-end (a real Kubernetes control
 # plane and kubelets built from Go modules into ~/.cache/strata/e2e-bin on first use). Two
-# pytest runs side by side (scripts/run-suites.py): unit + integration start at once, while
-# the e2e suite first builds what its cluster needs (at the lowest CPU priority, so a cold
-# compile does not slow the timing-bound tests), then runs.
-test: setup lint
-	$(PY) -P scripts/run-suites.py \
-	  --suite unit+integration -- --durations=20 tests/unit tests/integration \
+# pytest runs side by side (scripts/run-suites.py, standard library only, so it starts before
+# the venv exists): one makes the venv and lints, then runs unit + integration; the other
+# builds what the e2e cluster needs meanwhile (at the lowest CPU priority, so a cold compile
+# does not slow the timing-bound tests), then runs the e2e suite once the venv is there.
+test: deps-system
+	python3 -P scripts/run-suites.py \
+	  --suite unit+integration --prepare '$(MAKE) --no-print-directory lint' --python $(PY) \
+	  -- --durations=20 tests/unit tests/integration \
 	  --suite e2e --prepare '$(MAKE) --no-print-directory -j2 --output-sync=line e2e-images' --nice 19 \
-	  -- --durations=20 tests/e2e
-
-# The venv and the Debian packages, side by side (lint then makes the protos).
-setup:
-	$(MAKE) --no-print-directory -j2 --output-sync=target venv deps-system
+	  --after unit+integration --python $(PY) -- --durations=20 tests/e2e
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
 lint: venv protos

@@ -1,13 +1,18 @@
 """Run test suites side by side: each its own pytest process, every output line tagged with
 the suite's name, and one closing line for all of them.
 
-    run-suites.py --suite NAME [--prepare CMD] [--nice N] -- PYTEST_ARGS... [--suite ...]
+    run-suites.py --suite NAME [--prepare CMD] [--nice N] [--python PATH] [--after NAME]
+                  -- PYTEST_ARGS... [--suite ...]
 
 The end-to-end suite spends most of its time waiting for pods, the integration suite for
 servers on loopback: run one after the other on this project's 2-core machine they take
 twice the wall time they need. A suite's `--prepare` command (e.g. building the e2e cluster's
 binaries and images) runs first, inside that suite's slot, so the other suites start at once;
 `--nice` lowers that command's CPU priority (a compile yields to timing-bound tests).
+`--python` is the interpreter that runs pytest (default: this one), which a prepare step may
+make first: this script needs only the standard library, so it can start before the venv.
+`--after NAME`: this suite's pytest starts only once suite NAME's prepare step succeeded (the
+one that makes the venv both run in); its own prepare step does not wait.
 
 Exits 0 only when every prepare command and every pytest run exited 0. The last line is the
 sum over the suites, `N passed, N failed, N skipped`, from each run's JUnit XML. Ctrl-C or
@@ -45,11 +50,16 @@ class Suite:
     pytest_args: list[str]
     prepare: str = ""
     nice: int = 0
+    python: str = sys.executable
+    after: str = ""
     junit: Path = Path()
     returncode: int | None = None
     failed_step: str = ""
     seconds: float = 0.0
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # Set once the prepare step ended (or there is none); `ready` says whether it succeeded.
+    prepared: threading.Event = field(default_factory=threading.Event, repr=False)
+    ready: bool = False
 
     def counts(self) -> tuple[int, int, int]:
         """(passed, failed, skipped) from the JUnit XML; failed counts errors too."""
@@ -85,10 +95,17 @@ def parse(argv: list[str]) -> list[Suite]:
         options.add_argument("name")
         options.add_argument("--prepare", default="")
         options.add_argument("--nice", type=int, default=0)
+        options.add_argument("--python", default=sys.executable)
+        options.add_argument("--after", default="")
         ns = options.parse_args(group[:cut])
-        suites.append(Suite(ns.name, group[cut + 1:], ns.prepare, ns.nice))
+        suites.append(Suite(ns.name, group[cut + 1:], ns.prepare, ns.nice, ns.python, ns.after))
     if not suites:
         raise SystemExit("run-suites.py: no --suite given")
+    names = {suite.name for suite in suites}
+    for suite in suites:
+        if suite.after and (suite.after not in names or suite.after == suite.name):
+            raise SystemExit(f"run-suites.py: suite {suite.name} comes --after {suite.after!r}, "
+                             f"which is not another suite ({', '.join(sorted(names))})")
     return suites
 
 
@@ -112,7 +129,7 @@ def _run(suite: Suite, argv: list[str], nice: int, stopping: threading.Event) ->
     return proc.wait()
 
 
-def run_suite(suite: Suite, stopping: threading.Event) -> None:
+def run_suite(suite: Suite, before: Suite | None, stopping: threading.Event) -> None:
     started = time.monotonic()
     try:
         if suite.prepare:
@@ -121,14 +138,23 @@ def run_suite(suite: Suite, stopping: threading.Event) -> None:
             if code != 0:
                 suite.returncode, suite.failed_step = code, f"prepare ({suite.prepare})"
                 return
+        suite.ready = True
+        suite.prepared.set()
+        if before is not None:
+            while not before.prepared.wait(timeout=0.5) and not stopping.is_set():
+                pass
+            if not before.ready:
+                suite.returncode, suite.failed_step = 1, f"not run: the prepare step of {before.name} failed"
+                return
         if stopping.is_set():
             suite.returncode, suite.failed_step = 1, "stopped before pytest started"
             return
-        pytest = [sys.executable, "-m", "pytest", f"--junitxml={suite.junit}", *suite.pytest_args]
+        pytest = [suite.python, "-m", "pytest", f"--junitxml={suite.junit}", *suite.pytest_args]
         suite.returncode = _run(suite, pytest, 0, stopping)
         if suite.returncode != 0:
             suite.failed_step = f"pytest (exit {suite.returncode})"
     finally:
+        suite.prepared.set()  # a suite waiting on this one goes on (and sees `ready`)
         suite.seconds = time.monotonic() - started
 
 
@@ -154,9 +180,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, stop)
     with tempfile.TemporaryDirectory(prefix="strata-suites-") as tmp:
         threads = []
+        by_name = {suite.name: suite for suite in suites}
         for suite in suites:
             suite.junit = Path(tmp) / f"{suite.name}.xml"
-            thread = threading.Thread(target=run_suite, args=(suite, stopping), name=suite.name)
+            before = by_name[suite.after] if suite.after else None
+            thread = threading.Thread(target=run_suite, args=(suite, before, stopping), name=suite.name)
             thread.start()
             threads.append(thread)
         for thread in threads:

@@ -91,3 +91,29 @@ def test_sigterm_ends_every_suite_and_still_sums(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert out.splitlines()[-1].endswith("failed, 0 skipped")
     assert "slow:" in out and "FAILED" in out
+
+
+def test_a_suite_after_another_waits_for_its_prepare_step_only(tmp_path: Path) -> None:
+    venv = tmp_path / "venv-made"
+    first = _suite_dir(tmp_path, "first", "def test_ok():\n    pass\n")
+    second = _suite_dir(tmp_path, "second", f"import os\ndef test_after():\n    assert os.path.exists({str(venv)!r})\n")
+    proc = _run("--suite", "first", "--prepare", f"sleep 1; touch {venv}", "--", *_pytest_args(first),
+                "--suite", "second", "--after", "first", "--", *_pytest_args(second))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
+
+
+def test_a_suite_after_a_failed_prepare_step_is_not_run(tmp_path: Path) -> None:
+    first = _suite_dir(tmp_path, "first", "def test_ok():\n    pass\n")
+    second = _suite_dir(tmp_path, "second", "def test_never():\n    pass\n")
+    proc = _run("--suite", "first", "--prepare", "exit 2", "--", *_pytest_args(first),
+                "--suite", "second", "--after", "first", "--", *_pytest_args(second))
+    assert proc.returncode == 1
+    assert "second: 0 passed, 0 failed, 0 skipped" in proc.stdout
+    assert "not run: the prepare step of first failed" in proc.stdout
+
+
+def test_after_must_name_another_suite(tmp_path: Path) -> None:
+    folder = _suite_dir(tmp_path, "only", "def test_ok():\n    pass\n")
+    proc = _run("--suite", "only", "--after", "nobody", "--", *_pytest_args(folder))
+    assert proc.returncode != 0 and "not another suite" in proc.stderr
