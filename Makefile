@@ -38,11 +38,13 @@ deps-system:
 # the venv exists): one makes the venv and lints, then runs unit + integration; the other
 # builds what the e2e cluster needs meanwhile (at the lowest CPU priority, so a cold compile
 # does not slow the timing-bound tests), then runs the e2e suite once the venv is there.
+# (No --output-sync for that make: it would hold a build's lines until the build ends; the
+# build scripts print whole lines, so their lines interleave readably.)
 test: deps-system
 	python3 -P scripts/run-suites.py \
 	  --suite unit+integration --prepare '$(MAKE) --no-print-directory lint' --python $(PY) \
 	  -- --durations=20 tests/unit tests/integration \
-	  --suite e2e --prepare '$(MAKE) --no-print-directory -j2 --output-sync=line e2e-images' --nice 19 \
+	  --suite e2e --prepare '$(MAKE) --no-print-directory -j2 e2e-images' --nice 19 \
 	  --after unit+integration --python $(PY) -- --durations=20 tests/e2e
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
