@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # standard library's `operator` module.
 export PYTHONSAFEPATH := 1
 
-.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools e2e-images e2e-images-python e2e-images-bin lint install-yaml demo clean lock
+.PHONY: venv protos deps-system test test-unit test-integration test-e2e e2e-tools test-tools e2e-images e2e-images-python e2e-images-bin lint install-yaml demo clean lock
 
 # Every Python package at the version pinned in requirements.lock (scripts/lock.sh makes it
 # from pyproject.toml): no resolving, the same versions as the images and CI.
@@ -35,14 +35,15 @@ deps-system:
 # Everything: unit, integration (real processes) and end-to-end (a real Kubernetes control
 # plane and kubelets built from Go modules into ~/.cache/strata/e2e-bin on first use). Two
 # pytest runs side by side (scripts/run-suites.py, standard library only, so it starts before
-# the venv exists): one makes the venv and lints, then runs unit + integration; the other
+# the venv exists): one makes the venv, lints and builds helm and csi-sanity, then runs unit +
+# integration; the other
 # builds what the e2e cluster needs meanwhile (at the lowest CPU priority, so a cold compile
 # does not slow the timing-bound tests), then runs the e2e suite once the venv is there.
 # (No --output-sync for that make: it would hold a build's lines until the build ends; the
 # build scripts print whole lines, so their lines interleave readably.)
 test: deps-system
 	python3 -P scripts/run-suites.py \
-	  --suite unit+integration --prepare '$(MAKE) --no-print-directory lint' --python $(PY) \
+	  --suite unit+integration --prepare '$(MAKE) --no-print-directory -j2 lint test-tools' --python $(PY) \
 	  -- --durations=20 tests/unit tests/integration \
 	  --suite e2e --prepare '$(MAKE) --no-print-directory -j2 e2e-images' --nice 19 \
 	  --after unit+integration --python $(PY) -- --durations=20 tests/e2e
@@ -60,6 +61,12 @@ test-integration: venv protos
 
 e2e-tools:
 	tests/e2e/tools/build.sh
+
+# The two binaries the unit and integration tests use (`helm template` of the chart,
+# csi-sanity against the plugin), built first: on a cold machine the whole of e2e-tools
+# takes a quarter of an hour.
+test-tools:
+	tests/e2e/tools/build.sh helm csi-sanity
 
 # The e2e images (a Debian base, both Dockerfiles, pause, CoreDNS, the CSI registrar) into
 # ~/.cache/strata/e2e-images, rebuilt only when their inputs change. The Python ones need no

@@ -102,14 +102,15 @@ for t in "${targets[@]}"; do
   fi
   echo "== $name ($mod@$version)"
   ts=$(now)
-  log="$bin/$name.build.log"
-  if (cd "$dir" && "$go" build -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg") >"$log" 2>&1; then
-    mv -f "$bin/$name.tmp" "$bin/$name"
+  log="$bin/$name.build.$$.log"
+  tmp="$bin/$name.tmp.$$"  # of this run: two runs at once (make test builds helm early) each move their own
+  if (cd "$dir" && "$go" build -ldflags "$ldflags" -o "$tmp" "$pkg") >"$log" 2>&1; then
+    mv -f "$tmp" "$bin/$name"
     echo "$stamp" >"$bin/$name.stamp"
     rm -f "$log"
     echo "   built in $(elapsed "$ts")s"
   else
-    rm -f "$bin/$name.tmp" "$bin/$name.stamp"
+    rm -f "$tmp" "$bin/$name.stamp"
     echo "   FAILED after $(elapsed "$ts")s; error (from $log):"
     sed 's/^/   | /' "$log" | tail -20
     failed+=("$name")
@@ -126,8 +127,8 @@ for t in "${installs[@]}"; do
   fi
   echo "== $name ($pkg)"
   ts=$(now)
-  log="$bin/$name.build.log"
-  gobin="$bin/.install-$name"
+  log="$bin/$name.build.$$.log"
+  gobin="$bin/.install-$name.$$"
   rm -rf "$gobin"
   # Outside this module: its own go.mod decides, so no -mod=mod here.
   if GOFLAGS=-trimpath GOBIN="$gobin" "$go" install -tags "$tags" -ldflags "-s -w" "$pkg" >"$log" 2>&1 \
