@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from strata.cacheserver import launcher
-from strata.cacheserver.launcher import free_port, tail
+from strata.cacheserver.launcher import free_port, stop, tail
 
 __all__ = ["free_port", "spawn", "stop", "tail", "take_lock", "wait_for"]
 
@@ -33,11 +33,6 @@ def spawn(
     spawning thread goes away (so a killed harness leaves nothing behind)."""
     return launcher.start(Path(argv[0]).name, argv, log, env=env, cwd=cwd,
                           parent_death_signal=signal.SIGKILL).process
-
-
-def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int | None:
-    """SIGTERM the process group, SIGKILL it after `grace` seconds."""
-    return launcher.stop(proc, grace)
 
 
 def wait_for(
