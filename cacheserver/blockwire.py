@@ -11,10 +11,17 @@ from `offset`; on the short-circuit socket, the block file's descriptor (SCM_RIG
 is the whole block's length. `offset`, `length` and `readahead` matter on the data port only.
 `code` is a gRPC status name, as the same error would carry over gRPC.
 
-On the short-circuit socket the reply also carries `checksums` (CRC-32C of each `chunk_size`
-piece of the block file) and the reader verifies every chunk it reads; a reader that finds
-a bad one sends the request again with `"verify": 1`, and the worker checks the whole block
-before it answers (a damaged copy is dropped and fetched again from the store).
+Every ok reply also carries `checksums` and `chunk_size`. On the data port they are the
+CRC-32C of each `chunk_size` piece of the N bytes that follow (the last piece may be
+shorter), and the reader checks them all before it hands the bytes on: a copy damaged on the
+way is read again, never returned. On the short-circuit socket they are those of the block
+file's chunks, and the reader verifies every chunk it reads; a reader that finds a bad one
+sends the request again with `"verify": 1`, and the worker checks the whole block before it
+answers (a damaged copy is dropped and fetched again from the store).
+
+The worker's gRPC calls carry checksums the same way (`piece_checksums`): ReadBlock's first
+message has those of the bytes the whole answer carries, and every WriteFile or AppendFile
+message the CRC-32C of its own bytes (`write_chunk`), checked before anything is written.
 A request's block names version, block size and file length; a cached block is served under
 that name, but a miss is fetched only when the namespace agrees (see worker/geometry.py).
 """
@@ -22,11 +29,15 @@ that name, but a miss is fetched only when the namespace agrees (see worker/geom
 from __future__ import annotations
 
 import json
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
-from strata.contract.errors import StrataError
+from crc32c import crc32c
+
+from strata.contract.errors import DataLoss, InvalidArgument, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
+from .cache.metadata import CHUNK_SIZE, compute_checksums, first_bad_chunk
 
 # A request line longer than this is refused (a block request is a few hundred bytes).
 MAX_REQUEST_BYTES = 64 * 1024
@@ -70,3 +81,56 @@ def check_reply(line: bytes) -> dict[str, Any]:
         cls = _ERRORS_BY_CODE.get(reply.get("code", ""), StrataError)
         raise cls(reply.get("message", "block request refused"))
     return reply  # type: ignore[no-any-return]
+
+
+# -- checksums of bytes in transit ------------------------------------------------------------
+
+def piece_checksums(data: bytes | memoryview) -> tuple[int, ...]:
+    """CRC-32C of each CHUNK_SIZE piece of bytes about to be sent."""
+    return compute_checksums(data, CHUNK_SIZE)
+
+
+class DamagedInTransit(Unavailable):
+    """Bytes from a worker failed their CRC-32C check on the way: they are never returned;
+    the reader asks again (over another transport, or another worker)."""
+
+
+def check_pieces(data: bytes | memoryview | mmap.mmap, checksums: Sequence[int], chunk_size: int, what: str) -> None:
+    """DamagedInTransit unless every `chunk_size` piece of received `data` has its CRC-32C
+    in `checksums`; `what` names the transfer in the message."""
+    if not len(data) and not checksums:
+        return
+    pieces = -(-len(data) // chunk_size) if chunk_size > 0 else -1
+    if pieces != len(checksums):
+        raise DamagedInTransit(f"{what}: {len(checksums)} checksums came with {len(data)} bytes "
+                               f"(pieces of {chunk_size}); the bytes are not used")
+    bad = first_bad_chunk(data, 0, checksums, chunk_size)
+    if bad is not None:
+        raise DamagedInTransit(f"{what}: bytes {bad * chunk_size}-{min((bad + 1) * chunk_size, len(data)) - 1} "
+                               "failed their CRC-32C check in transit; the bytes are not used")
+
+
+def joined_block(chunks: Sequence[pb.ReadBlockChunk], what: str) -> bytes:
+    """The bytes of a ReadBlock answer, checked against the checksums its first message
+    carries (DamagedInTransit otherwise)."""
+    if not chunks:
+        raise DamagedInTransit(f"{what}: the answer had no message")
+    data = chunks[0].data if len(chunks) == 1 else b"".join(c.data for c in chunks)
+    check_pieces(data, chunks[0].checksums, chunks[0].checksum_chunk_size, what)
+    return data
+
+
+def write_chunk(data: bytes, **first: Any) -> pb.WriteFileChunk:
+    """One message of a WriteFile or AppendFile stream, with its bytes' CRC-32C (`first`:
+    the fields only the first message has)."""
+    return pb.WriteFileChunk(data=data, crc32c=crc32c(data), **first)
+
+
+def check_write_chunk(chunk: pb.WriteFileChunk, index: int, call: str) -> None:
+    """InvalidArgument for a message without its CRC-32C, DataLoss for one whose bytes do not
+    match it (message `index` of a `call` stream)."""
+    if not chunk.HasField("crc32c"):
+        raise InvalidArgument(f"{call}: message {index} carries no crc32c of its bytes; nothing was written")
+    if crc32c(chunk.data) != chunk.crc32c:
+        raise DataLoss(f"{call}: the {len(chunk.data)} bytes of message {index} failed their CRC-32C check "
+                       "in transit; nothing was written")

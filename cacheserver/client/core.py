@@ -45,6 +45,7 @@ from strata.contract.rpc import error_of, sync_channel
 from .. import rpcutil
 from ..auth import load_token
 from ..blockrefs import key_of
+from ..blockwire import DamagedInTransit, joined_block, write_chunk
 from ..placement import rank_workers
 from . import localstate
 from .settings import ClientSettings
@@ -458,16 +459,20 @@ class StrataClient:
     def _read_grpc(self, worker: pb.WorkerInfo, request: pb.ReadBlockRequest) -> bytes:
         timeout = self.settings.block_timeout
         started = time.monotonic()
+        ref = request.block
+        what = f"block {ref.index} of {ref.path} from worker {worker.worker_id}"
         try:
-            chunks = [c.data for c in self.worker_stub(worker).ReadBlock(request, timeout=timeout)]
+            chunks = list(self.worker_stub(worker).ReadBlock(request, timeout=timeout))
         except grpc.RpcError as exc:
-            ref = request.block
-            what = f"reading block {ref.index} of {ref.path} from worker {worker.worker_id}"
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - started >= timeout:
                 # Our own deadline (the worker's store errors come sooner): skip the worker.
-                raise WorkerStalled(f"{what}: no answer within {timeout:g}s (STRATA_CLIENT_BLOCK_TIMEOUT)") from exc
-            raise error_of(exc, what) from exc
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                raise WorkerStalled(f"reading {what}: no answer within {timeout:g}s (STRATA_CLIENT_BLOCK_TIMEOUT)") from exc
+            raise error_of(exc, f"reading {what}") from exc
+        try:
+            return joined_block(chunks, what)
+        except DamagedInTransit as exc:
+            log.warning("%s", exc)
+            raise
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -490,12 +495,12 @@ class StrataClient:
                 for i in range(0, max(len(data), 1) if first else len(data), constants.STREAM_CHUNK_SIZE):
                     piece = data[i:i + constants.STREAM_CHUNK_SIZE]
                     if first:
-                        yield pb.WriteFileChunk(path=path, write_type=write_type, overwrite=overwrite, data=piece)
+                        yield write_chunk(piece, path=path, write_type=write_type, overwrite=overwrite)
                         first = False
                     else:
-                        yield pb.WriteFileChunk(data=piece)
+                        yield write_chunk(piece)
             if first:
-                yield pb.WriteFileChunk(path=path, write_type=write_type, overwrite=overwrite)
+                yield write_chunk(b"", path=path, write_type=write_type, overwrite=overwrite)
 
         stub = self.worker_stub(worker)
         call = stub.AppendFile if append else stub.WriteFile

@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 
 from strata.contract.errors import DataLoss, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
-from ..blockwire import check_reply, request_line
+from ..blockwire import DamagedInTransit, check_pieces, check_reply, request_line
 from ..cache.metadata import chunk_span, first_bad_chunk
 
 log = logging.getLogger(__name__)
@@ -257,6 +257,13 @@ class DataReader(_BlockSocketClient):
             raise Unavailable(f"reading block {ref.index} of {ref.path} from {self.where}: {exc}") from exc
         finally:
             view.release()
+        try:
+            check_pieces(out, reply.get("checksums", ()),
+                         int(reply.get("chunk_size", 0)), f"block {ref.index} of {ref.path} from {self.where}")
+        except DamagedInTransit as exc:
+            self._drop()
+            log.warning("%s", exc)
+            raise
         return out
 
 

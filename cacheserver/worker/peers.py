@@ -16,6 +16,7 @@ from strata.contract.rpc import aio_channel
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
+from ..blockwire import DamagedInTransit, joined_block
 from .masterlink import MasterLink
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,16 @@ class Peers:
         for worker_id in [h for h in holders if h in self._workers and h != self.worker_id]:
             request = pb.ReadBlockRequest(block=ref, length=length)
             try:
-                chunks = [c.data async for c in self.stub(self._workers[worker_id]).ReadBlock(
+                chunks = [c async for c in self.stub(self._workers[worker_id]).ReadBlock(
                     request, timeout=PEER_READ_TIMEOUT)]
+                data = joined_block(chunks, f"block {ref.index} of {ref.path} from worker {worker_id}")
             except grpc.RpcError as exc:
                 errors.append(f"{worker_id}: {exc.details() if hasattr(exc, 'details') else exc}")
                 continue
-            data = b"".join(chunks)
+            except DamagedInTransit as exc:
+                log.warning("%s", exc)
+                errors.append(str(exc))
+                continue
             if len(data) == length:
                 return data
             errors.append(f"{worker_id}: sent {len(data)} of {length} bytes")

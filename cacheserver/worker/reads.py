@@ -22,6 +22,8 @@ from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
+from ..blockwire import piece_checksums
+from ..cache.metadata import CHUNK_SIZE
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..namespace.metadata import is_upload_path
 from ..ufs import VersionChanged
@@ -54,8 +56,8 @@ class Counters:
 @dataclass
 class BlockSource:
     """What a read is served from: an open block file (`fd`, bytes [offset, offset+length)
-    of it; the owner closes it; `checksums` of its `chunk_size` chunks) or bytes in memory
-    (`data`)."""
+    of it; the owner closes it; `checksums` of its `chunk_size` chunks, `block_length` its
+    size) or bytes in memory (`data`)."""
 
     hit: bool
     length: int
@@ -64,6 +66,21 @@ class BlockSource:
     data: bytes = b""
     checksums: tuple[int, ...] = ()
     chunk_size: int = 0
+    block_length: int = 0
+
+    def sent_checksums(self) -> tuple[int, ...]:
+        """CRC-32C of each CHUNK_SIZE piece of the bytes this source serves, for the reader
+        to check (`blockwire`). A range that starts on a chunk of the block file and ends on
+        one (or at the block's end) has the file's own checksums, verified when it was
+        opened, so the check spans disk to reader; any other range's are computed from its
+        bytes."""
+        if self.fd < 0:
+            return piece_checksums(self.data)
+        start, end = self.offset, self.offset + self.length
+        if (self.chunk_size == CHUNK_SIZE and start % CHUNK_SIZE == 0
+                and (end % CHUNK_SIZE == 0 or end == self.block_length)):
+            return self.checksums[start // CHUNK_SIZE : -(-end // CHUNK_SIZE)]
+        return piece_checksums(os.pread(self.fd, self.length, self.offset))
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -237,7 +254,7 @@ class BlockReads:
                     raise
                 continue
             return BlockSource(hit=hit, length=block.length, fd=fd, checksums=block.checksums,
-                               chunk_size=block.chunk_size)
+                               chunk_size=block.chunk_size, block_length=block.length)
         raise AssertionError("unreachable")
 
     async def read_source(self, ref: pb.BlockRef, read_type: int, *, offset: int, length: int,

@@ -11,6 +11,7 @@ from strata.contract import constants
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
+from ..cache.metadata import CHUNK_SIZE
 from .reads import BlockReads
 from .retention import Retention
 from .writes import Writes
@@ -30,8 +31,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         data = source.data
         view = memoryview(data)
         step = constants.STREAM_CHUNK_SIZE
-        for i in range(0, max(len(data), 1), step):
-            yield pb.ReadBlockChunk(data=bytes(view[i:i + step]), cache_hit=source.hit and i == 0)
+        yield pb.ReadBlockChunk(data=bytes(view[:step]), cache_hit=source.hit, checksums=source.sent_checksums(),
+                                checksum_chunk_size=CHUNK_SIZE)
+        for i in range(step, len(data), step):
+            yield pb.ReadBlockChunk(data=bytes(view[i:i + step]))
 
     @rpcutil.unary
     async def CacheBlocks(self, request: pb.CacheBlocksRequest, context: grpc.aio.ServicerContext) -> pb.CacheBlocksResponse:

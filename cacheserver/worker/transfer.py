@@ -27,6 +27,7 @@ from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..auth import BLOCK_SOCKET, Credentials, check_access
 from ..blockwire import MAX_REQUEST_BYTES, error_reply, ok_reply, parse_request, reply_line
+from ..cache.metadata import CHUNK_SIZE
 from .reads import BlockReads, BlockSource
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,8 @@ class DataServer(BlockSocketServer):
         return source
 
     def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
-        self._send_reply(conn, ok_reply(source.length, source.hit))
+        self._send_reply(conn, ok_reply(source.length, source.hit, checksums=source.sent_checksums(),
+                                        chunk_size=CHUNK_SIZE))
         if source.fd < 0:
             conn.sendall(source.data)
             return

@@ -21,6 +21,7 @@ from strata.contract.config import ServerConfig
 from strata.contract.errors import InvalidArgument, NotFound, StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
+from ..blockwire import check_write_chunk
 from ..cache.store import BlockStore
 from ..namespace.paths import normalize
 from ..ufs import UfsStatus
@@ -67,7 +68,10 @@ class Writes:
         length = 0
         try:
             with staged.open("wb") as out:
+                index = 0
                 async for chunk in chunks:
+                    check_write_chunk(chunk, index, "WriteFile")
+                    index += 1
                     if first is None:
                         first = chunk
                     out.write(chunk.data)
@@ -91,7 +95,10 @@ class Writes:
             first: pb.WriteFileChunk | None = None
             length = 0
             with staged.open("wb") as out:
+                index = 0
                 async for chunk in chunks:
+                    check_write_chunk(chunk, index, "AppendFile")
+                    index += 1
                     if first is None:
                         first = chunk
                         path = normalize(chunk.path)

@@ -4,11 +4,13 @@ worker), with the same answers, errors and integrity checks as over gRPC."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 from typing import Any
 
+import flaky
 import pytest
 
 from strata.cacheserver.blockwire import request_line
@@ -67,6 +69,35 @@ def test_a_reader_that_cannot_reach_the_data_port_reads_over_grpc(cluster: Clust
     got = b"".join(bytes(client.read_block(client.block_ref(info, i))) for i in range(2))
     assert got == data
     assert cluster.total_metric("strata_worker_data_port_reads") == 0
+
+
+def test_bytes_damaged_between_worker_and_reader_are_read_again_never_returned(
+        start_cluster: Any, bucket: str, caplog: pytest.LogCaptureFixture) -> None:
+    cluster = start_cluster(workers=1)
+    data = payload(2 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "d.bin", data)
+    cluster.mount_bucket("/dm", bucket)
+    client = cluster.fs(host="elsewhere").client
+    # A link that changes one bit of the first answer on the worker's data port, in the
+    # middle of the block's bytes.
+    [worker] = client.workers()
+    proxy = flaky.FlakyProxy(f"127.0.0.1:{worker.data_port}", failures=0, flip_at=BLOCK_SIZE // 2)
+    try:
+        worker.data_port = proxy.port
+        client._workers.at = float("inf")  # type: ignore[union-attr]  # keep this list
+        info = client.stat("/dm/d.bin")
+        with caplog.at_level(logging.WARNING, logger="strata.cacheserver.client"):
+            assert bytes(client.read_block(client.block_ref(info, 0))) == data[:BLOCK_SIZE]
+            assert proxy.flipped
+            assert caplog.text.count("failed their CRC-32C check in transit; the bytes are not used") == 1
+            caplog.clear()
+            # The block came over gRPC; the next reads take the data port again.
+            before = cluster.total_metric("strata_worker_data_port_reads")
+            assert b"".join(bytes(client.read_block(client.block_ref(info, i))) for i in range(2)) == data
+            assert cluster.total_metric("strata_worker_data_port_reads") == before + 2
+            assert caplog.text == ""
+    finally:
+        proxy.stop()
 
 
 def test_bad_requests_get_named_errors_and_the_port_keeps_serving(cluster: Cluster, bucket: str) -> None:

@@ -7,13 +7,16 @@
 
 Each of the first `failures` connections reads one request and gets `reply` (e.g. an S3
 503 SlowDown), or is closed at once when `reply` is None (a dropped connection); later
-connections are piped to `upstream` unchanged.
+connections are piped to `upstream` unchanged, except that with `flip_at` the first one
+piped has one bit of byte `flip_at` of what `upstream` sends changed on its way (a link that
+damages bytes: `proxy.flipped` says when it has).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 
 _SLOW_DOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>'
@@ -26,8 +29,11 @@ SLOW_DOWN = (
 
 
 class FlakyProxy:
-    def __init__(self, upstream: str, *, failures: int, reply: bytes | None = SLOW_DOWN) -> None:
+    def __init__(self, upstream: str, *, failures: int, reply: bytes | None = SLOW_DOWN,
+                 flip_at: int | None = None) -> None:
         host, port = upstream.rsplit(":", 1)
+        self._flip_at = flip_at
+        self.flipped = False
         self._upstream = (host, int(port))
         self._reply = reply
         self._lock = threading.Lock()
@@ -78,9 +84,11 @@ class FlakyProxy:
 
     def _forward(self, conn: socket.socket) -> None:
         upstream = socket.create_connection(self._upstream, timeout=30)
+        with self._lock:
+            flip_at, self._flip_at = self._flip_at, None
         pipes = [
             threading.Thread(target=_pipe, args=(conn, upstream), daemon=True),
-            threading.Thread(target=_pipe, args=(upstream, conn), daemon=True),
+            threading.Thread(target=_pipe, args=(upstream, conn, flip_at, self._mark_flipped), daemon=True),
         ]
         for pipe in pipes:
             pipe.start()
@@ -89,18 +97,29 @@ class FlakyProxy:
         conn.close()
         upstream.close()
 
+    def _mark_flipped(self) -> None:
+        self.flipped = True
+
     def stop(self) -> None:
         self._stopping.set()
         self._listener.close()
         self._accepting.join(timeout=5)
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, flip_at: int | None = None,
+          flipped: Callable[[], None] = lambda: None) -> None:
+    passed = 0
     try:
         while True:
             chunk = src.recv(65536)
             if not chunk:
                 break
+            if flip_at is not None and passed <= flip_at < passed + len(chunk):
+                damaged = bytearray(chunk)
+                damaged[flip_at - passed] ^= 0x04
+                chunk = bytes(damaged)
+                flipped()
+            passed += len(chunk)
             dst.sendall(chunk)
     except OSError:
         pass

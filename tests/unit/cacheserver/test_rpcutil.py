@@ -11,6 +11,7 @@ import pytest
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import Credentials
+from strata.cacheserver.blockwire import write_chunk
 from strata.contract import rpc
 from strata.contract.errors import FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
@@ -74,8 +75,8 @@ async def test_an_asyncio_channel_carries_the_token_on_streaming_calls_too() -> 
     await server.start()
 
     async def two_chunks() -> AsyncIterator[pb.WriteFileChunk]:
-        yield pb.WriteFileChunk(path="/m/f", data=b"ab")
-        yield pb.WriteFileChunk(data=b"c")
+        yield write_chunk(b"ab", path="/m/f")
+        yield write_chunk(b"c")
 
     try:
         async with rpc.aio_channel(f"127.0.0.1:{port}", credentials.internal) as channel:

@@ -3,7 +3,10 @@ and then says nothing (stopped, hung) is given up on. The worker here is a real 
 socket that never answers, as a SIGSTOPped worker's kernel does.
 
 The data port's receive buffers are used again, but never while anything can still read
-them: the worker here is a real socket that answers every request with bytes of its own."""
+them: the worker here is a real socket that answers every request with bytes of its own.
+
+Bytes whose checksums do not match are never returned: a worker here sends bytes damaged on
+the way (checksums of other bytes), or none at all."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from contextlib import contextmanager
 import pyarrow as pa
 import pytest
 
+from strata.cacheserver.blockwire import DamagedInTransit, ok_reply, piece_checksums, reply_line
+from strata.cacheserver.cache.metadata import CHUNK_SIZE
 from strata.cacheserver.client.transfer import BufferPool, DataReader, Patience, WorkerStalled
 from strata.contract.proto import strata_pb2 as pb
 
@@ -99,8 +104,9 @@ def counting_worker() -> Iterator[int]:
             for line in lines:
                 served[0] += 1
                 length = json.loads(line)["length"]
-                conn.sendall(json.dumps({"ok": True, "length": length, "hit": True}).encode() + b"\n")
-                conn.sendall(bytes([served[0]]) * length)
+                body = bytes([served[0]]) * length
+                conn.sendall(reply_line(ok_reply(length, True, checksums=piece_checksums(body), chunk_size=CHUNK_SIZE)))
+                conn.sendall(body)
 
     with listening(lambda conn: threading.Thread(target=serve, args=(conn,), daemon=True).start()) as port:
         yield port
@@ -153,3 +159,31 @@ def test_the_pool_keeps_a_bounded_number_of_buffers(counting_worker: int) -> Non
         assert sorted(len(m) for m in pool._maps) == [1024, 2048] and any(m is other for m in pool._maps)
         pool.clear()  # the client closes: the free map goes, the one in use stays its holder's
         assert pool._maps == [] and bytes(other) == b"\x06" * 2048
+
+
+@contextmanager
+def worker_sending(replies: list[tuple[dict[str, object], bytes]]) -> Iterator[int]:
+    """A port that answers the n-th block request with the n-th reply and body."""
+    def serve(conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            for _ in lines:
+                reply, body = replies.pop(0)
+                conn.sendall(reply_line(reply) + body)
+
+    with listening(lambda conn: threading.Thread(target=serve, args=(conn,), daemon=True).start()) as port:
+        yield port
+
+
+def test_bytes_damaged_on_the_way_are_never_returned() -> None:
+    sent = bytes(range(256)) * (3 * CHUNK_SIZE // 256 + 1)  # three chunks and a piece
+    damaged = bytearray(sent)
+    damaged[CHUNK_SIZE + 7] ^= 0x10  # one bit, in the second chunk
+    good = ok_reply(len(sent), True, checksums=piece_checksums(sent), chunk_size=CHUNK_SIZE)
+    unchecked = ok_reply(len(sent), True)  # a worker that sends no checksums
+    with worker_sending([(good, bytes(damaged)), (unchecked, sent), (good, sent)]) as port, \
+            pooled_reader(port, BufferPool(count=2, min_size=1)) as data:
+        with pytest.raises(DamagedInTransit, match=rf"bytes {CHUNK_SIZE}-{2 * CHUNK_SIZE - 1} failed their CRC-32C"):
+            data.read(REF, 0, len(sent))
+        with pytest.raises(DamagedInTransit, match=r"0 checksums came with"):
+            data.read(REF, 0, len(sent))
+        assert bytes(data.read(REF, 0, len(sent))) == sent  # a new connection after each refusal

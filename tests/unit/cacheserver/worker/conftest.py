@@ -15,6 +15,7 @@ import pytest
 import s3server
 
 from strata.cacheserver.auth import Credentials
+from strata.cacheserver.blockwire import write_chunk
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.cacheserver.worker.membership import Endpoints, WorkerIdentity
 from strata.cacheserver.worker.server import WorkerParts, build_parts
@@ -114,10 +115,9 @@ def ref_for(info: pb.FileInfo, index: int) -> pb.BlockRef:
 async def chunks(path: str, data: bytes, *, write_type: int = 0, overwrite: bool = False,
                  piece: int = 3000) -> AsyncIterator[pb.WriteFileChunk]:
     """A write's stream as a client sends it: the first message names the file."""
-    yield pb.WriteFileChunk(path=path, write_type=write_type, overwrite=overwrite,  # type: ignore[arg-type]
-                            data=data[:piece])
+    yield write_chunk(data[:piece], path=path, write_type=write_type, overwrite=overwrite)
     for i in range(piece, len(data), piece):
-        yield pb.WriteFileChunk(data=data[i:i + piece])
+        yield write_chunk(data[i:i + piece])
 
 
 def unique(prefix: str = "f") -> str:

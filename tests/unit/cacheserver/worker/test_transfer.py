@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from strata.cacheserver.blockwire import request_line
-from strata.cacheserver.worker.reads import BlockReads
+from strata.cacheserver.blockwire import piece_checksums, request_line
+from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.worker.reads import BlockReads, BlockSource
 from strata.cacheserver.worker.transfer import DataServer, ShortCircuitServer
 from strata.contract.config import DataPortSettings
 from strata.contract.proto import strata_pb2 as pb
@@ -69,8 +70,10 @@ async def test_the_data_port_sends_the_asked_range_and_counts_it(reads: tuple[Bl
         reply, body, _ = await exchange(socket.AF_INET, address, request_line(
             CREDENTIALS.data, ref_for(info, 1), 0, offset=100, length=500))
         assert (reply["ok"], reply["length"], reply["hit"], body) == (True, 500, False, DATA[BLOCK + 100:BLOCK + 600])
+        assert (reply["checksums"], reply["chunk_size"]) == (list(piece_checksums(body)), CHUNK_SIZE)
         reply, body, _ = await exchange(socket.AF_INET, address, request_line(CREDENTIALS.data, ref_for(info, 0), 0))
         assert reply["hit"] is False and body == DATA[:BLOCK]
+        assert reply["checksums"] == list(piece_checksums(body))
         assert block_reads.counters.data_port_reads == 2
         # Errors travel as their gRPC status names, the token is checked first.
         reply, _, _ = await exchange(socket.AF_INET, address, request_line("wrong", ref_for(info, 0), 0))
@@ -102,3 +105,26 @@ async def test_the_short_circuit_socket_hands_out_the_block_file_with_its_checks
     finally:
         server.stop()
     assert not server.socket_path.exists()
+
+
+def test_a_range_on_the_block_files_chunks_carries_the_files_own_checksums(tmp_path: Path) -> None:
+    # Those were made when the block was cached: bytes that changed on disk since fail at the
+    # reader. Any other range's are made from the bytes sent.
+    written = os.urandom(3 * CHUNK_SIZE + 100)
+    on_disk = bytearray(written)
+    on_disk[CHUNK_SIZE + 1] ^= 1
+    path = tmp_path / "block"
+    path.write_bytes(on_disk)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def sent(offset: int, length: int) -> tuple[int, ...]:
+            return BlockSource(hit=True, length=length, fd=fd, offset=offset, checksums=compute_checksums(written),
+                               chunk_size=CHUNK_SIZE, block_length=len(written)).sent_checksums()
+
+        assert sent(CHUNK_SIZE, len(written) - CHUNK_SIZE) == compute_checksums(written[CHUNK_SIZE:])
+        assert sent(0, 2 * CHUNK_SIZE) == compute_checksums(written[:2 * CHUNK_SIZE])
+        assert sent(1, 2 * CHUNK_SIZE) == piece_checksums(on_disk[1:2 * CHUNK_SIZE + 1])
+        assert sent(0, CHUNK_SIZE + 5) == piece_checksums(on_disk[:CHUNK_SIZE + 5])
+    finally:
+        os.close(fd)
+    assert BlockSource(hit=False, length=3, data=b"abc").sent_checksums() == piece_checksums(b"abc")

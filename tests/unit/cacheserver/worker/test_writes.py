@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from strata.cacheserver.worker.server import WorkerParts
-from strata.contract.errors import AlreadyExists, InvalidArgument, PermissionDenied
+from strata.contract.errors import AlreadyExists, DataLoss, InvalidArgument, PermissionDenied
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, Cluster, chunks, eventually
@@ -114,6 +114,28 @@ async def test_an_empty_stream_is_refused_with_a_clear_error(cluster: Cluster) -
     with pytest.raises(InvalidArgument, match="first message must name the path"):
         await parts.writes.write_file(nothing())
     assert staged(parts) == []
+
+
+async def test_bytes_damaged_on_the_way_are_refused_and_nothing_is_written(cluster: Cluster) -> None:
+    await cluster.mount()
+    cluster.put("m/kept", DATA)
+    parts = await cluster.worker()
+
+    async def damaged(path: str, *, unchecked: bool = False):  # type: ignore[no-untyped-def]
+        async for chunk in chunks(path, DATA):
+            if chunk.path == "" and not unchecked:
+                chunk.data = chunk.data[:-1] + bytes([chunk.data[-1] ^ 1])  # after its CRC was taken
+            if unchecked:
+                chunk.ClearField("crc32c")
+            yield chunk
+
+    with pytest.raises(DataLoss, match=r"WriteFile: the 3000 bytes of message 1 failed their CRC-32C check"):
+        await parts.writes.write_file(damaged("/m/new"))
+    with pytest.raises(DataLoss, match=r"AppendFile: .* failed their CRC-32C check in transit; nothing was written"):
+        await parts.writes.append_file(damaged("/m/kept"))
+    with pytest.raises(InvalidArgument, match=r"message 0 carries no crc32c"):
+        await parts.writes.write_file(damaged("/m/kept", unchecked=True))
+    assert in_store(cluster, "m/new") is None and cluster.get("m/kept") == DATA and staged(parts) == []
 
 
 async def test_append_adds_to_the_stored_file_or_makes_a_new_one(cluster: Cluster) -> None:
