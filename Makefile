@@ -35,21 +35,24 @@ deps-system:
 # Everything: unit, integration (real processes) and end-to-end (a real Kubernetes control
 # plane and kubelets built from Go modules into ~/.cache/strata/e2e-bin on first use). Two
 # pytest runs side by side (scripts/run-suites.py, standard library only, so it starts before
-# the venv exists): one makes the venv, lints and builds helm and csi-sanity, then runs unit +
-# integration; the other
-# builds what the e2e cluster needs meanwhile (at the lowest CPU priority, so a cold compile
-# does not slow the timing-bound tests), then runs the e2e suite once the venv is there.
+# the venv exists): one makes the venv, then lints and builds helm and csi-sanity, then runs
+# unit + integration; the other builds what the e2e cluster needs meanwhile (at the lowest CPU
+# priority, so a cold compile does not slow the timing-bound tests), then runs the e2e suite
+# once the venv is there (it does not wait for the lint).
 # (No --output-sync for that make: it would hold a build's lines until the build ends; the
 # build scripts print whole lines, so their lines interleave readably.)
 test: deps-system
 	python3 -P scripts/run-suites.py \
-	  --suite unit+integration --prepare '$(MAKE) --no-print-directory -j2 lint test-tools' --python $(PY) \
+	  --suite unit+integration --prepare '$(MAKE) --no-print-directory venv' \
+	    --prepare '$(MAKE) --no-print-directory -j2 lint test-tools' --python $(PY) \
 	  -- --durations=20 tests/unit tests/integration \
 	  --suite e2e --prepare '$(MAKE) --no-print-directory -j2 e2e-images' --nice 19 \
 	  --after unit+integration --python $(PY) -- --durations=20 tests/e2e
 
 # mypy --strict over the package, and the import contracts (layers) in pyproject.toml.
-lint: venv protos
+# (The stubs are the venv's, made again when the .proto changes: `make test` runs this while
+# the e2e suite already imports them, so it must not rewrite them.)
+lint: venv
 	PYTHON=$(abspath $(PY)) scripts/typecheck.sh
 	cd /tmp && $(abspath $(VENV))/bin/lint-imports --config $(abspath pyproject.toml)
 

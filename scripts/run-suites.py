@@ -1,18 +1,19 @@
 """Run test suites side by side: each its own pytest process, every output line tagged with
 the suite's name, and one closing line for all of them.
 
-    run-suites.py --suite NAME [--prepare CMD] [--nice N] [--python PATH] [--after NAME]
+    run-suites.py --suite NAME [--prepare CMD]... [--nice N] [--python PATH] [--after NAME]
                   -- PYTEST_ARGS... [--suite ...]
 
 The end-to-end suite spends most of its time waiting for pods, the integration suite for
 servers on loopback: run one after the other on this project's 2-core machine they take
-twice the wall time they need. A suite's `--prepare` command (e.g. building the e2e cluster's
-binaries and images) runs first, inside that suite's slot, so the other suites start at once;
-`--nice` lowers that command's CPU priority (a compile yields to timing-bound tests).
-`--python` is the interpreter that runs pytest (default: this one), which a prepare step may
-make first: this script needs only the standard library, so it can start before the venv.
-`--after NAME`: this suite's pytest starts only once suite NAME's prepare step succeeded (the
-one that makes the venv both run in); its own prepare step does not wait.
+twice the wall time they need. A suite's `--prepare` commands (e.g. building the e2e cluster's
+binaries and images) run first, one after the other, inside that suite's slot, so the other
+suites start at once; `--nice` lowers their CPU priority (a compile yields to timing-bound
+tests). `--python` is the interpreter that runs pytest (default: this one), which a prepare
+step may make first: this script needs only the standard library, so it can start before the
+venv. `--after NAME`: this suite's pytest starts only once suite NAME's first prepare step
+succeeded (the one that makes the venv both run in: NAME's later steps, such as its lint, are
+not waited for); its own prepare steps do not wait.
 
 Exits 0 only when every prepare command and every pytest run exited 0. The last line is the
 sum over the suites, `N passed, N failed, N skipped`, from each run's JUnit XML. Ctrl-C or
@@ -48,7 +49,7 @@ def say(tag: str, line: str) -> None:
 class Suite:
     name: str
     pytest_args: list[str]
-    prepare: str = ""
+    prepare: list[str] = field(default_factory=list)
     nice: int = 0
     python: str = sys.executable
     after: str = ""
@@ -57,7 +58,7 @@ class Suite:
     failed_step: str = ""
     seconds: float = 0.0
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    # Set once the prepare step ended (or there is none); `ready` says whether it succeeded.
+    # Set once the first prepare step ended (or there is none); `ready` says whether it succeeded.
     prepared: threading.Event = field(default_factory=threading.Event, repr=False)
     ready: bool = False
 
@@ -93,7 +94,7 @@ def parse(argv: list[str]) -> list[Suite]:
         cut = group.index("--")
         options = argparse.ArgumentParser(prog="run-suites.py --suite")
         options.add_argument("name")
-        options.add_argument("--prepare", default="")
+        options.add_argument("--prepare", action="append", default=[])
         options.add_argument("--nice", type=int, default=0)
         options.add_argument("--python", default=sys.executable)
         options.add_argument("--after", default="")
@@ -132,12 +133,15 @@ def _run(suite: Suite, argv: list[str], nice: int, stopping: threading.Event) ->
 def run_suite(suite: Suite, before: Suite | None, stopping: threading.Event) -> None:
     started = time.monotonic()
     try:
-        if suite.prepare:
-            say(suite.name, f"preparing: {suite.prepare}" + (f" (nice {suite.nice})" if suite.nice else ""))
-            code = _run(suite, ["bash", "-c", suite.prepare], suite.nice, stopping)
+        for i, step in enumerate(suite.prepare):
+            say(suite.name, f"preparing: {step}" + (f" (nice {suite.nice})" if suite.nice else ""))
+            code = _run(suite, ["bash", "-c", step], suite.nice, stopping)
             if code != 0:
-                suite.returncode, suite.failed_step = code, f"prepare ({suite.prepare})"
+                suite.returncode, suite.failed_step = code, f"prepare ({step})"
                 return
+            if i == 0:
+                suite.ready = True
+                suite.prepared.set()
         suite.ready = True
         suite.prepared.set()
         if before is not None:

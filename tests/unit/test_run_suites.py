@@ -103,6 +103,20 @@ def test_a_suite_after_another_waits_for_its_prepare_step_only(tmp_path: Path) -
     assert proc.stdout.splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
 
 
+def test_a_suite_after_another_waits_for_its_first_prepare_step_only(tmp_path: Path) -> None:
+    # The first step makes the venv; the second (lint, say) is still running when the other
+    # suite's pytest starts: it ends only once that pytest has run.
+    venv, started = tmp_path / "venv-made", tmp_path / "second-started"
+    first = _suite_dir(tmp_path, "first", "def test_ok():\n    pass\n")
+    second = _suite_dir(tmp_path, "second", f"import os\ndef test_after():\n    assert os.path.exists({str(venv)!r})\n"
+                                            f"    open({str(started)!r}, 'w').close()\n")
+    lint = f"for i in $(seq 300); do test -e {started} && exit 0; sleep 0.1; done; exit 5"
+    proc = _run("--suite", "first", "--prepare", f"touch {venv}", "--prepare", lint, "--", *_pytest_args(first),
+                "--suite", "second", "--after", "first", "--", *_pytest_args(second))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
+
+
 def test_a_suite_after_a_failed_prepare_step_is_not_run(tmp_path: Path) -> None:
     first = _suite_dir(tmp_path, "first", "def test_ok():\n    pass\n")
     second = _suite_dir(tmp_path, "second", "def test_never():\n    pass\n")
