@@ -53,6 +53,13 @@ class Counters:
     short_circuit_rechecks: int = 0
 
 
+def on_chunks(offset: int, length: int, block_length: int) -> bool:
+    """Whether [offset, offset+length) of a block starts on one of its CHUNK_SIZE chunks and
+    ends on one (or at the block's end)."""
+    end = offset + length
+    return offset % CHUNK_SIZE == 0 and (end % CHUNK_SIZE == 0 or end == block_length)
+
+
 @dataclass
 class BlockSource:
     """What a read is served from: an open block file (`fd`, bytes [offset, offset+length)
@@ -77,8 +84,7 @@ class BlockSource:
         if self.fd < 0:
             return piece_checksums(self.data)
         start, end = self.offset, self.offset + self.length
-        if (self.chunk_size == CHUNK_SIZE and start % CHUNK_SIZE == 0
-                and (end % CHUNK_SIZE == 0 or end == self.block_length)):
+        if self.chunk_size == CHUNK_SIZE and on_chunks(start, self.length, self.block_length):
             return self.checksums[start // CHUNK_SIZE : -(-end // CHUNK_SIZE)]
         return piece_checksums(os.pread(self.fd, self.length, self.offset))
 
@@ -276,7 +282,15 @@ class BlockReads:
         else:
             try:
                 if as_file:
-                    source = await self.open_block(ref, effective, check=(offset, length))
+                    # A range on the file's chunks goes out with the checksums made when the
+                    # block was cached, and the reader checks them (a block damaged on disk
+                    # fails there, and the reader's next try drops it); any other range is
+                    # checked here, since its checksums are made from the bytes read.
+                    aligned = on_chunks(offset, length, total)
+                    source = await self.open_block(ref, effective, check=None if aligned else (offset, length))
+                    if aligned and source.chunk_size != CHUNK_SIZE:  # cut in other chunks
+                        source.close()
+                        source = await self.open_block(ref, effective, check=(offset, length))
                     source.offset, source.length = offset, length
                 else:
                     data, hit = await self.read_cached(ref, offset, length, promote=effective == pb.CACHE_PROMOTE)

@@ -134,6 +134,31 @@ def test_short_circuit_reads_never_return_damaged_bytes(start_cluster: Any, buck
     assert cluster.worker_metric(0, "strata_worker_ufs_bytes_read") - fetched >= len(data)
 
 
+def test_remote_reads_never_return_bytes_damaged_on_the_workers_disk(
+        start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    # Whole blocks go out with the checksums made when they were cached, and the reader
+    # checks them; a range inside a block is checked by the worker before it is sent.
+    ssd = tmp_path / "ssd"
+    cluster = start_cluster(workers=1, tiers=ssd_tier(ssd))
+    data = payload(3 * BLOCK_SIZE + 5)
+    cluster.s3.put_object(bucket, "dp.bin", data)
+    cluster.mount_bucket("/dp", bucket)
+    remote = cluster.fs(host="elsewhere")  # no worker on this host: the data port
+    assert remote.cat_file("/dp/dp.bin") == data
+    fetched = cluster.worker_metric(0, "strata_worker_ufs_bytes_read")
+
+    flip_middle_bytes(block_files(ssd))
+    assert remote.cat_file("/dp/dp.bin") == data
+    assert cluster.worker_metric(0, "strata_worker_corrupt_blocks") == 4
+    middle = BLOCK_SIZE + BLOCK_SIZE // 2
+    flip_middle_bytes(block_files(ssd))
+    assert remote.cat_file("/dp/dp.bin", middle - 100, middle + 100) == data[middle - 100:middle + 100]
+    assert cluster.worker_metric(0, "strata_worker_corrupt_blocks") == 5
+    # Each damaged block was fetched again, once.
+    assert cluster.worker_metric(0, "strata_worker_ufs_bytes_read") - fetched == len(data) + BLOCK_SIZE
+    assert cluster.worker_metric(0, "strata_worker_short_circuit_reads") == 0
+
+
 # -- item 3: no request puts bytes into the cache ---------------------------------------------
 
 
