@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import random
-import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from test_strata import (  # noqa: F401 - module fixtures used by the tests belo
     RELEASE_NS,
     Obj,
     cache_cluster,
+    chart_args,
     s3,
     strata,
     wait_ready,
@@ -277,10 +277,8 @@ def test_a_readers_volume_survives_plugin_deletion_upgrade_and_server_kill(
         _tag_images(strata, NEXT_TAG)
         old = _plugin_on(strata, node)
         assert old is not None
-        extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", "")) or list(strata.harness.get("helm_args", []))
-
         def upgrade() -> None:
-            strata.run("helm", "upgrade", RELEASE, str(chart_dir), "-n", RELEASE_NS, *extra,
+            strata.run("helm", "upgrade", RELEASE, str(chart_dir), "-n", RELEASE_NS, *chart_args(strata),
                        "--set", f"image.tag={NEXT_TAG}", timeout=120)
 
         def rolled() -> None:
