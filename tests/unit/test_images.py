@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,6 +222,20 @@ def test_build_context_holds_what_the_build_copies() -> None:
                         f"{kind}: COPY {source} is excluded by .dockerignore"
     assert in_context("contract/proto/strata.proto") and in_context("operator/handlers/__init__.py")
     assert in_context("README.md")
+
+
+def test_every_file_of_the_build_context_is_in_the_image_cache_key() -> None:
+    # tests/e2e/images/build.sh names an image's archive by a hash of the files it finds;
+    # a context file outside them would let a change reach the tests in an old image.
+    script = (REPO / "tests" / "e2e" / "images" / "build.sh").read_text()
+    found = re.search(r'context_key="\$\(cd "\$repo" && find (.*?) -type f', script.replace("\\\n", " "), re.S)
+    assert found, "build.sh: the find of the build context's files is not where this test looks"
+    roots = found.group(1).split()
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    missed = [path for path in tracked if in_context(path)
+              and not any(path == root or path.startswith(root + "/") for root in roots)]
+    assert not missed, f"in the build context but not in build.sh's cache key: {missed[:5]}"
+    assert "contract" in roots
 
 
 @pytest.mark.parametrize("path", [

@@ -65,7 +65,7 @@ fi
 
 # -- the Dockerfiles ------------------------------------------------------------------------
 # The build context as .dockerignore lets it through (only these paths), the lock, the base.
-context_key="$(cd "$repo" && find pyproject.toml setup.py README.md cacheserver operator scripts/gen_protos.sh \
+context_key="$(cd "$repo" && find pyproject.toml setup.py README.md contract cacheserver operator scripts/gen_protos.sh \
   -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -name '*_pb2*.py' ! -name '*_pb2*.pyi' | LC_ALL=C sort)"
 pipconf="$out/pip.conf"
 printf '[global]\nconstraint = /etc/strata/requirements.lock\n' >"$pipconf"
