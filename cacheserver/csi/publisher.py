@@ -295,6 +295,11 @@ class Publisher:
                 unmount(target, lazy=True)
             if record is not None:
                 self._stop(record.pid, target)
+                # A successor a restarted plugin started but never recorded (its start timed
+                # out) may serve the mount still: it ends too.
+                successor = self._served_by(target)
+                if successor and successor != record.pid:
+                    self._stop(successor, target)
             try:
                 os.rmdir(target)
             except FileNotFoundError:

@@ -402,7 +402,10 @@ def test_a_kept_volume_unpublished_while_the_plugin_was_down_is_cleaned(
     channel.close()
     assert find_mount(target) is None and not target.exists()
     assert Publisher(cli_plugin.state).records() == []
-    wait_until(lambda: not Path(f"/proc/{kept}").exists(), 30, "the keeper to end")
+    # At once when it sees the unmount; at the latest when its wait for a successor ends
+    # (the resume timeout, 60 s): a loaded machine once took over 30 s here.
+    wait_until(lambda: not Path(f"/proc/{kept}").exists(), keeper.DEFAULT_RESUME_TIMEOUT + 15,
+               f"the keeper (pid {kept}) to end; its record: {keeper.read_json(state / keeper.KEEPER)}")
     assert not state.exists()
 
 
