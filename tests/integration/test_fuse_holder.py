@@ -120,7 +120,9 @@ def test_a_mount_kept_by_the_holder_outlives_the_servers_whole_session(
     fuse.process.send_signal(signal.SIGTERM)
     assert fuse.wait(30) == 0, fuse.output()
     wait_until(lambda: not Path(f"/proc/{keeper}").exists(), 30, "the keeper to end and be reaped")
-    assert f"keeper {keeper} of {fuse.path} ended" in fuse_holder.output()
+    # The holder says so once it has reaped it, a moment after the pid is gone.
+    wait_until(lambda: f"keeper {keeper} of {fuse.path} ended" in fuse_holder.output(), 30,
+               "the holder to log the keeper's end")
 
 
 def test_without_its_holder_strata_fuse_fails_clearly_and_mounts_nothing(
