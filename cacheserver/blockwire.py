@@ -19,7 +19,7 @@ file's chunks, and the reader verifies every chunk it reads; a reader that finds
 sends the request again with `"verify": 1`, and the worker checks the whole block before it
 answers (a damaged copy is dropped and fetched again from the store).
 
-The worker's gRPC calls carry checksums the same way (`piece_checksums`): ReadBlock's first
+The worker's gRPC calls carry checksums the same way: ReadBlock's first
 message has those of the bytes the whole answer carries, and every WriteFile or AppendFile
 message the CRC-32C of its own bytes (`write_chunk`), checked before anything is written.
 A request's block names version, block size and file length; a cached block is served under
@@ -29,6 +29,7 @@ that name, but a miss is fetched only when the namespace agrees (see worker/geom
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +38,9 @@ from crc32c import crc32c
 
 from strata.contract.errors import DataLoss, InvalidArgument, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
-from .cache.metadata import CHUNK_SIZE, compute_checksums, first_bad_chunk
+from .cache.metadata import first_bad_chunk
+
+log = logging.getLogger(__name__)
 
 # A request line longer than this is refused (a block request is a few hundred bytes).
 MAX_REQUEST_BYTES = 64 * 1024
@@ -85,29 +88,28 @@ def check_reply(line: bytes) -> dict[str, Any]:
 
 # -- checksums of bytes in transit ------------------------------------------------------------
 
-def piece_checksums(data: bytes | memoryview) -> tuple[int, ...]:
-    """CRC-32C of each CHUNK_SIZE piece of bytes about to be sent."""
-    return compute_checksums(data, CHUNK_SIZE)
-
-
 class DamagedInTransit(Unavailable):
     """Bytes from a worker failed their CRC-32C check on the way: they are never returned;
     the reader asks again (over another transport, or another worker)."""
 
 
 def check_pieces(data: bytes | memoryview | mmap.mmap, checksums: Sequence[int], chunk_size: int, what: str) -> None:
-    """DamagedInTransit unless every `chunk_size` piece of received `data` has its CRC-32C
-    in `checksums`; `what` names the transfer in the message."""
+    """DamagedInTransit (logged as a warning) unless every `chunk_size` piece of received
+    `data` has its CRC-32C in `checksums`; `what` names the transfer in the message."""
     if not len(data) and not checksums:
         return
     pieces = -(-len(data) // chunk_size) if chunk_size > 0 else -1
     if pieces != len(checksums):
-        raise DamagedInTransit(f"{what}: {len(checksums)} checksums came with {len(data)} bytes "
-                               f"(pieces of {chunk_size}); the bytes are not used")
-    bad = first_bad_chunk(data, 0, checksums, chunk_size)
-    if bad is not None:
-        raise DamagedInTransit(f"{what}: bytes {bad * chunk_size}-{min((bad + 1) * chunk_size, len(data)) - 1} "
-                               "failed their CRC-32C check in transit; the bytes are not used")
+        problem = f"{len(checksums)} checksums came with {len(data)} bytes (pieces of {chunk_size})"
+    else:
+        bad = first_bad_chunk(data, 0, checksums, chunk_size)
+        if bad is None:
+            return
+        problem = (f"bytes {bad * chunk_size}-{min((bad + 1) * chunk_size, len(data)) - 1} "
+                   "failed their CRC-32C check in transit")
+    message = f"{what}: {problem}; the bytes are not used"
+    log.warning("%s", message)
+    raise DamagedInTransit(message)
 
 
 def joined_block(chunks: Sequence[pb.ReadBlockChunk], what: str) -> bytes:

@@ -45,7 +45,7 @@ from strata.contract.rpc import error_of, sync_channel
 from .. import rpcutil
 from ..auth import load_token
 from ..blockrefs import key_of
-from ..blockwire import DamagedInTransit, joined_block, write_chunk
+from ..blockwire import joined_block, write_chunk
 from ..placement import rank_workers
 from . import localstate
 from .settings import ClientSettings
@@ -468,11 +468,7 @@ class StrataClient:
                 # Our own deadline (the worker's store errors come sooner): skip the worker.
                 raise WorkerStalled(f"reading {what}: no answer within {timeout:g}s (STRATA_CLIENT_BLOCK_TIMEOUT)") from exc
             raise error_of(exc, f"reading {what}") from exc
-        try:
-            return joined_block(chunks, what)
-        except DamagedInTransit as exc:
-            log.warning("%s", exc)
-            raise
+        return joined_block(chunks, what)
 
     # -- writes ------------------------------------------------------------------------------
 

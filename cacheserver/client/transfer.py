@@ -260,9 +260,8 @@ class DataReader(_BlockSocketClient):
         try:
             check_pieces(out, reply.get("checksums", ()),
                          int(reply.get("chunk_size", 0)), f"block {ref.index} of {ref.path} from {self.where}")
-        except DamagedInTransit as exc:
+        except DamagedInTransit:
             self._drop()
-            log.warning("%s", exc)
             raise
         return out
 

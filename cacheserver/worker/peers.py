@@ -72,7 +72,6 @@ class Peers:
                 errors.append(f"{worker_id}: {exc.details() if hasattr(exc, 'details') else exc}")
                 continue
             except DamagedInTransit as exc:
-                log.warning("%s", exc)
                 errors.append(str(exc))
                 continue
             if len(data) == length:

@@ -22,8 +22,7 @@ from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
-from ..blockwire import piece_checksums
-from ..cache.metadata import CHUNK_SIZE
+from ..cache.metadata import CHUNK_SIZE, compute_checksums
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..namespace.metadata import is_upload_path
 from ..ufs import VersionChanged
@@ -82,11 +81,11 @@ class BlockSource:
         opened, so the check spans disk to reader; any other range's are computed from its
         bytes."""
         if self.fd < 0:
-            return piece_checksums(self.data)
+            return compute_checksums(self.data)
         start, end = self.offset, self.offset + self.length
         if self.chunk_size == CHUNK_SIZE and on_chunks(start, self.length, self.block_length):
             return self.checksums[start // CHUNK_SIZE : -(-end // CHUNK_SIZE)]
-        return piece_checksums(os.pread(self.fd, self.length, self.offset))
+        return compute_checksums(os.pread(self.fd, self.length, self.offset))
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -44,6 +44,15 @@ def effective_write_type(request_type: pb.WriteType.ValueType, mount: MountView,
     return config.cache_policy.write_type.to_proto()
 
 
+
+async def _checked(chunks: AsyncIterator[pb.WriteFileChunk], call: str) -> AsyncIterator[pb.WriteFileChunk]:
+    """The messages of a `call` stream, each once its bytes match its CRC-32C."""
+    index = 0
+    async for chunk in chunks:
+        check_write_chunk(chunk, index, call)
+        index += 1
+        yield chunk
+
 class Writes:
     """Writes, appends and copies taken by one worker."""
 
@@ -68,10 +77,7 @@ class Writes:
         length = 0
         try:
             with staged.open("wb") as out:
-                index = 0
-                async for chunk in chunks:
-                    check_write_chunk(chunk, index, "WriteFile")
-                    index += 1
+                async for chunk in _checked(chunks, "WriteFile"):
                     if first is None:
                         first = chunk
                     out.write(chunk.data)
@@ -95,10 +101,7 @@ class Writes:
             first: pb.WriteFileChunk | None = None
             length = 0
             with staged.open("wb") as out:
-                index = 0
-                async for chunk in chunks:
-                    check_write_chunk(chunk, index, "AppendFile")
-                    index += 1
+                async for chunk in _checked(chunks, "AppendFile"):
                     if first is None:
                         first = chunk
                         path = normalize(chunk.path)

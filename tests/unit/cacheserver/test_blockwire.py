@@ -11,10 +11,9 @@ from strata.cacheserver.blockwire import (
     check_pieces,
     check_write_chunk,
     joined_block,
-    piece_checksums,
     write_chunk,
 )
-from strata.cacheserver.cache.metadata import CHUNK_SIZE
+from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
 from strata.contract.errors import DataLoss, InvalidArgument, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 
@@ -28,7 +27,7 @@ def answer(data: bytes, checksums: tuple[int, ...], step: int = CHUNK_SIZE // 2)
 
 
 def test_a_readblock_answer_is_joined_once_every_piece_matches() -> None:
-    assert joined_block(answer(DATA, piece_checksums(DATA)), "block 0") == DATA
+    assert joined_block(answer(DATA, compute_checksums(DATA)), "block 0") == DATA
     assert joined_block(answer(b"", ()), "block 0") == b""
 
 
@@ -36,14 +35,14 @@ def test_a_damaged_or_unchecked_answer_is_refused_and_the_reader_may_ask_elsewhe
     damaged = bytearray(DATA)
     damaged[-1] ^= 0x80
     with pytest.raises(DamagedInTransit, match=rf"block 3: bytes {2 * CHUNK_SIZE}-{len(DATA) - 1} failed their CRC-32C"):
-        joined_block(answer(bytes(damaged), piece_checksums(DATA)), "block 3")
+        joined_block(answer(bytes(damaged), compute_checksums(DATA)), "block 3")
     with pytest.raises(DamagedInTransit, match="0 checksums came with"):
         joined_block(answer(DATA, ()), "block 3")
     with pytest.raises(DamagedInTransit, match="had no message"):
         joined_block([], "block 3")
     # One piece short (a truncated answer with the checksums of the whole).
     with pytest.raises(DamagedInTransit, match="3 checksums came with"):
-        check_pieces(DATA[:CHUNK_SIZE], piece_checksums(DATA), CHUNK_SIZE, "block 3")
+        check_pieces(DATA[:CHUNK_SIZE], compute_checksums(DATA), CHUNK_SIZE, "block 3")
     assert issubclass(DamagedInTransit, Unavailable)  # the client fails over on it
 
 

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 import pyarrow as pa
 import pytest
 
-from strata.cacheserver.blockwire import DamagedInTransit, ok_reply, piece_checksums, reply_line
-from strata.cacheserver.cache.metadata import CHUNK_SIZE
+from strata.cacheserver.blockwire import DamagedInTransit, ok_reply, reply_line
+from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
 from strata.cacheserver.client.transfer import BufferPool, DataReader, Patience, WorkerStalled
 from strata.contract.proto import strata_pb2 as pb
 
@@ -105,7 +105,7 @@ def counting_worker() -> Iterator[int]:
                 served[0] += 1
                 length = json.loads(line)["length"]
                 body = bytes([served[0]]) * length
-                conn.sendall(reply_line(ok_reply(length, True, checksums=piece_checksums(body), chunk_size=CHUNK_SIZE)))
+                conn.sendall(reply_line(ok_reply(length, True, checksums=compute_checksums(body), chunk_size=CHUNK_SIZE)))
                 conn.sendall(body)
 
     with listening(lambda conn: threading.Thread(target=serve, args=(conn,), daemon=True).start()) as port:
@@ -178,7 +178,7 @@ def test_bytes_damaged_on_the_way_are_never_returned() -> None:
     sent = bytes(range(256)) * (3 * CHUNK_SIZE // 256 + 1)  # three chunks and a piece
     damaged = bytearray(sent)
     damaged[CHUNK_SIZE + 7] ^= 0x10  # one bit, in the second chunk
-    good = ok_reply(len(sent), True, checksums=piece_checksums(sent), chunk_size=CHUNK_SIZE)
+    good = ok_reply(len(sent), True, checksums=compute_checksums(sent), chunk_size=CHUNK_SIZE)
     unchecked = ok_reply(len(sent), True)  # a worker that sends no checksums
     with worker_sending([(good, bytes(damaged)), (unchecked, sent), (good, sent)]) as port, \
             pooled_reader(port, BufferPool(count=2, min_size=1)) as data:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from strata.cacheserver.blockwire import piece_checksums, request_line
+from strata.cacheserver.blockwire import request_line
 from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
 from strata.cacheserver.worker.reads import BlockReads, BlockSource
 from strata.cacheserver.worker.transfer import DataServer, ShortCircuitServer
@@ -70,10 +70,10 @@ async def test_the_data_port_sends_the_asked_range_and_counts_it(reads: tuple[Bl
         reply, body, _ = await exchange(socket.AF_INET, address, request_line(
             CREDENTIALS.data, ref_for(info, 1), 0, offset=100, length=500))
         assert (reply["ok"], reply["length"], reply["hit"], body) == (True, 500, False, DATA[BLOCK + 100:BLOCK + 600])
-        assert (reply["checksums"], reply["chunk_size"]) == (list(piece_checksums(body)), CHUNK_SIZE)
+        assert (reply["checksums"], reply["chunk_size"]) == (list(compute_checksums(body)), CHUNK_SIZE)
         reply, body, _ = await exchange(socket.AF_INET, address, request_line(CREDENTIALS.data, ref_for(info, 0), 0))
         assert reply["hit"] is False and body == DATA[:BLOCK]
-        assert reply["checksums"] == list(piece_checksums(body))
+        assert reply["checksums"] == list(compute_checksums(body))
         assert block_reads.counters.data_port_reads == 2
         # Errors travel as their gRPC status names, the token is checked first.
         reply, _, _ = await exchange(socket.AF_INET, address, request_line("wrong", ref_for(info, 0), 0))
@@ -123,8 +123,8 @@ def test_a_range_on_the_block_files_chunks_carries_the_files_own_checksums(tmp_p
 
         assert sent(CHUNK_SIZE, len(written) - CHUNK_SIZE) == compute_checksums(written[CHUNK_SIZE:])
         assert sent(0, 2 * CHUNK_SIZE) == compute_checksums(written[:2 * CHUNK_SIZE])
-        assert sent(1, 2 * CHUNK_SIZE) == piece_checksums(on_disk[1:2 * CHUNK_SIZE + 1])
-        assert sent(0, CHUNK_SIZE + 5) == piece_checksums(on_disk[:CHUNK_SIZE + 5])
+        assert sent(1, 2 * CHUNK_SIZE) == compute_checksums(on_disk[1:2 * CHUNK_SIZE + 1])
+        assert sent(0, CHUNK_SIZE + 5) == compute_checksums(on_disk[:CHUNK_SIZE + 5])
     finally:
         os.close(fd)
-    assert BlockSource(hit=False, length=3, data=b"abc").sent_checksums() == piece_checksums(b"abc")
+    assert BlockSource(hit=False, length=3, data=b"abc").sent_checksums() == compute_checksums(b"abc")
