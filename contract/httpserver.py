@@ -11,6 +11,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 log = logging.getLogger(__name__)
 
+# A request head (request line and headers) must arrive within this long and this size: a
+# client that trickles or floods headers holds no connection open for long.
+HEAD_TIMEOUT = 10.0
+MAX_HEAD_BYTES = 64 * 1024
+
+
+class HeadTooLarge(Exception):
+    """The request line and headers together are over MAX_HEAD_BYTES."""
+
 
 class HttpServer:
     """A tiny HTTP/1.0 server on asyncio: GET /metrics, GET /healthz. Nothing else."""
@@ -31,9 +40,12 @@ class HttpServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), timeout=10)
-            while (await asyncio.wait_for(reader.readline(), timeout=10)) not in (b"\r\n", b"\n", b""):
-                pass
+            try:
+                request = await asyncio.wait_for(self._read_head(reader), timeout=HEAD_TIMEOUT)
+            except HeadTooLarge:
+                await self._answer(writer, "431 Request Header Fields Too Large", "text/plain",
+                                   f"request head over {MAX_HEAD_BYTES} bytes\n".encode())
+                return
             parts = request.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) >= 2 else ""
             if path == "/metrics":
@@ -44,15 +56,40 @@ class HttpServer:
                 ctype, body = "text/plain", (b"ok\n" if ok else b"not ready\n")
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found: try /metrics or /healthz\n"
-            writer.write(
-                f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode() + body
-            )
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError) as exc:
+            await self._answer(writer, status, ctype, body)
+        except (asyncio.TimeoutError, ConnectionError) as exc:
             log.debug("http request failed: %s", exc)
         finally:
             writer.close()
+
+    @staticmethod
+    async def _read_head(reader: asyncio.StreamReader) -> bytes:
+        """The request line, after reading the headers up to their blank line; HeadTooLarge
+        past MAX_HEAD_BYTES in all (a line longer than the reader's buffer included)."""
+        request = b""
+        seen = 0
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # one line longer than the stream's limit
+                raise HeadTooLarge() from None
+            seen += len(line)
+            if seen > MAX_HEAD_BYTES:
+                raise HeadTooLarge()
+            if not request:
+                request = line
+                if not line:
+                    return b""
+            elif line in (b"\r\n", b"\n", b""):
+                return request
+
+    @staticmethod
+    async def _answer(writer: asyncio.StreamWriter, status: str, ctype: str, body: bytes) -> None:
+        writer.write(
+            f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode() + body
+        )
+        await writer.drain()
 
 
 async def serve_until_signalled(name: str, stop: Callable[[], Awaitable[None]]) -> None:
