@@ -273,3 +273,20 @@ def test_a_tier_on_a_small_disk_evicts_and_fetches_each_block_once(start_cluster
             assert report.capacity <= 64 * MiB
         finally:
             cluster.stop()  # before the disk goes
+
+
+def test_a_block_file_damaged_after_a_short_circuit_reader_took_it_is_never_returned(
+        start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    # A reader takes whole blocks by descriptor and reads ahead: the bytes it returns later
+    # from a block it holds must be the ones it checked, whatever the file holds by then.
+    ssd = tmp_path / "ssd"
+    cluster = start_cluster(workers=1, tiers=ssd_tier(ssd))
+    data = payload(3 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "held.bin", data)
+    cluster.mount_bucket("/h", bucket)
+    local = cluster.fs(host="node-0", readahead=2)  # worker-0's host: block files by descriptor
+    assert local.cat_file("/h/held.bin") == data  # cached
+    with local.open("/h/held.bin", "rb") as f:
+        assert f.read(MiB) == data[:MiB]  # block 0 taken, blocks 1 and 2 read ahead
+        flip_middle_bytes(block_files(ssd))  # damage every block file on the worker's disk
+        assert f.read() == data[MiB:]
