@@ -6,7 +6,9 @@ session (session.py) calls by path, answered with the client library.
   `ls -l` costs one listing, not one call per file.
 - Reads: one client file object per open file. The kernel's page cache of a file is kept
   across opens while the file's version (its content identity) stays the one seen at the
-  previous open; a changed file starts cold.
+  previous open; a changed file starts cold. While a file is open at another version (opened
+  before it changed), a new open reads around the page cache (direct I/O): that cache is
+  one per file, and the other handle's reads fill it with its version's pages.
 - Writes: buffered in a local spool file and written as a whole through a worker, with the
   mount's write type (or the one given), on flush/fsync/close (see handles.py). Opening an
   existing file for writing without O_TRUNC first copies it into the spool.
@@ -249,9 +251,12 @@ class StrataOperations:
 
     def _add(self, handle: ReadHandle | WriteHandle) -> int:
         with self._lock:
-            fh = next(self._ids) << 1 | isinstance(handle, WriteHandle)
-            self._handles[fh] = handle
-            return fh
+            return self._add_locked(handle)
+
+    def _add_locked(self, handle: ReadHandle | WriteHandle) -> int:
+        fh = next(self._ids) << 1 | isinstance(handle, WriteHandle)
+        self._handles[fh] = handle
+        return fh
 
     @staticmethod
     def is_write_handle(fh: int) -> bool:
@@ -299,18 +304,30 @@ class StrataOperations:
     def _upload(self, ns: str, chunks: Iterator[bytes]) -> pb.FileInfo:
         info = self.client.write_file(ns, chunks, write_type=self.settings.write_type)
         self._attrs.drop(ns)
-        self._remember_version(ns, info.version)
+        with self._lock:
+            self._page_cache_locked(ns, info.version)
         return info
 
-    def _remember_version(self, ns: str, version: str) -> bool:
-        """Record the version seen at an open; True if it is the one seen before."""
-        with self._lock:
-            same = self._versions.get(ns) == version
-            self._versions[ns] = version
-            self._versions.move_to_end(ns)
-            while len(self._versions) > REMEMBERED:
-                self._versions.popitem(last=False)
-            return same
+    def _page_cache_locked(self, ns: str, version: str) -> tuple[bool, bool]:
+        """Record that `ns` is opened (or was written) at `version`: (whether the pages the
+        kernel holds of it may be kept, whether a handle of it must read around them).
+
+        The kernel keeps one page cache per file, filled by the reads of every handle open on
+        it, whichever version each handle reads. While a handle of another version is open,
+        its reads may put that version's pages there: a handle of this version then reads
+        directly (direct I/O), and the next open that uses the page cache starts it cold.
+        Otherwise what the kernel holds is kept when the version is the one seen last.
+        Called with `self._lock` held."""
+        others = {h.info.version for h in self._handles.values() if isinstance(h, ReadHandle) and h.info.path == ns}
+        if others - {version}:
+            self._versions.pop(ns, None)
+            return False, True
+        same = self._versions.get(ns) == version
+        self._versions[ns] = version
+        self._versions.move_to_end(ns)
+        while len(self._versions) > REMEMBERED:
+            self._versions.popitem(last=False)
+        return same, False
 
     def _forget(self, ns: str) -> None:
         self._attrs.drop(ns)
@@ -449,25 +466,25 @@ class StrataOperations:
     def open(self, path: str, fi: Any) -> int:
         ns = self._ns(path)
         if fi.flags & os.O_ACCMODE == os.O_RDONLY:
-            file = self.fs.open(ns, "rb")
-            handle: ReadHandle | WriteHandle = ReadHandle(file)
-            assert isinstance(handle, ReadHandle)
-            self._attrs.put(handle.info)
-            # Same content as at the last open: what the kernel cached is still right.
-            fi.keep_cache = 1 if self._remember_version(ns, handle.info.version) else 0
-        else:
-            self._check_writable(ns)
-            handle = WriteHandle(ns, self.settings.spool_dir, dirty=bool(fi.flags & os.O_TRUNC))
-            if not fi.flags & os.O_TRUNC:
-                existing = [w for w in self._writers(ns) if w is not handle]
-                try:
-                    if existing:  # another open writer holds the newest bytes
-                        handle.fill([existing[-1].read(existing[-1].size, 0)])
-                    elif self._info(ns).length:
-                        handle.fill(self._read_all(ns))
-                except BaseException:
-                    handle.close()
-                    raise
+            reader = ReadHandle(self.fs.open(ns, "rb"))
+            self._attrs.put(reader.info)
+            with self._lock:  # decided and added at once: a handle of another version opened meanwhile counts
+                keep, direct = self._page_cache_locked(ns, reader.info.version)
+                fi.keep_cache, fi.direct_io = int(keep), int(direct)
+                fi.fh = self._add_locked(reader)
+            return 0
+        self._check_writable(ns)
+        handle = WriteHandle(ns, self.settings.spool_dir, dirty=bool(fi.flags & os.O_TRUNC))
+        if not fi.flags & os.O_TRUNC:
+            existing = [w for w in self._writers(ns) if w is not handle]
+            try:
+                if existing:  # another open writer holds the newest bytes
+                    handle.fill([existing[-1].read(existing[-1].size, 0)])
+                elif self._info(ns).length:
+                    handle.fill(self._read_all(ns))
+            except BaseException:
+                handle.close()
+                raise
         fi.fh = self._add(handle)
         return 0
 
