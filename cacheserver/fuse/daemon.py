@@ -176,7 +176,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         if timeout is None:
             timeout = attr_timeout_for(fs.client.mounts(), root)
         settings = FuseSettings(root=root, read_only=options.read_only, write_type=write_type,
-                                attr_timeout=timeout, spool_dir=options.spool_dir)
+                                attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / keeper.HANDLES)
         ops = StrataOperations(fs, settings)
         resumed = attachment is not None
         if attachment is None:

@@ -42,6 +42,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from cachetools import TTLCache
@@ -62,7 +63,7 @@ from strata.contract.errors import (
 from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFileSystem
 from ..namespace.paths import is_under, join, parent
-from .handles import ReadHandle, WriteHandle
+from .handles import ReadHandle, ReadRecords, WriteHandle
 from .locations import format_locations
 
 log = logging.getLogger("strata.fuse")
@@ -135,6 +136,7 @@ class FuseSettings:
     write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED  # of files written; unspecified: the mount's
     attr_timeout: float = DEFAULT_ATTR_TIMEOUT  # seconds metadata is reused (kernel and here)
     spool_dir: str | None = None  # where written files are buffered; None: the temp directory
+    handles_dir: Path | None = None  # what each read handle reads, for a successor (handles.ReadRecords)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -207,6 +209,7 @@ class StrataOperations:
         self.root = settings.root
         self._attrs = _AttrCache(settings.attr_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
+        self._records = ReadRecords(settings.handles_dir)
         # Handle numbers of this process start above any its predecessor used (one per microsecond at most).
         self._ids = itertools.count(time.time_ns() // 1000)
         self._versions: OrderedDict[str, str] = OrderedDict()
@@ -271,8 +274,9 @@ class StrataOperations:
 
     @_errors
     def reopen(self, path: str, fh: int) -> None:
-        """Open `path` for reading as handle `fh` (one a predecessor process opened)."""
-        handle = ReadHandle(self.fs.open(self._ns(path), "rb"))
+        """Open `path` for reading as handle `fh` (one a predecessor process opened), at the
+        version the predecessor opened it with."""
+        handle = ReadHandle(self.fs.open(self._ns(path), "rb", file_info=self._records.get(fh)))
         with self._lock:
             old = self._handles.setdefault(fh, handle)
         if old is not handle:  # another thread was first
@@ -472,6 +476,11 @@ class StrataOperations:
                 keep, direct = self._page_cache_locked(ns, reader.info.version)
                 fi.keep_cache, fi.direct_io = int(keep), int(direct)
                 fi.fh = self._add_locked(reader)
+            try:
+                self._records.add(fi.fh, reader.info)
+            except BaseException:
+                self.release(path, fi)
+                raise
             return 0
         self._check_writable(ns)
         handle = WriteHandle(ns, self.settings.spool_dir, dirty=bool(fi.flags & os.O_TRUNC))
@@ -554,6 +563,8 @@ class StrataOperations:
     def release(self, path: str, fi: Any) -> int:
         with self._lock:
             handle = self._handles.pop(fi.fh, None)
+        if not self.is_write_handle(fi.fh):
+            self._records.remove(fi.fh)  # a predecessor's handle this process never read included
         if handle is None:
             return 0
         try:
