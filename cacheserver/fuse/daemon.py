@@ -191,6 +191,8 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
             except OSError as exc:
                 log.warning("strata fuse: could not record the session in %s: %s", state, exc)
 
+        if resumed:
+            ops.adopt()  # the predecessor's open files, at their versions
         session = Session(attachment.fd, ops, nodes, on_init=remember_init)
         threading.Thread(target=_stop_on_signal, args=(ops, mountpoint, attachment), name="strata-fuse-signals",
                          daemon=True).start()

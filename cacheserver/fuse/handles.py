@@ -87,6 +87,18 @@ class ReadRecords:
         except FileNotFoundError:
             return None
 
+    def all(self) -> dict[int, pb.FileInfo]:
+        """Every handle's status kept (a predecessor's, for a successor)."""
+        if self._directory is None or not self._directory.is_dir():
+            return {}
+        kept = {}
+        for path in self._directory.iterdir():
+            if path.name.isdigit():
+                info = self.get(int(path.name))
+                if info is not None:
+                    kept[int(path.name)] = info
+        return kept
+
     def remove(self, fh: int) -> None:
         path = self._path(fh)
         if path is not None:

@@ -276,7 +276,24 @@ class StrataOperations:
     def reopen(self, path: str, fh: int) -> None:
         """Open `path` for reading as handle `fh` (one a predecessor process opened), at the
         version the predecessor opened it with."""
-        handle = ReadHandle(self.fs.open(self._ns(path), "rb", file_info=self._records.get(fh)))
+        self._reopen(fh, self._ns(path), self._records.get(fh))
+
+    def adopt(self) -> int:
+        """Open again, before serving, every read handle a predecessor recorded, each at its
+        version: until its next read a handle of an older version would not count when a new
+        open decides whether the page cache may be used. The number adopted (a handle that
+        cannot be opened now is opened at its next read)."""
+        adopted = 0
+        for fh, info in self._records.all().items():
+            try:
+                self._reopen(fh, info.path, info)
+                adopted += 1
+            except StrataError as exc:
+                log.warning("cannot open %s again for handle %d now (at its next read then): %s", info.path, fh, exc)
+        return adopted
+
+    def _reopen(self, fh: int, ns: str, info: pb.FileInfo | None) -> None:
+        handle = ReadHandle(self.fs.open(ns, "rb", file_info=info))
         with self._lock:
             old = self._handles.setdefault(fh, handle)
         if old is not handle:  # another thread was first
