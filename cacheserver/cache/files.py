@@ -13,6 +13,7 @@ its path.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,8 @@ from pathlib import Path
 BLOCK_SUFFIX = ".blk"
 META_SUFFIX = ".meta"
 TEMP_SUFFIX = ".tmp"
+
+log = logging.getLogger(__name__)
 # Modes of what the block store creates: owner only (cached data may be anyone's secret).
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -97,6 +100,11 @@ def copy_atomically(src: Path, dst: Path) -> None:
 
 
 def remove_block_files(directory: Path, block_id: str) -> None:
-    """Delete a block's bytes and sidecar; already missing is fine."""
-    block_file(directory, block_id).unlink(missing_ok=True)
-    meta_file(directory, block_id).unlink(missing_ok=True)
+    """Delete a block's bytes and sidecar; already missing is fine. A disk that refuses (gone
+    read-only, failing) keeps them: logged, not raised, since the block has left the store's
+    index either way, and a block kept on disk is still whole or fails its checksums."""
+    for path in (block_file(directory, block_id), meta_file(directory, block_id)):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot delete %s: %s", path, exc.strerror or exc)

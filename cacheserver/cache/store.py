@@ -610,8 +610,14 @@ class BlockStore:
             except BaseException as exc:
                 tier.release(len(data), directory)
                 remove_block_files(directory, key.block_id)
-                if not (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+                if not isinstance(exc, OSError):
                     raise
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    # A disk gone read-only or failing: the reader is served uncached.
+                    raise ResourceExhausted(
+                        f"tier {tier.medium}: cannot write block {key} in {directory}: {exc.strerror or exc}; "
+                        "check that disk"
+                    ) from exc
                 # The disk is full before the tier is: the tier is smaller than we thought.
                 tier.refresh_capacity(time.monotonic(), failed_write=len(data))
                 log.warning("tier %s: %s is full (%s) with %s of blocks; evicting down to %s and "

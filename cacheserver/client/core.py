@@ -57,8 +57,9 @@ log = logging.getLogger(__name__)
 WORKERS_TTL = 2.0
 # While the master is away, how often a client checks in the background whether it is back.
 MASTER_PROBE_INTERVAL = 0.5
-# A block's bytes: `bytes`, or a map (of the worker's block file for short-circuit reads, or
-# of memory the data port's bytes were received into) that copies only what is sliced out.
+# A block's bytes: `bytes`, or a private map of memory the block was read into (from the
+# data port, or from the worker's block file for short-circuit reads) and checked in, which
+# copies only what is sliced out.
 Buffer = bytes | mmap.mmap
 
 # Errors after which the next worker on the ring is tried.
@@ -145,7 +146,7 @@ class StrataClient:
             functools.partial(sync_channel, token=self.token))
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
-        self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
+        self._buffers = BufferPool()  # buffers whole blocks are read into, shared by all readers
         self._held: OrderedDict[str, _Held] = OrderedDict()
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
         # time.monotonic() of the last failed call to the master (down, stopped); None once
@@ -236,7 +237,7 @@ class StrataClient:
             reader = self._sc_readers.get(info.domain_socket)
             if reader is None:
                 reader = self._sc_readers[info.domain_socket] = ShortCircuitReader(
-                    info.domain_socket, self.token, self._patience(info))
+                    info.domain_socket, self.token, self._patience(info), self._buffers)
         return reader
 
     def _patience(self, info: pb.WorkerInfo) -> Patience:
@@ -434,7 +435,7 @@ class StrataClient:
         if reader is not None:
             try:
                 if offset == 0 and want == full:
-                    return reader.map(ref, read_type)
+                    return reader.whole(ref, read_type)
                 return reader.read(ref, offset, want, read_type)
             except WorkerStalled:
                 raise

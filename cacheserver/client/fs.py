@@ -222,7 +222,8 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
               cache_options: dict[str, Any] | None = None, **kwargs: Any) -> StrataFile:
         if mode not in ("rb", "wb", "xb", "ab"):
             raise InvalidArgument(f"strata files open with mode rb, wb, xb or ab, not {mode!r}")
-        return StrataFile(self, self._strip_protocol(path), mode, write_type=kwargs.get("write_type"))
+        return StrataFile(self, self._strip_protocol(path), mode, write_type=kwargs.get("write_type"),
+                          file_info=kwargs.get("file_info"))
 
 
 def _weak_fetcher(file: StrataFile) -> Callable[[int, int], bytes]:
@@ -241,11 +242,14 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     """Reads whole blocks, keeping the next ones in flight while the reader is sequential;
     writes stream to a worker as they come."""
 
-    def __init__(self, fs: StrataFileSystem, path: str, mode: str, write_type: str | None = None) -> None:
+    def __init__(self, fs: StrataFileSystem, path: str, mode: str, write_type: str | None = None,
+                 file_info: pb.FileInfo | None = None) -> None:
+        """`file_info` (mode rb): read the file as that status names it (a version opened
+        before), not as the master describes it now."""
         self.fs = fs
         self.client = fs.client
         if mode == "rb":
-            self.file_info = self.client.stat(path)
+            self.file_info = file_info if file_info is not None else self.client.stat(path)
             if self.file_info.is_dir:
                 raise IsADirectoryError(f"{path} is a directory")
             self._holders: dict[int, list[str]] = {}

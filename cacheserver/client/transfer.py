@@ -1,8 +1,9 @@
 """The reader's side of the worker's block sockets (protocol: `blockwire`): block bytes
 from the data port over TCP, received straight into the memory that is handed to the reader;
 and, on the worker's host, block files' descriptors from the short-circuit socket, whose
-chunks the reader verifies against the checksums the worker sends (the files are on the
-node's disk, which may flip bits like any other).
+chunks the reader copies into its own memory and verifies there against the checksums the
+worker sends (the files are on the node's disk, which may flip bits like any other): the
+bytes checked are the bytes returned, whatever happens to the file after.
 
 No wait is unbounded (`Patience`): a worker silent for `check_after` seconds is asked whether
 it is alive; one that is not (stopped, hung), or that takes longer than `block_timeout`,
@@ -48,7 +49,7 @@ class Patience:
 
 
 class BufferPool:
-    """Receive buffers of the data port (private anonymous maps), used again once nothing
+    """Buffers whole blocks are read into (private anonymous maps), used again once nothing
     refers to them. A new map costs the kernel a zeroed page for every page it touches
     (clearing 16 MiB took more of a reader's CPU than receiving it); a map used before has
     its pages.
@@ -269,6 +270,10 @@ class DataReader(_BlockSocketClient):
 class ShortCircuitReader(_BlockSocketClient):
     """Block files of the worker on this host, read directly."""
 
+    def __init__(self, where: str, token: str, patience: Patience, buffers: BufferPool | None = None) -> None:
+        super().__init__(where, token, patience)
+        self._buffers = buffers or BufferPool()
+
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self._patience.connect_timeout)
@@ -322,21 +327,20 @@ class ShortCircuitReader(_BlockSocketClient):
         raise DataLoss(f"block {ref.index} of {ref.path} from the worker at {self.where}: a chunk failed "
                        "its CRC-32C check again after the worker checked the block")
 
-    def map(self, ref: pb.BlockRef, read_type: int = 0) -> mmap.mmap | bytes:
-        """The whole block, mapped read-only from the worker's block file after its
-        checksums are verified: slicing it copies only what is sliced, as a read from the
-        page cache does."""
+    def whole(self, ref: pb.BlockRef, read_type: int = 0) -> mmap.mmap | bytes:
+        """The whole block, read from the worker's block file into private memory (one of
+        the pool's maps, as the data port's bytes are) whose checksums are then verified.
+        Never a map of the file itself: what such a map shows changes with the file, so bytes
+        taken from it after the check (a block held while the reader reads ahead, a view
+        handed to pyarrow) could be bytes the check never saw."""
 
         def read(block: _OpenBlock) -> mmap.mmap | bytes | None:
             if block.length == 0:
                 return b""
-            if os.fstat(block.fd).st_size != block.length:  # a map past the end faults on access
+            out = self._buffers.take(block.length)
+            if _pread_into(block.fd, out) != block.length:
                 return None
-            mapped = mmap.mmap(block.fd, block.length, prot=mmap.PROT_READ)
-            if first_bad_chunk(mapped, 0, block.checksums, block.chunk_size) is None:
-                return mapped
-            mapped.close()
-            return None
+            return out if first_bad_chunk(out, 0, block.checksums, block.chunk_size) is None else None
 
         # mypy solves _T for a union as its join (object): name the type.
         return cast("mmap.mmap | bytes", self._verified(ref, read_type, read))
@@ -356,6 +360,19 @@ class ShortCircuitReader(_BlockSocketClient):
             return data[offset - start:offset - start + want]
 
         return self._verified(ref, read_type, read)
+
+
+def _pread_into(fd: int, out: mmap.mmap) -> int:
+    """Fill `out` from the start of the file behind `fd`; the bytes read (fewer only when
+    the file ends first)."""
+    got = 0
+    with memoryview(out) as view:
+        while got < len(out):
+            n = os.preadv(fd, [view[got:]], got)
+            if n == 0:
+                break
+            got += n
+    return got
 
 
 @dataclass(frozen=True)

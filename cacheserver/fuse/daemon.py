@@ -176,7 +176,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         if timeout is None:
             timeout = attr_timeout_for(fs.client.mounts(), root)
         settings = FuseSettings(root=root, read_only=options.read_only, write_type=write_type,
-                                attr_timeout=timeout, spool_dir=options.spool_dir)
+                                attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / keeper.HANDLES)
         ops = StrataOperations(fs, settings)
         resumed = attachment is not None
         if attachment is None:
@@ -191,6 +191,8 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
             except OSError as exc:
                 log.warning("strata fuse: could not record the session in %s: %s", state, exc)
 
+        if resumed:
+            ops.adopt()  # the predecessor's open files, at their versions
         session = Session(attachment.fd, ops, nodes, on_init=remember_init)
         threading.Thread(target=_stop_on_signal, args=(ops, mountpoint, attachment), name="strata-fuse-signals",
                          daemon=True).start()

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 from strata.contract.proto import strata_pb2 as pb
@@ -51,6 +52,57 @@ class ReadHandle:
 
     def close(self) -> None:
         self._file.close()
+
+
+class ReadRecords:
+    """What each open read handle reads: its file's status (path, version, length, block
+    size), one small file per handle in a folder of the mount's state, written before the
+    kernel hears of the handle and removed when it is released. A successor that takes the
+    mount over (keeper.py) opens each handle again at the version its reader was reading: a
+    file changed in the store meanwhile must not go on, in the same open file, with the new
+    version's bytes. `directory` None: nothing is kept."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self._directory = directory
+
+    def _path(self, fh: int) -> Path | None:
+        return None if self._directory is None else self._directory / str(fh)
+
+    def add(self, fh: int, info: pb.FileInfo) -> None:
+        path = self._path(fh)
+        if path is None:
+            return
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_bytes(info.SerializeToString())
+        os.replace(temporary, path)
+
+    def get(self, fh: int) -> pb.FileInfo | None:
+        """The status handle `fh` was opened with; None if none was kept."""
+        path = self._path(fh)
+        if path is None:
+            return None
+        try:
+            return pb.FileInfo.FromString(path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def all(self) -> dict[int, pb.FileInfo]:
+        """Every handle's status kept (a predecessor's, for a successor)."""
+        if self._directory is None or not self._directory.is_dir():
+            return {}
+        kept = {}
+        for path in self._directory.iterdir():
+            if path.name.isdigit():
+                info = self.get(int(path.name))
+                if info is not None:
+                    kept[int(path.name)] = info
+        return kept
+
+    def remove(self, fh: int) -> None:
+        path = self._path(fh)
+        if path is not None:
+            path.unlink(missing_ok=True)
 
 
 class WriteHandle:

@@ -20,7 +20,8 @@ Everything a successor needs is in the mount's state folder, found from the moun
 `$STRATA_FUSE_STATE_DIR/<hash of the mount point>/` (default /run/strata/fuse as root) holds
 `keeper.sock`, `session.json` (the mount point, root and options it was mounted with, what
 was agreed with the kernel at INIT), `keeper.json` (the keeper's pid and the serving
-process's) and `nodes.journal`. Another program (a CSI node plugin) can resume a mount the
+process's), `nodes.journal` and `handles/` (the file status each open read handle reads, so
+a successor reads on at that version). Another program (a CSI node plugin) can resume a mount the
 same way, given the same state folder.
 
 Who starts the keeper: `strata fuse` itself, or, with STRATA_FUSE_HOLDER set, the node's
@@ -73,6 +74,7 @@ SOCKET = "keeper.sock"
 SESSION = "session.json"   # written by servers
 KEEPER = "keeper.json"     # written by the keeper
 JOURNAL = "nodes.journal"
+HANDLES = "handles"        # what each open read handle reads (handles.ReadRecords), written by servers
 # Seconds a server waits for the keeper's answer.
 ATTACH_TIMEOUT = 10.0
 # Seconds a new keeper has to listen (under the holder's START_TIMEOUT, so the holder can still

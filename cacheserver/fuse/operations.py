@@ -6,7 +6,9 @@ session (session.py) calls by path, answered with the client library.
   `ls -l` costs one listing, not one call per file.
 - Reads: one client file object per open file. The kernel's page cache of a file is kept
   across opens while the file's version (its content identity) stays the one seen at the
-  previous open; a changed file starts cold.
+  previous open; a changed file starts cold. While a file is open at another version (opened
+  before it changed), a new open reads around the page cache (direct I/O): that cache is
+  one per file, and the other handle's reads fill it with its version's pages.
 - Writes: buffered in a local spool file and written as a whole through a worker, with the
   mount's write type (or the one given), on flush/fsync/close (see handles.py). Opening an
   existing file for writing without O_TRUNC first copies it into the spool.
@@ -40,6 +42,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from cachetools import TTLCache
@@ -60,7 +63,7 @@ from strata.contract.errors import (
 from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFileSystem
 from ..namespace.paths import is_under, join, parent
-from .handles import ReadHandle, WriteHandle
+from .handles import ReadHandle, ReadRecords, WriteHandle
 from .locations import format_locations
 
 log = logging.getLogger("strata.fuse")
@@ -133,6 +136,7 @@ class FuseSettings:
     write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED  # of files written; unspecified: the mount's
     attr_timeout: float = DEFAULT_ATTR_TIMEOUT  # seconds metadata is reused (kernel and here)
     spool_dir: str | None = None  # where written files are buffered; None: the temp directory
+    handles_dir: Path | None = None  # what each read handle reads, for a successor (handles.ReadRecords)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -205,6 +209,7 @@ class StrataOperations:
         self.root = settings.root
         self._attrs = _AttrCache(settings.attr_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
+        self._records = ReadRecords(settings.handles_dir)
         # Handle numbers of this process start above any its predecessor used (one per microsecond at most).
         self._ids = itertools.count(time.time_ns() // 1000)
         self._versions: OrderedDict[str, str] = OrderedDict()
@@ -249,9 +254,12 @@ class StrataOperations:
 
     def _add(self, handle: ReadHandle | WriteHandle) -> int:
         with self._lock:
-            fh = next(self._ids) << 1 | isinstance(handle, WriteHandle)
-            self._handles[fh] = handle
-            return fh
+            return self._add_locked(handle)
+
+    def _add_locked(self, handle: ReadHandle | WriteHandle) -> int:
+        fh = next(self._ids) << 1 | isinstance(handle, WriteHandle)
+        self._handles[fh] = handle
+        return fh
 
     @staticmethod
     def is_write_handle(fh: int) -> bool:
@@ -266,8 +274,26 @@ class StrataOperations:
 
     @_errors
     def reopen(self, path: str, fh: int) -> None:
-        """Open `path` for reading as handle `fh` (one a predecessor process opened)."""
-        handle = ReadHandle(self.fs.open(self._ns(path), "rb"))
+        """Open `path` for reading as handle `fh` (one a predecessor process opened), at the
+        version the predecessor opened it with."""
+        self._reopen(fh, self._ns(path), self._records.get(fh))
+
+    def adopt(self) -> int:
+        """Open again, before serving, every read handle a predecessor recorded, each at its
+        version: until its next read a handle of an older version would not count when a new
+        open decides whether the page cache may be used. The number adopted (a handle that
+        cannot be opened now is opened at its next read)."""
+        adopted = 0
+        for fh, info in self._records.all().items():
+            try:
+                self._reopen(fh, info.path, info)
+                adopted += 1
+            except StrataError as exc:
+                log.warning("cannot open %s again for handle %d now (at its next read then): %s", info.path, fh, exc)
+        return adopted
+
+    def _reopen(self, fh: int, ns: str, info: pb.FileInfo | None) -> None:
+        handle = ReadHandle(self.fs.open(ns, "rb", file_info=info))
         with self._lock:
             old = self._handles.setdefault(fh, handle)
         if old is not handle:  # another thread was first
@@ -299,18 +325,30 @@ class StrataOperations:
     def _upload(self, ns: str, chunks: Iterator[bytes]) -> pb.FileInfo:
         info = self.client.write_file(ns, chunks, write_type=self.settings.write_type)
         self._attrs.drop(ns)
-        self._remember_version(ns, info.version)
+        with self._lock:
+            self._page_cache_locked(ns, info.version)
         return info
 
-    def _remember_version(self, ns: str, version: str) -> bool:
-        """Record the version seen at an open; True if it is the one seen before."""
-        with self._lock:
-            same = self._versions.get(ns) == version
-            self._versions[ns] = version
-            self._versions.move_to_end(ns)
-            while len(self._versions) > REMEMBERED:
-                self._versions.popitem(last=False)
-            return same
+    def _page_cache_locked(self, ns: str, version: str) -> tuple[bool, bool]:
+        """Record that `ns` is opened (or was written) at `version`: (whether the pages the
+        kernel holds of it may be kept, whether a handle of it must read around them).
+
+        The kernel keeps one page cache per file, filled by the reads of every handle open on
+        it, whichever version each handle reads. While a handle of another version is open,
+        its reads may put that version's pages there: a handle of this version then reads
+        directly (direct I/O), and the next open that uses the page cache starts it cold.
+        Otherwise what the kernel holds is kept when the version is the one seen last.
+        Called with `self._lock` held."""
+        others = {h.info.version for h in self._handles.values() if isinstance(h, ReadHandle) and h.info.path == ns}
+        if others - {version}:
+            self._versions.pop(ns, None)
+            return False, True
+        same = self._versions.get(ns) == version
+        self._versions[ns] = version
+        self._versions.move_to_end(ns)
+        while len(self._versions) > REMEMBERED:
+            self._versions.popitem(last=False)
+        return same, False
 
     def _forget(self, ns: str) -> None:
         self._attrs.drop(ns)
@@ -449,25 +487,30 @@ class StrataOperations:
     def open(self, path: str, fi: Any) -> int:
         ns = self._ns(path)
         if fi.flags & os.O_ACCMODE == os.O_RDONLY:
-            file = self.fs.open(ns, "rb")
-            handle: ReadHandle | WriteHandle = ReadHandle(file)
-            assert isinstance(handle, ReadHandle)
-            self._attrs.put(handle.info)
-            # Same content as at the last open: what the kernel cached is still right.
-            fi.keep_cache = 1 if self._remember_version(ns, handle.info.version) else 0
-        else:
-            self._check_writable(ns)
-            handle = WriteHandle(ns, self.settings.spool_dir, dirty=bool(fi.flags & os.O_TRUNC))
-            if not fi.flags & os.O_TRUNC:
-                existing = [w for w in self._writers(ns) if w is not handle]
-                try:
-                    if existing:  # another open writer holds the newest bytes
-                        handle.fill([existing[-1].read(existing[-1].size, 0)])
-                    elif self._info(ns).length:
-                        handle.fill(self._read_all(ns))
-                except BaseException:
-                    handle.close()
-                    raise
+            reader = ReadHandle(self.fs.open(ns, "rb"))
+            self._attrs.put(reader.info)
+            with self._lock:  # decided and added at once: a handle of another version opened meanwhile counts
+                keep, direct = self._page_cache_locked(ns, reader.info.version)
+                fi.keep_cache, fi.direct_io = int(keep), int(direct)
+                fi.fh = self._add_locked(reader)
+            try:
+                self._records.add(fi.fh, reader.info)
+            except BaseException:
+                self.release(path, fi)
+                raise
+            return 0
+        self._check_writable(ns)
+        handle = WriteHandle(ns, self.settings.spool_dir, dirty=bool(fi.flags & os.O_TRUNC))
+        if not fi.flags & os.O_TRUNC:
+            existing = [w for w in self._writers(ns) if w is not handle]
+            try:
+                if existing:  # another open writer holds the newest bytes
+                    handle.fill([existing[-1].read(existing[-1].size, 0)])
+                elif self._info(ns).length:
+                    handle.fill(self._read_all(ns))
+            except BaseException:
+                handle.close()
+                raise
         fi.fh = self._add(handle)
         return 0
 
@@ -537,6 +580,8 @@ class StrataOperations:
     def release(self, path: str, fi: Any) -> int:
         with self._lock:
             handle = self._handles.pop(fi.fh, None)
+        if not self.is_write_handle(fi.fh):
+            self._records.remove(fi.fh)  # a predecessor's handle this process never read included
         if handle is None:
             return 0
         try:

@@ -49,6 +49,7 @@ class FileInfo:
     flags: int = 0
     fh: int = 0
     keep_cache: int = 0
+    direct_io: int = 0
 
 
 def child(parent: str, name: str) -> str:
@@ -254,7 +255,8 @@ class Session:
         flags, _ = wire.OPEN_IN.unpack_from(body)
         fi = FileInfo(flags=flags)
         self.ops.open(self._path(header), fi)
-        return [wire.open_out(fi.fh, wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)]
+        return [wire.open_out(fi.fh, (wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
+                              | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0))]
 
     def _create(self, header: wire.InHeader, body: memoryview) -> Payload:
         flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(body)

@@ -76,16 +76,17 @@ class BlockSource:
 
     def sent_checksums(self) -> tuple[int, ...]:
         """CRC-32C of each CHUNK_SIZE piece of the bytes this source serves, for the reader
-        to check (`blockwire`). A range that starts on a chunk of the block file and ends on
-        one (or at the block's end) has the file's own checksums, verified when it was
-        opened, so the check spans disk to reader; any other range's are computed from its
-        bytes."""
+        to check (`blockwire`). Bytes in memory (checked against the block's checksums when
+        they were read) get checksums made from them. A block file is served only at a range
+        that starts on one of its CHUNK_SIZE chunks and ends on one (or at the block's end):
+        it goes out with the file's own checksums, so the check spans disk to reader."""
         if self.fd < 0:
             return compute_checksums(self.data)
         start, end = self.offset, self.offset + self.length
-        if self.chunk_size == CHUNK_SIZE and on_chunks(start, self.length, self.block_length):
-            return self.checksums[start // CHUNK_SIZE : -(-end // CHUNK_SIZE)]
-        return compute_checksums(os.pread(self.fd, self.length, self.offset))
+        if self.chunk_size != CHUNK_SIZE or not on_chunks(start, self.length, self.block_length):
+            raise ValueError(f"bytes {start}-{end} of a block file in chunks of {self.chunk_size} have no "
+                             "checksums of their own: serve them from memory")
+        return self.checksums[start // CHUNK_SIZE : -(-end // CHUNK_SIZE)]
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -280,20 +281,7 @@ class BlockReads:
             source = BlockSource(hit=False, length=length, data=await self.read_uncached(ref, offset, length))
         else:
             try:
-                if as_file:
-                    # A range on the file's chunks goes out with the checksums made when the
-                    # block was cached, and the reader checks them (a block damaged on disk
-                    # fails there, and the reader's next try drops it); any other range is
-                    # checked here, since its checksums are made from the bytes read.
-                    aligned = on_chunks(offset, length, total)
-                    source = await self.open_block(ref, effective, check=None if aligned else (offset, length))
-                    if aligned and source.chunk_size != CHUNK_SIZE:  # cut in other chunks
-                        source.close()
-                        source = await self.open_block(ref, effective, check=(offset, length))
-                    source.offset, source.length = offset, length
-                else:
-                    data, hit = await self.read_cached(ref, offset, length, promote=effective == pb.CACHE_PROMOTE)
-                    source = BlockSource(hit=hit, length=len(data), data=data)
+                source = await self._cached_source(ref, effective, offset, length, as_file=as_file)
             except ResourceExhausted as exc:
                 # Every tier is full of pinned blocks: serve the reader, cache nothing.
                 log.warning("serving block %d of %s uncached: %s", ref.index, ref.path, exc)
@@ -301,6 +289,25 @@ class BlockReads:
         self._readahead_from(ref, readahead, effective)
         self.counters.bytes_served += source.length
         return source
+
+    async def _cached_source(self, ref: pb.BlockRef, read_type: int, offset: int, length: int, *,
+                             as_file: bool) -> BlockSource:
+        """Bytes [offset, offset+length) of the block, cached first: its file (`as_file`, a
+        range on the file's chunks) or its bytes, checked, in memory."""
+        if as_file and on_chunks(offset, length, key_of(ref).length):
+            # A range on the file's chunks goes out from the file with the checksums made when
+            # the block was cached, and the reader checks them (a block damaged on disk fails
+            # there, and the reader's next try drops it).
+            source = await self.open_block(ref, read_type)
+            if source.chunk_size == CHUNK_SIZE:
+                source.offset, source.length = offset, length
+                return source
+            source.close()  # cut in other chunks
+        # Any other range needs checksums of its own: they are made from the bytes checked
+        # here, in memory, which are the bytes sent (the file may change between a check of
+        # it and a send from it).
+        data, hit = await self.read_cached(ref, offset, length, promote=read_type == pb.CACHE_PROMOTE)
+        return BlockSource(hit=hit, length=len(data), data=data)
 
     async def short_circuit(self, ref: pb.BlockRef, read_type: int, *, verify: bool) -> BlockSource:
         """The block's open file for a reader on this host. The reader verifies the chunks it

@@ -1,6 +1,7 @@
 """The worker's block sockets: the data port (TCP, block bytes sent from the block file by
-sendfile(2), so the kernel copies them once) and the short-circuit socket (Unix, the block
-file's descriptor for readers on this host). Both speak the protocol of `blockwire`.
+sendfile(2), so the kernel copies them once; a range off the file's checksum chunks from the
+bytes checked in memory) and the short-circuit socket (Unix, the block file's descriptor for
+readers on this host). Both speak the protocol of `blockwire`.
 
 Each connection gets a thread: a request waits on the worker's event loop only to find or
 fetch its block, and the bytes move without holding the loop or the GIL. Connections are

@@ -24,7 +24,7 @@ from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_st
 from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, Cluster, wait_until
+from .conftest import BLOCK_SIZE, Cluster, allow, wait_until
 from .test_cluster import payload
 
 FSTYPE = "fuse.strata"
@@ -508,3 +508,36 @@ def test_listing_and_stat_agree_on_a_file_put_into_the_store(
     readable = (mnt / "e" / "new").exists()
     assert listed and readable, f"stat says {readable}, ls says {listed}"
     assert (mnt / "e" / "new").read_bytes() == b"new bytes"
+
+
+def test_a_file_changed_while_open_never_mixes_versions_in_the_page_cache(
+        start_cluster: Any, tmp_path: Path, mount_fuse: Callable[..., FuseProcess]) -> None:
+    # The kernel keeps one page cache per file, whichever open file filled it. A file
+    # opened before a change reads the old version (its handle's), one opened after it the
+    # new one: neither may get the other's pages. The two versions differ in less than the
+    # millisecond of the times a mount shows, so only their versions tell them apart.
+    source = tmp_path / "source"
+    source.mkdir()
+    cluster = start_cluster(workers=1, **allow(tmp_path))
+    cluster.fs().client.mount("/local", f"file://{source}", pb.MountOptions(metadata_sync_interval=0))
+    target = source / "f.bin"
+    old, new = payload(2 * BLOCK_SIZE), payload(2 * BLOCK_SIZE, seed=1)
+    millisecond = time.time_ns() // 1_000_000 * 1_000_000
+    target.write_bytes(old)
+    os.utime(target, ns=(millisecond + 100_000, millisecond + 100_000))
+    mnt = mount_fuse(cluster).path
+    before = os.open(mnt / "local" / "f.bin", os.O_RDONLY)
+    try:
+        assert os.pread(before, len(old), 0) == old  # its blocks cached, its pages too
+        target.write_bytes(new)  # in place, the same length
+        os.utime(target, ns=(millisecond + 600_000, millisecond + 600_000))
+        after = os.open(mnt / "local" / "f.bin", os.O_RDONLY)
+        try:
+            assert os.pread(before, len(old), 0) == old  # pages of the old version again
+            assert os.pread(after, len(new), 0) == new, "a file opened after a change read the old version's pages"
+            assert os.pread(before, len(old), 0) == old
+        finally:
+            os.close(after)
+    finally:
+        os.close(before)
+    assert (mnt / "local" / "f.bin").read_bytes() == new

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,9 @@ from strata.cacheserver.fuse.kernel import connection_of
 from strata.cacheserver.fuse.mountpoints import find_mount, wait_unmounted
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, wait_until
+from .conftest import BLOCK_SIZE, allow, wait_until
 from .test_cluster import payload
-from .test_fuse import FuseProcess, alive, fuse_skip_reason, keeper_pid, mount_fuse  # noqa: F401 - a fixture
+from .test_fuse import FuseProcess, alive, fuse_skip_reason, keeper_pid, mount_fuse, state_root  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300),
               pytest.mark.skipif(fuse_skip_reason() is not None, reason=str(fuse_skip_reason())),
@@ -229,3 +230,74 @@ def test_a_write_cut_off_by_the_servers_death_fails_and_leaves_the_file_whole(
     # The new server writes files as usual.
     path.write_bytes(b"after the restart")
     assert cluster.s3.get_object(bucket, "out.bin") == b"after the restart"
+
+
+# Opens a file, reads its first SIZE bytes, creates HALF and waits for GO; then drops the
+# file's pages and reads the next SIZE bytes; writes both pieces' SHA-256 (or the errno of the
+# failed read) to OUT. A process of its own: a test that held the file open itself would
+# send the kernel a FLUSH of it with every process it starts (the child closes its copy).
+HALF_READER = r"""
+import hashlib, json, os, sys, time
+path, size, half, go, out = sys.argv[1:6]
+size = int(size)
+fd = os.open(path, os.O_RDONLY)
+first = hashlib.sha256(os.pread(fd, size, 0)).hexdigest()
+open(half, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.01)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+try:
+    result = {"first": first, "rest": hashlib.sha256(os.pread(fd, size, size)).hexdigest(), "errno": 0}
+except OSError as exc:
+    result = {"first": first, "rest": "", "errno": exc.errno}
+with open(out, "w") as f:
+    json.dump(result, f)
+"""
+
+
+def test_a_reader_taken_over_by_a_new_server_never_reads_a_newer_version(
+        start_cluster: Any, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    # The file changes in the store while no server serves the mount: the open file goes on
+    # with the version it was reading (or fails), never with the new bytes; and a file opened
+    # after the change reads the new bytes, not pages the old handle puts in the kernel's
+    # page cache. The versions differ in less than the millisecond of the times a mount shows.
+    source = tmp_path / "source"
+    source.mkdir()
+    cluster = start_cluster(workers=1, **allow(tmp_path))
+    cluster.fs().client.mount("/v", f"file://{source}", pb.MountOptions(metadata_sync_interval=0))
+    target = source / "v.bin"
+    old, new = payload(2 * BLOCK_SIZE), payload(2 * BLOCK_SIZE, seed=1)  # the same length
+    millisecond = time.time_ns() // 1_000_000 * 1_000_000
+    target.write_bytes(old)
+    os.utime(target, ns=(millisecond + 100_000, millisecond + 100_000))
+    fuse = mount_fuse(cluster)
+    half, go, out = tmp_path / "half", tmp_path / "go", tmp_path / "out.json"
+    reader = subprocess.Popen([sys.executable, "-c", HALF_READER, str(fuse.path / "v" / "v.bin"), str(BLOCK_SIZE),
+                               str(half), str(go), str(out)])
+    try:
+        wait_until(half.exists, 60, "the reader to read the first block")
+        os.kill(fuse.process.pid, signal.SIGKILL)
+        fuse.wait()
+        target.write_bytes(new)  # in place
+        os.utime(target, ns=(millisecond + 600_000, millisecond + 600_000))
+        fuse = mount_fuse(cluster, wait=False)  # the same mount point
+        wait_until(lambda: "took over" in fuse.output() or not fuse.alive(), 60, "the new server to take over")
+        assert fuse.alive(), fuse.output()
+        after = os.open(fuse.path / "v" / "v.bin", os.O_RDONLY)  # opened before the old handle reads again
+        try:
+            go.touch()
+            assert reader.wait(timeout=60) == 0
+            assert os.pread(after, BLOCK_SIZE, BLOCK_SIZE) == new[BLOCK_SIZE:], "the old handle's pages were read"
+        finally:
+            os.close(after)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+    result = json.loads(out.read_text())
+    sha = {name: hashlib.sha256(data[BLOCK_SIZE:]).hexdigest() for name, data in (("old", old), ("new", new))}
+    assert result["first"] == hashlib.sha256(old[:BLOCK_SIZE]).hexdigest()
+    assert result["rest"] != sha["new"], "an open file read on in a newer version of the file"
+    assert result["rest"] == sha["old"] or result["errno"] == errno.EIO, result
+    assert (fuse.path / "v" / "v.bin").read_bytes() == new
+    # The handles' records go with them (the reader's, released after the takeover, too).
+    wait_until(lambda: not list(state_root(fuse.path).glob("*/handles/*")), 30, "the handles' records to go")

@@ -8,6 +8,7 @@ quota: in each case a reader gets the store's bytes (or a clear error), never ot
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -271,5 +272,42 @@ def test_a_tier_on_a_small_disk_evicts_and_fetches_each_block_once(start_cluster
             assert metric(cluster.workers[0].metrics(), "strata_worker_ufs_bytes_read") == len(data)
             report = fs.client.report()
             assert report.capacity <= 64 * MiB
+        finally:
+            cluster.stop()  # before the disk goes
+
+
+def test_a_block_file_damaged_after_a_short_circuit_reader_took_it_is_never_returned(
+        start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    # A reader takes whole blocks by descriptor and reads ahead: the bytes it returns later
+    # from a block it holds must be the ones it checked, whatever the file holds by then.
+    ssd = tmp_path / "ssd"
+    cluster = start_cluster(workers=1, tiers=ssd_tier(ssd))
+    data = payload(3 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "held.bin", data)
+    cluster.mount_bucket("/h", bucket)
+    local = cluster.fs(host="node-0", readahead=2)  # worker-0's host: block files by descriptor
+    assert local.cat_file("/h/held.bin") == data  # cached
+    with local.open("/h/held.bin", "rb") as f:
+        assert f.read(MiB) == data[:MiB]  # block 0 taken, blocks 1 and 2 read ahead
+        flip_middle_bytes(block_files(ssd))  # damage every block file on the worker's disk
+        assert f.read() == data[MiB:]
+
+
+def test_a_tier_that_cannot_be_written_serves_the_store_s_bytes(start_cluster: Any, bucket: str) -> None:
+    # A tier's disk goes read-only (the kernel does so after an I/O error) under a running
+    # worker: its readers get the store's bytes, uncached, not an error about the worker's files.
+    with tiny_disk("64m") as disk:
+        cluster = start_cluster(workers=1, tiers=ssd_tier(disk / "ssd", quota="32Mi"))
+        try:
+            data = payload(2 * BLOCK_SIZE + 5)
+            cluster.s3.put_object(bucket, "ro.bin", data)
+            cluster.mount_bucket("/ro", bucket)
+            subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True, timeout=30)
+            try:
+                assert cluster.fs(host="elsewhere").cat_file("/ro/ro.bin") == data
+                assert cluster.fs(host="node-0").cat_file("/ro/ro.bin") == data
+            finally:
+                subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True, timeout=30)
+            assert not block_files(disk / "ssd")
         finally:
             cluster.stop()  # before the disk goes

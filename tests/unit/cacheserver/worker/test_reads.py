@@ -38,13 +38,16 @@ async def test_a_file_source_is_the_block_file_at_the_asked_range(cluster: Clust
     cluster.put("m/f.bin", data)
     reads = (await cluster.worker()).reads
     info = await cluster.status("/m/f.bin")
-    source = await reads.read_source(ref_for(info, 0), 0, offset=100, length=200, readahead=0)
+    source = await reads.read_source(ref_for(info, 0), 0, offset=0, length=0, readahead=0)
     try:
-        assert source.fd >= 0 and (source.offset, source.length) == (100, 200)
-        assert os.pread(source.fd, 200, 100) == data[100:300]
+        assert source.fd >= 0 and (source.offset, source.length) == (0, BLOCK)
+        assert os.pread(source.fd, BLOCK, 0) == data[:BLOCK]
         assert source.checksums and source.chunk_size > 0
     finally:
         source.close()
+    # A range off the file's chunks is served from the bytes checked in memory.
+    ranged = await reads.read_source(ref_for(info, 0), 0, offset=100, length=200, readahead=0)
+    assert (ranged.fd, ranged.data, ranged.length) == (-1, data[100:300], 200)
 
 
 async def test_readahead_caches_the_next_blocks(cluster: Cluster) -> None:
