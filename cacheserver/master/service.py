@@ -415,7 +415,7 @@ class MasterService(pb_grpc.MasterServicer):
         moving = self._moving[path] = asyncio.Event()
         try:
             try:
-                await asyncio.wait_for(store.mv(upload_rel(request.version), rel), PERSIST_MOVE_TIMEOUT)
+                status = await asyncio.wait_for(store.move_file(upload_rel(request.version), rel), PERSIST_MOVE_TIMEOUT)
             except TimeoutError:
                 raise Unavailable(
                     f"store {mount.source} did not move the upload of {path} into place within "
@@ -426,7 +426,6 @@ class MasterService(pb_grpc.MasterServicer):
                     f"the upload of {path} version {request.version} is not in {store.url(upload_rel(request.version))}; "
                     "the worker uploads it again"
                 ) from None
-            status = await store.info(rel)
             entry = self.namespace.mark_persisted(path, status.version, version=request.version)
         finally:
             del self._moving[path]

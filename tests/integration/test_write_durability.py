@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from storeproxy import StoreProxy
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, wait_until
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, read_by_blocks, wait_until
 
 # Seconds the store stays down while an ASYNC_THROUGH write waits (STRATA_OUTAGE_SECONDS makes
 # it longer, to measure what an upload survives).
@@ -286,3 +287,37 @@ def test_a_failed_overwrite_leaves_the_pending_file_as_it_was(start_cluster: Any
     wait_until(lambda: cluster.fs().info("/w/f.bin")["persisted"], 30, "the first write's upload")
     assert cluster.s3.get_object(bucket, "f.bin") == first
     assert cluster.fs().cat_file("/w/f.bin") == first
+
+
+@pytest.mark.parametrize("write_type", ["THROUGH", "CACHE_THROUGH"])
+def test_a_write_commits_the_version_it_put_into_the_store_not_a_later_one(start_cluster: Any, bucket: str,
+                                                                           proxy: StoreProxy, write_type: str) -> None:
+    # Another writer replaces the object between this write's upload and the worker's next
+    # look at the store (here one writing to the store directly; a second Strata writer does
+    # the same). Strata must serve the store's bytes, never this write's under the other's
+    # version.
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    ours, theirs = payload(BLOCK_SIZE + 10), payload(BLOCK_SIZE + 4000)
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            cluster.fs(write_type=write_type).pipe_file("/w/f.bin", ours)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failed.append(exc)
+
+    # Status lookups wait: a worker that looks at the store after its upload does so after
+    # theirs landed (one that takes the version from the upload's answer has committed).
+    with proxy.holding(b"HEAD "):
+        writer = threading.Thread(target=write)
+        writer.start()
+        wait_until(lambda: proxy.holds or not writer.is_alive(), 30, "the write's upload to land")
+        assert cluster.s3.get_object(bucket, "f.bin") == ours
+        cluster.s3.put_object(bucket, "f.bin", theirs)
+    writer.join(timeout=60)
+    assert not writer.is_alive() and not failed, failed
+    fs = cluster.fs()
+    assert cluster.s3.get_object(bucket, "f.bin") == theirs
+    assert fs.cat_file("/w/f.bin") == theirs
+    assert read_by_blocks(fs.client, "/w/f.bin") == theirs
