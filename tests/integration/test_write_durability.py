@@ -321,3 +321,67 @@ def test_a_write_commits_the_version_it_put_into_the_store_not_a_later_one(start
     assert cluster.s3.get_object(bucket, "f.bin") == theirs
     assert fs.cat_file("/w/f.bin") == theirs
     assert read_by_blocks(fs.client, "/w/f.bin") == theirs
+
+
+def test_concurrent_appends_keep_every_acknowledged_append(start_cluster: Any, bucket: str) -> None:
+    # Four writers append to one file through two workers. Each append reads the file and
+    # writes it whole again with its bytes added: two that overlapped kept only one's bytes,
+    # both acknowledged.
+    cluster = start_cluster(workers=2)
+    cluster.mount_bucket("/w", bucket)
+    acknowledged: list[str] = []
+    failed: list[BaseException] = []
+
+    def appender(writer: int) -> None:
+        fs = cluster.fs(host=f"node-{writer % 2}")
+        for k in range(5):
+            try:
+                with fs.open("/w/log.txt", "ab") as f:
+                    f.write(f"{writer}-{k}\n".encode())
+                acknowledged.append(f"{writer}-{k}")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                failed.append(exc)
+
+    writers = [threading.Thread(target=appender, args=(i,)) for i in range(4)]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join(timeout=120)
+    lines = cluster.fs().cat_file("/w/log.txt").decode().split()
+    assert not set(acknowledged) - set(lines), f"acknowledged appends lost: {sorted(set(acknowledged) - set(lines))}"
+    assert not failed, failed
+    assert sorted(lines) == sorted(f"{i}-{k}" for i in range(4) for k in range(5))
+    for writer in range(4):  # each writer's appends in the order it made them
+        assert [line for line in lines if line.startswith(f"{writer}-")] == [f"{writer}-{k}" for k in range(5)]
+    assert cluster.s3.get_object(bucket, "log.txt").decode().split() == lines
+
+
+def test_an_append_cut_by_a_worker_restart_holds_back_no_later_write(start_cluster: Any, bucket: str,
+                                                                    proxy: StoreProxy) -> None:
+    # An append holds back the other writes of its file until it ends; one whose worker was
+    # killed ends when that worker starts again (not when its lease runs out, minutes later).
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    cluster.fs(write_type="THROUGH").pipe_file("/w/log.txt", b"first\n")
+    failed: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            with cluster.fs(write_type="THROUGH").open("/w/log.txt", "ab") as f:
+                f.write(b"cut\n")
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failed.append(exc)
+
+    with proxy.holding(b"PUT "):  # the append's upload waits: its worker is killed meanwhile
+        writer = threading.Thread(target=append)
+        writer.start()
+        wait_until(lambda: proxy.holds, 30, "the append's upload")
+        cluster.workers[0].stop(signal.SIGKILL)
+        writer.join(timeout=30)
+        assert failed, "the append's worker was killed before the append reached the store"
+    cluster.workers[0].start()
+    cluster.workers[0].wait_healthy()
+    cluster.wait_workers(1)
+    with cluster.fs(write_type="THROUGH").open("/w/log.txt", "ab") as f:
+        f.write(b"second\n")
+    assert cluster.fs().cat_file("/w/log.txt") == b"first\nsecond\n"
