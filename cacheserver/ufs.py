@@ -17,17 +17,21 @@ that the one retry helper decides.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import importlib.util
 import inspect
 import logging
 import os
 import posixpath
+import shutil
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import aiohttp
 import botocore.exceptions
@@ -42,8 +46,9 @@ from fsspec.spec import AbstractFileSystem
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from s3fs import S3FileSystem
+from s3fs.core import calculate_chunksize
 
-from strata.contract.constants import FSSPEC_PROTOCOL
+from strata.contract.constants import FSSPEC_PROTOCOL, UPLOAD_DIR
 from strata.contract.errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -87,6 +92,8 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 # bytes): a reader waits on them, so they get StoreTimeouts.deadline. The others (uploads of
 # any size, walks of whole trees, copies) are bounded by the read timeout of each request.
 _BOUNDED = frozenset({"check", "info", "list", "read"})
+# Bytes: the largest object S3 copies in one CopyObject call.
+_S3_COPY_LIMIT = 5 * 2**30
 # Storage options that Strata sets itself; a Mount cannot override them.
 _MANAGED_OPTIONS = frozenset({"asynchronous", "loop", "skip_instance_cache", "use_listings_cache"})
 # Schemes whose filesystem wraps another one or reads files of the server's host (caches,
@@ -293,6 +300,20 @@ def _mtime_seconds(info: Mapping[str, Any]) -> float:
 
 class VersionChanged(FailedPrecondition):
     """A read of one version of a file found another one in the store."""
+
+
+def _copy_file(source: Path, out: BinaryIO) -> None:
+    with open(source, "rb") as f:
+        shutil.copyfileobj(f, out, 1 << 20)
+
+
+def fsync_dir(folder: str | os.PathLike[str]) -> None:
+    """Make the entries of `folder` (a file renamed into it) survive a crash of the machine."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _local_version(st: os.stat_result) -> str:
@@ -679,17 +700,134 @@ class Store:
         await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
         return await self.info(rel)
 
+    # Files Strata puts into a store (uploads, copies, moves into place) come back with the
+    # version of the very object the operation made, taken from the store's own answer (S3:
+    # the ETag of the PUT, the multipart upload or the copy; file://: the stat of the file
+    # before it is renamed into place). A look at the path afterwards could find another
+    # writer's object, whose version would then name this write's bytes. Other stores give
+    # no such answer: for them the version is looked up after the operation.
+
     async def write_file(self, rel: str, local_path: Path) -> UfsStatus:
-        """Upload a local (staged) file to `rel`, replacing what is there."""
+        """Upload a local (staged) file to `rel`, replacing what is there; the status of the
+        object it made. On file:// stores the file appears whole or not at all (written
+        aside, fsynced, renamed into place)."""
         path = self._path(rel)
+        length = local_path.stat().st_size
+        if self._is_s3:
+            return self._made(rel, length, await self._call("upload", rel, lambda: self._put_s3(path, local_path)))
+        if self._local:
+            return await self._call("upload", rel, lambda: asyncio.to_thread(
+                self._place_local, rel, path, lambda out: _copy_file(local_path, out)))
         await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
         return await self.info(rel)
 
     async def copy(self, src: str, dst: str) -> UfsStatus:
-        """Copy a file inside the store (S3: a server-side copy); the copy's status."""
+        """Copy a file inside the store (S3: a server-side copy); the status of the copy."""
         src_path, dst_path = self._path(src), self._path(dst)
+        if self._is_s3:
+            source = await self.info(src)
+            if source.length <= _S3_COPY_LIMIT:
+                return self._made(dst, source.length,
+                                  await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
+        elif self._local:
+            return await self._call("copy", src, lambda: asyncio.to_thread(
+                self._place_local, dst, dst_path, lambda out: _copy_file(Path(src_path), out)))
         await self._call("copy", src, lambda: self._fs_call("cp_file", src_path, dst_path))
         return await self.info(dst)
+
+    async def move_file(self, src: str, dst: str) -> UfsStatus:
+        """Move one file within the store, replacing what is at `dst`; the status of the
+        moved file (S3: of the copy made at `dst`; file://: a rename, atomic)."""
+        if self._local:
+            src_path, dst_path = self._path(src), self._path(dst)
+            moved = await self._call("move", src, lambda: asyncio.to_thread(self._rename_local, dst, src_path, dst_path))
+            if moved is not None:
+                return moved
+        status = await self.copy(src, dst)
+        await self.rm(src)
+        return status
+
+    def _made(self, rel: str, length: int, version: str) -> UfsStatus:
+        return UfsStatus(path=rel.strip("/"), name=posixpath.basename(rel.strip("/")), is_dir=False, length=length,
+                         mtime_unix_ms=int(time.time() * 1000), version=version)
+
+    async def _put_s3(self, path: str, local_path: Path) -> str:
+        """Upload a local file: one PUT, or a multipart upload in s3fs's part size when
+        large; the ETag of the object made."""
+        fs = await self._filesystem()
+        bucket, key, _ = fs.split_path(path)
+        size = local_path.stat().st_size
+        part = calculate_chunksize(size)
+        with open(local_path, "rb") as f:
+            if size < 2 * part:
+                answer = await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=await asyncio.to_thread(f.read))
+            else:
+                upload = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+                try:
+                    parts = await fs._upload_file_part_concurrent(bucket, key, upload, f, part)
+                    answer = await fs._call_s3(
+                        "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload["UploadId"],
+                        MultipartUpload={"Parts": [{"PartNumber": i, "ETag": p["ETag"]} for i, p in enumerate(parts, 1)]},
+                    )
+                except BaseException:
+                    with contextlib.suppress(Exception):  # parts left behind are never listed
+                        await asyncio.shield(fs._abort_mpu(bucket, key, upload["UploadId"]))
+                    raise
+        fs.invalidate_cache(path)
+        return str(answer["ETag"]).strip('"')
+
+    async def _copy_s3(self, src_path: str, dst_path: str) -> str:
+        """A server-side copy of an object of at most 5 GiB; the ETag of the copy."""
+        fs = await self._filesystem()
+        src_bucket, src_key, _ = fs.split_path(src_path)
+        bucket, key, _ = fs.split_path(dst_path)
+        answer = await fs._call_s3("copy_object", Bucket=bucket, Key=key,
+                                   CopySource={"Bucket": src_bucket, "Key": src_key})
+        fs.invalidate_cache(dst_path)
+        return str(answer["CopyObjectResult"]["ETag"]).strip('"')
+
+    def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO], None]) -> UfsStatus:
+        """Write a file of a file:// store whole or not at all (blocking): `fill` writes a
+        temporary file in the store's upload folder (next to `path` if that is another file
+        system), which is fsynced and renamed over `path`; the status of that file."""
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        aside = self._path(UPLOAD_DIR)
+        os.makedirs(aside, exist_ok=True)
+        if os.stat(aside).st_dev != os.stat(folder).st_dev:
+            aside = folder
+        tmp = os.path.join(aside, f".{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as out:
+                fill(out)
+                out.flush()
+                os.fsync(out.fileno())
+                st = os.fstat(out.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        fsync_dir(folder)
+        return UfsStatus(path=rel.strip("/"), name=posixpath.basename(path), is_dir=False, length=st.st_size,
+                         mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
+
+    def _rename_local(self, rel: str, src_path: str, dst_path: str) -> UfsStatus | None:
+        """Rename a file of a file:// store over `dst_path` (blocking); its status, taken
+        before the rename (which keeps size and mtime). None if the two are on different
+        file systems."""
+        folder = os.path.dirname(dst_path)
+        os.makedirs(folder, exist_ok=True)
+        st = os.stat(src_path)
+        try:
+            os.replace(src_path, dst_path)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                return None
+            raise
+        fsync_dir(folder)
+        return UfsStatus(path=rel.strip("/"), name=posixpath.basename(dst_path), is_dir=False, length=st.st_size,
+                         mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
     async def rm(self, rel: str, recursive: bool = False) -> None:
         path = self._path(rel)

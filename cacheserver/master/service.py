@@ -42,9 +42,23 @@ UFS_TOTALS_MAX_AGE = 60.0
 # on object stores): writes and deletes of that path wait for it, so it must end; a worker
 # whose move timed out uploads again.
 PERSIST_MOVE_TIMEOUT = 120.0
-# Seconds a prepared write holds back older uploads of its file when its worker never says
-# how it ended (killed, or stopped that long).
+# Seconds a prepared write holds back older uploads of its file (and, an append, the other
+# writes of it) when its worker never says how it ended (stopped that long; a worker that
+# restarts ends the writes of its previous run when it registers).
 WRITE_LEASE = 600.0
+# Seconds a write waits at PrepareWrite for the writes of its file it must not overlap (an
+# append: all; any other write: an append) before it is refused; below the worker's deadline
+# for that call (masterlink.MASTER_WRITE_TIMEOUT, 30 s).
+WRITE_TURN_WAIT = 20.0
+
+
+@dataclass(frozen=True)
+class OpenWrite:
+    """A write prepared and not yet committed or aborted."""
+
+    lease_end: float  # time.monotonic()
+    exclusive: bool  # an append: no other write of its file overlaps it
+    worker_id: str
 
 
 @dataclass
@@ -144,9 +158,14 @@ class MasterService(pb_grpc.MasterServicer):
         # Paths whose ASYNC_THROUGH upload is being moved into place in the store: writes,
         # deletes and renames of them wait (so no older upload lands after a newer write).
         self._moving: dict[str, asyncio.Event] = {}
-        # Writes prepared and not yet committed or aborted: path -> write id -> lease end
-        # (time.monotonic()). While one is open, older uploads of the path wait.
-        self._writing: dict[str, dict[str, float]] = {}
+        # Writes prepared and not yet committed or aborted: path -> write id -> its lease.
+        # While one is open, older uploads of the path wait; while an append is open, the
+        # other writes of the path wait at PrepareWrite.
+        self._writing: dict[str, dict[str, OpenWrite]] = {}
+        # Set (and replaced) whenever a write of the path ends: PrepareWrite waits on it.
+        self._write_ended: dict[str, asyncio.Event] = {}
+        # The run of each worker process last registered (RegisterWorkerRequest.incarnation).
+        self._incarnations: dict[str, str] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -213,9 +232,12 @@ class MasterService(pb_grpc.MasterServicer):
         or an unpin must leave them alone."""
         return [pb.BlockRef(mount_id=e.mount_id, path=p, version=e.version) for p, e in self.namespace.unpersisted_below(path)]
 
+    def _moving_under(self, path: str) -> list[asyncio.Event]:
+        return [event for p, event in self._moving.items() if is_under(p, path)]
+
     async def _settled(self, path: str) -> None:
         """Wait until no upload at or below `path` is being moved into place."""
-        while busy := [event for p, event in self._moving.items() if is_under(p, path)]:
+        while busy := self._moving_under(path):
             await busy[0].wait()
 
     def _end_write(self, path: str, write_id: str) -> None:
@@ -223,16 +245,52 @@ class MasterService(pb_grpc.MasterServicer):
         open_writes.pop(write_id, None)
         if not open_writes:
             self._writing.pop(path, None)
+        ended = self._write_ended.pop(path, None)
+        if ended is not None:
+            ended.set()
 
-    def _write_open(self, path: str) -> bool:
-        """Is a write of `path` prepared and not yet ended (nor its lease run out)?"""
+    def _end_writes_of(self, worker_id: str) -> None:
+        """A worker started again: the writes its previous run had open are over."""
+        for path, open_writes in list(self._writing.items()):
+            for write_id in [w for w, write in open_writes.items() if write.worker_id == worker_id]:
+                log.info("write %s of %s ended with the previous run of worker %s", write_id, path, worker_id)
+                self._end_write(path, write_id)
+
+    def _open_writes(self, path: str) -> list[OpenWrite]:
+        """The writes of `path` prepared and not yet ended (nor their leases run out)."""
         now = time.monotonic()
-        open_writes = {w: end for w, end in self._writing.get(path, {}).items() if end > now}
+        open_writes = {w: write for w, write in self._writing.get(path, {}).items() if write.lease_end > now}
         if open_writes:
             self._writing[path] = open_writes
         else:
             self._writing.pop(path, None)
-        return bool(open_writes)
+        return list(open_writes.values())
+
+    def _write_open(self, path: str) -> bool:
+        """Is a write of `path` prepared and not yet ended (nor its lease run out)?"""
+        return bool(self._open_writes(path))
+
+    def _overlapped(self, path: str, exclusive: bool) -> bool:
+        """Would a write of `path` now overlap one it must not (an append: any)?"""
+        return any(exclusive or write.exclusive for write in self._open_writes(path))
+
+    async def _turn(self, path: str, exclusive: bool, deadline: float) -> None:
+        """Wait until no upload of `path` is being moved into place and no write it must not
+        overlap is open; Unavailable at `deadline` (time.monotonic())."""
+        while True:
+            await self._settled(path)
+            if not self._overlapped(path, exclusive):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                what = "other writes of it" if exclusive else "an append to it"
+                raise Unavailable(f"cannot write {path} now: {what} did not end within {WRITE_TURN_WAIT:g}s; "
+                                  "try again")
+            ended = self._write_ended.setdefault(path, asyncio.Event())
+            try:  # a lease that runs out ends a write too: look again at least every second
+                await asyncio.wait_for(ended.wait(), min(left, 1.0))
+            except TimeoutError:
+                pass
 
     async def _remove_upload(self, mount: NsMount, version: str) -> None:
         """Remove a dropped write's upload from the store's upload folder (best effort: a
@@ -378,18 +436,24 @@ class MasterService(pb_grpc.MasterServicer):
     async def PrepareWrite(self, request: pb.PrepareWriteRequest, context: grpc.aio.ServicerContext) -> pb.PrepareWriteResponse:
         path = normalize(request.path)
         mount, _ = self.mounts.resolve(path)
-        await self._settled(path)
-        if not request.overwrite:
-            try:
-                await self.namespace.get_status(path)
-            except NotFound:
-                pass
-            else:
-                raise AlreadyExists(f"{path} already exists; write with overwrite to replace it")
+        deadline = time.monotonic() + WRITE_TURN_WAIT
+        while True:
+            await self._turn(path, request.exclusive, deadline)
+            if not request.overwrite:
+                try:
+                    await self.namespace.get_status(path)
+                except NotFound:
+                    pass
+                else:
+                    raise AlreadyExists(f"{path} already exists; write with overwrite to replace it")
+            if not self._moving_under(path) and not self._overlapped(path, request.exclusive):
+                break  # nothing began while the store was asked
         # Older uploads of the file wait until this write ends: committed, it supersedes them;
-        # failed, the file stays as it was (and its upload goes on).
+        # failed, the file stays as it was (and its upload goes on). An append also holds
+        # back the other writes of the file: each builds on the file as the one before left it.
         write_id = uuid.uuid4().hex
-        self._writing.setdefault(path, {})[write_id] = time.monotonic() + WRITE_LEASE
+        self._writing.setdefault(path, {})[write_id] = OpenWrite(time.monotonic() + WRITE_LEASE, request.exclusive,
+                                                                 request.worker_id)
         return pb.PrepareWriteResponse(write_id=write_id)
 
     @rpcutil.unary
@@ -415,7 +479,7 @@ class MasterService(pb_grpc.MasterServicer):
         moving = self._moving[path] = asyncio.Event()
         try:
             try:
-                await asyncio.wait_for(store.mv(upload_rel(request.version), rel), PERSIST_MOVE_TIMEOUT)
+                status = await asyncio.wait_for(store.move_file(upload_rel(request.version), rel), PERSIST_MOVE_TIMEOUT)
             except TimeoutError:
                 raise Unavailable(
                     f"store {mount.source} did not move the upload of {path} into place within "
@@ -426,7 +490,6 @@ class MasterService(pb_grpc.MasterServicer):
                     f"the upload of {path} version {request.version} is not in {store.url(upload_rel(request.version))}; "
                     "the worker uploads it again"
                 ) from None
-            status = await store.info(rel)
             entry = self.namespace.mark_persisted(path, status.version, version=request.version)
         finally:
             del self._moving[path]
@@ -546,6 +609,10 @@ class MasterService(pb_grpc.MasterServicer):
         info = request.worker
         if not info.worker_id or not info.address:
             raise InvalidArgument("RegisterWorker: worker_id and address are required")
+        previous = self._incarnations.get(info.worker_id)
+        self._incarnations[info.worker_id] = request.incarnation
+        if previous is not None and previous != request.incarnation:
+            self._end_writes_of(info.worker_id)
         self.membership.register(info, request.stats)
         self.blocks.drop_worker(info.worker_id)
         self.blocks.add(info.worker_id, request.blocks)

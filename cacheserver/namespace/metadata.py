@@ -212,12 +212,25 @@ class Namespace:
         self._pins = {int(m): set(paths) for m, paths in data.get("pins", {}).items()}
 
     def _save(self) -> None:
+        self._write_state(self._overlay, self._pins)
+
+    def _write_state(self, overlay: dict[str, OverlayEntry], pins: dict[int, set[str]]) -> None:
         self._state.save(
             {
-                "overlay": {p: asdict(e) for p, e in self._overlay.items()},
-                "pins": {str(m): sorted(paths) for m, paths in self._pins.items() if paths},
+                "overlay": {p: asdict(e) for p, e in overlay.items()},
+                "pins": {str(m): sorted(paths) for m, paths in pins.items() if paths},
             },
         )
+
+    def _change(self, overlay: dict[str, OverlayEntry] | None = None, pins: dict[int, set[str]] | None = None) -> None:
+        """Make `overlay` (and `pins`) the namespace's state: saved first, then taken. A save
+        that fails (a full disk) changes nothing, and the caller's error says so: what the
+        master answers never runs ahead of what it finds again after a restart (a worker
+        told a write is in the store drops its staged copy)."""
+        overlay = self._overlay if overlay is None else overlay
+        pins = self._pins if pins is None else pins
+        self._write_state(overlay, pins)
+        self._overlay, self._pins = overlay, pins
 
     def _sync_mounts(self) -> None:
         """Forget caches, overlay entries and pins of mounts that are gone or replaced."""
@@ -562,8 +575,7 @@ class Namespace:
             ufs_version=(ufs_version or version) if persisted else None,
             block_size=block_size or self._block_size,
         )
-        self._overlay[path] = written
-        self._save()
+        self._change({**self._overlay, path: written})
         self.invalidate(path)
         return self._overlay_entry(mount, path, written)
 
@@ -600,8 +612,7 @@ class Namespace:
         if not ufs_version:
             raise InvalidArgument(f"persist of {path}: the store's version must not be empty")
         persisted = replace(written, persisted=True, ufs_version=ufs_version)
-        self._overlay[path] = persisted
-        self._save()
+        self._change({**self._overlay, path: persisted})
         self.invalidate(path)
         return self._overlay_entry(mount, path, persisted)
 
@@ -614,8 +625,7 @@ class Namespace:
         written = self._overlay.get(path)
         if written is None or written.persisted or (version is not None and written.version != version):
             return None
-        del self._overlay[path]
-        self._save()
+        self._change({p: e for p, e in self._overlay.items() if p != path})
         self.invalidate(path)
         return written
 
@@ -628,10 +638,8 @@ class Namespace:
     def _drop_written(self, path: str) -> dict[str, OverlayEntry]:
         """Remove and return the overlay entries at or below `path`."""
         dropped = {p: e for p, e in self._overlay.items() if is_under(p, path)}
-        for p in dropped:
-            del self._overlay[p]
         if dropped:
-            self._save()
+            self._change({p: e for p, e in self._overlay.items() if p not in dropped})
         return dropped
 
     async def delete(self, path: str, recursive: bool = False) -> dict[str, OverlayEntry]:
@@ -682,11 +690,11 @@ class Namespace:
             pass
         else:
             raise AlreadyExists(f"cannot rename {src} to {dst}: {dst} already exists; delete it first")
-        moved = self._drop_written(src)
-        for old, written in moved.items():
-            self._overlay[dst + old[len(src):]] = written
+        # One change: the written files leave `src` and arrive at `dst` together.
+        moved = {p: e for p, e in self._overlay.items() if is_under(p, src)}
         if moved:
-            self._save()
+            kept = {p: e for p, e in self._overlay.items() if p not in moved}
+            self._change({**kept, **{dst + old[len(src):]: written for old, written in moved.items()}})
         try:
             if entry.persisted or entry.is_dir:
                 await self._mounts.store(src_mount).mv(src_rel, dst_rel)
@@ -717,8 +725,7 @@ class Namespace:
         else:  # a file only the store knows: keep its identity, change its time
             timed = OverlayEntry(mount_id=mount.mount_id, length=entry.length, version=entry.version,
                                  mtime_unix_ms=mtime_unix_ms, persisted=True, ufs_version=entry.version)
-        self._overlay[path] = timed
-        self._save()
+        self._change({**self._overlay, path: timed})
         return self._overlay_entry(mount, path, timed)
 
     # -- pins and invalidation --------------------------------------------------------------------
@@ -729,12 +736,12 @@ class Namespace:
         path = normalize(path)
         self._sync_mounts()
         mount, _ = self._mounts.resolve(path)
-        pins = self._pins.setdefault(mount.mount_id, set())
+        pins = set(self._pins.get(mount.mount_id, ()))
         if pinned:
             pins.add(path)
         else:
             pins.discard(path)
-        self._save()
+        self._change(pins={**self._pins, mount.mount_id: pins})
 
     def pinned_prefixes(self, mount_id: int) -> list[str]:
         """Namespace paths pinned in a mount (the mount's own `pin` option not included)."""

@@ -156,14 +156,19 @@ class MountTable:
         self._next_id = max([int(data.get("next_id", 1))] + [m.mount_id + 1 for m in mounts])
         log.info("loaded %d mounts from %s", len(mounts), self._state.path)
 
-    def _save(self) -> None:
+    def _change(self, mounts: dict[str, Mount], next_id: int) -> None:
+        """Make `mounts` the table (its version one up): saved first, then taken. A save
+        that fails (a full disk) changes nothing and raises: a mount the journal does not
+        hold is never served (a restart would drop it, and the files written to it)."""
+        version = self._version + 1
         self._state.save(
             {
-                "version": self._version,
-                "next_id": self._next_id,
-                "mounts": [self._seal(m) for m in self.list()],
+                "version": version,
+                "next_id": next_id,
+                "mounts": [self._seal(m) for m in sorted(mounts.values(), key=lambda m: m.path)],
             },
         )
+        self._mounts, self._version, self._next_id = mounts, version, next_id
 
     def _seal(self, mount: Mount) -> dict[str, Any]:
         data = mount.to_json()
@@ -228,14 +233,10 @@ class MountTable:
                 mount_id=existing.mount_id if same_data and existing is not None else self._next_id,
                 created_unix_ms=existing.created_unix_ms if same_data and existing is not None else int(time.time() * 1000),
             )
-            if not same_data:
-                self._next_id += 1
-            self._mounts[path] = mount
-            self._version += 1
+            self._change({**self._mounts, path: mount}, self._next_id if same_data else self._next_id + 1)
             if existing is not None:
                 self._retire_store(existing.mount_id)
             self._stores[mount.mount_id] = store
-            self._save()
         log.info("mounted %s -> %s (id %d)", path, source, mount.mount_id)
         return mount
 
@@ -243,12 +244,11 @@ class MountTable:
         """Unmount the mount at `path`."""
         path = normalize(path, what="mount path")
         with self._lock:
-            mount = self._mounts.pop(path, None)
+            mount = self._mounts.get(path)
             if mount is None:
                 raise NotFound(f"nothing is mounted at {path}; {self._describe()}")
-            self._version += 1
+            self._change({p: m for p, m in self._mounts.items() if p != path}, self._next_id)
             self._retire_store(mount.mount_id)
-            self._save()
         log.info("unmounted %s (id %d)", path, mount.mount_id)
         return mount
 

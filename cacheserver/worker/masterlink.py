@@ -54,12 +54,14 @@ class MasterLink:
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def prepare_write(self, path: str, *, overwrite: bool) -> str:
+    async def prepare_write(self, path: str, *, overwrite: bool, exclusive: bool = False) -> str:
         """Ask the master before writing: refuses an existing file (unless overwrite) and
-        holds back older uploads of it until this write ends. Returns the write's id."""
+        holds back older uploads of it until this write ends; `exclusive` (an append) waits
+        for the other writes of the file to end and holds back those that come after it.
+        Returns the write's id."""
         response = await self.client.prepare_write(
-            pb.PrepareWriteRequest(path=path, overwrite=overwrite), timeout=MASTER_WRITE_TIMEOUT,
-            what=f"preparing the write of {path} on the master")
+            pb.PrepareWriteRequest(path=path, overwrite=overwrite, exclusive=exclusive, worker_id=self.worker_id),
+            timeout=MASTER_WRITE_TIMEOUT, what=f"preparing the write of {path} on the master")
         return str(response.write_id)
 
     async def commit_file(self, path: str, length: int, version: str, *, persisted: bool, ufs_version: str,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import uuid
 from dataclasses import dataclass, field
 
 from strata.contract.errors import StrataError
@@ -94,6 +95,9 @@ class Membership:
         self._interval = heartbeat_interval
         self.endpoints: Endpoints | None = None
         self.registered = False
+        # Names this run of the process for the master: the writes a previous run left open
+        # end when this one registers.
+        self.incarnation = uuid.uuid4().hex
 
     def listening(self, endpoints: Endpoints) -> None:
         """The servers are bound: registrations from now on advertise these endpoints."""
@@ -132,7 +136,7 @@ class Membership:
         blocks, rest = rpcutil.split_batch(blocks)
         self.reports.requeue(rest, [])
         response = await self._link.register(pb.RegisterWorkerRequest(worker=self.info(), stats=self.stats(),
-                                                                      blocks=blocks))
+                                                                      blocks=blocks, incarnation=self.incarnation))
         self.registered = True
         if response.mount_table_version != self._mounts.version:
             await self._mounts.refresh()

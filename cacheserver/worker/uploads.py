@@ -36,6 +36,7 @@ from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from ..blockrefs import block_count
 from ..namespace.metadata import upload_rel
 from ..retry import call_with_backoff
+from ..ufs import fsync_dir
 from ..uploads import sum_pending
 from .mounts import WorkerMounts
 
@@ -130,14 +131,6 @@ def write_durably(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def remove_stale_staging(staging_dir: Path) -> None:

@@ -95,8 +95,11 @@ class Writes:
                 staged.unlink(missing_ok=True)
 
     async def append_file(self, chunks: AsyncIterator[pb.WriteFileChunk]) -> pb.FileInfo:
-        """Append a stream of chunks to the file the first names (a new file if none)."""
+        """Append a stream of chunks to the file the first names (a new file if none). The
+        append is prepared before the file is read: no other write of it overlaps (two
+        appends each built on the same file would keep only one's bytes)."""
         staged = self._uploads.new_staged()
+        path, write_id = "", ""
         try:
             first: pb.WriteFileChunk | None = None
             length = 0
@@ -106,6 +109,7 @@ class Writes:
                         first = chunk
                         path = normalize(chunk.path)
                         (await self._mounts.resolve(path)).check_writable()
+                        write_id = await self._link.prepare_write(path, overwrite=True, exclusive=True)
                         try:
                             length = await self._stage_existing(path, out)
                         except NotFound:
@@ -116,8 +120,10 @@ class Writes:
                 raise InvalidArgument("AppendFile: empty stream; the first message must name the path")
         except BaseException:
             staged.unlink(missing_ok=True)
+            if write_id:
+                await asyncio.shield(self._link.abort_write(path, "", write_id))
             raise
-        return await self._write_staged(staged, path, length, first.write_type, overwrite=True)
+        return await self._write_staged(staged, path, length, first.write_type, overwrite=True, write_id=write_id)
 
     async def copy_file(self, request: pb.CopyFileRequest) -> pb.FileInfo:
         src, dst = normalize(request.src), normalize(request.dst)
@@ -145,14 +151,20 @@ class Writes:
     # -- staged files ------------------------------------------------------------------------
 
     async def _write_staged(self, staged: Path, path: str, length: int, write_type: pb.WriteType.ValueType,
-                            overwrite: bool) -> pb.FileInfo:
-        """Write a staged file to `path` with the write type (the mount's if unspecified);
-        the staged file is removed unless an ASYNC_THROUGH upload still needs it."""
+                            overwrite: bool, write_id: str = "") -> pb.FileInfo:
+        """Write a staged file to `path` with the write type (the mount's if unspecified), as
+        the write `write_id` if it was prepared already; the staged file is removed unless an
+        ASYNC_THROUGH upload still needs it."""
         try:
-            mount = await self._mounts.resolve(path)
-            mount.check_writable()
+            try:
+                mount = await self._mounts.resolve(path)
+                mount.check_writable()
+            except BaseException:
+                if write_id:
+                    await asyncio.shield(self._link.abort_write(path, "", write_id))
+                raise
             effective = effective_write_type(write_type, mount, self.config)
-            write_id = await self._link.prepare_write(path, overwrite=overwrite)
+            write_id = write_id or await self._link.prepare_write(path, overwrite=overwrite)
             return await self._write(staged, mount, path, length, effective, write_id)
         finally:
             if not self._uploads.is_pending(staged):

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from storeproxy import StoreProxy
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, wait_until
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, read_by_blocks, wait_until
 
 # Seconds the store stays down while an ASYNC_THROUGH write waits (STRATA_OUTAGE_SECONDS makes
 # it longer, to measure what an upload survives).
@@ -286,3 +287,101 @@ def test_a_failed_overwrite_leaves_the_pending_file_as_it_was(start_cluster: Any
     wait_until(lambda: cluster.fs().info("/w/f.bin")["persisted"], 30, "the first write's upload")
     assert cluster.s3.get_object(bucket, "f.bin") == first
     assert cluster.fs().cat_file("/w/f.bin") == first
+
+
+@pytest.mark.parametrize("write_type", ["THROUGH", "CACHE_THROUGH"])
+def test_a_write_commits_the_version_it_put_into_the_store_not_a_later_one(start_cluster: Any, bucket: str,
+                                                                           proxy: StoreProxy, write_type: str) -> None:
+    # Another writer replaces the object between this write's upload and the worker's next
+    # look at the store (here one writing to the store directly; a second Strata writer does
+    # the same). Strata must serve the store's bytes, never this write's under the other's
+    # version.
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    ours, theirs = payload(BLOCK_SIZE + 10), payload(BLOCK_SIZE + 4000)
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            cluster.fs(write_type=write_type).pipe_file("/w/f.bin", ours)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failed.append(exc)
+
+    # Status lookups wait: a worker that looks at the store after its upload does so after
+    # theirs landed (one that takes the version from the upload's answer has committed).
+    with proxy.holding(b"HEAD "):
+        writer = threading.Thread(target=write)
+        writer.start()
+        wait_until(lambda: proxy.holds or not writer.is_alive(), 30, "the write's upload to land")
+        assert cluster.s3.get_object(bucket, "f.bin") == ours
+        cluster.s3.put_object(bucket, "f.bin", theirs)
+    writer.join(timeout=60)
+    assert not writer.is_alive() and not failed, failed
+    fs = cluster.fs()
+    assert cluster.s3.get_object(bucket, "f.bin") == theirs
+    assert fs.cat_file("/w/f.bin") == theirs
+    assert read_by_blocks(fs.client, "/w/f.bin") == theirs
+
+
+def test_concurrent_appends_keep_every_acknowledged_append(start_cluster: Any, bucket: str) -> None:
+    # Four writers append to one file through two workers. Each append reads the file and
+    # writes it whole again with its bytes added: two that overlapped kept only one's bytes,
+    # both acknowledged.
+    cluster = start_cluster(workers=2)
+    cluster.mount_bucket("/w", bucket)
+    acknowledged: list[str] = []
+    failed: list[BaseException] = []
+
+    def appender(writer: int) -> None:
+        fs = cluster.fs(host=f"node-{writer % 2}")
+        for k in range(5):
+            try:
+                with fs.open("/w/log.txt", "ab") as f:
+                    f.write(f"{writer}-{k}\n".encode())
+                acknowledged.append(f"{writer}-{k}")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                failed.append(exc)
+
+    writers = [threading.Thread(target=appender, args=(i,)) for i in range(4)]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join(timeout=120)
+    lines = cluster.fs().cat_file("/w/log.txt").decode().split()
+    assert not set(acknowledged) - set(lines), f"acknowledged appends lost: {sorted(set(acknowledged) - set(lines))}"
+    assert not failed, failed
+    assert sorted(lines) == sorted(f"{i}-{k}" for i in range(4) for k in range(5))
+    for writer in range(4):  # each writer's appends in the order it made them
+        assert [line for line in lines if line.startswith(f"{writer}-")] == [f"{writer}-{k}" for k in range(5)]
+    assert cluster.s3.get_object(bucket, "log.txt").decode().split() == lines
+
+
+def test_an_append_cut_by_a_worker_restart_holds_back_no_later_write(start_cluster: Any, bucket: str,
+                                                                    proxy: StoreProxy) -> None:
+    # An append holds back the other writes of its file until it ends; one whose worker was
+    # killed ends when that worker starts again (not when its lease runs out, minutes later).
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    cluster.fs(write_type="THROUGH").pipe_file("/w/log.txt", b"first\n")
+    failed: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            with cluster.fs(write_type="THROUGH").open("/w/log.txt", "ab") as f:
+                f.write(b"cut\n")
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failed.append(exc)
+
+    with proxy.holding(b"PUT "):  # the append's upload waits: its worker is killed meanwhile
+        writer = threading.Thread(target=append)
+        writer.start()
+        wait_until(lambda: proxy.holds, 30, "the append's upload")
+        cluster.workers[0].stop(signal.SIGKILL)
+        writer.join(timeout=30)
+        assert failed, "the append's worker was killed before the append reached the store"
+    cluster.workers[0].start()
+    cluster.workers[0].wait_healthy()
+    cluster.wait_workers(1)
+    with cluster.fs(write_type="THROUGH").open("/w/log.txt", "ab") as f:
+        f.write(b"second\n")
+    assert cluster.fs().cat_file("/w/log.txt") == b"first\nsecond\n"

@@ -8,6 +8,8 @@
         ...
     with proxy.slowed(2.0):  # each answer waits 2 s for its first byte
         ...
+    with proxy.holding(b"HEAD "):  # requests that start so wait, unsent, until the end
+        ...
     proxy.stop()
 
 The proxy runs its own event loop in a daemon thread, so a test drives faults from plain
@@ -37,6 +39,8 @@ class StoreProxy:
         self.target = (target_host, target_port)
         self.mode: Mode = "pass"
         self.delay = 0.0
+        self.held: bytes | None = None  # requests starting with these bytes wait (`holding`)
+        self.holds = 0  # requests held back since start (see `holding`)
         self.connections = 0  # accepted since start, for tests that check a fault was met
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -107,6 +111,17 @@ class StoreProxy:
     def slowed(self, seconds: float) -> AbstractContextManager[None]:
         return self._fault("slow", seconds)
 
+    @contextmanager
+    def holding(self, request_start: bytes) -> Iterator[None]:
+        """Requests whose first bytes are `request_start` (b"HEAD ": status lookups) are
+        held back until the `with` ends, then sent; the others pass meanwhile. `holds`
+        counts them."""
+        self.held = request_start
+        try:
+            yield
+        finally:
+            self.held = None
+
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._writers.add(client_w)
@@ -124,6 +139,10 @@ class StoreProxy:
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, answers: bool) -> None:
             try:
                 while data := await src.read(CHUNK):
+                    if not answers and self.held is not None and data.startswith(self.held):
+                        self.holds += 1
+                        while self.held is not None:
+                            await asyncio.sleep(0.05)
                     while self.mode == "hang":
                         await asyncio.sleep(0.05)
                     if not answers:

@@ -3,6 +3,8 @@ fresh temporary folder, unmounted and removed when the `with` block ends, also o
 
     with tiny_disk("64m") as root:
         ... write under root until ENOSPC ...
+        with filled(root):
+            ... every write under root fails with ENOSPC ...
 
 Needs the right to mount (root, or a user namespace that allows tmpfs); `pytest.skip`s with
 the reason otherwise.
@@ -11,6 +13,8 @@ the reason otherwise.
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 import subprocess
 import tempfile
@@ -34,3 +38,23 @@ def tiny_disk(size: str) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(root)], check=True, timeout=30)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def filled(root: Path) -> Iterator[None]:
+    """Fill the file system of `root` to the last byte while the `with` block runs; the
+    filler file is removed when it ends."""
+    filler = root / ".filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+        yield
+    finally:
+        os.close(fd)
+        filler.unlink()

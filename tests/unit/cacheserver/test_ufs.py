@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import os
 import time
 import uuid
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import flaky
+from tinydisk import tiny_disk
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -239,6 +241,68 @@ async def test_copy_makes_a_second_file_in_the_store(backend: Backend) -> None:
     assert await store.read_range("src/a", 0, 100) == b"bytes to copy"
     with pytest.raises(NotFound):
         await store.copy("src/missing", "dst/b")
+
+
+async def test_a_file_put_into_the_store_comes_back_with_the_version_of_what_was_put(
+        backend: Backend, tmp_path: Path) -> None:
+    # The version a write commits must name its own bytes: taken from the store's answer to
+    # the upload, copy or move, it stays ours when another writer replaces the file next.
+    store = backend.store
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"ours")
+    uploaded = await store.write_file("up/file", staged)
+    found = await store.info("up/file")
+    assert (uploaded.path, uploaded.version, uploaded.length) == ("up/file", found.version, 4)
+    copied = await store.copy("up/file", "copy/file")
+    assert copied.version == (await store.info("copy/file")).version and copied.length == 4
+    moved = await store.move_file("copy/file", "moved/file")
+    assert moved.version == (await store.info("moved/file")).version and moved.length == 4
+    with pytest.raises(NotFound):
+        await store.info("copy/file")
+    with pytest.raises(NotFound):
+        await store.move_file("copy/file", "moved/again")
+
+    backend.put_outside("up/file", b"theirs, written right after")
+    assert (await store.info("up/file")).version != uploaded.version
+    if store.protocol != "memory":  # a store whose answers carry no version is looked at after
+        staged.write_bytes(b"ours again")
+        again = await store.write_file("up/file", staged)
+        backend.put_outside("up/file", b"theirs again")
+        assert again.version != (await store.info("up/file")).version
+    assert [s.path for s in await store.walk("")] == ["moved/file", "up/file"]
+
+
+async def test_a_large_upload_to_s3_is_multipart_and_answers_with_its_etag(
+        s3_server: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("strata.cacheserver.ufs.calculate_chunksize", lambda size: 5 * 2**20)  # S3's least
+    data = os.urandom(12 * 2**20)
+    staged = tmp_path / "large"
+    staged.write_bytes(data)
+    store = Store(f"s3://{bucket}", s3_server.storage_options())
+    try:
+        uploaded = await store.write_file("large", staged)
+        assert uploaded.version.endswith("-3")  # three parts
+        assert uploaded.version == (await store.info("large")).version and uploaded.length == len(data)
+        assert s3_server.get_object(bucket, "large") == data
+    finally:
+        await store.close()
+
+
+async def test_a_file_store_that_fills_up_keeps_the_file_it_had(tmp_path: Path) -> None:
+    # A file:// upload is written aside and renamed into place: a full disk (or a killed
+    # worker) never leaves a cut file where the old one was.
+    with tiny_disk("1m") as root:
+        store = Store(f"file://{root}", retry=FAST_RETRY)
+        old = await store.write("f.bin", b"the old bytes")
+        staged = tmp_path / "staged"
+        staged.write_bytes(os.urandom(2 * 2**20))
+        with pytest.raises(OSError) as failed:
+            await store.write_file("f.bin", staged)
+        assert failed.value.errno == errno.ENOSPC
+        assert await store.info("f.bin") == old
+        assert await store.read_range("f.bin", 0, 100, version=old.version) == b"the old bytes"
+        assert [s.path for s in await store.walk("")] == ["f.bin"]
+        assert os.listdir(root / ".strata-uploads") == []
 
 
 async def test_paths_cannot_climb_out_of_the_root(backend: Backend) -> None:

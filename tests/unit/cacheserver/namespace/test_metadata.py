@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 import time
 import uuid
@@ -12,6 +13,7 @@ from typing import Any, ClassVar
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
+from tinydisk import filled, tiny_disk
 
 from strata.cacheserver.namespace.metadata import FileEntry, Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
@@ -401,6 +403,40 @@ async def test_overlay_and_pins_survive_a_restart(tmp_path: Path) -> None:
     staged = await again.get_status("/m/staged")
     assert (staged.version, staged.persisted) == ("w9", False)
     assert again.pinned_prefixes(env.mount.mount_id) == ["/m/hot"]
+
+
+async def test_a_change_the_journal_cannot_hold_is_not_answered(tmp_path: Path) -> None:
+    # A full journal disk: each change fails, and the namespace answers as before it, as it
+    # will after a restart. (The persist of an upload was answered as done while the journal
+    # still said "not in the store": the worker dropped its staged copy, and after a restart
+    # the file was listed as not persisted, with no copy left to upload.)
+    with tiny_disk("1m") as disk:
+        env = Env(disk)
+        env.ns.commit_file("/m/pending", length=4, version="w1", persisted=False)
+        env.put("d/moved", b"4444")  # a written file in the store
+        in_store = await env.mounts.store(env.mount).info("d/moved")
+        env.ns.commit_file("/m/d/moved", length=4, version="w2", persisted=True, ufs_version=in_store.version)
+        before = [await env.ns.get_status(p) for p in ("/m/pending", "/m/d/moved")]
+        changes = [
+            lambda: env.ns.commit_file("/m/new", length=4, version="w3", persisted=False),
+            lambda: env.ns.mark_persisted("/m/pending", "etag-1", version="w1"),
+            lambda: env.ns.drop_unpersisted("/m/pending", "w1"),
+            lambda: env.ns.set_pinned("/m/d", True),
+        ]
+        with filled(disk):
+            for change in changes:
+                with pytest.raises(OSError) as failed:
+                    change()
+                assert failed.value.errno == errno.ENOSPC
+            for call in (env.ns.set_mtime("/m/pending", 1000), env.ns.delete("/m/pending"),
+                         env.ns.rename("/m/d", "/m/e")):
+                with pytest.raises(OSError):
+                    await call
+            for answer in (env.ns, Namespace(MountTable(disk), disk, block_size=BLOCK)):
+                assert [await answer.get_status(p) for p in ("/m/pending", "/m/d/moved")] == before
+                with pytest.raises(NotFound):
+                    await answer.get_status("/m/new")
+                assert answer.pinned_prefixes(env.mount.mount_id) == []
 
 
 async def test_unmounting_forgets_the_mounts_writes_and_pins(tmp_path: Path) -> None:

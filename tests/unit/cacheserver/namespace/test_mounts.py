@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import errno
 import json
 import stat
 from pathlib import Path
 
 import pytest
+from tinydisk import filled, tiny_disk
 
 from strata.cacheserver.namespace.mounts import Mount, MountOptions, MountTable
 from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound
@@ -191,3 +193,24 @@ def test_a_table_saved_in_the_clear_is_sealed_at_the_next_save(tmp_path: Path) -
     assert "s3cr3t" not in text and "AKIAEXAMPLE" not in text and "sealed_credentials" in text
     again = MountTable(tmp_path, cluster_key="cluster-internal-token")
     assert dict(again.get("/a").options.credentials) == credentials  # type: ignore[union-attr]
+
+
+def test_a_change_the_journal_cannot_hold_is_not_made(tmp_path: Path) -> None:
+    # A full journal disk: the Mount or Unmount fails, and the table stays as the journal
+    # has it. (A mount kept only in memory was answered "already mounted" to the retry, took
+    # writes, and was gone after a restart, with the files written to it.)
+    with tiny_disk("1m") as disk:
+        table = MountTable(disk, cluster_key="cluster-key")
+        a = table.add("/a", "memory://a", MountOptions(credentials={"key": "secret"}))
+        with filled(disk):
+            with pytest.raises(OSError) as failed:
+                table.add("/b", "memory://b")
+            assert failed.value.errno == errno.ENOSPC
+            with pytest.raises(OSError):
+                table.remove("/a")
+            with pytest.raises(OSError):
+                table.add("/a", "memory://other", replace=True)
+            assert table.list() == [a] and table.version == 1
+        b = table.add("/b", "memory://b")  # the retry, once there is room
+        assert b.mount_id == a.mount_id + 1
+        assert MountTable(disk, cluster_key="cluster-key").list() == [a, b]
