@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import threading
 import time
@@ -36,6 +37,15 @@ def rss_mib(pid: int) -> float:
 
 def threads(pid: int) -> int:
     return _status_field(pid, "Threads")
+
+
+def listen_queue(port: int) -> int:
+    """Connections waiting to be accepted on the listening TCP socket of 127.0.0.1:`port`."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":  # LISTEN
+            return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def _status_field(pid: int, name: str) -> int:
@@ -307,6 +317,58 @@ def test_idle_data_port_connections_are_bounded_and_closed(start_cluster: Any, b
         print(f"a reader that took no bytes was dropped after {time.monotonic() - started:.1f}s")
     finally:
         stalled.close()
+
+
+def test_the_data_port_serves_again_after_the_worker_ran_out_of_descriptors(start_cluster: Any, bucket: str) -> None:
+    cluster = start_cluster(workers=1)
+    worker = cluster.workers[0]
+    assert worker.process is not None
+    pid = worker.process.pid
+    data = os.urandom(2 * MiB)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/d", bucket)
+    fs = cluster.data_fs(host="elsewhere")
+    address = ("127.0.0.1", fs.client.workers()[0].data_port)
+    ref = fs.client.block_ref(fs.client.stat("/d/f.bin"), 0)
+
+    def free_below(limit: int) -> set[int]:
+        return set(range(limit)) - {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+
+    # For a moment the worker has no descriptor left for a new connection (a flood of
+    # connections, or anything else that fills its table): its limit is lowered to leave it
+    # a few, and connections come until some wait in the port's listen queue, untaken, for 2 s.
+    limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    ceiling = sorted(free_below(4096))[8]
+    conns: list[socket.socket] = []
+    waiting_since: list[float] = []
+
+    def untaken_for(seconds: float) -> bool:
+        if listen_queue(address[1]) == 0:
+            waiting_since.clear()
+            return False
+        waiting_since[:] = waiting_since or [time.monotonic()]
+        return time.monotonic() - waiting_since[0] >= seconds
+
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (ceiling, limits[1]))
+        conns = [socket.create_connection(address, timeout=10) for _ in range(24)]
+        wait_until(lambda: untaken_for(2.0), 30, "connections the worker cannot take")
+    finally:
+        for conn in conns:
+            conn.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+
+    # Descriptors are free again: the data port takes new connections and serves them.
+    with socket.create_connection(address, timeout=10) as conn:
+        conn.settimeout(30)
+        conn.sendall(request_line(DATA_TOKEN, ref, 0))
+        try:
+            reply = json.loads(conn.makefile("rb").readline())
+        except TimeoutError:
+            pytest.fail("the data port took no connection after the worker was out of descriptors for a moment")
+        assert reply["ok"] and reply["length"] == 2 * MiB
+    assert "data socket cannot accept a connection" in worker.log.read_text()
+    assert fs.cat_file("/d/f.bin") == data
 
 
 @pytest.fixture
