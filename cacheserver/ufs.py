@@ -23,11 +23,12 @@ import inspect
 import logging
 import os
 import posixpath
+import shutil
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import aiohttp
 import botocore.exceptions
@@ -613,7 +614,7 @@ class Store:
             try:
                 if version is not None and self._is_s3:
                     return await self._read_s3_if_match(path, start, end, version)
-                if version is not None and self._local:
+                if self._local:
                     return await asyncio.to_thread(self._read_local_checked, rel, path, start, end, version)
                 data = bytes(await self._fs_call("cat_file", path, start=start, end=end)) if end > start else b""
             except OSError as exc:
@@ -660,29 +661,86 @@ class Store:
             body.close()
         return bytes(data) if end > start else b""
 
-    def _read_local_checked(self, rel: str, path: str, start: int, end: int, version: str) -> bytes:
-        """pread of an opened file whose size and mtime (its version) are the same before and
-        after the read (blocking). A rewrite within one tick of the file system's clock
-        (nanoseconds on ext4, xfs and tmpfs) that keeps the size would go unseen."""
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    def _read_local_checked(self, rel: str, path: str, start: int, end: int, version: str | None) -> bytes:
+        """pread of an opened file (blocking) that lies under the root (`_opened_inside`) and,
+        with `version`, whose size and mtime (its version) are the same before and after the
+        read. A rewrite within one tick of the file system's clock (nanoseconds on ext4, xfs
+        and tmpfs) that keeps the size would go unseen."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self._check_version(rel, version, _local_version(os.fstat(fd)))
+            self._opened_inside(fd, rel)
+            if version is not None:
+                self._check_version(rel, version, _local_version(os.fstat(fd)))
             data = os.pread(fd, max(0, end - start), start) if end > start else b""
-            self._check_version(rel, version, _local_version(os.fstat(fd)))
+            if version is not None:
+                self._check_version(rel, version, _local_version(os.fstat(fd)))
             return data
         finally:
             os.close(fd)
 
+    def _opened_inside(self, fd: int, rel: str) -> None:
+        """PermissionDenied unless what `fd` opened lies under the root (and an allowed root)
+        of this file:// store. `_path` checks names; a link swapped in between that check and
+        the open (by whoever else writes the folder) leads the open elsewhere, so what was
+        opened is checked itself, by the kernel's path of the descriptor."""
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        inside = _is_within(opened, os.path.realpath(self._root)) and (
+            self._allowed_roots is None
+            or any(_is_within(opened, os.path.realpath(root)) for root in self._allowed_roots))
+        if not inside:
+            raise PermissionDenied(
+                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link "
+                "(changed while it was opened); Strata serves only files under the root of a file:// mount"
+            )
+
+    def _write_local(self, rel: str, path: str, fill: Callable[[BinaryIO], object]) -> None:
+        """Create or replace the file at `path` with what `fill` writes (blocking). Its folder
+        is opened and checked to lie under the root first, then the file is created in that
+        folder without following a link; an existing link (one that stays inside: `_path`
+        checked it) is opened, checked, and only then cut to nothing and written."""
+        folder, name = posixpath.split(path)
+        os.makedirs(folder, exist_ok=True)
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._opened_inside(dir_fd, posixpath.dirname(rel))
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    self._opened_inside(fd, rel)
+                    os.ftruncate(fd, 0)
+                except BaseException:
+                    os.close(fd)
+                    raise
+        finally:
+            os.close(dir_fd)
+        with os.fdopen(fd, "wb") as out:
+            fill(out)
+
     async def write(self, rel: str, data: bytes) -> UfsStatus:
         """Create or replace a file with `data`."""
         path = self._path(rel)
-        await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
+        if self._local:
+            await self._call("write", rel, lambda: asyncio.to_thread(self._write_local, rel, path, lambda out: out.write(data)))
+        else:
+            await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
         return await self.info(rel)
 
     async def write_file(self, rel: str, local_path: Path) -> UfsStatus:
         """Upload a local (staged) file to `rel`, replacing what is there."""
         path = self._path(rel)
-        await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
+        if self._local:
+            def copy(out: BinaryIO) -> None:
+                with local_path.open("rb") as source:
+                    shutil.copyfileobj(source, out, 1 << 20)
+
+            await self._call("upload", rel, lambda: asyncio.to_thread(self._write_local, rel, path, copy))
+        else:
+            await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
         return await self.info(rel)
 
     async def copy(self, src: str, dst: str) -> UfsStatus:
