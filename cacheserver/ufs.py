@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import importlib.util
 import inspect
 import logging
 import os
 import posixpath
+import queue
 import shutil
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -88,6 +92,10 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 # bytes): a reader waits on them, so they get StoreTimeouts.deadline. The others (uploads of
 # any size, walks of whole trees, copies) are bounded by the read timeout of each request.
 _BOUNDED = frozenset({"check", "info", "list", "read"})
+# Threads one store's blocking calls may hold at once (see StoreThreads): as many as a busy
+# worker runs against one store (readahead, loads and readers' misses), few enough that a
+# hung store does not hold many.
+STORE_THREADS = 16
 # Storage options that Strata sets itself; a Mount cannot override them.
 _MANAGED_OPTIONS = frozenset({"asynchronous", "loop", "skip_instance_cache", "use_listings_cache"})
 # Schemes whose filesystem wraps another one or reads files of the server's host (caches,
@@ -292,6 +300,53 @@ def _mtime_seconds(info: Mapping[str, Any]) -> float:
     return 0.0
 
 
+class StoreThreads(Executor):
+    """The threads one store's blocking calls (file://, memory://, ...) run on: at most
+    `limit`, started as needed, daemons. A store that stops answering (a hung NFS server)
+    holds its calls' threads for as long as it hangs; with threads of its own it holds
+    only these, and its further calls wait here until their deadline, while other mounts'
+    stores and the block cache (the event loop's default threads) go on."""
+
+    def __init__(self, limit: int, name: str) -> None:
+        self._limit = limit
+        self._name = name
+        self._lock = threading.Lock()
+        self._started = 0
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            self._work.put((future, functools.partial(fn, *args, **kwargs)))
+            if not self._idle.acquire(blocking=False) and self._started < self._limit:
+                self._started += 1
+                threading.Thread(target=self._run, args=(self._work, self._idle), daemon=True,
+                                 name=f"{self._name}-{self._started}").start()
+        return future
+
+    @staticmethod
+    def _run(work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None],
+             idle: threading.Semaphore) -> None:
+        while (item := work.get()) is not None:
+            future, call = item
+            if future.set_running_or_notify_cancel():  # not cancelled while it waited
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # noqa: BLE001 - the caller gets it
+                    future.set_exception(exc)
+            del item, future, call
+            idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Let the threads end once the calls queued so far ran (a hung one never does); a
+        later call starts new ones."""
+        with self._lock:
+            for _ in range(self._started):
+                self._work.put(None)
+            self._work, self._idle, self._started = queue.SimpleQueue(), threading.Semaphore(0), 0
+
+
 class VersionChanged(FailedPrecondition):
     """A read of one version of a file found another one in the store."""
 
@@ -333,6 +388,7 @@ class Store:
         self._allowed_roots = allowed_roots
         self._fs = self._make_fs()
         self._fs_loop: asyncio.AbstractEventLoop | None = None
+        self._threads = StoreThreads(STORE_THREADS, f"store-{self.protocol}") if not self._is_async else None
 
     def __repr__(self) -> str:  # never shows options: they may hold credentials
         return f"Store({self.source!r})"
@@ -462,12 +518,17 @@ class Store:
                 self._fs_loop = loop
         return self._fs
 
+    async def _blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on this store's own threads (StoreThreads)."""
+        assert self._threads is not None, f"{self.source} is an async store"
+        return await asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
+
     async def _fs_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call an fsspec method: its `_async` twin on async filesystems, else in a thread."""
         fs = await self._filesystem()
         if self._is_async:
             return await getattr(fs, "_" + method)(*args, **kwargs)
-        return await asyncio.to_thread(getattr(fs, method), *args, **kwargs)
+        return await self._blocking(getattr(fs, method), *args, **kwargs)
 
     def _translate(self, exc: Exception, rel: str, what: str) -> Exception:
         """The Strata error for a store failure, or `exc` itself when none fits."""
@@ -568,7 +629,7 @@ class Store:
         """Direct children of a directory (a file lists as itself)."""
         path = self._path(rel)
         if self._local:
-            entries = await self._call("list", rel, lambda: asyncio.to_thread(self._ls_local, path))
+            entries = await self._call("list", rel, lambda: self._blocking(self._ls_local, path))
         else:
             entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
         out = [self._status(e) for e in entries]
@@ -579,7 +640,7 @@ class Store:
         sorted by path. One paginated listing on object stores."""
         path = self._path(rel)
         if self._local:
-            found = await self._call("walk", rel, lambda: asyncio.to_thread(self._find_local, path, with_dirs))
+            found = await self._call("walk", rel, lambda: self._blocking(self._find_local, path, with_dirs))
         else:
             found = await self._call(
                 "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
@@ -615,7 +676,7 @@ class Store:
                 if version is not None and self._is_s3:
                     return await self._read_s3_if_match(path, start, end, version)
                 if self._local:
-                    return await asyncio.to_thread(self._read_local_checked, rel, path, start, end, version)
+                    return await self._blocking(self._read_local_checked, rel, path, start, end, version)
                 data = bytes(await self._fs_call("cat_file", path, start=start, end=end)) if end > start else b""
             except OSError as exc:
                 error = _client_error(exc)
@@ -725,7 +786,7 @@ class Store:
         """Create or replace a file with `data`."""
         path = self._path(rel)
         if self._local:
-            await self._call("write", rel, lambda: asyncio.to_thread(self._write_local, rel, path, lambda out: out.write(data)))
+            await self._call("write", rel, lambda: self._blocking(self._write_local, rel, path, lambda out: out.write(data)))
         else:
             await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
         return await self.info(rel)
@@ -738,7 +799,7 @@ class Store:
                 with local_path.open("rb") as source:
                     shutil.copyfileobj(source, out, 1 << 20)
 
-            await self._call("upload", rel, lambda: asyncio.to_thread(self._write_local, rel, path, copy))
+            await self._call("upload", rel, lambda: self._blocking(self._write_local, rel, path, copy))
         else:
             await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
         return await self.info(rel)
@@ -769,7 +830,10 @@ class Store:
         await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
 
     async def close(self) -> None:
-        """Close the store's client session (async filesystems); safe to call twice."""
+        """Close the store's client session (async filesystems) or let its threads go
+        (blocking ones); safe to call twice."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
         fs = self._fs
         creator = getattr(fs, "_s3creator", None)
         if self._is_s3 and creator is not None and self._fs_loop is asyncio.get_running_loop():
