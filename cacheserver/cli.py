@@ -163,12 +163,15 @@ def cmd_local_status(args: argparse.Namespace) -> int:
 
 # -- mounts --------------------------------------------------------------------------------
 
-def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
+def _pairs(values: Sequence[str] | None, what: str, *, secret: bool = False) -> dict[str, str]:
+    """KEY=VALUE arguments as a dict; a malformed one is named, unless `secret` (it may be a
+    credential given without its key)."""
     result = {}
-    for value in values or ():
+    for number, value in enumerate(values or (), 1):
         key, sep, val = value.partition("=")
         if not sep or not key:
-            raise InvalidArgument(f"{what} {value!r}: write KEY=VALUE")
+            shown = f"number {number} (not shown: it may be secret)" if secret else repr(value)
+            raise InvalidArgument(f"{what} {shown}: write KEY=VALUE")
         result[key] = val
     return result
 
@@ -176,7 +179,7 @@ def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
 def cmd_mount_add(args: argparse.Namespace) -> int:
     options = pb.MountOptions(
         options=_pairs(args.option, "--option"),
-        credentials=_pairs(args.credential, "--credential"),
+        credentials=_pairs(args.credential, "--credential", secret=True),
         read_only=args.read_only,
         metadata_sync_interval=parse_duration(args.sync_interval, what="--sync-interval"),
         read_type=ReadType.proto_of(args.read_type),

@@ -7,9 +7,11 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import resource
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import grpc
@@ -39,6 +41,39 @@ MASTER_MAX_RECEIVE_BYTES = 4 * BLOCK_LIST_BATCH_BYTES
 # Calls one connection may have open at once: what a client with many concurrent readers
 # needs, while a connection's buffered messages stay bounded (streams x message limit).
 MAX_CONCURRENT_STREAMS = 64
+# gRPC connections a server holds at once, at least: each takes a file descriptor, and a
+# connection past the limit is closed at once.
+MIN_CONNECTIONS = 64
+# Where the kernel caps a process's open files when the hard limit says unlimited.
+_NR_OPEN = Path("/proc/sys/fs/nr_open")
+
+
+def raise_open_file_limit() -> int:
+    """This process's limit of open files, raised first to its hard limit (as far as the
+    kernel allows): a server's connections, block files and store connections each take a
+    descriptor, and distributions often start processes with a soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            target = int(_NR_OPEN.read_text())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as exc:
+            log.info("open file limit stays at %d (hard limit %d): %s", soft, hard, exc)
+    return int(soft) if soft != resource.RLIM_INFINITY else target
+
+
+def connection_limit(open_files: int) -> int:
+    """gRPC connections a server with `open_files` descriptors holds at once: half of them.
+    The other half stays for what serves reads (block files, the data port's connections,
+    the store's connections, the HTTP side), so a flood of connections, which needs no
+    token, cannot take the descriptors readers need."""
+    return max(MIN_CONNECTIONS, open_files // 2)
 
 
 def split_batch(refs: list[pb.BlockRef]) -> tuple[list[pb.BlockRef], list[pb.BlockRef]]:
@@ -54,13 +89,15 @@ def split_batch(refs: list[pb.BlockRef]) -> tuple[list[pb.BlockRef], list[pb.Blo
 
 def server(credentials: auth.Credentials, *, max_receive_bytes: int) -> grpc.aio.Server:
     """A gRPC server that checks every call's token and role before reading its message,
-    and bounds what one message and one connection may hold."""
+    and bounds what one message and one connection may hold, and how many connections it
+    holds (`connection_limit` of the process's open file limit, raised first)."""
     return grpc.aio.server(
         interceptors=[auth.TokenInterceptor(credentials)],
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+            ("grpc.max_allowed_incoming_connections", connection_limit(raise_open_file_limit())),
             ("grpc.keepalive_time_ms", 30_000),
         ],
     )

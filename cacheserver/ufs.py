@@ -19,15 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import importlib.util
 import inspect
 import logging
 import os
 import posixpath
+import queue
 import shutil
+import stat
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -94,6 +99,10 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 _BOUNDED = frozenset({"check", "info", "list", "read"})
 # Bytes: the largest object S3 copies in one CopyObject call.
 _S3_COPY_LIMIT = 5 * 2**30
+# Threads one store's blocking calls may hold at once (see StoreThreads): as many as a busy
+# worker runs against one store (readahead, loads and readers' misses), few enough that a
+# hung store does not hold many.
+STORE_THREADS = 16
 # Storage options that Strata sets itself; a Mount cannot override them.
 _MANAGED_OPTIONS = frozenset({"asynchronous", "loop", "skip_instance_cache", "use_listings_cache"})
 # Schemes whose filesystem wraps another one or reads files of the server's host (caches,
@@ -298,11 +307,59 @@ def _mtime_seconds(info: Mapping[str, Any]) -> float:
     return 0.0
 
 
+class StoreThreads(Executor):
+    """The threads one store's blocking calls (file://, memory://, ...) run on: at most
+    `limit`, started as needed, daemons. A store that stops answering (a hung NFS server)
+    holds its calls' threads for as long as it hangs; with threads of its own it holds
+    only these, and its further calls wait here until their deadline, while other mounts'
+    stores and the block cache (the event loop's default threads) go on."""
+
+    def __init__(self, limit: int, name: str) -> None:
+        self._limit = limit
+        self._name = name
+        self._lock = threading.Lock()
+        self._started = 0
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            self._work.put((future, functools.partial(fn, *args, **kwargs)))
+            if not self._idle.acquire(blocking=False) and self._started < self._limit:
+                self._started += 1
+                threading.Thread(target=self._run, args=(self._work, self._idle), daemon=True,
+                                 name=f"{self._name}-{self._started}").start()
+        return future
+
+    @staticmethod
+    def _run(work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None],
+             idle: threading.Semaphore) -> None:
+        while (item := work.get()) is not None:
+            future, call = item
+            if future.set_running_or_notify_cancel():  # not cancelled while it waited
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # noqa: BLE001 - the caller gets it
+                    future.set_exception(exc)
+            del item, future, call
+            idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Let the threads end once the calls queued so far ran (a hung one never does); a
+        later call starts new ones."""
+        with self._lock:
+            for _ in range(self._started):
+                self._work.put(None)
+            self._work, self._idle, self._started = queue.SimpleQueue(), threading.Semaphore(0), 0
+
+
 class VersionChanged(FailedPrecondition):
     """A read of one version of a file found another one in the store."""
 
 
-def _copy_file(source: Path, out: BinaryIO) -> None:
+def _copy_file(source: Path | int, out: BinaryIO) -> None:
+    """Copy `source` (a path, or a descriptor, which this closes) into `out`."""
     with open(source, "rb") as f:
         shutil.copyfileobj(f, out, 1 << 20)
 
@@ -353,6 +410,7 @@ class Store:
         self._allowed_roots = allowed_roots
         self._fs = self._make_fs()
         self._fs_loop: asyncio.AbstractEventLoop | None = None
+        self._threads = StoreThreads(STORE_THREADS, f"store-{self.protocol}") if not self._is_async else None
 
     def __repr__(self) -> str:  # never shows options: they may hold credentials
         return f"Store({self.source!r})"
@@ -482,12 +540,17 @@ class Store:
                 self._fs_loop = loop
         return self._fs
 
+    async def _blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on this store's own threads (StoreThreads)."""
+        assert self._threads is not None, f"{self.source} is an async store"
+        return await asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
+
     async def _fs_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call an fsspec method: its `_async` twin on async filesystems, else in a thread."""
         fs = await self._filesystem()
         if self._is_async:
             return await getattr(fs, "_" + method)(*args, **kwargs)
-        return await asyncio.to_thread(getattr(fs, method), *args, **kwargs)
+        return await self._blocking(getattr(fs, method), *args, **kwargs)
 
     def _translate(self, exc: Exception, rel: str, what: str) -> Exception:
         """The Strata error for a store failure, or `exc` itself when none fits."""
@@ -588,7 +651,7 @@ class Store:
         """Direct children of a directory (a file lists as itself)."""
         path = self._path(rel)
         if self._local:
-            entries = await self._call("list", rel, lambda: asyncio.to_thread(self._ls_local, path))
+            entries = await self._call("list", rel, lambda: self._blocking(self._ls_local, path))
         else:
             entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
         out = [self._status(e) for e in entries]
@@ -599,7 +662,7 @@ class Store:
         sorted by path. One paginated listing on object stores."""
         path = self._path(rel)
         if self._local:
-            found = await self._call("walk", rel, lambda: asyncio.to_thread(self._find_local, path, with_dirs))
+            found = await self._call("walk", rel, lambda: self._blocking(self._find_local, path, with_dirs))
         else:
             found = await self._call(
                 "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
@@ -634,8 +697,8 @@ class Store:
             try:
                 if version is not None and self._is_s3:
                     return await self._read_s3_if_match(path, start, end, version)
-                if version is not None and self._local:
-                    return await asyncio.to_thread(self._read_local_checked, rel, path, start, end, version)
+                if self._local:
+                    return await self._blocking(self._read_local_checked, rel, path, start, end, version)
                 data = bytes(await self._fs_call("cat_file", path, start=start, end=end)) if end > start else b""
             except OSError as exc:
                 error = _client_error(exc)
@@ -681,22 +744,43 @@ class Store:
             body.close()
         return bytes(data) if end > start else b""
 
-    def _read_local_checked(self, rel: str, path: str, start: int, end: int, version: str) -> bytes:
-        """pread of an opened file whose size and mtime (its version) are the same before and
-        after the read (blocking). A rewrite within one tick of the file system's clock
-        (nanoseconds on ext4, xfs and tmpfs) that keeps the size would go unseen."""
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    def _read_local_checked(self, rel: str, path: str, start: int, end: int, version: str | None) -> bytes:
+        """pread of an opened file (blocking) that lies under the root (`_opened_inside`) and,
+        with `version`, whose size and mtime (its version) are the same before and after the
+        read. A rewrite within one tick of the file system's clock (nanoseconds on ext4, xfs
+        and tmpfs) that keeps the size would go unseen."""
+        fd = self._open_inside(rel, path)
         try:
-            self._check_version(rel, version, _local_version(os.fstat(fd)))
+            if version is not None:
+                self._check_version(rel, version, _local_version(os.fstat(fd)))
             data = os.pread(fd, max(0, end - start), start) if end > start else b""
-            self._check_version(rel, version, _local_version(os.fstat(fd)))
+            if version is not None:
+                self._check_version(rel, version, _local_version(os.fstat(fd)))
             return data
         finally:
             os.close(fd)
 
+    def _opened_inside(self, fd: int, rel: str) -> None:
+        """PermissionDenied unless what `fd` opened lies under the root (and an allowed root)
+        of this file:// store. `_path` checks names; a link swapped in between that check and
+        the open (by whoever else writes the folder) leads the open elsewhere, so what was
+        opened is checked itself, by the kernel's path of the descriptor."""
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        inside = _is_within(opened, os.path.realpath(self._root)) and (
+            self._allowed_roots is None
+            or any(_is_within(opened, os.path.realpath(root)) for root in self._allowed_roots))
+        if not inside:
+            raise PermissionDenied(
+                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link "
+                "(changed while it was opened); Strata serves only files under the root of a file:// mount"
+            )
+
     async def write(self, rel: str, data: bytes) -> UfsStatus:
         """Create or replace a file with `data`."""
         path = self._path(rel)
+        if self._local:
+            return await self._call("write", rel, lambda: self._blocking(
+                self._place_local, rel, path, lambda out: out.write(data)))
         await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
         return await self.info(rel)
 
@@ -716,7 +800,7 @@ class Store:
         if self._is_s3:
             return self._made(rel, length, await self._call("upload", rel, lambda: self._put_s3(path, local_path)))
         if self._local:
-            return await self._call("upload", rel, lambda: asyncio.to_thread(
+            return await self._call("upload", rel, lambda: self._blocking(
                 self._place_local, rel, path, lambda out: _copy_file(local_path, out)))
         await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
         return await self.info(rel)
@@ -730,8 +814,8 @@ class Store:
                 return self._made(dst, source.length,
                                   await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
         elif self._local:
-            return await self._call("copy", src, lambda: asyncio.to_thread(
-                self._place_local, dst, dst_path, lambda out: _copy_file(Path(src_path), out)))
+            return await self._call("copy", src, lambda: self._blocking(
+                self._place_local, dst, dst_path, lambda out: _copy_file(self._open_inside(src, src_path), out)))
         await self._call("copy", src, lambda: self._fs_call("cp_file", src_path, dst_path))
         return await self.info(dst)
 
@@ -740,7 +824,7 @@ class Store:
         moved file (S3: of the copy made at `dst`; file://: a rename, atomic)."""
         if self._local:
             src_path, dst_path = self._path(src), self._path(dst)
-            moved = await self._call("move", src, lambda: asyncio.to_thread(self._rename_local, dst, src_path, dst_path))
+            moved = await self._call("move", src, lambda: self._blocking(self._rename_local, src, dst, src_path, dst_path))
             if moved is not None:
                 return moved
         status = await self.copy(src, dst)
@@ -786,47 +870,85 @@ class Store:
         fs.invalidate_cache(dst_path)
         return str(answer["CopyObjectResult"]["ETag"]).strip('"')
 
-    def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO], None]) -> UfsStatus:
-        """Write a file of a file:// store whole or not at all (blocking): `fill` writes a
-        temporary file in the store's upload folder (next to `path` if that is another file
-        system), which is fsynced and renamed over `path`; the status of that file."""
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        aside = self._path(UPLOAD_DIR)
-        os.makedirs(aside, exist_ok=True)
-        if os.stat(aside).st_dev != os.stat(folder).st_dev:
-            aside = folder
-        tmp = os.path.join(aside, f".{uuid.uuid4().hex}.tmp")
+    def _open_inside(self, rel: str, path: str, flags: int = os.O_RDONLY) -> int:
+        """A descriptor of `path` (a file, or a folder with O_DIRECTORY), checked to lie under
+        the root (`_opened_inside`)."""
+        fd = os.open(path, flags | os.O_CLOEXEC)
         try:
-            with open(tmp, "wb") as out:
-                fill(out)
-                out.flush()
-                os.fsync(out.fileno())
-                st = os.fstat(out.fileno())
-            os.replace(tmp, path)
+            self._opened_inside(fd, rel)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            os.close(fd)
             raise
-        fsync_dir(folder)
-        return UfsStatus(path=rel.strip("/"), name=posixpath.basename(path), is_dir=False, length=st.st_size,
+        return fd
+
+    def _open_folder(self, rel: str, path: str) -> int:
+        """The folder `path` (`rel` in the store; made if missing), opened and checked to lie
+        under the root: names in it are then made, opened and renamed relative to that
+        descriptor, so a link swapped into the path meanwhile leads nothing outside."""
+        os.makedirs(path, exist_ok=True)
+        return self._open_inside(rel, path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO], object]) -> UfsStatus:
+        """Write a file of a file:// store whole or not at all (blocking): `fill` writes a
+        temporary file in the store's upload folder (in `path`'s own folder if that is another
+        file system), which is fsynced and renamed over `path`; the status of that file. Both
+        folders are checked to lie under the root before anything is made in them (a link at
+        `path` itself is replaced, never followed)."""
+        folder, name = posixpath.split(path)
+        folder_fd = self._open_folder(posixpath.dirname(rel.strip("/")), folder)
+        try:
+            aside_fd = self._open_folder(UPLOAD_DIR, self._path(UPLOAD_DIR))
+            if os.fstat(aside_fd).st_dev != os.fstat(folder_fd).st_dev:
+                os.close(aside_fd)
+                aside_fd = os.dup(folder_fd)
+            try:
+                tmp = f".{uuid.uuid4().hex}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=aside_fd)
+                try:
+                    with open(fd, "wb") as out:
+                        fill(out)
+                        out.flush()
+                        os.fsync(out.fileno())
+                        st = os.fstat(out.fileno())
+                    os.replace(tmp, name, src_dir_fd=aside_fd, dst_dir_fd=folder_fd)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=aside_fd)
+                    raise
+            finally:
+                os.close(aside_fd)
+            os.fsync(folder_fd)
+        finally:
+            os.close(folder_fd)
+        return UfsStatus(path=rel.strip("/"), name=name, is_dir=False, length=st.st_size,
                          mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
-    def _rename_local(self, rel: str, src_path: str, dst_path: str) -> UfsStatus | None:
-        """Rename a file of a file:// store over `dst_path` (blocking); its status, taken
-        before the rename (which keeps size and mtime). None if the two are on different
-        file systems."""
-        folder = os.path.dirname(dst_path)
-        os.makedirs(folder, exist_ok=True)
-        st = os.stat(src_path)
+    def _rename_local(self, src: str, dst: str, src_path: str, dst_path: str) -> UfsStatus | None:
+        """Rename a file of a file:// store over `dst_path` (blocking), both folders checked
+        to lie under the root first; its status, taken before the rename (which keeps size
+        and mtime). None if the two are on different file systems or the source is not a
+        plain file (a link is not moved in place of its target)."""
+        src_fd = self._open_folder(posixpath.dirname(src.strip("/")), posixpath.dirname(src_path))
         try:
-            os.replace(src_path, dst_path)
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                return None
-            raise
-        fsync_dir(folder)
-        return UfsStatus(path=rel.strip("/"), name=posixpath.basename(dst_path), is_dir=False, length=st.st_size,
+            dst_fd = self._open_folder(posixpath.dirname(dst.strip("/")), posixpath.dirname(dst_path))
+            try:
+                st = os.stat(posixpath.basename(src_path), dir_fd=src_fd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                try:
+                    os.replace(posixpath.basename(src_path), posixpath.basename(dst_path),
+                               src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                except OSError as exc:
+                    if exc.errno == errno.EXDEV:
+                        return None
+                    raise
+                os.fsync(dst_fd)
+            finally:
+                os.close(dst_fd)
+        finally:
+            os.close(src_fd)
+        return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst_path), is_dir=False, length=st.st_size,
                          mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
     async def rm(self, rel: str, recursive: bool = False) -> None:
@@ -849,7 +971,10 @@ class Store:
         await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
 
     async def close(self) -> None:
-        """Close the store's client session (async filesystems); safe to call twice."""
+        """Close the store's client session (async filesystems) or let its threads go
+        (blocking ones); safe to call twice."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
         fs = self._fs
         creator = getattr(fs, "_s3creator", None)
         if self._is_s3 and creator is not None and self._fs_loop is asyncio.get_running_loop():

@@ -15,6 +15,19 @@ log = logging.getLogger(__name__)
 # client that trickles or floods headers holds no connection open for long.
 HEAD_TIMEOUT = 10.0
 MAX_HEAD_BYTES = 64 * 1024
+# Connections served at once (a scrape and a few health checks need a handful): one more is
+# answered 503 and closed at once, so a flood of connections, which needs no token, holds
+# no more of the server's file descriptors than this.
+MAX_CONNECTIONS = 64
+
+
+def _response(status: str, ctype: str, body: bytes) -> bytes:
+    return (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
+_BUSY = _response("503 Service Unavailable", "text/plain",
+                  f"busy: {MAX_CONNECTIONS} connections are open; try again\n".encode())
 
 
 class HeadTooLarge(Exception):
@@ -28,6 +41,7 @@ class HttpServer:
         self._registry = registry
         self._healthy = healthy
         self._server: asyncio.base_events.Server | None = None
+        self._open = 0  # connections being served
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._handle, host, port)
@@ -39,6 +53,11 @@ class HttpServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            writer.write(_BUSY)  # into the socket's buffer: nothing waits on this reader
+            writer.close()
+            return
+        self._open += 1
         try:
             try:
                 request = await asyncio.wait_for(self._read_head(reader), timeout=HEAD_TIMEOUT)
@@ -60,6 +79,7 @@ class HttpServer:
         except (asyncio.TimeoutError, ConnectionError) as exc:
             log.debug("http request failed: %s", exc)
         finally:
+            self._open -= 1
             writer.close()
 
     @staticmethod
@@ -85,11 +105,8 @@ class HttpServer:
 
     @staticmethod
     async def _answer(writer: asyncio.StreamWriter, status: str, ctype: str, body: bytes) -> None:
-        writer.write(
-            f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode() + body
-        )
-        await writer.drain()
+        writer.write(_response(status, ctype, body))
+        await asyncio.wait_for(writer.drain(), timeout=HEAD_TIMEOUT)  # a reader that takes nothing
 
 
 async def serve_until_signalled(name: str, stop: Callable[[], Awaitable[None]]) -> None:

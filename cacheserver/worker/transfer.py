@@ -6,19 +6,23 @@ readers on this host). Both speak the protocol of `blockwire`.
 Each connection gets a thread: a request waits on the worker's event loop only to find or
 fetch its block, and the bytes move without holding the loop or the GIL. Connections are
 bounded (`dataPort.maxConnections`: one more gets an UNAVAILABLE reply and is closed) and so
-is idle time (`dataPort.idleTimeout`: no next request, or a reader that takes no bytes, for
-that long closes the connection), so idle readers cannot pile up threads.
+is idle time (`dataPort.idleTimeout`: no whole next request, or a reader that takes no bytes,
+for that long closes the connection), so idle or trickling readers cannot pile up threads.
+A connection the worker cannot take (out of descriptors) waits in the listen queue while the
+accept loop pauses, and is served once descriptors are free again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import socket
 import struct
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,41 @@ from ..cache.metadata import CHUNK_SIZE
 from .reads import BlockReads, BlockSource
 
 log = logging.getLogger(__name__)
+
+# Seconds the accept loop pauses when the process is out of descriptors or memory for a new
+# connection: waiting connections stay in the listen queue meanwhile.
+ACCEPT_RETRY_DELAY = 1.0
+# accept(2) errors of one connection (it was reset while queued): take the next one.
+_ACCEPT_SKIP = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
+
+
+class RequestTooLarge(Exception):
+    """A request line over MAX_REQUEST_BYTES."""
+
+
+def read_request(conn: socket.socket, pending: bytearray, timeout: float) -> bytes:
+    """The next request line from `conn` (`pending`: bytes received past the previous one),
+    b"" when the reader closed the connection. The whole line must arrive within `timeout`
+    seconds, not each piece of it: TimeoutError otherwise (a reader that trickles a byte now
+    and then holds its thread no longer than one that sends nothing); RequestTooLarge past
+    MAX_REQUEST_BYTES."""
+    deadline = time.monotonic() + timeout
+    while (end := pending.find(b"\n")) < 0:
+        if len(pending) > MAX_REQUEST_BYTES:
+            raise RequestTooLarge()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError()
+        conn.settimeout(remaining)
+        data = conn.recv(65536)
+        if not data:
+            return b""
+        pending += data
+    if end >= MAX_REQUEST_BYTES:
+        raise RequestTooLarge()
+    line = bytes(pending[:end + 1])
+    del pending[:end + 1]
+    return line
 
 
 class BlockSocketServer(ABC):
@@ -68,8 +107,17 @@ class BlockSocketServer(ABC):
         while not self._closing:
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._closing:
+                    return
+                if exc.errno in _ACCEPT_SKIP:
+                    continue
+                # Out of descriptors (EMFILE, ENFILE) or memory: the connection waits in the
+                # listen queue, and the loop goes on once the process has room again.
+                log.warning("%s socket cannot accept a connection: %s; trying again in %gs",
+                            self.name, exc, ACCEPT_RETRY_DELAY)
+                time.sleep(ACCEPT_RETRY_DELAY)
+                continue
             if not self._slots.acquire(blocking=False):
                 self._refuse(conn)
                 continue
@@ -108,14 +156,23 @@ class BlockSocketServer(ABC):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6)
 
     def _serve(self, conn: socket.socket) -> None:
+        idle = self._settings.idle_timeout
+        pending = bytearray()
         try:
-            with conn, conn.makefile("rb") as lines:
+            with conn:
                 while True:
-                    conn.settimeout(self._settings.idle_timeout)  # waiting for the next request
                     try:
-                        line = lines.readline(MAX_REQUEST_BYTES + 1)
+                        line = read_request(conn, pending, idle)
                     except TimeoutError:
-                        log.debug("%s connection idle for %ss: closed", self.name, self._settings.idle_timeout)
+                        if pending:  # a request began and did not end in time: say why it is cut off
+                            self._last_reply(conn, error_reply(
+                                "DEADLINE_EXCEEDED", f"the request did not arrive whole within {idle:g}s "
+                                "(dataPort.idleTimeout); connection closed"))
+                        log.debug("%s connection idle for %ss: closed", self.name, idle)
+                        return
+                    except RequestTooLarge:
+                        self._last_reply(conn, error_reply(
+                            "INVALID_ARGUMENT", f"request too large: over {MAX_REQUEST_BYTES} bytes"))
                         return
                     except OSError as exc:
                         log.debug("%s connection ended: %s", self.name, exc)
@@ -123,10 +180,6 @@ class BlockSocketServer(ABC):
                     if not line:
                         return
                     conn.settimeout(None)  # replies block; SO_SNDTIMEO bounds a stalled reader
-                    if len(line) > MAX_REQUEST_BYTES:
-                        with contextlib.suppress(OSError):
-                            self._send_reply(conn, error_reply("INVALID_ARGUMENT", "request too large"))
-                        return
                     try:
                         self._serve_one(conn, line)
                     except OSError as exc:  # the reader went away or stopped taking bytes
@@ -134,6 +187,11 @@ class BlockSocketServer(ABC):
                         return
         finally:
             self._slots.release()
+
+    def _last_reply(self, conn: socket.socket, reply: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.settimeout(None)  # SO_SNDTIMEO bounds the send
+            self._send_reply(conn, reply)
 
     def _serve_one(self, conn: socket.socket, line: bytes) -> None:
         try:

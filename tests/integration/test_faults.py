@@ -7,12 +7,14 @@ them. Each test bounds its waits with deadlines and measures the longest stall o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -239,6 +241,44 @@ def test_a_hung_store_gives_a_cold_reader_a_clear_error_in_seconds(start_cluster
         assert f"s3://{bucket}" in str(error), error
     print(f"\nhung store: cold block read failed after {block_after:.1f}s, cold stat after {stat_after:.1f}s")
     assert cluster.fs().cat_file("/hung/cold/listed") == cluster.s3.get_object(bucket, "cold/listed")  # it heals
+
+
+def test_a_hung_file_store_holds_up_no_other_mount(start_cluster: Any, bucket: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A file:// mount on a file server that stops answering: every open there waits for
+    # ever (here each of its files is swapped for a FIFO nobody writes, whose open waits
+    # the same way). Its readers get DeadlineExceeded; readers of another mount must not
+    # notice, however many of the hung store's calls are stuck.
+    monkeypatch.setenv("STRATA_STORE_DEADLINE", "3")  # the servers' environment
+    root = tmp_path / "nfs"
+    root.mkdir()
+    names = [f"f{i}.bin" for i in range(24)]
+    for name in names:
+        (root / name).write_bytes(b"x" * 1000)
+    cluster: Cluster = start_cluster(workers=1, **allow(tmp_path))
+    cluster.mount_bucket("/s", bucket)
+    cluster.fs().client.mount("/f", f"file://{root}", pb.MountOptions(metadata_sync_interval=-1))
+    fs = cluster.data_fs(host="elsewhere")
+    for name in names:
+        fs.info(f"/f/{name}")  # the metadata is known: reads go to the worker, which opens the file
+        (root / name).unlink()
+        os.mkfifo(root / name)
+    cold = payload(BLOCK_SIZE + 10)
+    cluster.s3.put_object(bucket, "cold.bin", cold)
+    try:
+        with ThreadPoolExecutor(len(names)) as pool:
+            hung = list(pool.map(lambda name: failure_time(lambda: cluster.data_fs(host="elsewhere").cat_file(f"/f/{name}")),
+                                 names))
+        for error, after in hung:
+            assert isinstance(error, errors.DeadlineExceeded) and "did not answer" in str(error), repr(error)
+            assert after < 30, f"{after:.0f}s to {error!r}"
+        data, after = timed(lambda: fs.cat_file("/s/cold.bin"))
+        print(f"\nwith {len(names)} reads stuck in a hung file:// store, a cold S3 read took {after:.1f}s")
+        assert data == cold
+    finally:
+        for name in names:  # a writer lets each stuck open through
+            with contextlib.suppress(OSError):
+                os.close(os.open(root / name, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_a_refused_store_gives_a_cold_reader_a_clear_error_at_once(start_cluster: Any, bucket: str,

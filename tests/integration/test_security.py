@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import threading
 import time
@@ -16,13 +17,14 @@ from typing import Any
 import grpc
 import pytest
 
+from strata.cacheserver import launcher
 from strata.cacheserver.auth import CREDENTIAL_ENV
 from strata.cacheserver.blockwire import request_line
 from strata.contract import errors, rpc
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
-from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, allow, free_port_range, wait_until
+from .conftest import DATA_TOKEN, INTERNAL_TOKEN, TOKEN, Cluster, allow, free_port_range, make_worker, wait_until
 from .test_cli import strata
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,6 +38,18 @@ def rss_mib(pid: int) -> float:
 
 def threads(pid: int) -> int:
     return _status_field(pid, "Threads")
+
+
+def listen_queue(port: int) -> int:
+    """Connections waiting to be accepted on the listening TCP socket of 127.0.0.1:`port`
+    (an IPv4 socket, or an IPv6 one bound to its v4-mapped address, as gRPC binds)."""
+    addresses = {f"0100007F:{port:04X}", f"0000000000000000FFFF00000100007F:{port:04X}"}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1] in addresses and fields[3] == "0A":  # LISTEN
+                return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def _status_field(pid: int, name: str) -> int:
@@ -307,6 +321,107 @@ def test_idle_data_port_connections_are_bounded_and_closed(start_cluster: Any, b
         print(f"a reader that took no bytes was dropped after {time.monotonic() - started:.1f}s")
     finally:
         stalled.close()
+
+
+def _worker_and_file(cluster: Cluster, bucket: str, size: int) -> tuple[int, bytes, Any]:
+    """The pid of the cluster's worker, and `size` random bytes put at /d/f.bin (the bucket
+    mounted at /d) with a data client to read them."""
+    assert cluster.workers[0].process is not None
+    data = os.urandom(size)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/d", bucket)
+    return cluster.workers[0].process.pid, data, cluster.data_fs(host="elsewhere")
+
+
+def test_the_data_port_serves_again_after_the_worker_ran_out_of_descriptors(start_cluster: Any, bucket: str) -> None:
+    cluster = start_cluster(workers=1)
+    pid, data, fs = _worker_and_file(cluster, bucket, 2 * MiB)
+    address = ("127.0.0.1", fs.client.workers()[0].data_port)
+    ref = fs.client.block_ref(fs.client.stat("/d/f.bin"), 0)
+
+    def free_below(limit: int) -> set[int]:
+        return set(range(limit)) - {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+
+    # For a moment the worker has no descriptor left for a new connection (a flood of
+    # connections, or anything else that fills its table): its limit is lowered to leave it
+    # a few, and connections come until some wait in the port's listen queue, untaken, for 2 s.
+    limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    ceiling = sorted(free_below(4096))[8]
+    conns: list[socket.socket] = []
+    waiting_since: list[float] = []
+
+    def untaken_for(seconds: float) -> bool:
+        if listen_queue(address[1]) == 0:
+            waiting_since.clear()
+            return False
+        waiting_since[:] = waiting_since or [time.monotonic()]
+        return time.monotonic() - waiting_since[0] >= seconds
+
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (ceiling, limits[1]))
+        conns = [socket.create_connection(address, timeout=10) for _ in range(24)]
+        wait_until(lambda: untaken_for(2.0), 30, "connections the worker cannot take")
+    finally:
+        for conn in conns:
+            conn.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+
+    # Descriptors are free again: the data port takes new connections and serves them.
+    with socket.create_connection(address, timeout=10) as conn:
+        conn.settimeout(30)
+        conn.sendall(request_line(DATA_TOKEN, ref, 0))
+        try:
+            reply = json.loads(conn.makefile("rb").readline())
+        except TimeoutError:
+            pytest.fail("the data port took no connection after the worker was out of descriptors for a moment")
+        assert reply["ok"] and reply["length"] == 2 * MiB
+    assert "data socket cannot accept a connection" in cluster.workers[0].log.read_text()
+    assert fs.cat_file("/d/f.bin") == data
+
+
+# What a gRPC client sends first: the HTTP/2 preface and an empty SETTINGS frame. A
+# connection that sent them and nothing more is held by the server; no token is needed.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def test_a_flood_of_idle_grpc_connections_leaves_a_worker_the_descriptors_it_reads_with(
+        start_cluster: Any, bucket: str) -> None:
+    # A worker whose open file limit is 1024 (soft and hard: what many hosts start processes
+    # with), and a flood of more unauthenticated gRPC connections than that, held open.
+    cluster = start_cluster(workers=0)
+    worker = make_worker(cluster.root, 0, cluster.master.port, cluster.env)
+    worker.child = launcher.start(worker.name, ["sh", "-c", 'ulimit -n 1024 && exec "$@"', "sh",
+                                                *launcher.strata_argv(*worker.args)], worker.log, env=worker.env)
+    cluster.workers.append(worker)
+    worker.wait_healthy()
+    cluster.wait_workers(1)
+    pid, data, fs = _worker_and_file(cluster, bucket, 6 * MiB)
+
+    own = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(own[0], min(own[1], 4096)), own[1]))
+    conns: list[socket.socket] = []
+    try:
+        for _ in range(1100):
+            conn = socket.create_connection(("127.0.0.1", worker.port), timeout=10)
+            conn.sendall(HTTP2_PREFACE)
+            conns.append(conn)
+        counts: list[int] = []
+
+        def settled() -> bool:  # nothing left in the listen queue, and the count holds still
+            counts.append(len(os.listdir(f"/proc/{pid}/fd")))
+            return listen_queue(worker.port) == 0 and len(counts) > 5 and len(set(counts[-5:])) == 1
+
+        deadline = time.monotonic() + 20  # a worker out of descriptors never settles: read anyway
+        while not settled() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"the worker holds {counts[-1]} descriptors with 1100 idle gRPC connections open")
+        # A cold read needs descriptors: the data port's connection, the store's, a block file.
+        assert fs.cat_file("/d/f.bin") == data
+    finally:
+        for conn in conns:
+            conn.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, own)
+    assert fs.cat_file("/d/f.bin") == data
 
 
 @pytest.fixture

@@ -102,3 +102,15 @@ def test_an_absent_master_is_one_line_naming_the_call_and_the_master(capsys: pyt
     assert run("127.0.0.1:1", "mount", "rm", "/logs") == 1
     err = capsys.readouterr().err
     assert err.startswith("strata: unmount /logs (master 127.0.0.1:1): ") and "Traceback" not in err
+
+
+def test_a_malformed_credential_is_refused_without_showing_it(master: tuple[TinyMaster, str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # A secret given without its KEY= (a slip at the prompt) must not be printed back, into a
+    # terminal's scrollback or a CI log.
+    servicer, address = master
+    assert run(address, "mount", "add", "/d", "s3://bucket/d", "--credential", "AKIA-very-secret") == 1
+    err = capsys.readouterr().err
+    assert "--credential" in err and "KEY=VALUE" in err
+    assert "very-secret" not in err
+    assert servicer.calls == []

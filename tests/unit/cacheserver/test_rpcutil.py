@@ -3,7 +3,10 @@ channels carry the token on every kind of call; one channel cache per peer set."
 
 from __future__ import annotations
 
+import resource
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import grpc
@@ -118,3 +121,19 @@ def test_a_channel_cache_without_retire_keeps_replaced_channels_until_taken() ->
     cache.get("w2", "c:1")
     cache.drop("w2")
     assert sorted(cache.take_all()) == sorted([new, old, "channel to c:1"])
+
+
+def test_a_server_raises_its_open_file_limit_and_holds_connections_for_half_of_it() -> None:
+    # A process started with a soft limit under its hard one (1024, as many hosts give) runs
+    # with the hard one; gRPC connections get half of it, the rest stays for reads.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 512:
+        pytest.skip(f"the hard open file limit here is {hard}")
+    script = ("import resource; from strata.cacheserver import rpcutil; "
+              "print(rpcutil.raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    answer = subprocess.run(["sh", "-c", 'ulimit -Sn 256 && exec "$@"', "sh", sys.executable, "-c", script],
+                            capture_output=True, text=True, check=True).stdout.split()
+    raised, soft = int(answer[0]), int(answer[1])
+    assert raised == soft > 256
+    assert rpcutil.connection_limit(raised) == raised // 2
+    assert rpcutil.connection_limit(20) == rpcutil.MIN_CONNECTIONS

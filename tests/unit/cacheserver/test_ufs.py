@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -640,6 +642,54 @@ async def test_links_out_of_a_file_root_are_refused_and_left_out_of_listings(lin
     assert [s.path for s in await store.walk("")] == ["alias/deep.txt", "ok.txt", "sub/deep.txt"]
     assert [(s.path, s.is_dir) for s in await store.ls("alias")] == [("alias/deep.txt", False), ("alias/loop", True)]
     assert await store.read_range("alias/deep.txt", 0, 4) == b"deep"
+
+
+def _flip(link: Path, targets: tuple[str, str], stop: threading.Event) -> None:
+    """Point `link` at each target in turn, each time at once (a new link renamed over it),
+    until `stop`: what someone else who writes the folder can do."""
+    spare = link.with_name(link.name + ".new")
+    while not stop.is_set():
+        for target in targets:
+            spare.symlink_to(target, target_is_directory=True)
+            os.replace(spare, link)
+
+
+async def test_a_link_swapped_in_while_a_file_is_opened_leads_no_read_or_write_outside(tmp_path: Path) -> None:
+    # A folder of the root is a link that someone else who writes the folder keeps turning
+    # between a folder inside and one outside; each name is checked before it is opened, so
+    # the swap has to come in between (it does, now and then, in a few thousand tries). A
+    # decoy inside has the size and time of the secret outside, so a read of the decoy's
+    # version does not tell them apart by version.
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "inside").mkdir(parents=True)
+    outside.mkdir()
+    secret, decoy = outside / "secret.txt", root / "inside" / "secret.txt"
+    secret.write_bytes(b"host secret!")
+    decoy.write_bytes(b"decoy bytes!")
+    os.utime(decoy, ns=(secret.stat().st_atime_ns, secret.stat().st_mtime_ns))
+    (root / "sub").symlink_to("inside", target_is_directory=True)
+    store = Store(f"file://{root}", allowed_roots=[str(tmp_path)])
+    version = (await store.info("sub/secret.txt")).version
+    stop = threading.Event()
+    flipper = threading.Thread(target=_flip, args=(root / "sub", ("inside", str(outside)), stop))
+    flipper.start()
+    served: list[bytes] = []
+    written = 0
+    try:
+        for i in range(3000):
+            with contextlib.suppress(PermissionDenied, NotFound):
+                await store.write(f"sub/planted-{i}.txt", b"x")
+                written += 1
+            with contextlib.suppress(PermissionDenied, NotFound, VersionChanged):
+                served.append(await store.read_range("sub/secret.txt", 0, 100, version=version))
+    finally:
+        stop.set()
+        flipper.join()
+    planted = sorted(p.name for p in outside.glob("planted-*"))
+    assert not planted, f"{len(planted)} of {written} writes landed outside the root"
+    assert b"host secret!" not in served, f"{served.count(b'host secret!')} reads returned a file outside the root"
+    assert served and written, "no read or write went through: the test tried nothing"
+    assert set(served) == {b"decoy bytes!"}
 
 
 async def test_a_store_given_allowed_roots_checks_its_root_on_every_access(tmp_path: Path) -> None:

@@ -82,3 +82,35 @@ async def _eof_within(reader: asyncio.StreamReader, seconds: float) -> bool:
         return True
     assert data == b"", data  # no answer for a head that never ended
     return True
+
+
+async def test_connections_past_the_bound_are_answered_503_and_closed_at_once(port: int) -> None:
+    """A flood of connections that send nothing holds at most MAX_CONNECTIONS of them (and
+    of the server's descriptors) until the head deadline: one more is told and closed."""
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(httpserver.MAX_CONNECTIONS)]
+    try:
+        extra = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
+        for reader, writer in extra:
+            try:
+                # Well within HEAD_TIMEOUT, which is all a held connection would get.
+                answer = await asyncio.wait_for(reader.read(), timeout=httpserver.HEAD_TIMEOUT / 2)
+            except asyncio.TimeoutError:
+                pytest.fail(f"a connection past the {httpserver.MAX_CONNECTIONS} held was kept open")
+            finally:
+                writer.close()
+            assert answer.startswith(b"HTTP/1.0 503") and b"connections are open" in answer, answer
+    finally:
+        for _, writer in idle:
+            writer.close()
+
+    async def healthy() -> bool:
+        try:
+            return (await exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 200 OK")
+        except ConnectionError:  # still past the bound: closed with the request unread
+            return False
+
+    for _ in range(100):  # until the server has seen the idle ones closed
+        if await healthy():
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail("/healthz did not answer 200 once the idle connections were closed")

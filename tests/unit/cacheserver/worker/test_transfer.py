@@ -4,9 +4,12 @@ sockets in this process, the real reads behind them, the wire of `blockwire`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import select
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -160,3 +163,47 @@ def test_a_range_on_the_block_files_chunks_carries_the_files_own_checksums(tmp_p
     finally:
         os.close(fd)
     assert BlockSource(hit=False, length=3, data=b"abc").sent_checksums() == compute_checksums(b"abc")
+
+
+def _trickle(address: tuple[str, int], line: bytes, pause: float) -> tuple[bytes, float]:
+    """Send `line` but its newline a byte at a time, `pause` seconds apart, until the server
+    answers or closes; what it answered, and after how many seconds."""
+    with socket.create_connection(address, timeout=30) as sock:
+        started = time.monotonic()
+        for byte in line[:-1]:
+            readable, _, _ = select.select([sock], [], [], pause)
+            if readable:
+                break
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+        return answer, time.monotonic() - started
+
+
+async def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_idle_timeout(
+        reads: tuple[BlockReads, pb.FileInfo]) -> None:
+    # The idle timeout bounds the whole request line, not each byte of it: a reader that
+    # sends a byte now and then holds a connection (and its thread) no longer than one that
+    # sends nothing, and is told why it was cut off.
+    block_reads, info = reads
+    settings = DataPortSettings.model_validate({"idleTimeout": 1})
+    server = DataServer(block_reads, CREDENTIALS, asyncio.get_running_loop(), settings)
+    port = server.start("127.0.0.1", 0)
+    try:
+        line = request_line(CREDENTIALS.data, ref_for(info, 0), 0)
+        assert len(line) * 0.1 > 10  # sent whole, the trickle would take over 10 s
+        answer, seconds = await asyncio.to_thread(_trickle, ("127.0.0.1", port), line, 0.1)
+        assert answer, f"the worker held a trickled request for {seconds:.1f}s without answering"
+        reply = json.loads(answer.split(b"\n")[0])
+        assert reply["code"] == "DEADLINE_EXCEEDED" and "idleTimeout" in reply["message"]
+        print(f"a trickled request was cut off after {seconds:.1f}s (idleTimeout 1s)")
+        # Readers that send their request go on as before.
+        reply, body, _ = await exchange(socket.AF_INET, ("127.0.0.1", port), line)
+        assert reply["ok"] and body == DATA[:BLOCK]
+    finally:
+        server.stop()
