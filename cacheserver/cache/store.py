@@ -485,6 +485,14 @@ class BlockStore:
     def blocks(self) -> list[CachedBlock]:
         return [entry.snapshot() for entry in self._index.values()]
 
+    def bytes_by_mount(self) -> dict[int, int]:
+        """Bytes cached per mount id (every heartbeat asks: no snapshot of each block)."""
+        by_mount: dict[int, int] = {}
+        for entry in self._index.values():
+            mount_id = entry.meta.key.mount_id
+            by_mount[mount_id] = by_mount.get(mount_id, 0) + entry.meta.length
+        return by_mount
+
     # -- internals: index and reports ----------------------------------------------------------
 
     def _require_open(self) -> None:

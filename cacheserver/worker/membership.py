@@ -118,14 +118,11 @@ class Membership:
 
     def stats(self) -> pb.WorkerStats:
         c = self._counters
-        by_mount: dict[int, int] = {}
-        for block in self._store.blocks():
-            by_mount[block.key.mount_id] = by_mount.get(block.key.mount_id, 0) + block.length
         return pb.WorkerStats(
             tiers=[pb.TierStats(medium=t.medium, capacity=t.capacity, used=t.used, blocks=t.blocks)
                    for t in self._store.stats()],
             hits=c.hits, misses=c.misses, ufs_bytes_read=c.ufs_bytes_read, bytes_served=c.bytes_served,
-            short_circuit_reads=c.short_circuit_reads, cached_bytes_by_mount=by_mount,
+            short_circuit_reads=c.short_circuit_reads, cached_bytes_by_mount=self._store.bytes_by_mount(),
             pending_uploads=self._uploads.pending(),
         )
 
