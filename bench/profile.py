@@ -79,8 +79,8 @@ def spy(pid: int, out: Path, rate: int) -> subprocess.Popen[bytes]:
 def main() -> int:
     p = argparse.ArgumentParser(description="py-spy profiles of one contestant on one workload")
     p.add_argument("--contestant", default="strata-remote")
-    p.add_argument("--workload", choices=("aggregate", "linecount", "metadata"), default="aggregate")
-    p.add_argument("--size", default="256Mi", help="dataset size (aggregate, linecount) or file count (metadata)")
+    p.add_argument("--workload", choices=("aggregate", "linecount", "metadata", "training"), default="aggregate")
+    p.add_argument("--size", default="256Mi", help="dataset size (aggregate, linecount) or file count (metadata, training)")
     p.add_argument("--phase", choices=("cold", "warm"), default="warm")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--rate", type=int, default=200, help="samples per second")
@@ -100,6 +100,9 @@ def main() -> int:
         size = parse_size(args.size)
         ds = datasets.text_dataset(local, f"text-{datasets.size_label(size)}", size)
         op = "count_lines"
+    elif args.workload == "training":
+        ds = datasets.training_dataset(local, f"train-{int(args.size)}", int(args.size))
+        op = "read_files"
     else:
         ds = datasets.small_files_dataset(local, f"meta-{int(args.size)}", int(args.size))
         op = "list_and_stat"
@@ -129,7 +132,7 @@ def main() -> int:
                 run_op(op, fs, paths)
         spies: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
         servers = {child.name: child for child in stack.children}
-        watched = ["worker"] + (["master"] if args.workload == "metadata" else []) + (["fuse"] if c.id == "strata-fuse" else [])
+        watched = ["worker"] + (["master"] if args.workload in ("metadata", "training") else []) + (["fuse"] if c.id == "strata-fuse" else [])
         for name in watched:
             if name in servers:
                 raw = raws / f"{tag}-{name}.raw"
