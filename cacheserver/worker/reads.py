@@ -158,11 +158,13 @@ class BlockReads:
         """Bytes [start, end) of the file `ref` names, from the store, of the version the
         namespace gives it. If the store holds another version now, the master is told to
         look again (so that the reader's next open names the new version) before the reader
-        gets the error."""
+        gets the error. The block lies within the file the namespace describes, so the store
+        must send every byte asked for (DataLoss otherwise): a short answer served as is would
+        leave a reader waiting for bytes promised and never sent, or a copy with bytes missing."""
         version = await self._store_version(ref)
         mount = await self.mounts.get(ref.mount_id)
         try:
-            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version)
+            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version, exact=True)
         except VersionChanged:
             self.statuses.forget(ref.path)
             try:
