@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from strata.contract.config import ServerConfig
+from strata.contract.constants import MAX_READAHEAD_BLOCKS
 from strata.contract.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -326,8 +327,11 @@ class BlockReads:
     # -- readahead ---------------------------------------------------------------------------
 
     def _readahead_from(self, ref: pb.BlockRef, count: int, read_type: int) -> None:
+        """Fetch the `count` blocks after `ref` (at most MAX_READAHEAD_BLOCKS: a request
+        asking for more gets that many) in the background."""
         if read_type == pb.NO_CACHE or count <= 0 or not ref.block_size:
             return
+        count = min(count, MAX_READAHEAD_BLOCKS)
         blocks = (ref.file_length + ref.block_size - 1) // ref.block_size
         for index in range(ref.index + 1, min(blocks, ref.index + 1 + count)):
             nxt = pb.BlockRef()

@@ -9,6 +9,7 @@ from rangeproxy import RangeProxy
 
 from strata.cacheserver.blockrefs import key_of
 from strata.cacheserver.ufs import VersionChanged
+from strata.contract.constants import MAX_READAHEAD_BLOCKS
 from strata.contract.errors import DataLoss, FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
 
@@ -64,6 +65,25 @@ async def test_readahead_caches_the_next_blocks(cluster: Cluster) -> None:
 
     await eventually(cached, "blocks 1 and 2 read ahead")
     assert parts.store.lookup(key_of(ref_for(info, 3))) is None  # two ahead, no more
+
+
+async def test_readahead_asked_for_is_bounded(cluster: Cluster) -> None:
+    """One request may ask for any readahead (gRPC carries up to 2**32 - 1 blocks, the data
+    port any number): it fetches at most MAX_READAHEAD_BLOCKS ahead, not every block of
+    the file."""
+    await cluster.mount()
+    blocks = MAX_READAHEAD_BLOCKS + 20
+    cluster.put("m/many.bin", data_of(blocks * BLOCK, seed=7))
+    parts = await cluster.worker()
+    info = await cluster.status("/m/many.bin")
+    await parts.reads.read_source(ref_for(info, 0), 0, offset=0, length=1, readahead=2**32 - 1, as_file=False)
+
+    async def settled() -> bool:
+        return not parts.reads._readahead_pending  # every readahead this read started is done
+
+    await eventually(settled, "the readahead done")
+    cached = sorted(b.key.index for b in parts.store.blocks())
+    assert cached == list(range(MAX_READAHEAD_BLOCKS + 1))
 
 
 async def test_no_cache_reads_serve_the_store_bytes_and_keep_nothing(cluster: Cluster) -> None:
