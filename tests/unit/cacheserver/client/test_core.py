@@ -5,60 +5,40 @@ returns exactly the bytes asked for, whichever way a worker sent them."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from threadmaster import MASTER_TOKEN, Run, threaded_master
 
 from strata.cacheserver.auth import Credentials
 from strata.cacheserver.blockwire import ok_reply, reply_line
 from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
 from strata.cacheserver.client.core import StrataClient
 from strata.cacheserver.client.settings import ClientSettings
-from strata.cacheserver.master.server import MasterHandle, start_master
+from strata.cacheserver.master.server import MasterHandle
 from strata.contract import rpc
-from strata.contract.config import ServerConfig
 from strata.contract.errors import NotFound, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
-TOKEN = "client-test-token"
-T = TypeVar("T")
-Run = Callable[[Coroutine[Any, Any, T]], T]
-
 
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[tuple[MasterHandle, Run[Any]]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="master-loop", daemon=True)
-    thread.start()
-
-    def run(coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=30)
-
-    config = ServerConfig.model_validate({"blockSize": "1Mi", "localSources": {"allowedRoots": [str(tmp_path)]}})
-    handle = run(start_master(config, journal_dir=tmp_path / "journal", credentials=Credentials.from_admin(TOKEN),
-                              bind="127.0.0.1", port=0, http_port=0))
-    try:
-        yield handle, run
-    finally:
-        run(handle.stop(grace=0))
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+    with threaded_master(tmp_path) as running:
+        yield running
 
 
 def client_of(handle: MasterHandle, tmp_path: Path, **settings: float) -> StrataClient:
     (tmp_path / "store").mkdir(exist_ok=True)
     (tmp_path / "store" / "seen").write_bytes(b"seen")
     (tmp_path / "store" / "unseen").write_bytes(b"unseen")
-    client = StrataClient(master=f"127.0.0.1:{handle.port}", token=TOKEN, host="h",
+    client = StrataClient(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, host="h",
                           settings=ClientSettings(**settings))
     if not client.mounts():
         client.mount("/m", f"file://{tmp_path / 'store'}")
@@ -138,7 +118,7 @@ def test_a_block_of_another_length_than_asked_is_never_returned(master: tuple[Ma
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    with rpc.sync_channel(f"127.0.0.1:{handle.port}", Credentials.from_admin(TOKEN).internal) as channel:
+    with rpc.sync_channel(f"127.0.0.1:{handle.port}", Credentials.from_admin(MASTER_TOKEN).internal) as channel:
         pb_grpc.MasterStub(channel).RegisterWorker(pb.RegisterWorkerRequest(worker=pb.WorkerInfo(
             worker_id="stand-in", host="h", address="127.0.0.1:1", domain_socket=str(sock_path))), timeout=10)
     client = client_of(handle, tmp_path)
