@@ -768,18 +768,24 @@ class Store:
         return bytes(data) if end > start else b""
 
     def _read_local_checked(self, rel: str, path: str, start: int, end: int, version: str | None) -> bytes:
-        """pread of an opened file (blocking) that lies under the root (`_opened_inside`) and,
-        with `version`, whose size and mtime (its version) are the same before and after the
-        read. A rewrite within one tick of the file system's clock (nanoseconds on ext4, xfs
-        and tmpfs) that keeps the size would go unseen."""
+        """Bytes [start, end) (fewer only where it ends) of an opened file (blocking) that
+        lies under the root (`_opened_inside`) and, with `version`, whose size and mtime (its
+        version) are the same before and after the read. A rewrite within one tick of the file
+        system's clock (nanoseconds on ext4, xfs and tmpfs) that keeps the size would go
+        unseen."""
         fd = self._open_inside(rel, path)
         try:
             if version is not None:
                 self._check_version(rel, version, _local_version(os.fstat(fd)))
-            data = os.pread(fd, max(0, end - start), start) if end > start else b""
+            # One pread may return less before the end (network and FUSE file systems; Linux
+            # returns at most 2 GiB - 4 KiB a call): read on until the end or the file's end.
+            pieces, got = [], 0
+            while start + got < end and (piece := os.pread(fd, end - start - got, start + got)):
+                pieces.append(piece)
+                got += len(piece)
             if version is not None:
                 self._check_version(rel, version, _local_version(os.fstat(fd)))
-            return data
+            return b"".join(pieces)
         finally:
             os.close(fd)
 
