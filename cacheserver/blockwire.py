@@ -8,7 +8,8 @@
 
 What follows an ok reply depends on the socket: on the data port, exactly N bytes of the block
 from `offset`; on the short-circuit socket, the block file's descriptor (SCM_RIGHTS), and N
-is the whole block's length. `offset`, `length` and `readahead` matter on the data port only.
+is the whole block's length. `offset`, `length` and `readahead` matter on the data port only
+(`readahead` as gRPC's readahead_blocks: at most MAX_READAHEAD_BLOCKS, more is cut to that).
 `code` is a gRPC status name, as the same error would carry over gRPC.
 
 Every ok reply also carries `checksums` and `chunk_size`. On the data port they are the

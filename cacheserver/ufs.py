@@ -56,6 +56,7 @@ from s3fs.core import calculate_chunksize
 from strata.contract.constants import FSSPEC_PROTOCOL, UPLOAD_DIR
 from strata.contract.errors import (
     AlreadyExists,
+    DataLoss,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -356,6 +357,10 @@ class StoreThreads(Executor):
 
 class VersionChanged(FailedPrecondition):
     """A read of one version of a file found another one in the store."""
+
+
+class _ShortAnswer(Unavailable):
+    """A store answered an exact read with another number of bytes than asked for."""
 
 
 def _copy_file(source: Path | int, out: BinaryIO) -> None:
@@ -677,9 +682,16 @@ class Store:
             await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
         return sorted(out, key=lambda s: s.path)
 
-    async def read_range(self, rel: str, start: int, end: int, *, version: str | None = None) -> bytes:
+    async def read_range(self, rel: str, start: int, end: int, *, version: str | None = None,
+                         exact: bool = False) -> bytes:
         """Bytes [start, end) of a file; fewer if the file ends first. On S3 this is one
         ranged GET.
+
+        With `exact` (the caller knows the file, of `version`, holds all of them), an answer
+        of any other size is refused: retried like a transient failure (an answer cut short
+        on its way), then DataLoss naming both sizes. Only the store's word says how many
+        bytes it sent (a well-formed short answer passes every other check), and a short
+        block served or cached would be a file with bytes missing.
 
         With `version` (a `UfsStatus.version`), the bytes are of that version of the file or
         the read fails with VersionChanged ("the file changed in the store"): S3 sends the
@@ -696,20 +708,31 @@ class Store:
         async def read() -> bytes:
             try:
                 if version is not None and self._is_s3:
-                    return await self._read_s3_if_match(path, start, end, version)
-                if self._local:
-                    return await self._blocking(self._read_local_checked, rel, path, start, end, version)
-                data = bytes(await self._fs_call("cat_file", path, start=start, end=end)) if end > start else b""
+                    data = await self._read_s3_if_match(path, start, end, version)
+                elif self._local:
+                    data = await self._blocking(self._read_local_checked, rel, path, start, end, version)
+                else:
+                    data = bytes(await self._fs_call("cat_file", path, start=start, end=end)) if end > start else b""
+                    if version is not None:
+                        self._check_version(rel, version, self._status(await self._fs_call("info", path)).version)
             except OSError as exc:
                 error = _client_error(exc)
                 if error is not None and error.response.get("Error", {}).get("Code") == "InvalidRange":
-                    return b""  # start at or past the end of the object
-                raise
-            if version is not None:
-                self._check_version(rel, version, self._status(await self._fs_call("info", path)).version)
+                    data = b""  # start at or past the end of the object
+                else:
+                    raise
+            if exact and len(data) != end - start:
+                raise _ShortAnswer(
+                    f"store {self.source} answered the read of bytes {start}-{end - 1} of {self.url(rel)}"
+                    f"{f' (version {version!r})' if version is not None else ''} with {len(data)} bytes, "
+                    f"not {end - start}"
+                )
             return data
 
-        return await self._call("read", rel, read)
+        try:
+            return await self._call("read", rel, read)
+        except _ShortAnswer as exc:
+            raise DataLoss(f"{exc}, at every try; the bytes are not used: check the store") from None
 
     def _check_version(self, rel: str, wanted: str, found: str) -> None:
         if found != wanted:
@@ -745,18 +768,24 @@ class Store:
         return bytes(data) if end > start else b""
 
     def _read_local_checked(self, rel: str, path: str, start: int, end: int, version: str | None) -> bytes:
-        """pread of an opened file (blocking) that lies under the root (`_opened_inside`) and,
-        with `version`, whose size and mtime (its version) are the same before and after the
-        read. A rewrite within one tick of the file system's clock (nanoseconds on ext4, xfs
-        and tmpfs) that keeps the size would go unseen."""
+        """Bytes [start, end) (fewer only where it ends) of an opened file (blocking) that
+        lies under the root (`_opened_inside`) and, with `version`, whose size and mtime (its
+        version) are the same before and after the read. A rewrite within one tick of the file
+        system's clock (nanoseconds on ext4, xfs and tmpfs) that keeps the size would go
+        unseen."""
         fd = self._open_inside(rel, path)
         try:
             if version is not None:
                 self._check_version(rel, version, _local_version(os.fstat(fd)))
-            data = os.pread(fd, max(0, end - start), start) if end > start else b""
+            # One pread may return less before the end (network and FUSE file systems; Linux
+            # returns at most 2 GiB - 4 KiB a call): read on until the end or the file's end.
+            pieces, got = [], 0
+            while start + got < end and (piece := os.pread(fd, end - start - got, start + got)):
+                pieces.append(piece)
+                got += len(piece)
             if version is not None:
                 self._check_version(rel, version, _local_version(os.fstat(fd)))
-            return data
+            return b"".join(pieces)
         finally:
             os.close(fd)
 

@@ -48,7 +48,7 @@ class CachePolicySettings(_Model):
     read_type: ReadType = Field(ReadType.CACHE, alias="readType")
     write_type: WriteType = Field(WriteType.CACHE_THROUGH, alias="writeType")
     # Blocks fetched ahead of a sequential reader: two hides one store round trip per block.
-    readahead_blocks: int = Field(2, ge=0, le=64, alias="readaheadBlocks")
+    readahead_blocks: int = Field(2, ge=0, le=constants.MAX_READAHEAD_BLOCKS, alias="readaheadBlocks")
     # Evict down to low_watermark once a tier passes high_watermark (fractions of its quota).
     high_watermark: float = Field(0.95, gt=0, le=1, alias="highWatermark")
     low_watermark: float = Field(0.80, ge=0, lt=1, alias="lowWatermark")

@@ -71,6 +71,12 @@ DEFAULT_BLOCK_SIZE_QUANTITY: Final = f"{DEFAULT_BLOCK_SIZE // 2**20}Mi"
 # up to 64 MiB; a worker takes one piece and the fields beside it, no more (the cache
 # server's rpcutil.WORKER_MAX_RECEIVE_BYTES).
 STREAM_CHUNK_SIZE: Final = 4 * 1024 * 1024
+# Blocks a worker fetches ahead of one read at the most (cachePolicy.readaheadBlocks, and the
+# readahead a ReadBlock or data-port request asks for; more is cut to this). 64 blocks (1 GiB
+# at the default block size) is far more than a reader consumes before its next request
+# reaches the worker; without a bound one request queued a fetch for every block of a
+# large file.
+MAX_READAHEAD_BLOCKS: Final = 64
 
 # ASYNC_THROUGH uploads land in this folder of the mount's store first; the master moves
 # each into place once it is whole (so an upload of a removed or replaced file never shows).

@@ -429,12 +429,24 @@ class StrataClient:
 
     def _read_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, length: int,
                    readahead: int, read_type: pb.ReadType.ValueType) -> Buffer:
+        """Bytes [offset, offset+length) of the block (length 0: to its end) from `worker`,
+        exactly that many whichever way they came: bytes of another length are refused
+        (Unavailable: the next worker serves the block), never handed on cut short."""
         full = max(0, min(ref.block_size, ref.file_length - ref.index * ref.block_size))
         want = (length or full - offset)
+        data = self._fetch_from(worker, ref, offset, want, readahead, read_type, whole=offset == 0 and want == full)
+        if len(data) != want:
+            raise Unavailable(f"worker {worker.worker_id} sent {len(data)} bytes of block {ref.index} of {ref.path}, expected {want}")
+        return data
+
+    def _fetch_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, want: int, readahead: int,
+                    read_type: pb.ReadType.ValueType, *, whole: bool) -> Buffer:
+        """What `worker` sends for [offset, offset+want) of the block: by short-circuit when
+        it is on this host, else over its data port, else gRPC."""
         reader = self._sc_reader(worker)
         if reader is not None:
             try:
-                if offset == 0 and want == full:
+                if whole:
                     return reader.whole(ref, read_type)
                 return reader.read(ref, offset, want, read_type)
             except WorkerStalled:
@@ -453,8 +465,6 @@ class StrataClient:
         if data is None:
             data = self._read_grpc(worker, pb.ReadBlockRequest(block=ref, offset=offset, length=want, read_type=read_type,
                                                                readahead_blocks=readahead))
-        if len(data) != want:
-            raise Unavailable(f"worker {worker.worker_id} sent {len(data)} bytes of block {ref.index} of {ref.path}, expected {want}")
         return data
 
     def _read_grpc(self, worker: pb.WorkerInfo, request: pb.ReadBlockRequest) -> bytes:

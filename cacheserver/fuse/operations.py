@@ -39,8 +39,8 @@ import os
 import stat
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -199,6 +199,33 @@ class _AttrCache:
                 del self._entries[key]
 
 
+class _OpenReads:
+    """The versions that the open read handles of each path read, with how many handles read
+    each: an open asks which versions of its path are open without going through every
+    handle (thousands of open files would slow every open). Kept in step with the handles
+    (added at open and at a successor's reopen, dropped at release) under the operations'
+    lock."""
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, Counter[str]] = {}
+
+    def change(self, handle: ReadHandle | WriteHandle, count: int) -> None:
+        """A read handle opened (`count` 1) or released (-1); write handles do not count."""
+        if not isinstance(handle, ReadHandle):
+            return
+        info = handle.info
+        versions = self._by_path.setdefault(info.path, Counter())
+        versions[info.version] += count
+        if versions[info.version] <= 0:
+            del versions[info.version]
+        if not versions:
+            del self._by_path[info.path]
+
+    def versions(self, path: str) -> Collection[str]:
+        """The versions of `path` open for reading."""
+        return self._by_path.get(path, {}).keys()
+
+
 class StrataOperations:
     """Paths are below the mount point ("/" is the mount's root); times are in nanoseconds."""
 
@@ -209,6 +236,7 @@ class StrataOperations:
         self.root = settings.root
         self._attrs = _AttrCache(settings.attr_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
+        self._open_reads = _OpenReads()
         self._records = ReadRecords(settings.handles_dir)
         # Handle numbers of this process start above any its predecessor used (one per microsecond at most).
         self._ids = itertools.count(time.time_ns() // 1000)
@@ -259,6 +287,7 @@ class StrataOperations:
     def _add_locked(self, handle: ReadHandle | WriteHandle) -> int:
         fh = next(self._ids) << 1 | isinstance(handle, WriteHandle)
         self._handles[fh] = handle
+        self._open_reads.change(handle, 1)
         return fh
 
     @staticmethod
@@ -296,6 +325,8 @@ class StrataOperations:
         handle = ReadHandle(self.fs.open(ns, "rb", file_info=info))
         with self._lock:
             old = self._handles.setdefault(fh, handle)
+            if old is handle:
+                self._open_reads.change(handle, 1)
         if old is not handle:  # another thread was first
             handle.close()
 
@@ -339,8 +370,7 @@ class StrataOperations:
         directly (direct I/O), and the next open that uses the page cache starts it cold.
         Otherwise what the kernel holds is kept when the version is the one seen last.
         Called with `self._lock` held."""
-        others = {h.info.version for h in self._handles.values() if isinstance(h, ReadHandle) and h.info.path == ns}
-        if others - {version}:
+        if any(other != version for other in self._open_reads.versions(ns)):
             self._versions.pop(ns, None)
             return False, True
         same = self._versions.get(ns) == version
@@ -580,6 +610,8 @@ class StrataOperations:
     def release(self, path: str, fi: Any) -> int:
         with self._lock:
             handle = self._handles.pop(fi.fh, None)
+            if handle is not None:
+                self._open_reads.change(handle, -1)
         if not self.is_write_handle(fi.fh):
             self._records.remove(fi.fh)  # a predecessor's handle this process never read included
         if handle is None:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from strata.contract.config import ServerConfig
+from strata.contract.constants import MAX_READAHEAD_BLOCKS
 from strata.contract.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -158,11 +159,13 @@ class BlockReads:
         """Bytes [start, end) of the file `ref` names, from the store, of the version the
         namespace gives it. If the store holds another version now, the master is told to
         look again (so that the reader's next open names the new version) before the reader
-        gets the error."""
+        gets the error. The block lies within the file the namespace describes, so the store
+        must send every byte asked for (DataLoss otherwise): a short answer served as is would
+        leave a reader waiting for bytes promised and never sent, or a copy with bytes missing."""
         version = await self._store_version(ref)
         mount = await self.mounts.get(ref.mount_id)
         try:
-            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version)
+            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version, exact=True)
         except VersionChanged:
             self.statuses.forget(ref.path)
             try:
@@ -324,8 +327,11 @@ class BlockReads:
     # -- readahead ---------------------------------------------------------------------------
 
     def _readahead_from(self, ref: pb.BlockRef, count: int, read_type: int) -> None:
+        """Fetch the `count` blocks after `ref` (at most MAX_READAHEAD_BLOCKS: a request
+        asking for more gets that many) in the background."""
         if read_type == pb.NO_CACHE or count <= 0 or not ref.block_size:
             return
+        count = min(count, MAX_READAHEAD_BLOCKS)
         blocks = (ref.file_length + ref.block_size - 1) // ref.block_size
         for index in range(ref.index + 1, min(blocks, ref.index + 1 + count)):
             nxt = pb.BlockRef()

@@ -317,8 +317,16 @@ class Uploads:
             mount = await self._mounts.get(record.mount_id)
         except NotFound as exc:
             raise Superseded(str(exc)) from None
-        await asyncio.wait_for(mount.store.write_file(upload_rel(record.version), upload.staged),
-                               self.settings.timeout_for(record.length))
+        made = await asyncio.wait_for(mount.store.write_file(upload_rel(record.version), upload.staged),
+                                      self.settings.timeout_for(record.length))
+        if made.length != record.length:
+            # The staged copy is not the acknowledged write (damaged since): moved into place,
+            # it would be the file, and the write's pinned blocks, its only whole copy, let go.
+            message = (f"the upload of {record.path} (version {record.version}) from {upload.staged} made "
+                       f"{made.length} bytes, the write has {record.length}: not moved into place; the "
+                       "file's blocks stay pinned in the cache and the upload is tried again")
+            log.error("%s", message)
+            raise StrataError(message)
         response = await self._master.PersistFile(pb.PersistFileRequest(path=record.path, version=record.version),
                                                     timeout=PERSIST_CALL_TIMEOUT)
         if response.superseded:

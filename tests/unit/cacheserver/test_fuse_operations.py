@@ -1,13 +1,29 @@
-"""Pieces of the FUSE callbacks that need no kernel: metadata timeouts and error numbers.
-The callbacks themselves run against real mounts in tests/integration/test_fuse.py."""
+"""Pieces of the FUSE callbacks that need no kernel: metadata timeouts, error numbers, and
+what an open tells the kernel about its page cache (against a real master in this process
+and a file:// mount). The callbacks themselves run against real mounts in
+tests/integration/test_fuse.py."""
 
 from __future__ import annotations
 
 import errno
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from threadmaster import MASTER_TOKEN, threaded_master
 
-from strata.cacheserver.fuse.operations import DEFAULT_ATTR_TIMEOUT, MAX_ATTR_TIMEOUT, attr_timeout_for, errno_of
+from strata.cacheserver.client.fs import StrataFileSystem
+from strata.cacheserver.fuse.operations import (
+    DEFAULT_ATTR_TIMEOUT,
+    MAX_ATTR_TIMEOUT,
+    FuseSettings,
+    StrataOperations,
+    attr_timeout_for,
+    errno_of,
+)
+from strata.cacheserver.fuse.session import FileInfo
 from strata.contract import errors
 from strata.contract.proto import strata_pb2 as pb
 
@@ -49,3 +65,81 @@ def test_long_intervals_are_capped() -> None:
 ])
 def test_client_errors_become_errno(error: errors.StrataError, code: int) -> None:
     assert errno_of(error) == code
+
+
+# -- the page cache across opens --------------------------------------------------------------
+
+
+@pytest.fixture
+def mounted(tmp_path: Path) -> Iterator[tuple[StrataFileSystem, Path]]:
+    """A file system on a real master whose mount /m is a folder here, its metadata looked
+    up in the folder on every access."""
+    store = tmp_path / "store"
+    store.mkdir()
+    with threaded_master(tmp_path) as (handle, _):
+        fs = StrataFileSystem(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, skip_instance_cache=True)
+        fs.client.mount("/m", f"file://{store}", pb.MountOptions(metadata_sync_interval=0))
+        try:
+            yield fs, store
+        finally:
+            fs.client.close()
+
+
+def rewrite(path: Path, data: bytes) -> None:
+    """A new version of the file (its size and mtime are its version on file://)."""
+    path.write_bytes(data)
+    later = time.time_ns() + 1_000_000_000
+    os.utime(path, ns=(later, later))
+
+
+def opened(ops: StrataOperations) -> tuple[int, tuple[int, int]]:
+    """Open /f for reading: its handle and what the kernel is told (keep_cache, direct_io)."""
+    fi = FileInfo(flags=os.O_RDONLY)
+    assert ops.open("/f", fi) == 0
+    return fi.fh, (fi.keep_cache, fi.direct_io)
+
+
+def test_an_open_keeps_the_page_cache_only_while_no_other_version_is_open(
+        mounted: tuple[StrataFileSystem, Path], tmp_path: Path) -> None:
+    fs, store = mounted
+    rewrite(store / "f", b"one")
+    ops = StrataOperations(fs, FuseSettings(root="/m", attr_timeout=0, handles_dir=tmp_path / "handles"))
+
+    def release(fh: int) -> None:
+        assert ops.release("/f", FileInfo(fh=fh)) == 0
+
+    a, told = opened(ops)
+    assert told == (0, 0)  # first open: nothing of it in the kernel to keep
+    b, told = opened(ops)
+    assert told == (1, 0)  # the same version again: its pages are kept
+    rewrite(store / "f", b"two!")
+    c, told = opened(ops)
+    assert told == (0, 1)  # handles of the old version are open: around the page cache
+    release(a)
+    d, told = opened(ops)
+    assert told == (0, 1)  # one of them still is
+    release(b)
+    e, told = opened(ops)
+    assert told == (0, 0)  # none now: the page cache, which may hold old pages, starts cold
+    f, told = opened(ops)
+    assert told == (1, 0)
+    for fh in (c, d, e, f):
+        release(fh)
+    rewrite(store / "f", b"three")
+    g, told = opened(ops)
+    assert told == (0, 0)  # changed with nothing open: cold
+    h, told = opened(ops)
+    assert told == (1, 0)
+    release(h)
+
+    # A successor takes the mount over: it opens the handle left open again, at its version.
+    successor = StrataOperations(fs, FuseSettings(root="/m", attr_timeout=0, handles_dir=tmp_path / "handles"))
+    assert successor.adopt() == 1
+    rewrite(store / "f", b"four!!")
+    i, told = opened(successor)
+    assert told == (0, 1)  # the adopted handle is of another version
+    successor.release("/f", FileInfo(fh=g))
+    j, told = opened(successor)
+    assert told == (0, 0)
+    for fh in (i, j):
+        successor.release("/f", FileInfo(fh=fh))

@@ -20,6 +20,7 @@ from s3fs import S3FileSystem
 from strata.cacheserver.retry import RetrySettings
 from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
 from strata.contract.errors import (
+    DataLoss,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -169,6 +170,62 @@ async def test_a_local_file_rewritten_in_place_during_a_read_is_refused(tmp_path
     monkeypatch.setattr(os, "pread", pread_then_rewrite)
     with pytest.raises(VersionChanged, match="changed in the store"):
         await store.read_range("f", 0, 50, version=version)
+
+
+async def test_an_exact_read_of_a_local_file_cut_during_the_read_is_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer truncates the file and writes it back with its old length and mtime (an
+    in-place rewrite that keeps the times, as `rsync --inplace -t` does) while it is read: the
+    read saw the file cut, and both looks at its version agree. os.pread is wrapped to make
+    the rewrite happen at that moment; the file system is real."""
+    target = tmp_path / "f"
+    content = bytes(range(100))
+    target.write_bytes(content)
+    store = Store(f"file://{tmp_path}", retry=FAST_RETRY)
+    version = (await store.info("f")).version
+    stat = target.stat()
+    real_pread = os.pread
+    reads: list[int] = []
+
+    def pread_while_rewritten(fd: int, length: int, offset: int) -> bytes:
+        reads.append(offset)
+        if len(reads) == 1:
+            os.truncate(target, 30)
+        data = real_pread(fd, length, offset)
+        if len(reads) == 2:  # the read found the (cut) file's end
+            with open(target, "r+b") as out:
+                out.seek(30)
+                out.write(content[30:])
+            os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        return data
+
+    monkeypatch.setattr(os, "pread", pread_while_rewritten)
+    assert await store.read_range("f", 10, 90, version=version, exact=True) == content[10:90]
+    assert reads == [10, 30, 10]  # to the cut file's end, then all of it again
+
+
+async def test_a_local_file_read_in_pieces_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of a file may return fewer bytes than asked before its end: network and FUSE
+    file systems may, and Linux returns at most 2 GiB - 4 KiB per call (a block that size
+    or larger). os.pread is wrapped to answer 16 bytes a call; the file system is real."""
+    content = bytes(range(100))
+    (tmp_path / "f").write_bytes(content)
+    store = Store(f"file://{tmp_path}", retry=FAST_RETRY)
+    version = (await store.info("f")).version
+    real_pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, length, offset: real_pread(fd, min(length, 16), offset))
+    assert await store.read_range("f", 10, 90, version=version, exact=True) == content[10:90]
+    assert await store.read_range("f", 90, 200, version=version) == content[90:]
+
+
+async def test_an_exact_read_past_the_end_of_a_file_is_data_loss(backend: Backend) -> None:
+    backend.put_outside("data", bytes(range(100)))
+    store = backend.store
+    version = (await store.info("data")).version
+    assert await store.read_range("data", 90, 100, version=version, exact=True) == bytes(range(90, 100))
+    with pytest.raises(DataLoss, match=r"bytes 90-109 of .*data .*with 10 bytes, not 20"):
+        await store.read_range("data", 90, 110, version=version, exact=True)
+    assert await store.read_range("data", 90, 110) == bytes(range(90, 100))  # not exact: what there is
 
 
 async def test_a_store_without_conditional_reads_checks_the_version_after_the_read(

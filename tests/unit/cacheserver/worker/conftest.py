@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 import s3server
+from rangeproxy import RangeProxy
 
 from strata.cacheserver.auth import Credentials
 from strata.cacheserver.blockwire import write_chunk
@@ -50,10 +51,15 @@ class Cluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.master.port}"
 
-    async def mount(self, path: str = "/m", **options: object) -> pb.MountInfo:
+    async def mount(self, path: str = "/m", *, endpoint_url: str | None = None, **options: object) -> pb.MountInfo:
+        """The bucket's folder named like `path` mounted there (through `endpoint_url`, a
+        proxy in front of the store, when given)."""
+        store_options = self.s3.storage_options()
+        if endpoint_url is not None:
+            store_options["endpoint_url"] = endpoint_url
         response = await self.admin.Mount(pb.MountRequest(
             path=path, source=f"s3://{self.bucket}/{path.strip('/')}",
-            options=pb.MountOptions(options=self.s3.storage_options(), **options),  # type: ignore[arg-type]
+            options=pb.MountOptions(options=store_options, **options),  # type: ignore[arg-type]
         ), timeout=30)
         info: pb.MountInfo = response.mount
         return info
@@ -79,6 +85,23 @@ class Cluster:
     async def status(self, path: str) -> pb.FileInfo:
         info: pb.FileInfo = await self.admin.GetStatus(pb.GetStatusRequest(path=path), timeout=30)
         return info
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Store calls of workers built from here on retry without waiting long."""
+    monkeypatch.setenv("STRATA_RETRY_BASE_DELAY", "0.001")
+    monkeypatch.setenv("STRATA_RETRY_MAX_DELAY", "0.01")
+
+
+@pytest.fixture
+def short_store(s3_server: s3server.S3Server) -> Iterator[RangeProxy]:
+    """A proxy in front of the S3 server whose ranged answers can be cut short (`cut`)."""
+    proxy = RangeProxy(target_port=int(s3_server.endpoint_url.rsplit(":", 1)[1]))
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 @pytest.fixture

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from rangeproxy import RangeProxy
 
 from strata.cacheserver.blockrefs import key_of
 from strata.cacheserver.ufs import VersionChanged
-from strata.contract.errors import FailedPrecondition
+from strata.contract.constants import MAX_READAHEAD_BLOCKS
+from strata.contract.errors import DataLoss, FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, Cluster, eventually, ref_for
@@ -63,6 +65,25 @@ async def test_readahead_caches_the_next_blocks(cluster: Cluster) -> None:
 
     await eventually(cached, "blocks 1 and 2 read ahead")
     assert parts.store.lookup(key_of(ref_for(info, 3))) is None  # two ahead, no more
+
+
+async def test_readahead_asked_for_is_bounded(cluster: Cluster) -> None:
+    """One request may ask for any readahead (gRPC carries up to 2**32 - 1 blocks, the data
+    port any number): it fetches at most MAX_READAHEAD_BLOCKS ahead, not every block of
+    the file."""
+    await cluster.mount()
+    blocks = MAX_READAHEAD_BLOCKS + 20
+    cluster.put("m/many.bin", data_of(blocks * BLOCK, seed=7))
+    parts = await cluster.worker()
+    info = await cluster.status("/m/many.bin")
+    await parts.reads.read_source(ref_for(info, 0), 0, offset=0, length=1, readahead=2**32 - 1, as_file=False)
+
+    async def settled() -> bool:
+        return not parts.reads._readahead_pending  # every readahead this read started is done
+
+    await eventually(settled, "the readahead done")
+    cached = sorted(b.key.index for b in parts.store.blocks())
+    assert cached == list(range(MAX_READAHEAD_BLOCKS + 1))
 
 
 async def test_no_cache_reads_serve_the_store_bytes_and_keep_nothing(cluster: Cluster) -> None:
@@ -144,3 +165,42 @@ async def test_cache_blocks_counts_what_it_fetched(cluster: Cluster) -> None:
     refs = [ref_for(info, i) for i in range(3)]
     assert await reads.cache_blocks(refs[:1]) == (BLOCK, BLOCK)
     assert await reads.cache_blocks(refs) == (2 * BLOCK + 1, BLOCK + 1)
+
+
+@pytest.mark.usefixtures("quick_retries")
+async def test_a_store_answer_short_of_the_bytes_asked_is_never_served(cluster: Cluster,
+                                                                      short_store: RangeProxy) -> None:
+    """The store (through a proxy) answers every ranged read of the right version with a
+    well-formed answer 100 bytes short: no read, cached or not, gets those bytes."""
+    await cluster.mount(endpoint_url=short_store.endpoint_url)
+    cluster.put("m/short.bin", data_of(2 * BLOCK))
+    parts = await cluster.worker()
+    info = await cluster.status("/m/short.bin")
+    short_store.cut = 100
+    for read_type in (pb.NO_CACHE, pb.CACHE):
+        with pytest.raises(DataLoss, match=rf"bytes {BLOCK}-{2 * BLOCK - 1} .* with {BLOCK - 100} bytes, not {BLOCK}"):
+            await parts.reads.read_source(ref_for(info, 1), read_type, offset=0, length=0, readahead=0,
+                                          as_file=False)
+    assert short_store.cut_answers > 2  # tried again before giving up: a cut answer may be the way's fault
+    assert list(parts.store.blocks()) == []
+    short_store.cut = 0
+    source = await parts.reads.read_source(ref_for(info, 1), pb.NO_CACHE, offset=0, length=0, readahead=0)
+    assert source.data == data_of(2 * BLOCK)[BLOCK:]
+
+
+@pytest.mark.usefixtures("quick_retries")
+async def test_a_copy_never_stages_a_store_answer_short_of_the_bytes_asked(cluster: Cluster,
+                                                                          short_store: RangeProxy) -> None:
+    """A copy to another mount reads the source's blocks from the store, uncached: an answer
+    cut short fails the copy, rather than making a copy with bytes missing."""
+    await cluster.mount(endpoint_url=short_store.endpoint_url)
+    await cluster.mount("/other")
+    data = data_of(2 * BLOCK + 10)
+    cluster.put("m/src.bin", data)
+    parts = await cluster.worker()
+    short_store.cut = 100
+    with pytest.raises(DataLoss, match=r"not 4096"):
+        await parts.writes.copy_file(pb.CopyFileRequest(src="/m/src.bin", dst="/other/copy.bin",
+                                                        write_type=pb.THROUGH))
+    with pytest.raises(Exception, match="NoSuchKey|Not Found|404"):  # botocore's error
+        cluster.get("other/copy.bin")

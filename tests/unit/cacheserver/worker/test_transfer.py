@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rangeproxy import RangeProxy
 
 from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.client.transfer import DataReader, Patience
 from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
 from strata.cacheserver.worker.reads import BlockReads, BlockSource
 from strata.cacheserver.worker.transfer import DataServer, ShortCircuitServer
 from strata.contract.config import DataPortSettings
+from strata.contract.errors import DataLoss
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK, CREDENTIALS, Cluster, ref_for
@@ -139,6 +142,30 @@ async def test_a_range_off_the_chunks_goes_out_as_the_bytes_the_worker_checked(
         server.stop()
     assert reply["ok"] and reply["checksums"] == list(compute_checksums(body))
     assert body == DATA[100:600], "bytes damaged after the worker's check went out as checked"
+
+
+@pytest.mark.usefixtures("quick_retries")
+async def test_a_store_answer_short_of_the_bytes_asked_is_an_error_on_the_data_port(
+        cluster: Cluster, short_store: RangeProxy) -> None:
+    # The store answers with fewer bytes than asked (a well-formed answer, of the version
+    # asked for); a read that caches nothing (NO_CACHE) promised the reader the bytes asked
+    # for and sent the fewer: the reader waited for the rest until its block deadline, and
+    # took the worker for stalled.
+    await cluster.mount(endpoint_url=short_store.endpoint_url)
+    cluster.put("m/t.bin", DATA)
+    block_reads = (await cluster.worker()).reads
+    info = await cluster.status("/m/t.bin")
+    short_store.cut = 100
+    server = DataServer(block_reads, CREDENTIALS, asyncio.get_running_loop(), DataPortSettings())
+    port = server.start("127.0.0.1", 0)
+    reader = DataReader("127.0.0.1", port, CREDENTIALS.data,
+                        Patience(connect_timeout=5, check_after=1, block_timeout=10, alive=lambda: True))
+    try:
+        with pytest.raises(DataLoss, match=rf"with {BLOCK - 100} bytes, not {BLOCK}"):
+            await asyncio.to_thread(reader.read, ref_for(info, 0), 0, BLOCK, pb.NO_CACHE)
+    finally:
+        reader.close()
+        server.stop()
 
 
 def test_a_range_on_the_block_files_chunks_carries_the_files_own_checksums(tmp_path: Path) -> None:

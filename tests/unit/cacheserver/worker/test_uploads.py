@@ -1,16 +1,23 @@
-"""The staging folder of ASYNC_THROUGH uploads: records, what a restart keeps, what is pending."""
+"""The staging folder of ASYNC_THROUGH uploads: records, what a restart keeps, what is
+pending; what an upload checks of the staged copy it sends (against a real master and S3)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
+import pytest
+from storeproxy import StoreProxy
+
 from strata.cacheserver.uploads import oldest_age_seconds, sum_pending
 from strata.cacheserver.worker.mounts import WorkerMounts
-from strata.cacheserver.worker.uploads import UploadRecord, Uploads, record_file, remove_stale_staging
+from strata.cacheserver.worker.uploads import UploadRecord, Uploads, record_file, remove_stale_staging, staged_files
 from strata.contract.proto import strata_pb2 as pb
+
+from .conftest import Cluster, chunks, eventually, ref_for
 
 
 async def _no_table() -> pb.GetMountTableResponse:
@@ -70,3 +77,37 @@ def test_pending_uploads_sum_counts_bytes_and_the_oldest() -> None:
     assert (total.mount_id, total.count, total.bytes, total.oldest_unix_ms) == (4, 3, 11, 3000)
     assert oldest_age_seconds(total, now_unix=10.0) == 7.0
     assert oldest_age_seconds(pb.PendingUploads()) == 0.0
+
+
+async def test_a_staged_copy_of_another_length_than_its_write_is_never_put_in_place(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The staged copy of an acknowledged ASYNC_THROUGH write lost its end before its upload
+    (damaged on disk): it must not become the file in the store, for its blocks, the whole
+    write, would then be let go. The store is down (a proxy refuses it) while the write is
+    acknowledged, so the upload waits."""
+    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
+    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
+    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
+    try:
+        await cluster.mount(endpoint_url=proxy.endpoint_url)
+        parts = await cluster.worker()
+        data = bytes(range(256)) * 40
+        with proxy.refusing():
+            info = await parts.writes.write_file(chunks("/m/cut.bin", data, write_type=pb.ASYNC_THROUGH,
+                                                                overwrite=True))
+            [staged] = staged_files(parts.uploads.staging_dir)
+            os.truncate(staged, len(data) - 100)
+        with caplog.at_level(logging.INFO, logger="strata.cacheserver"):
+            async def refused() -> bool:
+                return "not moved into place" in caplog.text
+
+            await eventually(refused, "the upload of a cut staged copy refused")
+        assert not (await cluster.status("/m/cut.bin")).persisted
+        assert all(b.pinned for b in parts.store.blocks())
+        # The acknowledged bytes are still there, in the cache.
+        for index in range(3):
+            source = await parts.reads.read_source(ref_for(info, index), 0, offset=0, length=0, readahead=0,
+                                                   as_file=False)
+            assert source.data == data[index * 4096:(index + 1) * 4096]
+    finally:
+        proxy.stop()
