@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -49,7 +49,7 @@ from ..blockwire import joined_block, write_chunk
 from ..placement import rank_workers
 from . import localstate
 from .settings import ClientSettings
-from .transfer import BufferPool, DataReader, Patience, ShortCircuitReader, WorkerStalled
+from .transfer import BufferPool, DataReader, LocalBlock, Patience, ShortCircuitReader, WorkerStalled
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,12 @@ log = logging.getLogger(__name__)
 WORKERS_TTL = 2.0
 # While the master is away, how often a client checks in the background whether it is back.
 MASTER_PROBE_INTERVAL = 0.5
-# A block's bytes: `bytes`, or a private map of memory the block was read into (from the
-# data port, or from the worker's block file for short-circuit reads) and checked in, which
-# copies only what is sliced out.
+# A block's bytes: `bytes`, or a private map of memory the data port's bytes were received
+# into and checked in, which copies only what is sliced out.
 Buffer = bytes | mmap.mmap
+# A block as a reader holds it: its bytes, or the worker's block file on this host, from
+# which ranges are read (and checked) as they are asked for.
+Block = Buffer | LocalBlock
 
 # Errors after which the next worker on the ring is tried.
 _FAILOVER = (Unavailable, FailedPrecondition)
@@ -146,7 +148,7 @@ class StrataClient:
             functools.partial(sync_channel, token=self.token))
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
-        self._buffers = BufferPool()  # buffers whole blocks are read into, shared by all readers
+        self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
         self._held: OrderedDict[str, _Held] = OrderedDict()
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
         # time.monotonic() of the last failed call to the master (down, stopped); None once
@@ -237,7 +239,7 @@ class StrataClient:
             reader = self._sc_readers.get(info.domain_socket)
             if reader is None:
                 reader = self._sc_readers[info.domain_socket] = ShortCircuitReader(
-                    info.domain_socket, self.token, self._patience(info), self._buffers)
+                    info.domain_socket, self.token, self._patience(info))
         return reader
 
     def _patience(self, info: pb.WorkerInfo) -> Patience:
@@ -408,12 +410,23 @@ class StrataClient:
     def read_block(self, ref: pb.BlockRef, offset: int = 0, length: int = 0, *,
                    readahead: int = 0, read_type: pb.ReadType.ValueType = pb.READ_TYPE_UNSPECIFIED, holders: Iterable[str] = ()) -> Buffer:
         """Bytes of one block (length 0: to its end), failing over along the ring."""
+        return cast(Buffer, self._block(ref, offset, length, readahead, read_type, holders, hold=False))
+
+    def hold_block(self, ref: pb.BlockRef, *, readahead: int = 0,
+                   read_type: pb.ReadType.ValueType = pb.READ_TYPE_UNSPECIFIED, holders: Iterable[str] = ()) -> Block:
+        """One whole block to read ranges from: the worker's block file when a worker on this
+        host serves it by short-circuit (a `LocalBlock`: nothing is read until a range is
+        asked for), else its bytes."""
+        return self._block(ref, 0, 0, readahead, read_type, holders, hold=True)
+
+    def _block(self, ref: pb.BlockRef, offset: int, length: int, readahead: int, read_type: pb.ReadType.ValueType,
+               holders: Iterable[str], *, hold: bool) -> Block:
         errors: list[str] = []
         refused = True  # every worker refused the block (e.g. the file changed in the store)
         for attempt in range(2):
             for worker in self.candidates(ref, holders):
                 try:
-                    return self._read_from(worker, ref, offset, length, readahead, read_type)
+                    return self._read_from(worker, ref, offset, length, readahead, read_type, hold=hold)
                 except WorkerStalled as exc:
                     self._stalled[worker.worker_id] = time.monotonic() + self.settings.skip_stalled_for
                     errors.append(f"{worker.worker_id}: {exc}")
@@ -428,32 +441,34 @@ class StrataClient:
         raise FailedPrecondition(message) if refused and errors else Unavailable(message)
 
     def _read_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, length: int,
-                   readahead: int, read_type: pb.ReadType.ValueType) -> Buffer:
+                   readahead: int, read_type: pb.ReadType.ValueType, *, hold: bool = False) -> Block:
         """Bytes [offset, offset+length) of the block (length 0: to its end) from `worker`,
         exactly that many whichever way they came: bytes of another length are refused
         (Unavailable: the next worker serves the block), never handed on cut short."""
         full = max(0, min(ref.block_size, ref.file_length - ref.index * ref.block_size))
         want = (length or full - offset)
-        data = self._fetch_from(worker, ref, offset, want, readahead, read_type, whole=offset == 0 and want == full)
+        data = self._fetch_from(worker, ref, offset, want, readahead, read_type,
+                                hold=hold and offset == 0 and want == full)
         if len(data) != want:
             raise Unavailable(f"worker {worker.worker_id} sent {len(data)} bytes of block {ref.index} of {ref.path}, expected {want}")
         return data
 
     def _fetch_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, want: int, readahead: int,
-                    read_type: pb.ReadType.ValueType, *, whole: bool) -> Buffer:
+                    read_type: pb.ReadType.ValueType, *, hold: bool) -> Block:
         """What `worker` sends for [offset, offset+want) of the block: by short-circuit when
-        it is on this host, else over its data port, else gRPC."""
+        it is on this host (`hold`: the whole block's file, held open), else over its data
+        port, else gRPC."""
         reader = self._sc_reader(worker)
         if reader is not None:
             try:
-                if whole:
-                    return reader.whole(ref, read_type)
+                if hold:
+                    return reader.hold(ref, read_type)
                 return reader.read(ref, offset, want, read_type)
             except WorkerStalled:
                 raise
             except (Unavailable, ResourceExhausted, DataLoss) as exc:
                 log.debug("short-circuit to %s failed (%s); reading over the network", worker.worker_id, exc)
-        data: Buffer | None = None
+        data: Block | None = None
         data_reader = self._data_reader(worker)
         if data_reader is not None:
             try:

@@ -22,7 +22,8 @@ from fsspec.utils import infer_storage_options
 from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError
 from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
-from .core import Buffer, StrataClient, StreamingUpload
+from .core import Block, StrataClient, StreamingUpload
+from .transfer import LocalBlock
 
 # Threads fetching blocks for the files of one filesystem object (the blocks a sequential
 # reader keeps in flight: the cluster's cachePolicy.readaheadBlocks, or `readahead`).
@@ -34,6 +35,8 @@ SMALL_READ = 1024 * 1024
 # `listings_expiry_time`; `use_listings_cache=False` turns it off). Changes made through this
 # filesystem object drop the listings they touch at once; others show after this long.
 LISTINGS_EXPIRY = 10.0
+# readline() looks for the end of a line in a block file held open this many bytes at a time.
+LINE_WINDOW = 64 * 1024
 
 
 def _info_dict(info: pb.FileInfo) -> dict[str, Any]:
@@ -263,7 +266,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             # is dropped unclosed (pyarrow drops the files it reads) is freed, and lets go of
             # its blocks, at once instead of at the next garbage collection.
             self.cache.fetcher = _weak_fetcher(self)
-            self._blocks: OrderedDict[int, Future[Buffer]] = OrderedDict()
+            self._blocks: OrderedDict[int, Future[Block]] = OrderedDict()
             self._last_index = -2
             self._lock = threading.Lock()
         else:
@@ -289,16 +292,16 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _fetch_block(self, index: int) -> Buffer:
+    def _fetch_block(self, index: int) -> Block:
         ref = self.client.block_ref(self.file_info, index)
-        return self.client.read_block(ref, holders=self._holders.get(index, ()))
+        return self.client.hold_block(ref, holders=self._holders.get(index, ()))
 
-    def _block_future(self, index: int) -> Future[Buffer]:
+    def _block_future(self, index: int) -> Future[Block]:
         future = self._blocks.get(index)
         if future is None:
             # Not a method of the file: a queued fetch does not keep a dropped file alive.
             ref = self.client.block_ref(self.file_info, index)
-            future = self.fs._pool.submit(self.client.read_block, ref, holders=self._holders.get(index, ()))
+            future = self.fs._pool.submit(self.client.hold_block, ref, holders=self._holders.get(index, ()))
             self._blocks[index] = future
         self._blocks.move_to_end(index)
         while len(self._blocks) > self._readahead + 2:
@@ -341,7 +344,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 raise
             lo = max(start - i * size, 0)
             hi = min(end - i * size, len(data))
-            if isinstance(data, bytes) and (lo, hi) == (0, len(data)):
+            if isinstance(data, LocalBlock):
+                parts.append(data.read(lo, hi))
+            elif isinstance(data, bytes) and (lo, hi) == (0, len(data)):
                 parts.append(data)
             else:
                 parts.append(memoryview(data)[lo:hi])
@@ -409,11 +414,17 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                     self._block_future(ahead)
             data = future.result()
             start = self.loc - index * block
-            newline = data.find(b"\n", start, start + (limit - taken))
-            end = newline + 1 if newline >= 0 else min(len(data), start + (limit - taken))
-            parts.append(data[start:end])
-            taken += end - start
-            self.loc += end - start
+            stop = min(len(data), start + (limit - taken))
+            if isinstance(data, LocalBlock):  # read a window of the block file at a time
+                window = bytes(data.read(start, min(stop, start + LINE_WINDOW)))
+                newline = window.find(b"\n")
+                piece = window[:newline + 1] if newline >= 0 else window
+            else:
+                newline = data.find(b"\n", start, stop)
+                piece = data[start:newline + 1 if newline >= 0 else stop]
+            parts.append(piece)
+            taken += len(piece)
+            self.loc += len(piece)
             self._last_index = index
             if newline >= 0:
                 break

@@ -1,8 +1,9 @@
 """The reader's side of the worker's block sockets (protocol: `blockwire`): block bytes
 from the data port over TCP, received straight into the memory that is handed to the reader;
-and, on the worker's host, block files' descriptors from the short-circuit socket, whose
-chunks the reader copies into its own memory and verifies there against the checksums the
-worker sends (the files are on the node's disk, which may flip bits like any other): the
+and, on the worker's host, block files' descriptors from the short-circuit socket. A block
+file is read as a local file is, one copy into the reader's memory, range by range as the
+reader asks (`LocalBlock`), and each range's chunks are verified there against the checksums
+the worker sends (the files are on the node's disk, which may flip bits like any other): the
 bytes checked are the bytes returned, whatever happens to the file after.
 
 No wait is unbounded (`Patience`): a worker silent for `check_after` seconds is asked whether
@@ -19,10 +20,11 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from strata.contract.errors import DataLoss, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
@@ -270,10 +272,6 @@ class DataReader(_BlockSocketClient):
 class ShortCircuitReader(_BlockSocketClient):
     """Block files of the worker on this host, read directly."""
 
-    def __init__(self, where: str, token: str, patience: Patience, buffers: BufferPool | None = None) -> None:
-        super().__init__(where, token, patience)
-        self._buffers = buffers or BufferPool()
-
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self._patience.connect_timeout)
@@ -327,23 +325,14 @@ class ShortCircuitReader(_BlockSocketClient):
         raise DataLoss(f"block {ref.index} of {ref.path} from the worker at {self.where}: a chunk failed "
                        "its CRC-32C check again after the worker checked the block")
 
-    def whole(self, ref: pb.BlockRef, read_type: int = 0) -> mmap.mmap | bytes:
-        """The whole block, read from the worker's block file into private memory (one of
-        the pool's maps, as the data port's bytes are) whose checksums are then verified.
-        Never a map of the file itself: what such a map shows changes with the file, so bytes
-        taken from it after the check (a block held while the reader reads ahead, a view
-        handed to pyarrow) could be bytes the check never saw."""
-
-        def read(block: _OpenBlock) -> mmap.mmap | bytes | None:
-            if block.length == 0:
-                return b""
-            out = self._buffers.take(block.length)
-            if _pread_into(block.fd, out) != block.length:
-                return None
-            return out if first_bad_chunk(out, 0, block.checksums, block.chunk_size) is None else None
-
-        # mypy solves _T for a union as its join (object): name the type.
-        return cast("mmap.mmap | bytes", self._verified(ref, read_type, read))
+    def hold(self, ref: pb.BlockRef, read_type: int = 0) -> LocalBlock | bytes:
+        """The block's file, held open for ranges to be read from it (`LocalBlock`); the
+        worker fetches the block first if it does not hold it."""
+        block = self._open(ref, read_type, False)
+        if block.length == 0:
+            os.close(block.fd)
+            return b""
+        return LocalBlock(self, ref, read_type, block)
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
         """Bytes [offset, offset+length) of the block, from the worker's block file; the
@@ -354,25 +343,61 @@ class ShortCircuitReader(_BlockSocketClient):
                 raise StrataError(f"offset {offset} is past the end of block {ref.index} ({block.length} bytes)")
             want = min(length, block.length - offset)
             start, stop = chunk_span(offset, want, block.chunk_size, block.length)
-            data = os.pread(block.fd, stop - start, start)
-            if len(data) != stop - start or first_bad_chunk(data, start, block.checksums, block.chunk_size) is not None:
+            data = _pread_exactly(block.fd, start, stop - start)
+            if data is None or first_bad_chunk(data, start, block.checksums, block.chunk_size) is not None:
                 return None
             return data[offset - start:offset - start + want]
 
         return self._verified(ref, read_type, read)
 
 
-def _pread_into(fd: int, out: mmap.mmap) -> int:
-    """Fill `out` from the start of the file behind `fd`; the bytes read (fewer only when
-    the file ends first)."""
-    got = 0
-    with memoryview(out) as view:
-        while got < len(out):
-            n = os.preadv(fd, [view[got:]], got)
-            if n == 0:
-                break
-            got += n
-    return got
+class LocalBlock:
+    """A block file of the worker on this host, held open while a reader reads from it:
+    each range asked for is read from the file (one copy, as a read of a local file would
+    make) and its chunks are checked against the block's checksums before it is returned, so
+    what the file holds later, damaged or not, never reaches the reader unchecked. A range
+    whose chunks fail is read again through the worker, which checks the block (dropping a
+    damaged copy and fetching it anew). The descriptor is closed when the last holder lets
+    go of the object, never while another thread reads through it."""
+
+    def __init__(self, reader: ShortCircuitReader, ref: pb.BlockRef, read_type: int, block: _OpenBlock) -> None:
+        self._reader = reader
+        self._ref = ref
+        self._read_type = read_type
+        self._block = block
+        self._damaged = False
+        weakref.finalize(self, os.close, block.fd)
+
+    def __len__(self) -> int:
+        return self._block.length
+
+    def read(self, start: int, end: int) -> bytes | memoryview:
+        """Bytes [start, end) of the block, checked (a view when they are part of the
+        chunks read)."""
+        block = self._block
+        end = min(end, block.length)
+        if start >= end:
+            return b""
+        if not self._damaged:
+            lo, hi = chunk_span(start, end - start, block.chunk_size, block.length)
+            data = _pread_exactly(block.fd, lo, hi - lo)
+            if data is not None and first_bad_chunk(data, lo, block.checksums, block.chunk_size) is None:
+                return data if (lo, hi) == (start, end) else memoryview(data)[start - lo:end - lo]
+            self._damaged = True  # the worker checks it below; later ranges go through it too
+            log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
+                        "worker to check it", self._ref.index, self._ref.path, self._reader.where)
+        return self._reader.read(self._ref, start, end - start, self._read_type)
+
+
+def _pread_exactly(fd: int, offset: int, length: int) -> bytes | None:
+    """`length` bytes of the file at `offset`; None if it ends first."""
+    data = os.pread(fd, length, offset)
+    while len(data) < length:
+        more = os.pread(fd, length - len(data), offset + len(data))
+        if not more:
+            return None
+        data += more
+    return data
 
 
 @dataclass(frozen=True)

@@ -451,12 +451,14 @@ def test_ttl_frees_blocks_unused_that_long(cluster: Cluster, bucket: str) -> Non
     assert fs.cat_file("/ttl/old.bin") == data
 
 
-def test_reading_lines_returns_the_store_s_lines(cluster: Cluster, bucket: str) -> None:
+@pytest.mark.parametrize("host", ["test-client", "node-0"])  # over the data port; short-circuit
+def test_reading_lines_returns_the_store_s_lines(cluster: Cluster, bucket: str, host: str) -> None:
     lines = [f"line {i} {'x' * (i % 97)}\n".encode() for i in range(200_000)]
+    lines[100_000] = b"a line longer than a window of the block file " + b"y" * 300_000 + b"\n"
     data = b"".join(lines) + b"no newline at the end"
     cluster.s3.put_object(bucket, "lines.txt", data)
     cluster.mount_bucket("/t", bucket)
-    fs = cluster.fs()
+    fs = cluster.fs(host=host)
     with fs.open("/t/lines.txt", "rb") as f:
         got = list(f)
     assert got == [*lines, b"no newline at the end"]
