@@ -112,6 +112,10 @@ _HOST_READING_PROTOCOLS = frozenset({
     "async_wrapper", "asyncwrapper", "asynclocal", "blockcache", "cached", "dask", "dir", "filecache",
     "generic", "git", "libarchive", "reference", "simplecache", "tar", "zip",
 })
+# How file:// stores open folders: to look names up in (O_PATH: search permission is
+# enough), and to list, or make files in and fsync.
+_FOLDER = os.O_PATH | os.O_DIRECTORY
+_OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -364,6 +368,28 @@ def _copy_file(source: Path | int, out: BinaryIO) -> None:
         shutil.copyfileobj(f, out, 1 << 20)
 
 
+def _local_info(path: str, st: os.stat_result) -> dict[str, Any]:
+    """What fsspec's `info` says of a local file, from its status (a link's target's)."""
+    kind = "directory" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    return {"name": path, "size": st.st_size, "type": kind, "mtime": st.st_mtime}
+
+
+def _rmtree_at(dir_fd: int, name: str) -> None:
+    """Remove the folder `name` of the folder `dir_fd` and all below it, each folder through
+    its descriptor: a link is removed, never followed (one swapped in for a folder meanwhile
+    fails the open, O_NOFOLLOW)."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        for entry in os.listdir(fd):
+            if stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                _rmtree_at(fd, entry)
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
 def fsync_dir(folder: str | os.PathLike[str]) -> None:
     """Make the entries of `folder` (a file renamed into it) survive a crash of the machine."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -424,8 +450,6 @@ class Store:
             config.setdefault("connect_timeout", self._timeouts.connect_timeout)
             config.setdefault("read_timeout", self._timeouts.read_timeout)
             kwargs["config_kwargs"] = config
-        if self.protocol == "file":
-            kwargs.setdefault("auto_mkdir", True)
         if self._is_async:
             kwargs["asynchronous"] = True
         try:
@@ -461,45 +485,168 @@ class Store:
         writes), stay at or below the root? Only for file:// stores."""
         return _is_within(os.path.realpath(path), os.path.realpath(self._root))
 
-    def _ls_local(self, path: str) -> list[dict[str, Any]]:
-        """`ls` for file:// stores (blocking): links are followed, so a linked folder lists
-        as a folder, and links that lead out of the root, or nowhere, are left out."""
-        kept = []
-        for entry in self._fs.ls(path, detail=True):
-            name = str(entry["name"])
-            if not entry.get("islink"):
-                kept.append(entry)
-            elif self._inside_root(name):
-                try:
-                    kept.append(self._fs.info(name))
-                except FileNotFoundError:
-                    continue  # a link to nothing
-            else:
-                log.info("store %s: %s is a link out of the root; left out of its listing", self.source, name)
-        return kept
+    # -- file:// stores: every name is looked up from descriptors checked to lie under the root --
 
-    def _find_local(self, path: str, with_dirs: bool) -> dict[str, dict[str, Any]]:
-        """`find` for file:// stores (blocking): never through a link out of the root, and
-        never into a folder that is its own ancestor (links inside the root may form loops)."""
-        top = self._fs.info(path)
-        if top.get("type") != "directory":
-            return {str(top["name"]): top}
-        found: dict[str, dict[str, Any]] = {}
-        pending: list[tuple[str, frozenset[str]]] = [(path, frozenset())]
-        while pending:
-            folder, ancestors = pending.pop()
-            real = os.path.realpath(folder)
-            if real in ancestors:
+    def _open_inside(self, rel: str, flags: int = os.O_RDONLY, *, make_folders: bool = False) -> int:
+        """A descriptor of `rel` (blocking; a file, or a folder with O_DIRECTORY or O_PATH),
+        opened one name at a time from the root, each folder on the way checked to lie under
+        the root (`_opened_inside`) before the next name is looked up in it, and the last one
+        too. `_path` checks names; a link swapped into the path after that check (by whoever
+        else writes the folder) leads the lookup elsewhere, which this check then refuses, so
+        nothing outside the root is read, listed, made, moved or removed. Links that stay
+        inside the root are followed. With `make_folders`, `rel` is a folder, and missing
+        folders on the way are made, each in a folder already checked."""
+        names = [name for name in rel.strip("/").split("/") if name]
+        if any(name in (".", "..") for name in names):
+            raise InvalidArgument(f"path {rel!r} must not contain '.' or '..' components")
+        fd = self._open_at(None, self._root, rel, flags if not names else _FOLDER)
+        try:
+            for i, name in enumerate(names):
+                if make_folders:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                inner = self._open_at(fd, name, rel, flags if i == len(names) - 1 else _FOLDER)
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_at(self, dir_fd: int | None, name: str, rel: str, flags: int) -> int:
+        """`name` opened in the folder `dir_fd` (links followed), checked to lie under the
+        root; `rel` names it in messages."""
+        fd = os.open(name, flags | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            self._opened_inside(fd, rel)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _opened_inside(self, fd: int, rel: str) -> None:
+        """PermissionDenied unless what `fd` opened lies under the root (and an allowed root)
+        of this file:// store, by the kernel's path of the descriptor."""
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        inside = _is_within(opened, os.path.realpath(self._root)) and (
+            self._allowed_roots is None
+            or any(_is_within(opened, os.path.realpath(root)) for root in self._allowed_roots))
+        if not inside:
+            raise PermissionDenied(
+                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link "
+                "(changed while it was opened); Strata serves only files under the root of a file:// mount"
+            )
+
+    def _info_local(self, rel: str, path: str) -> dict[str, Any]:
+        """`info` for file:// stores (blocking): the status of what `rel` (at `path`) leads to."""
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            return _local_info(path, os.fstat(fd))
+        finally:
+            os.close(fd)
+
+    def _ls_local(self, rel: str, path: str) -> list[dict[str, Any]]:
+        """`ls` for file:// stores (blocking): a file lists as itself; a folder's links are
+        followed, so a linked folder lists as a folder, and links that lead out of the root,
+        or nowhere, are left out."""
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return [_local_info(path, st)]
+            return [info for _, info in self._entries(fd, rel)]
+        finally:
+            os.close(fd)
+
+    def _entries(self, folder_fd: int, rel: str) -> list[tuple[str, dict[str, Any]]]:
+        """The entries of an opened folder of the store (`rel`), each with its status, a
+        link's being its target's when that lies under the root."""
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=folder_fd)
+        try:
+            names = os.listdir(fd)
+            out = []
+            for name in sorted(names):
+                child = posixpath.join(rel.strip("/"), name)
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        target = self._open_at(fd, name, child, os.O_PATH)
+                        try:
+                            st = os.fstat(target)
+                        finally:
+                            os.close(target)
+                except PermissionDenied:
+                    log.info("store %s: %s is a link out of the root; left out of its listing", self.source, child)
+                    continue
+                except (FileNotFoundError, NotADirectoryError) as exc:
+                    log.debug("store %s: %s left out of its listing: %s", self.source, child, exc)
+                    continue  # gone since listed, or a link to nothing
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        raise
+                    continue  # a link loop
+                out.append((name, _local_info(posixpath.join(self._root, child), st)))
+            return out
+        finally:
+            os.close(fd)
+
+    def _find_local(self, rel: str, path: str, with_dirs: bool) -> dict[str, dict[str, Any]]:
+        """`find` for file:// stores (blocking): folder by folder through descriptors, never
+        through a link out of the root, and never into a folder that is its own ancestor
+        (links inside the root may form loops)."""
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return {path: _local_info(path, st)}
+            found: dict[str, dict[str, Any]] = {}
+            self._walk_folder(fd, rel.strip("/"), frozenset(), found, with_dirs)
+            return found
+        finally:
+            os.close(fd)
+
+    def _walk_folder(self, fd: int, rel: str, ancestors: frozenset[tuple[int, int]],
+                     found: dict[str, dict[str, Any]], with_dirs: bool) -> None:
+        st = os.fstat(fd)
+        here = (st.st_dev, st.st_ino)
+        if here in ancestors:
+            return
+        for name, info in self._entries(fd, rel):
+            if info["type"] != "directory":
+                found[info["name"]] = info
                 continue
-            for entry in self._ls_local(folder):
-                name = str(entry["name"])
-                if entry.get("type") == "directory":
-                    pending.append((name, ancestors | {real}))
-                    if with_dirs:
-                        found[name] = entry
-                else:
-                    found[name] = entry
-        return found
+            if with_dirs:
+                found[info["name"]] = info
+            child = posixpath.join(rel, name)
+            try:
+                inner = self._open_at(fd, name, child, _FOLDER)
+            except (PermissionDenied, FileNotFoundError, NotADirectoryError):
+                continue  # changed since it was listed
+            try:
+                self._walk_folder(inner, child, ancestors | {here}, found, with_dirs)
+            finally:
+                os.close(inner)
+
+    def _rm_local(self, rel: str, recursive: bool) -> None:
+        """`rm` for file:// stores (blocking): the name is removed from its folder's
+        descriptor; a link is removed, never followed; a folder only with `recursive`
+        (`_rmtree_at`)."""
+        folder, name = posixpath.split(rel.strip("/"))
+        if not name:
+            raise InvalidArgument(f"{self.url(rel)} is the mount's root; it cannot be deleted")
+        fd = self._open_inside(folder, _FOLDER)
+        try:
+            if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=fd)
+            elif recursive:
+                _rmtree_at(fd, name)
+            else:
+                os.rmdir(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def _mkdir_local(self, rel: str) -> None:
+        os.close(self._open_inside(rel, _FOLDER, make_folders=True))
 
     def _rel(self, name: str) -> str:
         name = name.rstrip("/")
@@ -640,18 +787,24 @@ class Store:
             # An empty prefix is a valid (empty) mount; the bucket must exist.
             await self._call("check", "", list_one)
             return
+        if self._local:
+            await self._call("check", "", lambda: self._blocking(self._ls_local, "", self._root))
+            return
         await self._call("check", "", lambda: self._fs_call("ls", self._root, detail=False))
 
     async def info(self, rel: str) -> UfsStatus:
         path = self._path(rel)
-        info = await self._call("info", rel, lambda: self._fs_call("info", path))
+        if self._local:
+            info = await self._call("info", rel, lambda: self._blocking(self._info_local, rel, path))
+        else:
+            info = await self._call("info", rel, lambda: self._fs_call("info", path))
         return self._status(info)
 
     async def ls(self, rel: str) -> list[UfsStatus]:
         """Direct children of a directory (a file lists as itself)."""
         path = self._path(rel)
         if self._local:
-            entries = await self._call("list", rel, lambda: self._blocking(self._ls_local, path))
+            entries = await self._call("list", rel, lambda: self._blocking(self._ls_local, rel, path))
         else:
             entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
         out = [self._status(e) for e in entries]
@@ -662,7 +815,7 @@ class Store:
         sorted by path. One paginated listing on object stores."""
         path = self._path(rel)
         if self._local:
-            found = await self._call("walk", rel, lambda: self._blocking(self._find_local, path, with_dirs))
+            found = await self._call("walk", rel, lambda: self._blocking(self._find_local, rel, path, with_dirs))
         else:
             found = await self._call(
                 "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
@@ -749,7 +902,7 @@ class Store:
         with `version`, whose size and mtime (its version) are the same before and after the
         read. A rewrite within one tick of the file system's clock (nanoseconds on ext4, xfs
         and tmpfs) that keeps the size would go unseen."""
-        fd = self._open_inside(rel, path)
+        fd = self._open_inside(rel)
         try:
             if version is not None:
                 self._check_version(rel, version, _local_version(os.fstat(fd)))
@@ -759,21 +912,6 @@ class Store:
             return data
         finally:
             os.close(fd)
-
-    def _opened_inside(self, fd: int, rel: str) -> None:
-        """PermissionDenied unless what `fd` opened lies under the root (and an allowed root)
-        of this file:// store. `_path` checks names; a link swapped in between that check and
-        the open (by whoever else writes the folder) leads the open elsewhere, so what was
-        opened is checked itself, by the kernel's path of the descriptor."""
-        opened = os.readlink(f"/proc/self/fd/{fd}")
-        inside = _is_within(opened, os.path.realpath(self._root)) and (
-            self._allowed_roots is None
-            or any(_is_within(opened, os.path.realpath(root)) for root in self._allowed_roots))
-        if not inside:
-            raise PermissionDenied(
-                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link "
-                "(changed while it was opened); Strata serves only files under the root of a file:// mount"
-            )
 
     async def write(self, rel: str, data: bytes) -> UfsStatus:
         """Create or replace a file with `data`."""
@@ -815,7 +953,7 @@ class Store:
                                   await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
         elif self._local:
             return await self._call("copy", src, lambda: self._blocking(
-                self._place_local, dst, dst_path, lambda out: _copy_file(self._open_inside(src, src_path), out)))
+                self._place_local, dst, dst_path, lambda out: _copy_file(self._open_inside(src), out)))
         await self._call("copy", src, lambda: self._fs_call("cp_file", src_path, dst_path))
         return await self.info(dst)
 
@@ -823,10 +961,12 @@ class Store:
         """Move one file within the store, replacing what is at `dst`; the status of the
         moved file (S3: of the copy made at `dst`; file://: a rename, atomic)."""
         if self._local:
-            src_path, dst_path = self._path(src), self._path(dst)
-            moved = await self._call("move", src, lambda: self._blocking(self._rename_local, src, dst, src_path, dst_path))
-            if moved is not None:
-                return moved
+            for rel in (src, dst):
+                self._path(rel)  # names first: a link out by name gets the clear message
+            st = await self._call("move", src, lambda: self._blocking(self._rename_local, src, dst, file_only=True))
+            if st is not None:
+                return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst.strip("/")), is_dir=False,
+                                 length=st.st_size, mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
         status = await self.copy(src, dst)
         await self.rm(src)
         return status
@@ -870,34 +1010,16 @@ class Store:
         fs.invalidate_cache(dst_path)
         return str(answer["CopyObjectResult"]["ETag"]).strip('"')
 
-    def _open_inside(self, rel: str, path: str, flags: int = os.O_RDONLY) -> int:
-        """A descriptor of `path` (a file, or a folder with O_DIRECTORY), checked to lie under
-        the root (`_opened_inside`)."""
-        fd = os.open(path, flags | os.O_CLOEXEC)
-        try:
-            self._opened_inside(fd, rel)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _open_folder(self, rel: str, path: str) -> int:
-        """The folder `path` (`rel` in the store; made if missing), opened and checked to lie
-        under the root: names in it are then made, opened and renamed relative to that
-        descriptor, so a link swapped into the path meanwhile leads nothing outside."""
-        os.makedirs(path, exist_ok=True)
-        return self._open_inside(rel, path, os.O_RDONLY | os.O_DIRECTORY)
-
     def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO], object]) -> UfsStatus:
         """Write a file of a file:// store whole or not at all (blocking): `fill` writes a
         temporary file in the store's upload folder (in `path`'s own folder if that is another
         file system), which is fsynced and renamed over `path`; the status of that file. Both
-        folders are checked to lie under the root before anything is made in them (a link at
-        `path` itself is replaced, never followed)."""
-        folder, name = posixpath.split(path)
-        folder_fd = self._open_folder(posixpath.dirname(rel.strip("/")), folder)
+        folders are opened through descriptors checked to lie under the root (`_open_inside`),
+        missing ones made there (a link at `path` itself is replaced, never followed)."""
+        name = posixpath.basename(path)
+        folder_fd = self._open_inside(posixpath.dirname(rel.strip("/")), _OPEN_FOLDER, make_folders=True)
         try:
-            aside_fd = self._open_folder(UPLOAD_DIR, self._path(UPLOAD_DIR))
+            aside_fd = self._open_inside(UPLOAD_DIR, _OPEN_FOLDER, make_folders=True)
             if os.fstat(aside_fd).st_dev != os.fstat(folder_fd).st_dev:
                 os.close(aside_fd)
                 aside_fd = os.dup(folder_fd)
@@ -924,21 +1046,25 @@ class Store:
         return UfsStatus(path=rel.strip("/"), name=name, is_dir=False, length=st.st_size,
                          mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
-    def _rename_local(self, src: str, dst: str, src_path: str, dst_path: str) -> UfsStatus | None:
-        """Rename a file of a file:// store over `dst_path` (blocking), both folders checked
-        to lie under the root first; its status, taken before the rename (which keeps size
-        and mtime). None if the two are on different file systems or the source is not a
-        plain file (a link is not moved in place of its target)."""
-        src_fd = self._open_folder(posixpath.dirname(src.strip("/")), posixpath.dirname(src_path))
+    def _rename_local(self, src: str, dst: str, *, file_only: bool) -> os.stat_result | None:
+        """Rename `src` of a file:// store over `dst` (blocking) between the descriptors of
+        their folders, checked to lie under the root (the destination's made if missing);
+        the source's status, taken before the rename (which keeps size and mtime). A link is
+        moved itself, never followed. None if the two are on different file systems or, with
+        `file_only`, the source is not a plain file."""
+        src_folder, src_name = posixpath.split(src.strip("/"))
+        dst_folder, dst_name = posixpath.split(dst.strip("/"))
+        if not src_name or not dst_name:
+            raise InvalidArgument(f"cannot move {self.url(src)} to {self.url(dst)}: the mount's root stays where it is")
+        src_fd = self._open_inside(src_folder, _FOLDER)
         try:
-            dst_fd = self._open_folder(posixpath.dirname(dst.strip("/")), posixpath.dirname(dst_path))
+            dst_fd = self._open_inside(dst_folder, _OPEN_FOLDER, make_folders=True)
             try:
-                st = os.stat(posixpath.basename(src_path), dir_fd=src_fd, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
+                st = os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)
+                if file_only and not stat.S_ISREG(st.st_mode):
                     return None
                 try:
-                    os.replace(posixpath.basename(src_path), posixpath.basename(dst_path),
-                               src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                    os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
                 except OSError as exc:
                     if exc.errno == errno.EXDEV:
                         return None
@@ -948,27 +1074,49 @@ class Store:
                 os.close(dst_fd)
         finally:
             os.close(src_fd)
-        return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst_path), is_dir=False, length=st.st_size,
-                         mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
+        return st
 
     async def rm(self, rel: str, recursive: bool = False) -> None:
         path = self._path(rel)
-        await self._call("delete", rel, lambda: self._fs_call("rm", path, recursive=recursive))
+        if self._local:
+            await self._call("delete", rel, lambda: self._blocking(self._rm_local, rel, recursive))
+        else:
+            await self._call("delete", rel, lambda: self._fs_call("rm", path, recursive=recursive))
 
     async def mv(self, src: str, dst: str) -> None:
         """Move a file or a directory tree."""
         src_path, dst_path = self._path(src), self._path(dst)
-        if self._is_async:
+        if self._local:
+            moved = await self._call("move", src, lambda: self._blocking(self._rename_local, src, dst, file_only=False))
+            if moved is None:  # onto another file system: copied, then removed
+                await self._copy_tree(src, dst)
+                await self.rm(src, recursive=True)
+        elif self._is_async:
             # Async filesystems move by copy + delete; each step is retried on its own.
             await self._call("copy", src, lambda: self._fs_call("copy", src_path, dst_path, recursive=True))
             await self._call("delete", src, lambda: self._fs_call("rm", src_path, recursive=True))
         else:
             await self._call("move", src, lambda: self._fs_call("mv", src_path, dst_path, recursive=True))
 
+    async def _copy_tree(self, src: str, dst: str) -> None:
+        """Copy a file, or a folder and all below it, within a file:// store."""
+        top = src.strip("/")
+        for status in await self.walk(src, with_dirs=True):
+            below = dst.strip("/") + status.path[len(top):]
+            if status.is_dir:
+                await self.mkdir(below)
+            else:
+                await self.copy(status.path, below)
+        if (await self.info(src)).is_dir:
+            await self.mkdir(dst)
+
     async def mkdir(self, rel: str) -> None:
         """Create a directory and its parents (a no-op on stores without directories)."""
         path = self._path(rel)
-        await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
+        if self._local:
+            await self._call("mkdir", rel, lambda: self._blocking(self._mkdir_local, rel))
+        else:
+            await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
 
     async def close(self) -> None:
         """Close the store's client session (async filesystems) or let its threads go
