@@ -435,7 +435,7 @@ class MasterService(pb_grpc.MasterServicer):
     @rpcutil.unary
     async def PrepareWrite(self, request: pb.PrepareWriteRequest, context: grpc.aio.ServicerContext) -> pb.PrepareWriteResponse:
         path = normalize(request.path)
-        mount, _ = self.mounts.resolve(path)
+        self.namespace.writable(path)  # before the worker puts a byte into the store
         deadline = time.monotonic() + WRITE_TURN_WAIT
         while True:
             await self._turn(path, request.exclusive, deadline)
