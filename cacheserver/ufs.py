@@ -116,6 +116,9 @@ _HOST_READING_PROTOCOLS = frozenset({
 # enough), and to list, or make files in and fsync.
 _FOLDER = os.O_PATH | os.O_DIRECTORY
 _OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY
+# Characters a credential's value must have to be cut out of messages: shorter ones ("1",
+# "on") would cut ordinary words and numbers, and tell nothing.
+_SHOWN_SECRET = 4
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -236,26 +239,33 @@ def check_source_allowed(source: str, allowed_roots: Sequence[str]) -> None:
     )
 
 
-def _to_bool(name: str, value: str) -> bool:
+def _got(value: str, secret: bool) -> str:
+    """How a message shows an option's value: never, if it came from the credentials."""
+    return "got a value from the Mount's credentials (not shown)" if secret else f"got {value!r}"
+
+
+def _to_bool(name: str, value: str, secret: bool) -> bool:
     text = value.strip().lower()
     if text in _TRUE:
         return True
     if text in _FALSE:
         return False
-    raise InvalidArgument(f"store option {name}: expected true or false, got {value!r}")
+    raise InvalidArgument(f"store option {name}: expected true or false, {_got(value, secret)}")
 
 
-def _to_number(name: str, value: str, kind: type[int] | type[float]) -> int | float:
+def _to_number(name: str, value: str, kind: type[int] | type[float], secret: bool) -> int | float:
     try:
         return kind(value)
     except ValueError:
-        raise InvalidArgument(f"store option {name}: expected a number, got {value!r}") from None
+        raise InvalidArgument(f"store option {name}: expected a number, {_got(value, secret)}") from None
 
 
-def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any]) -> dict[str, Any]:
+def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any],
+                    secret: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Turn string options (as YAML gives them) into the keyword arguments `cls` takes:
     "true"/"false" and numbers become bool/int/float where the parameter's default has that
-    type. For S3, `region` goes to the client; options s3fs does not know are refused."""
+    type. For S3, `region` goes to the client; options s3fs does not know are refused. The
+    values of the options named in `secret` (the credentials) are never put in a message."""
     params = inspect.signature(cls.__init__).parameters
     is_s3 = issubclass(cls, S3FileSystem)
     out: dict[str, Any] = {}
@@ -275,9 +285,9 @@ def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any]) -
         default = param.default if param is not None else None
         if isinstance(value, str):
             if isinstance(default, bool):
-                value = _to_bool(name, value)
+                value = _to_bool(name, value, name in secret)
             elif isinstance(default, (int, float)):
-                value = _to_number(name, value, type(default))
+                value = _to_number(name, value, type(default), name in secret)
         out[name] = value
     if client_kwargs:
         out["client_kwargs"] = {**(out.get("client_kwargs") or {}), **client_kwargs}
@@ -416,6 +426,7 @@ class Store:
         source: str,
         options: Mapping[str, str] | None = None,
         *,
+        credentials: Mapping[str, str] | None = None,
         retry: RetrySettings | None = None,
         allowed_roots: Sequence[str] | None = None,
         timeouts: StoreTimeouts | None = None,
@@ -425,7 +436,11 @@ class Store:
         self._root = self._cls._strip_protocol(source).rstrip("/") or "/"
         if self.protocol in ("file", "local") and not split_protocol(source)[1].startswith("/"):
             raise InvalidArgument(f"source {source!r}: a file:// source needs an absolute path, e.g. file:///data")
-        self._kwargs = storage_options(self._cls, options or {})
+        credentials = credentials or {}
+        # Values no message may show: a credential that turns up in a store's error (an
+        # endpoint, a key echoed back) is cut out of it (`_redacted`).
+        self._secrets = sorted({v for v in credentials.values() if len(v) >= _SHOWN_SECRET}, key=len, reverse=True)
+        self._kwargs = storage_options(self._cls, {**(options or {}), **credentials}, frozenset(credentials))
         self._retry = retry or RetrySettings()
         self._timeouts = timeouts or StoreTimeouts()
         self._is_async = issubclass(self._cls, AsyncFileSystem)
@@ -455,10 +470,36 @@ class Store:
         try:
             fs = self._cls(skip_instance_cache=True, use_listings_cache=False, **kwargs)
         except TypeError as exc:
-            raise InvalidArgument(f"store {self.source}: options not accepted: {exc}") from None
+            raise InvalidArgument(f"store {self.source}: options not accepted: {self._redacted(str(exc))}") from None
+        except Exception as exc:
+            if self._shows_secret(exc):
+                raise self._hidden(exc) from None
+            raise
         if self._is_s3:
             fs.retries = 1
         return fs
+
+    def _redacted(self, text: str) -> str:
+        """`text` without any value of the mount's credentials."""
+        for value in self._secrets:
+            text = text.replace(value, "<a value from the Mount's credentials>")
+        return text
+
+    def _shows_secret(self, exc: BaseException) -> bool:
+        """Does `exc`, or an error it was raised from, show a value of the mount's credentials?"""
+        seen: set[int] = set()
+        at: BaseException | None = exc
+        while at is not None and id(at) not in seen:
+            if any(value in str(at) for value in self._secrets):
+                return True
+            seen.add(id(at))
+            at = at.__cause__ or at.__context__
+        return False
+
+    def _hidden(self, exc: Exception) -> StrataError:
+        """A StrataError of `exc`'s kind whose message has the credentials' values cut out."""
+        kind = type(exc) if isinstance(exc, StrataError) else StrataError
+        return kind(self._redacted(str(exc)))
 
     def url(self, rel: str) -> str:
         """The store URL of a path relative to the mount root (for messages)."""
@@ -748,6 +789,8 @@ class Store:
                 return await fn()
             except Exception as exc:
                 mapped = self._translate(exc, rel, what)
+                if self._shows_secret(exc) or self._shows_secret(mapped):
+                    raise self._hidden(mapped) from None  # nothing chained shows it either
                 if mapped is exc:
                     raise
                 raise mapped from exc

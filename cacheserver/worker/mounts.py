@@ -60,7 +60,7 @@ class WorkerMounts:
             old = self._by_id.get(info.mount_id)
             same_store = old is not None and old.info.source == info.source and old.info.options == info.options
             store = old.store if same_store and old is not None else Store(
-                info.source, {**info.options.options, **info.options.credentials}, allowed_roots=self._allowed_roots
+                info.source, info.options.options, credentials=info.options.credentials, allowed_roots=self._allowed_roots
             )
             views[info.mount_id] = MountView(info, store)
         kept = {id(v.store) for v in views.values()}

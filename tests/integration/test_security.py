@@ -231,6 +231,26 @@ def test_a_write_that_will_be_refused_is_refused_before_its_bytes_are_taken(clus
     assert fs.cat_file("/d/f.txt") == b"hello"
 
 
+def test_no_error_shows_a_value_of_the_mounts_credentials(cluster: Cluster, bucket: str) -> None:
+    # Store options may come from the Mount's credentials Secret; a value there that is not
+    # what the option takes is refused naming the key, never showing the value.
+    client = cluster.fs().client
+    options = cluster.s3.storage_options()
+    keys = {"key": options.pop("key"), "secret": options.pop("secret")}
+    secrets = {"use_ssl": "not-a-bool-but-a-secret-1", "max_concurrency": "not-a-number-but-a-secret-2"}
+    for key, value in secrets.items():
+        with pytest.raises(errors.InvalidArgument) as refused:
+            client.mount("/c", f"s3://{bucket}", pb.MountOptions(options=options, credentials={**keys, key: value}))
+        message = str(refused.value)
+        assert key in message and "credentials" in message, message
+        assert value not in message, message
+    # An endpoint given among the credentials is not shown when the store cannot be reached.
+    hidden = f"http://127.0.0.1:{free_port_range(1)}/secret-path-3"
+    with pytest.raises(errors.Unavailable) as unreachable:
+        client.mount("/c", f"s3://{bucket}", pb.MountOptions(credentials={**keys, "endpoint_url": hidden, "region": "us-east-1"}))
+    assert "secret-path-3" not in str(unreachable.value), unreachable.value
+
+
 @pytest.fixture
 def folders(tmp_path: Path) -> Iterator[dict[str, Path]]:
     allowed, outside = tmp_path / "allowed", tmp_path / "outside"
