@@ -31,7 +31,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from datetime import datetime
@@ -95,7 +95,8 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 )
 # Operations whose work is bounded (one object's status, one folder's entries, one block's
 # bytes): a reader waits on them, so they get StoreTimeouts.deadline. The others (uploads of
-# any size, walks of whole trees, copies) are bounded by the read timeout of each request.
+# any size, walks of whole trees, copies) are bounded by the read timeout of each request
+# (S3), or by their progress (file://, StoreTimeouts.stall_timeout).
 _BOUNDED = frozenset({"check", "info", "list", "read"})
 # Bytes: the largest object S3 copies in one CopyObject call.
 _S3_COPY_LIMIT = 5 * 2**30
@@ -116,6 +117,10 @@ _HOST_READING_PROTOCOLS = frozenset({
 # enough), and to list, or make files in and fsync.
 _FOLDER = os.O_PATH | os.O_DIRECTORY
 _OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY
+# Bytes a file:// upload or copy writes at a time (a step of its progress), and syncs at a
+# time: its last fsync then has at most this much left to write, however large the file.
+_COPY_CHUNK = 1 << 20
+_SYNC_EVERY = 32 << 20
 # Characters a credential's value must have to be cut out of messages: shorter ones ("1",
 # "on") would cut ordinary words and numbers, and tell nothing.
 _SHOWN_SECRET = 4
@@ -139,8 +144,16 @@ class StoreTimeouts(BaseSettings):
     # Seconds for one bounded operation (a status, a folder listing, a block read), its
     # retries included, on any store: about two read timeouts. Past it the caller gets
     # DeadlineExceeded naming the store. Raise it for stores whose 16 MiB block reads take
-    # longer. Uploads and walks of whole trees are bounded by read_timeout per request.
+    # longer. Uploads and walks of whole trees are bounded by read_timeout per request (S3)
+    # or by stall_timeout (file://).
     deadline: float = Field(default=20.0, gt=0)
+    # Seconds a file:// store's upload, copy, move, delete or walk may go without progress
+    # (a MiB written and, every 32 MiB, synced; a folder listed or emptied) before its caller
+    # gets DeadlineExceeded naming the store: the file server stopped answering. A server
+    # that answers at all makes progress within seconds; 60 s leaves room for one that
+    # writes half a MiB a second. The call's thread is let go once the server answers, and
+    # what the call was making is dropped then.
+    stall_timeout: float = Field(default=60.0, gt=0)
     # Seconds the master waits on the store for metadata older than the mount's sync
     # interval before answering from it (stale-if-error): a hung store then costs a reader
     # of cached files this, not the whole deadline. The store's answer, when it comes,
@@ -372,10 +385,42 @@ class VersionChanged(FailedPrecondition):
     """A read of one version of a file found another one in the store."""
 
 
-def _copy_file(source: Path | int, out: BinaryIO) -> None:
-    """Copy `source` (a path, or a descriptor, which this closes) into `out`."""
-    with open(source, "rb") as f:
-        shutil.copyfileobj(f, out, 1 << 20)
+class Progress:
+    """How far a long file:// call (an upload, copy, move, delete or walk) has come: it
+    reports each step (a MiB written, a folder listed or emptied), and `Store._call` gives
+    up on a call that reported none for `StoreTimeouts.stall_timeout`. A call given up on
+    stops at its next step, leaving nothing made (its thread goes on only once the store
+    answers again)."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+        self.given_up = False
+
+    def step(self) -> None:
+        if self.given_up:
+            raise DeadlineExceeded("the caller gave up on this store call; what it made is dropped")
+        self.at = time.monotonic()
+
+
+def _copy_into(out: BinaryIO, source: Path | int | bytes, progress: Progress) -> None:
+    """Write `source` (a file's path, a descriptor, which this closes, or bytes) into `out`
+    (a file a file:// store is given) a step of `progress` at a time, synced every
+    _SYNC_EVERY bytes."""
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, bytes):
+            view = memoryview(source)
+            chunks: Iterator[bytes | memoryview] = (view[i:i + _COPY_CHUNK] for i in range(0, len(view), _COPY_CHUNK))
+        else:
+            f = stack.enter_context(open(source, "rb"))
+            chunks = iter(functools.partial(f.read, _COPY_CHUNK), b"")
+        written = 0
+        for chunk in chunks:
+            out.write(chunk)
+            written += len(chunk)
+            if written % _SYNC_EVERY < len(chunk):
+                out.flush()
+                os.fdatasync(out.fileno())
+            progress.step()
 
 
 def _local_info(path: str, st: os.stat_result) -> dict[str, Any]:
@@ -384,17 +429,18 @@ def _local_info(path: str, st: os.stat_result) -> dict[str, Any]:
     return {"name": path, "size": st.st_size, "type": kind, "mtime": st.st_mtime}
 
 
-def _rmtree_at(dir_fd: int, name: str) -> None:
+def _rmtree_at(dir_fd: int, name: str, progress: Progress) -> None:
     """Remove the folder `name` of the folder `dir_fd` and all below it, each folder through
-    its descriptor: a link is removed, never followed (one swapped in for a folder meanwhile
-    fails the open, O_NOFOLLOW)."""
+    its descriptor (a step of `progress`): a link is removed, never followed (one swapped in
+    for a folder meanwhile fails the open, O_NOFOLLOW)."""
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         for entry in os.listdir(fd):
             if stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
-                _rmtree_at(fd, entry)
+                _rmtree_at(fd, entry, progress)
             else:
                 os.unlink(entry, dir_fd=fd)
+        progress.step()
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dir_fd)
@@ -631,7 +677,7 @@ class Store:
         finally:
             os.close(fd)
 
-    def _find_local(self, rel: str, path: str, with_dirs: bool) -> dict[str, dict[str, Any]]:
+    def _find_local(self, rel: str, path: str, with_dirs: bool, *, progress: Progress) -> dict[str, dict[str, Any]]:
         """`find` for file:// stores (blocking): folder by folder through descriptors, never
         through a link out of the root, and never into a folder that is its own ancestor
         (links inside the root may form loops)."""
@@ -641,13 +687,14 @@ class Store:
             if not stat.S_ISDIR(st.st_mode):
                 return {path: _local_info(path, st)}
             found: dict[str, dict[str, Any]] = {}
-            self._walk_folder(fd, rel.strip("/"), frozenset(), found, with_dirs)
+            self._walk_folder(fd, rel.strip("/"), frozenset(), found, with_dirs, progress)
             return found
         finally:
             os.close(fd)
 
     def _walk_folder(self, fd: int, rel: str, ancestors: frozenset[tuple[int, int]],
-                     found: dict[str, dict[str, Any]], with_dirs: bool) -> None:
+                     found: dict[str, dict[str, Any]], with_dirs: bool, progress: Progress) -> None:
+        progress.step()
         st = os.fstat(fd)
         here = (st.st_dev, st.st_ino)
         if here in ancestors:
@@ -664,11 +711,11 @@ class Store:
             except (PermissionDenied, FileNotFoundError, NotADirectoryError):
                 continue  # changed since it was listed
             try:
-                self._walk_folder(inner, child, ancestors | {here}, found, with_dirs)
+                self._walk_folder(inner, child, ancestors | {here}, found, with_dirs, progress)
             finally:
                 os.close(inner)
 
-    def _rm_local(self, rel: str, recursive: bool) -> None:
+    def _rm_local(self, rel: str, recursive: bool, *, progress: Progress) -> None:
         """`rm` for file:// stores (blocking): the name is removed from its folder's
         descriptor; a link is removed, never followed; a folder only with `recursive`
         (`_rmtree_at`)."""
@@ -680,14 +727,15 @@ class Store:
             if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                 os.unlink(name, dir_fd=fd)
             elif recursive:
-                _rmtree_at(fd, name)
+                _rmtree_at(fd, name, progress)
             else:
                 os.rmdir(name, dir_fd=fd)
         finally:
             os.close(fd)
 
-    def _mkdir_local(self, rel: str) -> None:
+    def _mkdir_local(self, rel: str, *, progress: Progress) -> None:
         os.close(self._open_inside(rel, _FOLDER, make_folders=True))
+        progress.step()
 
     def _rel(self, name: str) -> str:
         name = name.rstrip("/")
@@ -780,9 +828,10 @@ class Store:
             return InvalidArgument(f"{url} is a directory that is not empty; delete it recursively")
         return exc
 
-    async def _call(self, what: str, rel: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: str, rel: str, fn: Callable[[], Awaitable[T]], *, progress: Progress | None = None) -> T:
         """Run one store operation with retries on transient errors and mapped errors,
-        within the deadline when its size is bounded (see `_BOUNDED`)."""
+        within the deadline when its size is bounded (see `_BOUNDED`), else, given the
+        `progress` it reports, until it makes none for the stall timeout (`_watched`)."""
 
         async def attempt() -> T:
             try:
@@ -804,7 +853,7 @@ class Store:
             retry_on=(Unavailable,),
         )
         if what not in _BOUNDED:
-            return await retried
+            return await (retried if progress is None else self._until_stalled(retried, what, rel, progress))
         deadline = self._timeouts.deadline
         try:
             return await asyncio.wait_for(retried, deadline)
@@ -814,6 +863,36 @@ class Store:
                 f"store {self.source} did not answer {what} of {self.url(rel)} within {deadline:g}s "
                 f"(at {where}; STRATA_STORE_DEADLINE sets this limit)"
             ) from exc
+
+    async def _watched(self, what: str, rel: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs, progress=...)`, a file:// operation of any size, on this
+        store's threads as the store operation `what` of `rel`: given up on once it reports
+        no progress (`Progress`) for the stall timeout."""
+        progress = Progress()
+        return await self._call(what, rel, lambda: self._blocking(fn, *args, progress=progress, **kwargs),
+                                progress=progress)
+
+    async def _until_stalled(self, work: Awaitable[T], what: str, rel: str, progress: Progress) -> T:
+        """`work`'s result, or DeadlineExceeded once `progress` went unreported for
+        StoreTimeouts.stall_timeout (the work is told it was given up on)."""
+        task = asyncio.ensure_future(work)
+        limit = self._timeouts.stall_timeout
+        try:
+            while not task.done():
+                quiet = time.monotonic() - progress.at
+                if quiet >= limit:
+                    break
+                await asyncio.wait({task}, timeout=limit - quiet)
+            else:
+                return task.result()
+        finally:
+            if not task.done():
+                progress.given_up = True
+                task.cancel()
+        raise DeadlineExceeded(
+            f"store {self.source} did not answer {what} of {self.url(rel)}: no progress for {limit:g}s (its file "
+            "server stopped answering?; STRATA_STORE_STALL_TIMEOUT sets this limit)"
+        )
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -858,7 +937,7 @@ class Store:
         sorted by path. One paginated listing on object stores."""
         path = self._path(rel)
         if self._local:
-            found = await self._call("walk", rel, lambda: self._blocking(self._find_local, rel, path, with_dirs))
+            found = await self._watched("walk", rel, self._find_local, rel, path, with_dirs)
         else:
             found = await self._call(
                 "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
@@ -960,8 +1039,8 @@ class Store:
         """Create or replace a file with `data`."""
         path = self._path(rel)
         if self._local:
-            return await self._call("write", rel, lambda: self._blocking(
-                self._place_local, rel, path, lambda out: out.write(data)))
+            return await self._watched("write", rel, self._place_local, rel, path,
+                                       lambda out, progress: _copy_into(out, data, progress))
         await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
         return await self.info(rel)
 
@@ -981,8 +1060,8 @@ class Store:
         if self._is_s3:
             return self._made(rel, length, await self._call("upload", rel, lambda: self._put_s3(path, local_path)))
         if self._local:
-            return await self._call("upload", rel, lambda: self._blocking(
-                self._place_local, rel, path, lambda out: _copy_file(local_path, out)))
+            return await self._watched("upload", rel, self._place_local, rel, path,
+                                       lambda out, progress: _copy_into(out, local_path, progress))
         await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
         return await self.info(rel)
 
@@ -995,8 +1074,8 @@ class Store:
                 return self._made(dst, source.length,
                                   await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
         elif self._local:
-            return await self._call("copy", src, lambda: self._blocking(
-                self._place_local, dst, dst_path, lambda out: _copy_file(self._open_inside(src), out)))
+            return await self._watched("copy", src, self._place_local, dst, dst_path,
+                                       lambda out, progress: _copy_into(out, self._open_inside(src), progress))
         await self._call("copy", src, lambda: self._fs_call("cp_file", src_path, dst_path))
         return await self.info(dst)
 
@@ -1006,7 +1085,7 @@ class Store:
         if self._local:
             for rel in (src, dst):
                 self._path(rel)  # names first: a link out by name gets the clear message
-            st = await self._call("move", src, lambda: self._blocking(self._rename_local, src, dst, file_only=True))
+            st = await self._watched("move", src, self._rename_local, src, dst, file_only=True)
             if st is not None:
                 return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst.strip("/")), is_dir=False,
                                  length=st.st_size, mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
@@ -1053,7 +1132,8 @@ class Store:
         fs.invalidate_cache(dst_path)
         return str(answer["CopyObjectResult"]["ETag"]).strip('"')
 
-    def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO], object]) -> UfsStatus:
+    def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO, Progress], object], *,
+                     progress: Progress) -> UfsStatus:
         """Write a file of a file:// store whole or not at all (blocking): `fill` writes a
         temporary file in the store's upload folder (in `path`'s own folder if that is another
         file system), which is fsynced and renamed over `path`; the status of that file. Both
@@ -1072,10 +1152,11 @@ class Store:
                              dir_fd=aside_fd)
                 try:
                     with open(fd, "wb") as out:
-                        fill(out)
+                        fill(out, progress)
                         out.flush()
                         os.fsync(out.fileno())
                         st = os.fstat(out.fileno())
+                    progress.step()  # not given up on: the file goes into place
                     os.replace(tmp, name, src_dir_fd=aside_fd, dst_dir_fd=folder_fd)
                 except BaseException:
                     with contextlib.suppress(OSError):
@@ -1089,7 +1170,7 @@ class Store:
         return UfsStatus(path=rel.strip("/"), name=name, is_dir=False, length=st.st_size,
                          mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
-    def _rename_local(self, src: str, dst: str, *, file_only: bool) -> os.stat_result | None:
+    def _rename_local(self, src: str, dst: str, *, file_only: bool, progress: Progress) -> os.stat_result | None:
         """Rename `src` of a file:// store over `dst` (blocking) between the descriptors of
         their folders, checked to lie under the root (the destination's made if missing);
         the source's status, taken before the rename (which keeps size and mtime). A link is
@@ -1106,6 +1187,7 @@ class Store:
                 st = os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)
                 if file_only and not stat.S_ISREG(st.st_mode):
                     return None
+                progress.step()
                 try:
                     os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
                 except OSError as exc:
@@ -1122,7 +1204,7 @@ class Store:
     async def rm(self, rel: str, recursive: bool = False) -> None:
         path = self._path(rel)
         if self._local:
-            await self._call("delete", rel, lambda: self._blocking(self._rm_local, rel, recursive))
+            await self._watched("delete", rel, self._rm_local, rel, recursive)
         else:
             await self._call("delete", rel, lambda: self._fs_call("rm", path, recursive=recursive))
 
@@ -1130,7 +1212,7 @@ class Store:
         """Move a file or a directory tree."""
         src_path, dst_path = self._path(src), self._path(dst)
         if self._local:
-            moved = await self._call("move", src, lambda: self._blocking(self._rename_local, src, dst, file_only=False))
+            moved = await self._watched("move", src, self._rename_local, src, dst, file_only=False)
             if moved is None:  # onto another file system: copied, then removed
                 await self._copy_tree(src, dst)
                 await self.rm(src, recursive=True)
@@ -1157,7 +1239,7 @@ class Store:
         """Create a directory and its parents (a no-op on stores without directories)."""
         path = self._path(rel)
         if self._local:
-            await self._call("mkdir", rel, lambda: self._blocking(self._mkdir_local, rel))
+            await self._watched("mkdir", rel, self._mkdir_local, rel)
         else:
             await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
 

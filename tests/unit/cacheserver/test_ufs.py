@@ -787,3 +787,40 @@ async def test_a_move_onto_another_file_system_within_a_file_root_copies_the_tre
         assert (disk / "moved" / "x").read_bytes() == b"x bytes"
         assert (disk / "moved" / "y" / "z").read_bytes() == b"z bytes"
         assert (disk / "moved" / "y" / "empty").is_dir()
+
+
+async def test_a_file_upload_is_bounded_by_its_progress_not_its_size(tmp_path: Path) -> None:
+    # What a file:// upload copies from here is a FIFO: fed a MiB at a time, the upload
+    # takes longer than the stall timeout and goes through; never fed, it fails at the
+    # stall timeout, naming the store, and leaves nothing in the store.
+    root = tmp_path / "root"
+    root.mkdir()
+    store = Store(f"file://{root}", timeouts=StoreTimeouts(stall_timeout=2))
+    source = tmp_path / "source"
+    os.mkfifo(source)
+
+    def feed(chunks: int) -> None:
+        with open(source, "wb") as fifo:
+            for _ in range(chunks):
+                fifo.write(b"x" * 2**20)
+                fifo.flush()
+                time.sleep(0.15)
+
+    feeder = threading.Thread(target=feed, args=(20,))
+    feeder.start()
+    try:
+        written = await store.write_file("slow.bin", source)
+    finally:
+        feeder.join()
+    assert written.length == 20 * 2**20 == (root / "slow.bin").stat().st_size
+
+    with pytest.raises(DeadlineExceeded, match=r"did not answer upload of .*/hung\.bin: no progress for 2s"):
+        await store.write_file("hung.bin", source)
+    os.close(os.open(source, os.O_WRONLY | os.O_NONBLOCK))  # the given-up upload may end now
+    for _ in range(100):
+        if not list((root / ".strata-uploads").iterdir()):
+            break
+        time.sleep(0.05)
+    assert sorted(p.name for p in root.iterdir()) == [".strata-uploads", "slow.bin"]
+    assert list((root / ".strata-uploads").iterdir()) == []
+    await store.close()
