@@ -547,6 +547,10 @@ class Store:
         kind = type(exc) if isinstance(exc, StrataError) else StrataError
         return kind(self._redacted(str(exc)))
 
+    def _where(self) -> str:
+        """Where the store is reached, for messages: its endpoint (unless a credential) or source."""
+        return self._redacted(str(self._kwargs.get("endpoint_url") or self.source))
+
     def url(self, rel: str) -> str:
         """The store URL of a path relative to the mount root (for messages)."""
         return f"{self.source.rstrip('/')}/{rel}" if rel else self.source
@@ -814,8 +818,7 @@ class Store:
             if code in _NOT_FOUND_CODES or status == 404:
                 return NotFound(f"{url} does not exist")
         if isinstance(exc, _TRANSIENT_TYPES):
-            where = self._kwargs.get("endpoint_url") or self.source
-            return Unavailable(f"store {self.source} could not be reached at {where} ({what} of {url}): {exc}")
+            return Unavailable(f"store {self.source} could not be reached at {self._where()} ({what} of {url}): {exc}")
         if isinstance(exc, FileNotFoundError):
             return NotFound(f"{url} does not exist")
         if isinstance(exc, FileExistsError):
@@ -858,10 +861,9 @@ class Store:
         try:
             return await asyncio.wait_for(retried, deadline)
         except TimeoutError as exc:  # the deadline; attempts' own timeouts are Unavailable
-            where = self._kwargs.get("endpoint_url") or self.source
             raise DeadlineExceeded(
                 f"store {self.source} did not answer {what} of {self.url(rel)} within {deadline:g}s "
-                f"(at {where}; STRATA_STORE_DEADLINE sets this limit)"
+                f"(at {self._where()}; STRATA_STORE_DEADLINE sets this limit)"
             ) from exc
 
     async def _watched(self, what: str, rel: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -543,6 +543,13 @@ async def test_a_store_that_never_answers_is_given_up_on_at_its_deadline(s3_serv
                     await store.read_range("obj", 0, 3)
                 assert time.monotonic() - started < 2.0 + 1.0
             assert await store.read_range("obj", 0, 3) == b"pay"  # it heals
+        # An endpoint given among the credentials is not shown.
+        plain = {k: v for k, v in options.items() if k != "endpoint_url"}
+        credentials = {"endpoint_url": proxy.endpoint_url}
+        async with Store(f"s3://{bucket}", plain, credentials=credentials, retry=FAST_RETRY, timeouts=timeouts) as store:
+            with proxy.hanging(), pytest.raises(DeadlineExceeded, match="did not answer read") as raised:
+                await store.read_range("obj", 0, 3)
+            assert proxy.endpoint_url not in str(raised.value), raised.value
     finally:
         proxy.stop()
 
