@@ -431,7 +431,7 @@ def _local_info(path: str, st: os.stat_result) -> dict[str, Any]:
 
 def _rmtree_at(dir_fd: int, name: str, progress: Progress) -> None:
     """Remove the folder `name` of the folder `dir_fd` and all below it, each folder through
-    its descriptor (a step of `progress`): a link is removed, never followed (one swapped in
+    its descriptor (each entry a step of `progress`): a link is removed, never followed (one swapped in
     for a folder meanwhile fails the open, O_NOFOLLOW)."""
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
@@ -440,7 +440,7 @@ def _rmtree_at(dir_fd: int, name: str, progress: Progress) -> None:
                 _rmtree_at(fd, entry, progress)
             else:
                 os.unlink(entry, dir_fd=fd)
-        progress.step()
+            progress.step()
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dir_fd)
@@ -649,9 +649,9 @@ class Store:
         finally:
             os.close(fd)
 
-    def _entries(self, folder_fd: int, rel: str) -> list[tuple[str, dict[str, Any]]]:
+    def _entries(self, folder_fd: int, rel: str, progress: Progress | None = None) -> list[tuple[str, dict[str, Any]]]:
         """The entries of an opened folder of the store (`rel`), each with its status, a
-        link's being its target's when that lies under the root."""
+        link's being its target's when that lies under the root (each a step of `progress`)."""
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=folder_fd)
         try:
             names = os.listdir(fd)
@@ -677,6 +677,8 @@ class Store:
                         raise
                     continue  # a link loop
                 out.append((name, _local_info(posixpath.join(self._root, child), st)))
+                if progress is not None:
+                    progress.step()
             return out
         finally:
             os.close(fd)
@@ -703,7 +705,7 @@ class Store:
         here = (st.st_dev, st.st_ino)
         if here in ancestors:
             return
-        for name, info in self._entries(fd, rel):
+        for name, info in self._entries(fd, rel, progress):
             if info["type"] != "directory":
                 found[info["name"]] = info
                 continue
