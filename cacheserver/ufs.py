@@ -31,7 +31,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from datetime import datetime
@@ -96,7 +96,8 @@ _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
 )
 # Operations whose work is bounded (one object's status, one folder's entries, one block's
 # bytes): a reader waits on them, so they get StoreTimeouts.deadline. The others (uploads of
-# any size, walks of whole trees, copies) are bounded by the read timeout of each request.
+# any size, walks of whole trees, copies) are bounded by the read timeout of each request
+# (S3), or by their progress (file://, StoreTimeouts.stall_timeout).
 _BOUNDED = frozenset({"check", "info", "list", "read"})
 # Bytes: the largest object S3 copies in one CopyObject call.
 _S3_COPY_LIMIT = 5 * 2**30
@@ -113,6 +114,17 @@ _HOST_READING_PROTOCOLS = frozenset({
     "async_wrapper", "asyncwrapper", "asynclocal", "blockcache", "cached", "dask", "dir", "filecache",
     "generic", "git", "libarchive", "reference", "simplecache", "tar", "zip",
 })
+# How file:// stores open folders: to look names up in (O_PATH: search permission is
+# enough), and to list, or make files in and fsync.
+_FOLDER = os.O_PATH | os.O_DIRECTORY
+_OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY
+# Bytes a file:// upload or copy writes at a time (a step of its progress), and syncs at a
+# time: its last fsync then has at most this much left to write, however large the file.
+_COPY_CHUNK = 1 << 20
+_SYNC_EVERY = 32 << 20
+# Characters a credential's value must have to be cut out of messages: shorter ones ("1",
+# "on") would cut ordinary words and numbers, and tell nothing.
+_SHOWN_SECRET = 4
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
@@ -133,8 +145,16 @@ class StoreTimeouts(BaseSettings):
     # Seconds for one bounded operation (a status, a folder listing, a block read), its
     # retries included, on any store: about two read timeouts. Past it the caller gets
     # DeadlineExceeded naming the store. Raise it for stores whose 16 MiB block reads take
-    # longer. Uploads and walks of whole trees are bounded by read_timeout per request.
+    # longer. Uploads and walks of whole trees are bounded by read_timeout per request (S3)
+    # or by stall_timeout (file://).
     deadline: float = Field(default=20.0, gt=0)
+    # Seconds a file:// store's upload, copy, move, delete or walk may go without progress
+    # (a MiB written and, every 32 MiB, synced; a folder listed or emptied) before its caller
+    # gets DeadlineExceeded naming the store: the file server stopped answering. A server
+    # that answers at all makes progress within seconds; 60 s leaves room for one that
+    # writes half a MiB a second. The call's thread is let go once the server answers, and
+    # what the call was making is dropped then.
+    stall_timeout: float = Field(default=60.0, gt=0)
     # Seconds the master waits on the store for metadata older than the mount's sync
     # interval before answering from it (stale-if-error): a hung store then costs a reader
     # of cached files this, not the whole deadline. The store's answer, when it comes,
@@ -233,26 +253,33 @@ def check_source_allowed(source: str, allowed_roots: Sequence[str]) -> None:
     )
 
 
-def _to_bool(name: str, value: str) -> bool:
+def _got(value: str, secret: bool) -> str:
+    """How a message shows an option's value: never, if it came from the credentials."""
+    return "got a value from the Mount's credentials (not shown)" if secret else f"got {value!r}"
+
+
+def _to_bool(name: str, value: str, secret: bool) -> bool:
     text = value.strip().lower()
     if text in _TRUE:
         return True
     if text in _FALSE:
         return False
-    raise InvalidArgument(f"store option {name}: expected true or false, got {value!r}")
+    raise InvalidArgument(f"store option {name}: expected true or false, {_got(value, secret)}")
 
 
-def _to_number(name: str, value: str, kind: type[int] | type[float]) -> int | float:
+def _to_number(name: str, value: str, kind: type[int] | type[float], secret: bool) -> int | float:
     try:
         return kind(value)
     except ValueError:
-        raise InvalidArgument(f"store option {name}: expected a number, got {value!r}") from None
+        raise InvalidArgument(f"store option {name}: expected a number, {_got(value, secret)}") from None
 
 
-def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any]) -> dict[str, Any]:
+def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any],
+                    secret: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Turn string options (as YAML gives them) into the keyword arguments `cls` takes:
     "true"/"false" and numbers become bool/int/float where the parameter's default has that
-    type. For S3, `region` goes to the client; options s3fs does not know are refused."""
+    type. For S3, `region` goes to the client; options s3fs does not know are refused. The
+    values of the options named in `secret` (the credentials) are never put in a message."""
     params = inspect.signature(cls.__init__).parameters
     is_s3 = issubclass(cls, S3FileSystem)
     out: dict[str, Any] = {}
@@ -272,9 +299,9 @@ def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any]) -
         default = param.default if param is not None else None
         if isinstance(value, str):
             if isinstance(default, bool):
-                value = _to_bool(name, value)
+                value = _to_bool(name, value, name in secret)
             elif isinstance(default, (int, float)):
-                value = _to_number(name, value, type(default))
+                value = _to_number(name, value, type(default), name in secret)
         out[name] = value
     if client_kwargs:
         out["client_kwargs"] = {**(out.get("client_kwargs") or {}), **client_kwargs}
@@ -363,10 +390,65 @@ class _ShortAnswer(Unavailable):
     """A store answered an exact read with another number of bytes than asked for."""
 
 
-def _copy_file(source: Path | int, out: BinaryIO) -> None:
-    """Copy `source` (a path, or a descriptor, which this closes) into `out`."""
-    with open(source, "rb") as f:
-        shutil.copyfileobj(f, out, 1 << 20)
+class Progress:
+    """How far a long file:// call (an upload, copy, move, delete or walk) has come: it
+    reports each step (a MiB written, a folder listed or emptied), and `Store._call` gives
+    up on a call that reported none for `StoreTimeouts.stall_timeout`. A call given up on
+    stops at its next step, leaving nothing made (its thread goes on only once the store
+    answers again)."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+        self.given_up = False
+
+    def step(self) -> None:
+        if self.given_up:
+            raise DeadlineExceeded("the caller gave up on this store call; what it made is dropped")
+        self.at = time.monotonic()
+
+
+def _copy_into(out: BinaryIO, source: Path | int | bytes, progress: Progress) -> None:
+    """Write `source` (a file's path, a descriptor, which this closes, or bytes) into `out`
+    (a file a file:// store is given) a step of `progress` at a time, synced every
+    _SYNC_EVERY bytes."""
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, bytes):
+            view = memoryview(source)
+            chunks: Iterator[bytes | memoryview] = (view[i:i + _COPY_CHUNK] for i in range(0, len(view), _COPY_CHUNK))
+        else:
+            f = stack.enter_context(open(source, "rb"))
+            chunks = iter(functools.partial(f.read, _COPY_CHUNK), b"")
+        written = 0
+        for chunk in chunks:
+            out.write(chunk)
+            written += len(chunk)
+            if written % _SYNC_EVERY < len(chunk):
+                out.flush()
+                os.fdatasync(out.fileno())
+            progress.step()
+
+
+def _local_info(path: str, st: os.stat_result) -> dict[str, Any]:
+    """What fsspec's `info` says of a local file, from its status (a link's target's)."""
+    kind = "directory" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    return {"name": path, "size": st.st_size, "type": kind, "mtime": st.st_mtime}
+
+
+def _rmtree_at(dir_fd: int, name: str, progress: Progress) -> None:
+    """Remove the folder `name` of the folder `dir_fd` and all below it, each folder through
+    its descriptor (each entry a step of `progress`): a link is removed, never followed (one swapped in
+    for a folder meanwhile fails the open, O_NOFOLLOW)."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        for entry in os.listdir(fd):
+            if stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                _rmtree_at(fd, entry, progress)
+            else:
+                os.unlink(entry, dir_fd=fd)
+            progress.step()
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 def fsync_dir(folder: str | os.PathLike[str]) -> None:
@@ -395,6 +477,7 @@ class Store:
         source: str,
         options: Mapping[str, str] | None = None,
         *,
+        credentials: Mapping[str, str] | None = None,
         retry: RetrySettings | None = None,
         allowed_roots: Sequence[str] | None = None,
         timeouts: StoreTimeouts | None = None,
@@ -404,7 +487,11 @@ class Store:
         self._root = self._cls._strip_protocol(source).rstrip("/") or "/"
         if self.protocol in ("file", "local") and not split_protocol(source)[1].startswith("/"):
             raise InvalidArgument(f"source {source!r}: a file:// source needs an absolute path, e.g. file:///data")
-        self._kwargs = storage_options(self._cls, options or {})
+        credentials = credentials or {}
+        # Values no message may show: a credential that turns up in a store's error (an
+        # endpoint, a key echoed back) is cut out of it (`_redacted`).
+        self._secrets = sorted({v for v in credentials.values() if len(v) >= _SHOWN_SECRET}, key=len, reverse=True)
+        self._kwargs = storage_options(self._cls, {**(options or {}), **credentials}, frozenset(credentials))
         self._retry = retry or RetrySettings()
         self._timeouts = timeouts or StoreTimeouts()
         self._is_async = issubclass(self._cls, AsyncFileSystem)
@@ -429,17 +516,45 @@ class Store:
             config.setdefault("connect_timeout", self._timeouts.connect_timeout)
             config.setdefault("read_timeout", self._timeouts.read_timeout)
             kwargs["config_kwargs"] = config
-        if self.protocol == "file":
-            kwargs.setdefault("auto_mkdir", True)
         if self._is_async:
             kwargs["asynchronous"] = True
         try:
             fs = self._cls(skip_instance_cache=True, use_listings_cache=False, **kwargs)
         except TypeError as exc:
-            raise InvalidArgument(f"store {self.source}: options not accepted: {exc}") from None
+            raise InvalidArgument(f"store {self.source}: options not accepted: {self._redacted(str(exc))}") from None
+        except Exception as exc:
+            if self._shows_secret(exc):
+                raise self._hidden(exc) from None
+            raise
         if self._is_s3:
             fs.retries = 1
         return fs
+
+    def _redacted(self, text: str) -> str:
+        """`text` without any value of the mount's credentials."""
+        for value in self._secrets:
+            text = text.replace(value, "<a value from the Mount's credentials>")
+        return text
+
+    def _shows_secret(self, exc: BaseException) -> bool:
+        """Does `exc`, or an error it was raised from, show a value of the mount's credentials?"""
+        seen: set[int] = set()
+        at: BaseException | None = exc
+        while at is not None and id(at) not in seen:
+            if any(value in str(at) for value in self._secrets):
+                return True
+            seen.add(id(at))
+            at = at.__cause__ or at.__context__
+        return False
+
+    def _hidden(self, exc: Exception) -> StrataError:
+        """A StrataError of `exc`'s kind whose message has the credentials' values cut out."""
+        kind = type(exc) if isinstance(exc, StrataError) else StrataError
+        return kind(self._redacted(str(exc)))
+
+    def _where(self) -> str:
+        """Where the store is reached, for messages: its endpoint (unless a credential) or source."""
+        return self._redacted(str(self._kwargs.get("endpoint_url") or self.source))
 
     def url(self, rel: str) -> str:
         """The store URL of a path relative to the mount root (for messages)."""
@@ -466,45 +581,172 @@ class Store:
         writes), stay at or below the root? Only for file:// stores."""
         return _is_within(os.path.realpath(path), os.path.realpath(self._root))
 
-    def _ls_local(self, path: str) -> list[dict[str, Any]]:
-        """`ls` for file:// stores (blocking): links are followed, so a linked folder lists
-        as a folder, and links that lead out of the root, or nowhere, are left out."""
-        kept = []
-        for entry in self._fs.ls(path, detail=True):
-            name = str(entry["name"])
-            if not entry.get("islink"):
-                kept.append(entry)
-            elif self._inside_root(name):
-                try:
-                    kept.append(self._fs.info(name))
-                except FileNotFoundError:
-                    continue  # a link to nothing
-            else:
-                log.info("store %s: %s is a link out of the root; left out of its listing", self.source, name)
-        return kept
+    # -- file:// stores: every name is looked up from descriptors checked to lie under the root --
 
-    def _find_local(self, path: str, with_dirs: bool) -> dict[str, dict[str, Any]]:
-        """`find` for file:// stores (blocking): never through a link out of the root, and
-        never into a folder that is its own ancestor (links inside the root may form loops)."""
-        top = self._fs.info(path)
-        if top.get("type") != "directory":
-            return {str(top["name"]): top}
-        found: dict[str, dict[str, Any]] = {}
-        pending: list[tuple[str, frozenset[str]]] = [(path, frozenset())]
-        while pending:
-            folder, ancestors = pending.pop()
-            real = os.path.realpath(folder)
-            if real in ancestors:
+    def _open_inside(self, rel: str, flags: int = os.O_RDONLY, *, make_folders: bool = False) -> int:
+        """A descriptor of `rel` (blocking; a file, or a folder with O_DIRECTORY or O_PATH),
+        opened one name at a time from the root, each folder on the way checked to lie under
+        the root (`_opened_inside`) before the next name is looked up in it, and the last one
+        too. `_path` checks names; a link swapped into the path after that check (by whoever
+        else writes the folder) leads the lookup elsewhere, which this check then refuses, so
+        nothing outside the root is read, listed, made, moved or removed. Links that stay
+        inside the root are followed. With `make_folders`, `rel` is a folder, and missing
+        folders on the way are made, each in a folder already checked."""
+        names = [name for name in rel.strip("/").split("/") if name]
+        if any(name in (".", "..") for name in names):
+            raise InvalidArgument(f"path {rel!r} must not contain '.' or '..' components")
+        fd = self._open_at(None, self._root, rel, flags if not names else _FOLDER)
+        try:
+            for i, name in enumerate(names):
+                if make_folders:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                inner = self._open_at(fd, name, rel, flags if i == len(names) - 1 else _FOLDER)
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_at(self, dir_fd: int | None, name: str, rel: str, flags: int) -> int:
+        """`name` opened in the folder `dir_fd` (links followed), checked to lie under the
+        root; `rel` names it in messages."""
+        fd = os.open(name, flags | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            self._opened_inside(fd, rel)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _opened_inside(self, fd: int, rel: str) -> None:
+        """PermissionDenied unless what `fd` opened lies under the root (and an allowed root)
+        of this file:// store, by the kernel's path of the descriptor."""
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        inside = _is_within(opened, os.path.realpath(self._root)) and (
+            self._allowed_roots is None
+            or any(_is_within(opened, os.path.realpath(root)) for root in self._allowed_roots))
+        if not inside:
+            raise PermissionDenied(
+                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link "
+                "(changed while it was opened); Strata serves only files under the root of a file:// mount"
+            )
+
+    def _info_local(self, rel: str, path: str) -> dict[str, Any]:
+        """`info` for file:// stores (blocking): the status of what `rel` (at `path`) leads to."""
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            return _local_info(path, os.fstat(fd))
+        finally:
+            os.close(fd)
+
+    def _ls_local(self, rel: str, path: str) -> list[dict[str, Any]]:
+        """`ls` for file:// stores (blocking): a file lists as itself; a folder's links are
+        followed, so a linked folder lists as a folder, and links that lead out of the root,
+        or nowhere, are left out."""
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return [_local_info(path, st)]
+            return [info for _, info in self._entries(fd, rel)]
+        finally:
+            os.close(fd)
+
+    def _entries(self, folder_fd: int, rel: str, progress: Progress | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """The entries of an opened folder of the store (`rel`), each with its status, a
+        link's being its target's when that lies under the root (each a step of `progress`)."""
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=folder_fd)
+        try:
+            names = os.listdir(fd)
+            out = []
+            for name in sorted(names):
+                child = posixpath.join(rel.strip("/"), name)
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        target = self._open_at(fd, name, child, os.O_PATH)
+                        try:
+                            st = os.fstat(target)
+                        finally:
+                            os.close(target)
+                except PermissionDenied:
+                    log.info("store %s: %s is a link out of the root; left out of its listing", self.source, child)
+                    continue
+                except (FileNotFoundError, NotADirectoryError) as exc:
+                    log.debug("store %s: %s left out of its listing: %s", self.source, child, exc)
+                    continue  # gone since listed, or a link to nothing
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        raise
+                    continue  # a link loop
+                out.append((name, _local_info(posixpath.join(self._root, child), st)))
+                if progress is not None:
+                    progress.step()
+            return out
+        finally:
+            os.close(fd)
+
+    def _find_local(self, rel: str, path: str, with_dirs: bool, *, progress: Progress) -> dict[str, dict[str, Any]]:
+        """`find` for file:// stores (blocking): folder by folder through descriptors, never
+        through a link out of the root, and never into a folder that is its own ancestor
+        (links inside the root may form loops)."""
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return {path: _local_info(path, st)}
+            found: dict[str, dict[str, Any]] = {}
+            self._walk_folder(fd, rel.strip("/"), frozenset(), found, with_dirs, progress)
+            return found
+        finally:
+            os.close(fd)
+
+    def _walk_folder(self, fd: int, rel: str, ancestors: frozenset[tuple[int, int]],
+                     found: dict[str, dict[str, Any]], with_dirs: bool, progress: Progress) -> None:
+        progress.step()
+        st = os.fstat(fd)
+        here = (st.st_dev, st.st_ino)
+        if here in ancestors:
+            return
+        for name, info in self._entries(fd, rel, progress):
+            if info["type"] != "directory":
+                found[info["name"]] = info
                 continue
-            for entry in self._ls_local(folder):
-                name = str(entry["name"])
-                if entry.get("type") == "directory":
-                    pending.append((name, ancestors | {real}))
-                    if with_dirs:
-                        found[name] = entry
-                else:
-                    found[name] = entry
-        return found
+            if with_dirs:
+                found[info["name"]] = info
+            child = posixpath.join(rel, name)
+            try:
+                inner = self._open_at(fd, name, child, _FOLDER)
+            except (PermissionDenied, FileNotFoundError, NotADirectoryError):
+                continue  # changed since it was listed
+            try:
+                self._walk_folder(inner, child, ancestors | {here}, found, with_dirs, progress)
+            finally:
+                os.close(inner)
+
+    def _rm_local(self, rel: str, recursive: bool, *, progress: Progress) -> None:
+        """`rm` for file:// stores (blocking): the name is removed from its folder's
+        descriptor; a link is removed, never followed; a folder only with `recursive`
+        (`_rmtree_at`)."""
+        folder, name = posixpath.split(rel.strip("/"))
+        if not name:
+            raise InvalidArgument(f"{self.url(rel)} is the mount's root; it cannot be deleted")
+        fd = self._open_inside(folder, _FOLDER)
+        try:
+            if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=fd)
+            elif recursive:
+                _rmtree_at(fd, name, progress)
+            else:
+                os.rmdir(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def _mkdir_local(self, rel: str, *, progress: Progress) -> None:
+        os.close(self._open_inside(rel, _FOLDER, make_folders=True))
+        progress.step()
 
     def _rel(self, name: str) -> str:
         name = name.rstrip("/")
@@ -583,8 +825,7 @@ class Store:
             if code in _NOT_FOUND_CODES or status == 404:
                 return NotFound(f"{url} does not exist")
         if isinstance(exc, _TRANSIENT_TYPES):
-            where = self._kwargs.get("endpoint_url") or self.source
-            return Unavailable(f"store {self.source} could not be reached at {where} ({what} of {url}): {exc}")
+            return Unavailable(f"store {self.source} could not be reached at {self._where()} ({what} of {url}): {exc}")
         if isinstance(exc, FileNotFoundError):
             return NotFound(f"{url} does not exist")
         if isinstance(exc, FileExistsError):
@@ -597,15 +838,18 @@ class Store:
             return InvalidArgument(f"{url} is a directory that is not empty; delete it recursively")
         return exc
 
-    async def _call(self, what: str, rel: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: str, rel: str, fn: Callable[[], Awaitable[T]], *, progress: Progress | None = None) -> T:
         """Run one store operation with retries on transient errors and mapped errors,
-        within the deadline when its size is bounded (see `_BOUNDED`)."""
+        within the deadline when its size is bounded (see `_BOUNDED`), else, given the
+        `progress` it reports, until it makes none for the stall timeout (`_watched`)."""
 
         async def attempt() -> T:
             try:
                 return await fn()
             except Exception as exc:
                 mapped = self._translate(exc, rel, what)
+                if self._shows_secret(exc) or self._shows_secret(mapped):
+                    raise self._hidden(mapped) from None  # nothing chained shows it either
                 if mapped is exc:
                     raise
                 raise mapped from exc
@@ -619,16 +863,45 @@ class Store:
             retry_on=(Unavailable,),
         )
         if what not in _BOUNDED:
-            return await retried
+            return await (retried if progress is None else self._until_stalled(retried, what, rel, progress))
         deadline = self._timeouts.deadline
         try:
             return await asyncio.wait_for(retried, deadline)
         except TimeoutError as exc:  # the deadline; attempts' own timeouts are Unavailable
-            where = self._kwargs.get("endpoint_url") or self.source
             raise DeadlineExceeded(
                 f"store {self.source} did not answer {what} of {self.url(rel)} within {deadline:g}s "
-                f"(at {where}; STRATA_STORE_DEADLINE sets this limit)"
+                f"(at {self._where()}; STRATA_STORE_DEADLINE sets this limit)"
             ) from exc
+
+    async def _watched(self, what: str, rel: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs, progress=...)`, a file:// operation of any size, on this
+        store's threads as the store operation `what` of `rel`: given up on once it reports
+        no progress (`Progress`) for the stall timeout."""
+        progress = Progress()
+        return await self._call(what, rel, lambda: self._blocking(fn, *args, progress=progress, **kwargs),
+                                progress=progress)
+
+    async def _until_stalled(self, work: Awaitable[T], what: str, rel: str, progress: Progress) -> T:
+        """`work`'s result, or DeadlineExceeded once `progress` went unreported for
+        StoreTimeouts.stall_timeout (the work is told it was given up on)."""
+        task = asyncio.ensure_future(work)
+        limit = self._timeouts.stall_timeout
+        try:
+            while not task.done():
+                quiet = time.monotonic() - progress.at
+                if quiet >= limit:
+                    break
+                await asyncio.wait({task}, timeout=limit - quiet)
+            else:
+                return task.result()
+        finally:
+            if not task.done():
+                progress.given_up = True
+                task.cancel()
+        raise DeadlineExceeded(
+            f"store {self.source} did not answer {what} of {self.url(rel)}: no progress for {limit:g}s (its file "
+            "server stopped answering?; STRATA_STORE_STALL_TIMEOUT sets this limit)"
+        )
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -645,18 +918,24 @@ class Store:
             # An empty prefix is a valid (empty) mount; the bucket must exist.
             await self._call("check", "", list_one)
             return
+        if self._local:
+            await self._call("check", "", lambda: self._blocking(self._ls_local, "", self._root))
+            return
         await self._call("check", "", lambda: self._fs_call("ls", self._root, detail=False))
 
     async def info(self, rel: str) -> UfsStatus:
         path = self._path(rel)
-        info = await self._call("info", rel, lambda: self._fs_call("info", path))
+        if self._local:
+            info = await self._call("info", rel, lambda: self._blocking(self._info_local, rel, path))
+        else:
+            info = await self._call("info", rel, lambda: self._fs_call("info", path))
         return self._status(info)
 
     async def ls(self, rel: str) -> list[UfsStatus]:
         """Direct children of a directory (a file lists as itself)."""
         path = self._path(rel)
         if self._local:
-            entries = await self._call("list", rel, lambda: self._blocking(self._ls_local, path))
+            entries = await self._call("list", rel, lambda: self._blocking(self._ls_local, rel, path))
         else:
             entries = await self._call("list", rel, lambda: self._fs_call("ls", path, detail=True))
         out = [self._status(e) for e in entries]
@@ -667,7 +946,7 @@ class Store:
         sorted by path. One paginated listing on object stores."""
         path = self._path(rel)
         if self._local:
-            found = await self._call("walk", rel, lambda: self._blocking(self._find_local, path, with_dirs))
+            found = await self._watched("walk", rel, self._find_local, rel, path, with_dirs)
         else:
             found = await self._call(
                 "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
@@ -773,7 +1052,7 @@ class Store:
         version) are the same before and after the read. A rewrite within one tick of the file
         system's clock (nanoseconds on ext4, xfs and tmpfs) that keeps the size would go
         unseen."""
-        fd = self._open_inside(rel, path)
+        fd = self._open_inside(rel)
         try:
             if version is not None:
                 self._check_version(rel, version, _local_version(os.fstat(fd)))
@@ -789,27 +1068,12 @@ class Store:
         finally:
             os.close(fd)
 
-    def _opened_inside(self, fd: int, rel: str) -> None:
-        """PermissionDenied unless what `fd` opened lies under the root (and an allowed root)
-        of this file:// store. `_path` checks names; a link swapped in between that check and
-        the open (by whoever else writes the folder) leads the open elsewhere, so what was
-        opened is checked itself, by the kernel's path of the descriptor."""
-        opened = os.readlink(f"/proc/self/fd/{fd}")
-        inside = _is_within(opened, os.path.realpath(self._root)) and (
-            self._allowed_roots is None
-            or any(_is_within(opened, os.path.realpath(root)) for root in self._allowed_roots))
-        if not inside:
-            raise PermissionDenied(
-                f"{self.url(rel)} leads out of the mount's root {self._root} through a symbolic link "
-                "(changed while it was opened); Strata serves only files under the root of a file:// mount"
-            )
-
     async def write(self, rel: str, data: bytes) -> UfsStatus:
         """Create or replace a file with `data`."""
         path = self._path(rel)
         if self._local:
-            return await self._call("write", rel, lambda: self._blocking(
-                self._place_local, rel, path, lambda out: out.write(data)))
+            return await self._watched("write", rel, self._place_local, rel, path,
+                                       lambda out, progress: _copy_into(out, data, progress))
         await self._call("write", rel, lambda: self._fs_call("pipe_file", path, data))
         return await self.info(rel)
 
@@ -829,8 +1093,8 @@ class Store:
         if self._is_s3:
             return self._made(rel, length, await self._call("upload", rel, lambda: self._put_s3(path, local_path)))
         if self._local:
-            return await self._call("upload", rel, lambda: self._blocking(
-                self._place_local, rel, path, lambda out: _copy_file(local_path, out)))
+            return await self._watched("upload", rel, self._place_local, rel, path,
+                                       lambda out, progress: _copy_into(out, local_path, progress))
         await self._call("upload", rel, lambda: self._fs_call("put_file", str(local_path), path))
         return await self.info(rel)
 
@@ -843,8 +1107,8 @@ class Store:
                 return self._made(dst, source.length,
                                   await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
         elif self._local:
-            return await self._call("copy", src, lambda: self._blocking(
-                self._place_local, dst, dst_path, lambda out: _copy_file(self._open_inside(src, src_path), out)))
+            return await self._watched("copy", src, self._place_local, dst, dst_path,
+                                       lambda out, progress: _copy_into(out, self._open_inside(src), progress))
         await self._call("copy", src, lambda: self._fs_call("cp_file", src_path, dst_path))
         return await self.info(dst)
 
@@ -852,10 +1116,12 @@ class Store:
         """Move one file within the store, replacing what is at `dst`; the status of the
         moved file (S3: of the copy made at `dst`; file://: a rename, atomic)."""
         if self._local:
-            src_path, dst_path = self._path(src), self._path(dst)
-            moved = await self._call("move", src, lambda: self._blocking(self._rename_local, src, dst, src_path, dst_path))
-            if moved is not None:
-                return moved
+            for rel in (src, dst):
+                self._path(rel)  # names first: a link out by name gets the clear message
+            st = await self._watched("move", src, self._rename_local, src, dst, file_only=True)
+            if st is not None:
+                return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst.strip("/")), is_dir=False,
+                                 length=st.st_size, mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
         status = await self.copy(src, dst)
         await self.rm(src)
         return status
@@ -899,34 +1165,17 @@ class Store:
         fs.invalidate_cache(dst_path)
         return str(answer["CopyObjectResult"]["ETag"]).strip('"')
 
-    def _open_inside(self, rel: str, path: str, flags: int = os.O_RDONLY) -> int:
-        """A descriptor of `path` (a file, or a folder with O_DIRECTORY), checked to lie under
-        the root (`_opened_inside`)."""
-        fd = os.open(path, flags | os.O_CLOEXEC)
-        try:
-            self._opened_inside(fd, rel)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _open_folder(self, rel: str, path: str) -> int:
-        """The folder `path` (`rel` in the store; made if missing), opened and checked to lie
-        under the root: names in it are then made, opened and renamed relative to that
-        descriptor, so a link swapped into the path meanwhile leads nothing outside."""
-        os.makedirs(path, exist_ok=True)
-        return self._open_inside(rel, path, os.O_RDONLY | os.O_DIRECTORY)
-
-    def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO], object]) -> UfsStatus:
+    def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO, Progress], object], *,
+                     progress: Progress) -> UfsStatus:
         """Write a file of a file:// store whole or not at all (blocking): `fill` writes a
         temporary file in the store's upload folder (in `path`'s own folder if that is another
         file system), which is fsynced and renamed over `path`; the status of that file. Both
-        folders are checked to lie under the root before anything is made in them (a link at
-        `path` itself is replaced, never followed)."""
-        folder, name = posixpath.split(path)
-        folder_fd = self._open_folder(posixpath.dirname(rel.strip("/")), folder)
+        folders are opened through descriptors checked to lie under the root (`_open_inside`),
+        missing ones made there (a link at `path` itself is replaced, never followed)."""
+        name = posixpath.basename(path)
+        folder_fd = self._open_inside(posixpath.dirname(rel.strip("/")), _OPEN_FOLDER, make_folders=True)
         try:
-            aside_fd = self._open_folder(UPLOAD_DIR, self._path(UPLOAD_DIR))
+            aside_fd = self._open_inside(UPLOAD_DIR, _OPEN_FOLDER, make_folders=True)
             if os.fstat(aside_fd).st_dev != os.fstat(folder_fd).st_dev:
                 os.close(aside_fd)
                 aside_fd = os.dup(folder_fd)
@@ -936,10 +1185,11 @@ class Store:
                              dir_fd=aside_fd)
                 try:
                     with open(fd, "wb") as out:
-                        fill(out)
+                        fill(out, progress)
                         out.flush()
                         os.fsync(out.fileno())
                         st = os.fstat(out.fileno())
+                    progress.step()  # not given up on: the file goes into place
                     os.replace(tmp, name, src_dir_fd=aside_fd, dst_dir_fd=folder_fd)
                 except BaseException:
                     with contextlib.suppress(OSError):
@@ -953,21 +1203,26 @@ class Store:
         return UfsStatus(path=rel.strip("/"), name=name, is_dir=False, length=st.st_size,
                          mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
-    def _rename_local(self, src: str, dst: str, src_path: str, dst_path: str) -> UfsStatus | None:
-        """Rename a file of a file:// store over `dst_path` (blocking), both folders checked
-        to lie under the root first; its status, taken before the rename (which keeps size
-        and mtime). None if the two are on different file systems or the source is not a
-        plain file (a link is not moved in place of its target)."""
-        src_fd = self._open_folder(posixpath.dirname(src.strip("/")), posixpath.dirname(src_path))
+    def _rename_local(self, src: str, dst: str, *, file_only: bool, progress: Progress) -> os.stat_result | None:
+        """Rename `src` of a file:// store over `dst` (blocking) between the descriptors of
+        their folders, checked to lie under the root (the destination's made if missing);
+        the source's status, taken before the rename (which keeps size and mtime). A link is
+        moved itself, never followed. None if the two are on different file systems or, with
+        `file_only`, the source is not a plain file."""
+        src_folder, src_name = posixpath.split(src.strip("/"))
+        dst_folder, dst_name = posixpath.split(dst.strip("/"))
+        if not src_name or not dst_name:
+            raise InvalidArgument(f"cannot move {self.url(src)} to {self.url(dst)}: the mount's root stays where it is")
+        src_fd = self._open_inside(src_folder, _FOLDER)
         try:
-            dst_fd = self._open_folder(posixpath.dirname(dst.strip("/")), posixpath.dirname(dst_path))
+            dst_fd = self._open_inside(dst_folder, _OPEN_FOLDER, make_folders=True)
             try:
-                st = os.stat(posixpath.basename(src_path), dir_fd=src_fd, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
+                st = os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)
+                if file_only and not stat.S_ISREG(st.st_mode):
                     return None
+                progress.step()
                 try:
-                    os.replace(posixpath.basename(src_path), posixpath.basename(dst_path),
-                               src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                    os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
                 except OSError as exc:
                     if exc.errno == errno.EXDEV:
                         return None
@@ -977,27 +1232,49 @@ class Store:
                 os.close(dst_fd)
         finally:
             os.close(src_fd)
-        return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst_path), is_dir=False, length=st.st_size,
-                         mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
+        return st
 
     async def rm(self, rel: str, recursive: bool = False) -> None:
         path = self._path(rel)
-        await self._call("delete", rel, lambda: self._fs_call("rm", path, recursive=recursive))
+        if self._local:
+            await self._watched("delete", rel, self._rm_local, rel, recursive)
+        else:
+            await self._call("delete", rel, lambda: self._fs_call("rm", path, recursive=recursive))
 
     async def mv(self, src: str, dst: str) -> None:
         """Move a file or a directory tree."""
         src_path, dst_path = self._path(src), self._path(dst)
-        if self._is_async:
+        if self._local:
+            moved = await self._watched("move", src, self._rename_local, src, dst, file_only=False)
+            if moved is None:  # onto another file system: copied, then removed
+                await self._copy_tree(src, dst)
+                await self.rm(src, recursive=True)
+        elif self._is_async:
             # Async filesystems move by copy + delete; each step is retried on its own.
             await self._call("copy", src, lambda: self._fs_call("copy", src_path, dst_path, recursive=True))
             await self._call("delete", src, lambda: self._fs_call("rm", src_path, recursive=True))
         else:
             await self._call("move", src, lambda: self._fs_call("mv", src_path, dst_path, recursive=True))
 
+    async def _copy_tree(self, src: str, dst: str) -> None:
+        """Copy a file, or a folder and all below it, within a file:// store."""
+        top = src.strip("/")
+        for status in await self.walk(src, with_dirs=True):
+            below = dst.strip("/") + status.path[len(top):]
+            if status.is_dir:
+                await self.mkdir(below)
+            else:
+                await self.copy(status.path, below)
+        if (await self.info(src)).is_dir:
+            await self.mkdir(dst)
+
     async def mkdir(self, rel: str) -> None:
         """Create a directory and its parents (a no-op on stores without directories)."""
         path = self._path(rel)
-        await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
+        if self._local:
+            await self._watched("mkdir", rel, self._mkdir_local, rel)
+        else:
+            await self._call("mkdir", rel, lambda: self._fs_call("makedirs", path, exist_ok=True))
 
     async def close(self) -> None:
         """Close the store's client session (async filesystems) or let its threads go

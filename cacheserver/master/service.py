@@ -26,7 +26,7 @@ from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
-from ..ufs import Store, check_source_allowed
+from ..ufs import check_source_allowed
 from ..uploads import sum_pending
 from .blocks import BlockIndex
 from .membership import Membership, WorkerRecord
@@ -314,7 +314,7 @@ class MasterService(pb_grpc.MasterServicer):
             # Same mount again (the operator re-ensures mounts): keep its id and its cache.
             return pb.MountResponse(mount=mount_to_proto(existing, with_credentials=False, pinned=self._pinned_prefixes(existing)))
         if request.check:
-            async with Store(request.source, options.store_options()) as store:
+            async with options.open_store(request.source) as store:
                 await store.check()
         mount = self.mounts.add(path, request.source, options, replace=request.replace)
         if existing is not None and existing.mount_id != mount.mount_id:
@@ -435,7 +435,7 @@ class MasterService(pb_grpc.MasterServicer):
     @rpcutil.unary
     async def PrepareWrite(self, request: pb.PrepareWriteRequest, context: grpc.aio.ServicerContext) -> pb.PrepareWriteResponse:
         path = normalize(request.path)
-        mount, _ = self.mounts.resolve(path)
+        self.namespace.writable(path)  # before the worker puts a byte into the store
         deadline = time.monotonic() + WRITE_TURN_WAIT
         while True:
             await self._turn(path, request.exclusive, deadline)

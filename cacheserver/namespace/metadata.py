@@ -145,6 +145,21 @@ def is_upload_path(rel: str) -> bool:
     return _rel_under(rel, UPLOAD_DIR)
 
 
+def check_writable(path: str, rel: str, *, mount_path: str, read_only: bool, action: str) -> None:
+    """Refuse a client's change (`action`, e.g. "write") of `path`, `rel` in the mount at
+    `mount_path`, where clients may not change anything: the mount point itself, a read-only
+    mount, the store's upload folder (where ASYNC_THROUGH files wait to be moved into place:
+    a file put there could stand in for another writer's acknowledged bytes)."""
+    if rel == "":
+        raise InvalidArgument(f"{path} is a mount point; cannot {action} it (unmount it instead)")
+    if read_only:
+        raise PermissionDenied(f"mount {mount_path} is read-only; cannot {action} {path}")
+    if is_upload_path(rel):
+        raise PermissionDenied(
+            f"cannot {action} {path}: {UPLOAD_DIR} is Strata's own upload folder in the store, closed to clients"
+        )
+
+
 class _MountCache:
     """What one mount's store said, by (kind, relative path); kinds: info, list, walk."""
 
@@ -531,12 +546,14 @@ class Namespace:
 
     # -- changes ------------------------------------------------------------------------------------
 
+    def writable(self, path: str, action: str = "write") -> tuple[Mount, str]:
+        """The mount of `path` and the path in it, if a client may `action` it (`check_writable`)."""
+        self._sync_mounts()
+        return self._writable(normalize(path), action)
+
     def _writable(self, path: str, action: str) -> tuple[Mount, str]:
         mount, rel = self._mounts.resolve(path)
-        if rel == "":
-            raise InvalidArgument(f"{path} is a mount point; cannot {action} it (unmount it instead)")
-        if mount.options.read_only:
-            raise PermissionDenied(f"mount {mount.path} is read-only; cannot {action} {path}")
+        check_writable(path, rel, mount_path=mount.path, read_only=mount.options.read_only, action=action)
         return mount, rel
 
     def commit_file(

@@ -77,9 +77,9 @@ class MountOptions:
         if self.write_type and self.write_type not in WriteType.__members__:
             raise InvalidArgument(f"write type must be one of {', '.join(WriteType)}, got {self.write_type!r}")
 
-    def store_options(self) -> dict[str, str]:
-        """Options for the mount's Store: the plain ones and the credentials."""
-        return {**self.options, **self.credentials}
+    def open_store(self, source: str, **kwargs: Any) -> Store:
+        """The Store of `source` with these options and credentials (`kwargs`: Store's own)."""
+        return Store(source, self.options, credentials=self.credentials, **kwargs)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -207,7 +207,7 @@ class MountTable:
         if path == "/":
             raise InvalidArgument("cannot mount at /; mount below it, e.g. /data")
         # Refuses unknown schemes and bad options before anything changes.
-        store = Store(source, options.store_options(), retry=self._retry, allowed_roots=self._allowed_roots)
+        store = options.open_store(source, retry=self._retry, allowed_roots=self._allowed_roots)
         with self._lock:
             existing = self._mounts.get(path)
             if existing is not None and not replace:
@@ -293,8 +293,7 @@ class MountTable:
                 raise NotFound(f"mount {mount.path} (id {mount.mount_id}) was unmounted or replaced")
             store = self._stores.get(mount.mount_id)
             if store is None:
-                store = Store(mount.source, mount.options.store_options(), retry=self._retry,
-                              allowed_roots=self._allowed_roots)
+                store = mount.options.open_store(mount.source, retry=self._retry, allowed_roots=self._allowed_roots)
                 self._stores[mount.mount_id] = store
             return store
 

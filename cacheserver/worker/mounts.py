@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from strata.contract.errors import NotFound, PermissionDenied
 from strata.contract.proto import strata_pb2 as pb
+from ..namespace.metadata import check_writable
 from ..namespace.paths import is_under, relative
 from ..ufs import Store
 
@@ -30,9 +31,15 @@ class MountView:
     def is_pinned(self, ns_path: str) -> bool:
         return any(is_under(ns_path, prefix) for prefix in self.info.pinned_prefixes)
 
-    def check_writable(self) -> None:
-        if self.info.options.read_only:
-            raise PermissionDenied(f"mount {self.path} is read-only; writes are refused")
+    def check_writable(self, ns_path: str | None = None) -> None:
+        """Refuse writes into a read-only mount and, given the path, onto the mount point or
+        into the store's upload folder."""
+        if ns_path is None:
+            if self.info.options.read_only:
+                raise PermissionDenied(f"mount {self.path} is read-only; writes are refused")
+            return
+        check_writable(ns_path, self.rel(ns_path), mount_path=self.path, read_only=self.info.options.read_only,
+                       action="write")
 
 
 class WorkerMounts:
@@ -53,7 +60,7 @@ class WorkerMounts:
             old = self._by_id.get(info.mount_id)
             same_store = old is not None and old.info.source == info.source and old.info.options == info.options
             store = old.store if same_store and old is not None else Store(
-                info.source, {**info.options.options, **info.options.credentials}, allowed_roots=self._allowed_roots
+                info.source, info.options.options, credentials=info.options.credentials, allowed_roots=self._allowed_roots
             )
             views[info.mount_id] = MountView(info, store)
         kept = {id(v.store) for v in views.values()}

@@ -71,22 +71,24 @@ class Writes:
 
     async def write_file(self, chunks: AsyncIterator[pb.WriteFileChunk]) -> pb.FileInfo:
         """Write the file a stream of chunks carries (the first names path, write type and
-        overwrite)."""
+        overwrite). A write this worker refuses is refused from the first message, before
+        the rest of the stream is taken onto its disk."""
+        checked = _checked(chunks, "WriteFile")
+        first = await anext(checked, None)
+        if first is None:
+            raise InvalidArgument("WriteFile: empty stream; the first message must name the path")
+        path = normalize(first.path)
+        (await self._mounts.resolve(path)).check_writable(path)
         staged = self._uploads.new_staged()
-        first: pb.WriteFileChunk | None = None
-        length = 0
+        length = len(first.data)
         try:
             with staged.open("wb") as out:
-                async for chunk in _checked(chunks, "WriteFile"):
-                    if first is None:
-                        first = chunk
+                out.write(first.data)
+                async for chunk in checked:
                     out.write(chunk.data)
                     length += len(chunk.data)
-            if first is None:
-                raise InvalidArgument("WriteFile: empty stream; the first message must name the path")
-            path = normalize(first.path)
-            mount = await self._mounts.resolve(path)
-            mount.check_writable()
+            mount = await self._mounts.resolve(path)  # the mount as it is now, after the stream
+            mount.check_writable(path)
             write_type = effective_write_type(first.write_type, mount, self.config)
             write_id = await self._link.prepare_write(path, overwrite=first.overwrite)
             return await self._write(staged, mount, path, length, write_type, write_id)

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import pytest
 from storeproxy import StoreProxy
 
@@ -279,6 +280,44 @@ def test_a_hung_file_store_holds_up_no_other_mount(start_cluster: Any, bucket: s
         for name in names:  # a writer lets each stuck open through
             with contextlib.suppress(OSError):
                 os.close(os.open(root / name, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_write_to_a_hung_file_store_fails_in_bounded_time_and_lands_nowhere_later(
+        start_cluster: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A THROUGH write (here a copy within the store) on a file:// mount whose file server
+    # stops answering: the open of its source waits for ever (a FIFO nobody writes, as
+    # above). The writer gets DeadlineExceeded naming the store once the write made no
+    # progress for STRATA_STORE_STALL_TIMEOUT, not when its own call times out; the worker
+    # goes on writing; and the write, once the store answers again, does not land after all.
+    monkeypatch.setenv("STRATA_STORE_STALL_TIMEOUT", "3")  # the servers' environment
+    root = tmp_path / "nfs"
+    root.mkdir()
+    (root / "hung.bin").write_bytes(b"x" * 1000)
+    cluster: Cluster = start_cluster(workers=1, **allow(tmp_path))
+    cluster.mount_bucket("/s", bucket)
+    cluster.fs().client.mount("/f", f"file://{root}", pb.MountOptions(metadata_sync_interval=-1))
+    fs = cluster.data_fs(host="elsewhere")
+    fs.info("/f/hung.bin")  # the metadata is known: the copy goes to the worker, which opens the file
+    (root / "hung.bin").unlink()
+    os.mkfifo(root / "hung.bin")
+    worker = fs.client.worker_stub(fs.client.writer_worker())
+    request = pb.CopyFileRequest(src="/f/hung.bin", dst="/f/copy.bin", write_type=pb.THROUGH)
+    try:
+        error, after = failure_time(lambda: worker.CopyFile(request, timeout=90))
+        assert isinstance(error, grpc.RpcError), repr(error)
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+        assert f"file://{root}" in (error.details() or "") and "STRATA_STORE_STALL_TIMEOUT" in (error.details() or ""), \
+            error.details()
+        print(f"\na copy from a hung file:// store failed after {after:.1f}s")
+        fs.pipe_file("/s/after.bin", b"to S3")
+        fs.pipe_file("/f/after.bin", b"to the same store")
+        assert cluster.s3.get_object(bucket, "after.bin") == b"to S3"
+        assert (root / "after.bin").read_bytes() == b"to the same store"
+    finally:
+        os.close(os.open(root / "hung.bin", os.O_WRONLY | os.O_NONBLOCK))  # the store answers again
+    uploads = root / ".strata-uploads"
+    wait_until(lambda: not list(uploads.iterdir()), 30, "the given-up copy to clean up after itself")
+    assert not (root / "copy.bin").exists(), "a write its writer was told failed landed in the store"
 
 
 def test_a_refused_store_gives_a_cold_reader_a_clear_error_at_once(start_cluster: Any, bucket: str,

@@ -19,8 +19,9 @@ import pytest
 
 from strata.cacheserver import launcher
 from strata.cacheserver.auth import CREDENTIAL_ENV
-from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.blockwire import request_line, write_chunk
 from strata.contract import errors, rpc
+from strata.contract.constants import UPLOAD_DIR
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
@@ -183,6 +184,71 @@ def test_each_credential_opens_only_its_own_doors(cluster: Cluster, bucket: str)
     # The admin credential manages the cache and reads files too.
     assert admin.Report(pb.ReportRequest(), timeout=10).workers
     assert cluster.fs().cat_file("/d/f.txt") == b"hello"
+
+
+def test_a_write_that_will_be_refused_is_refused_before_its_bytes_are_taken(cluster: Cluster, bucket: str) -> None:
+    # A data credential may write files, but not into a read-only mount, onto a mount point,
+    # outside every mount or into the store's hidden upload folder: the worker says so from
+    # the first message, without staging the rest of the stream on its disk first.
+    cluster.s3.put_object(bucket, "f.txt", b"hello")
+    cluster.mount_bucket("/d", bucket)
+    cluster.mount_bucket("/ro", bucket, read_only=True)
+    worker = pb_grpc.WorkerStub(rpc.sync_channel(f"127.0.0.1:{cluster.workers[0].port}", DATA_TOKEN))
+    refused = {
+        "/ro/new.bin": (grpc.StatusCode.PERMISSION_DENIED, "read-only"),
+        "/d": (grpc.StatusCode.INVALID_ARGUMENT, "is a mount point"),
+        "/nowhere/new.bin": (grpc.StatusCode.NOT_FOUND, "no mount covers /nowhere/new.bin"),
+        f"/d/{UPLOAD_DIR}/planted": (grpc.StatusCode.PERMISSION_DENIED, f"{UPLOAD_DIR} is Strata's own upload folder"),
+    }
+    for path, (code, message) in refused.items():
+        rest = threading.Event()
+
+        def stream(path: str = path, rest: threading.Event = rest) -> Iterator[pb.WriteFileChunk]:
+            yield write_chunk(b"x" * MiB, path=path, write_type=pb.THROUGH)
+            rest.wait(60)  # the rest of the file comes only once the worker answered
+            for _ in range(4):
+                yield write_chunk(b"x" * MiB)
+
+        call = worker.WriteFile.future(stream(), timeout=120)
+        try:
+            error = call.exception(timeout=60)
+        except grpc.FutureTimeoutError:
+            raise AssertionError(f"the worker took no decision on {path} from its first message") from None
+        finally:
+            rest.set()
+        assert isinstance(error, grpc.RpcError), path
+        assert (error.code(), message in (error.details() or "")) == (code, True), (path, error.details())
+
+    # The upload folder is closed to every other change by clients too.
+    fs = cluster.data_fs(host="elsewhere")
+    for call in (lambda: fs.client.mv("/d/f.txt", f"/d/{UPLOAD_DIR}/planted"),
+                 lambda: fs.client.copy_file("/d/f.txt", f"/d/{UPLOAD_DIR}/planted"),
+                 lambda: fs.client.write_file(f"/d/{UPLOAD_DIR}/planted", [b"x"], append=True)):
+        with pytest.raises(errors.PermissionDenied, match=f"{UPLOAD_DIR} is Strata's own upload folder"):
+            call()
+    listed = cluster.s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])
+    assert [o["Key"] for o in listed if UPLOAD_DIR in o["Key"]] == []
+    assert fs.cat_file("/d/f.txt") == b"hello"
+
+
+def test_no_error_shows_a_value_of_the_mounts_credentials(cluster: Cluster, bucket: str) -> None:
+    # Store options may come from the Mount's credentials Secret; a value there that is not
+    # what the option takes is refused naming the key, never showing the value.
+    client = cluster.fs().client
+    options = cluster.s3.storage_options()
+    keys = {"key": options.pop("key"), "secret": options.pop("secret")}
+    secrets = {"use_ssl": "not-a-bool-but-a-secret-1", "max_concurrency": "not-a-number-but-a-secret-2"}
+    for key, value in secrets.items():
+        with pytest.raises(errors.InvalidArgument) as refused:
+            client.mount("/c", f"s3://{bucket}", pb.MountOptions(options=options, credentials={**keys, key: value}))
+        message = str(refused.value)
+        assert key in message and "credentials" in message, message
+        assert value not in message, message
+    # An endpoint given among the credentials is not shown when the store cannot be reached.
+    hidden = f"http://127.0.0.1:{free_port_range(1)}/secret-path-3"
+    with pytest.raises(errors.Unavailable) as unreachable:
+        client.mount("/c", f"s3://{bucket}", pb.MountOptions(credentials={**keys, "endpoint_url": hidden, "region": "us-east-1"}))
+    assert "secret-path-3" not in str(unreachable.value), unreachable.value
 
 
 @pytest.fixture

@@ -600,6 +600,13 @@ async def test_a_store_that_never_answers_is_given_up_on_at_its_deadline(s3_serv
                     await store.read_range("obj", 0, 3)
                 assert time.monotonic() - started < 2.0 + 1.0
             assert await store.read_range("obj", 0, 3) == b"pay"  # it heals
+        # An endpoint given among the credentials is not shown.
+        plain = {k: v for k, v in options.items() if k != "endpoint_url"}
+        credentials = {"endpoint_url": proxy.endpoint_url}
+        async with Store(f"s3://{bucket}", plain, credentials=credentials, retry=FAST_RETRY, timeouts=timeouts) as store:
+            with proxy.hanging(), pytest.raises(DeadlineExceeded, match="did not answer read") as raised:
+                await store.read_range("obj", 0, 3)
+            assert proxy.endpoint_url not in str(raised.value), raised.value
     finally:
         proxy.stop()
 
@@ -776,3 +783,108 @@ def test_file_sources_need_an_allowed_root(tmp_path: Path) -> None:
             check_source_allowed(source, [str(allowed)])
     with pytest.raises(InvalidArgument, match="wraps another filesystem"):
         check_source_allowed("simplecache:///etc", [str(allowed)])
+
+
+async def test_a_link_swapped_in_during_a_change_or_a_listing_leads_nothing_outside(tmp_path: Path) -> None:
+    # As above, for every other file:// operation: deletes, moves, new folders, statuses,
+    # listings and walks through a folder that someone else keeps turning into a link out
+    # of the root. Nothing outside may be removed, moved, made or shown.
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "inside").mkdir(parents=True)
+    outside.mkdir()
+    for name in ("victim.txt", "moveme.txt"):
+        (outside / name).write_bytes(b"host file")
+    (outside / "only-outside.txt").write_bytes(b"a host file's name and size")
+    (root / "sub").symlink_to("inside", target_is_directory=True)
+    store = Store(f"file://{root}", allowed_roots=[str(tmp_path)])
+    stop = threading.Event()
+    flipper = threading.Thread(target=_flip, args=(root / "sub", ("inside", str(outside)), stop))
+    flipper.start()
+    shown: list[str] = []
+    tried = 0
+    refused = (PermissionDenied, NotFound, InvalidArgument)
+    try:
+        for i in range(1000):
+            for name in ("victim.txt", "moveme.txt"):
+                (root / "inside" / name).write_bytes(b"ours")
+            (root / f"mine-{i}.txt").write_bytes(b"ours")
+            calls = (
+                lambda: store.rm("sub/victim.txt"),
+                lambda: store.mv("sub/moveme.txt", f"moved-{i}.txt"),
+                lambda: store.mv(f"mine-{i}.txt", f"sub/landed-{i}.txt"),
+                lambda: store.mkdir(f"sub/made-{i}/deeper"),
+                lambda: store.info("sub/only-outside.txt"),
+                lambda: store.ls("sub"),
+                lambda: store.walk("sub"),
+            )
+            for call in calls:
+                with contextlib.suppress(*refused):
+                    answer = await call()
+                    tried += 1
+                    for status in answer if isinstance(answer, list) else [answer] if answer else []:
+                        shown.append(status.path)
+    finally:
+        stop.set()
+        flipper.join()
+    found = {
+        "a delete removed a file outside the root": not (outside / "victim.txt").exists(),
+        "a move took a file from outside the root": not (outside / "moveme.txt").exists(),
+        "a move put a file outside the root": bool(list(outside.glob("landed-*"))),
+        "a new folder was made outside the root": bool(list(outside.glob("made-*"))),
+        "a status or listing showed a file outside the root": any("only-outside" in p for p in shown),
+    }
+    assert not [what for what, happened in found.items() if happened]
+    assert tried, "no call went through: the test tried nothing"
+
+
+async def test_a_move_onto_another_file_system_within_a_file_root_copies_the_tree(tmp_path: Path) -> None:
+    with tiny_disk("4m") as disk:
+        root = Path(os.path.commonpath([tmp_path, disk]))
+        store = Store(f"file://{root}")
+        tree = tmp_path / "tree"
+        (tree / "y" / "empty").mkdir(parents=True)
+        (tree / "x").write_bytes(b"x bytes")
+        (tree / "y" / "z").write_bytes(b"z bytes")
+        src, dst = str(tree.relative_to(root)), str((disk / "moved").relative_to(root))
+        await store.mv(src, dst)
+        assert not tree.exists()
+        assert (disk / "moved" / "x").read_bytes() == b"x bytes"
+        assert (disk / "moved" / "y" / "z").read_bytes() == b"z bytes"
+        assert (disk / "moved" / "y" / "empty").is_dir()
+
+
+async def test_a_file_upload_is_bounded_by_its_progress_not_its_size(tmp_path: Path) -> None:
+    # What a file:// upload copies from here is a FIFO: fed a MiB at a time, the upload
+    # takes longer than the stall timeout and goes through; never fed, it fails at the
+    # stall timeout, naming the store, and leaves nothing in the store.
+    root = tmp_path / "root"
+    root.mkdir()
+    store = Store(f"file://{root}", timeouts=StoreTimeouts(stall_timeout=2))
+    source = tmp_path / "source"
+    os.mkfifo(source)
+
+    def feed(chunks: int) -> None:
+        with open(source, "wb") as fifo:
+            for _ in range(chunks):
+                fifo.write(b"x" * 2**20)
+                fifo.flush()
+                time.sleep(0.15)
+
+    feeder = threading.Thread(target=feed, args=(20,))
+    feeder.start()
+    try:
+        written = await store.write_file("slow.bin", source)
+    finally:
+        feeder.join()
+    assert written.length == 20 * 2**20 == (root / "slow.bin").stat().st_size
+
+    with pytest.raises(DeadlineExceeded, match=r"did not answer upload of .*/hung\.bin: no progress for 2s"):
+        await store.write_file("hung.bin", source)
+    os.close(os.open(source, os.O_WRONLY | os.O_NONBLOCK))  # the given-up upload may end now
+    for _ in range(100):
+        if not list((root / ".strata-uploads").iterdir()):
+            break
+        time.sleep(0.05)
+    assert sorted(p.name for p in root.iterdir()) == [".strata-uploads", "slow.bin"]
+    assert list((root / ".strata-uploads").iterdir()) == []
+    await store.close()
