@@ -385,3 +385,54 @@ def test_an_append_cut_by_a_worker_restart_holds_back_no_later_write(start_clust
     with cluster.fs(write_type="THROUGH").open("/w/log.txt", "ab") as f:
         f.write(b"second\n")
     assert cluster.fs().cat_file("/w/log.txt") == b"first\nsecond\n"
+
+
+def writer_thread(write: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """`write()` in a started thread; what it raised lands in the list."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, failed
+
+
+@pytest.mark.parametrize("write_type", ["THROUGH", "CACHE_THROUGH"])
+@pytest.mark.parametrize("other_writer", [True, False])
+def test_a_failed_write_never_removes_another_writers_acknowledged_object(start_cluster: Any, bucket: str,
+                                                                        proxy: StoreProxy, write_type: str,
+                                                                        other_writer: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ours lands in the store; before its worker hears so, theirs (a second writer of the
+    # path) lands and is acknowledged; then the master goes away, so ours cannot be committed
+    # and its worker undoes it. What it may undo is its own object (alone, it does), never theirs.
+    monkeypatch.setenv("STRATA_STORE_READ_TIMEOUT", "60")  # the held answer is not given up on
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    ours, theirs = payload(200_000), payload(300_000)
+    with proxy.holding_answer(b"PUT "):
+        writer, failed = writer_thread(lambda: cluster.fs(write_type=write_type).pipe_file("/w/f.bin", ours))
+        wait_until(lambda: proxy.answers_held, 30, "our upload to reach the store")
+        wait_until(lambda: store_keys(cluster, bucket) == ["f.bin"], 10, "our object in the store")
+        assert cluster.s3.get_object(bucket, "f.bin") == ours
+        if other_writer:
+            cluster.fs(write_type=write_type).pipe_file("/w/f.bin", theirs)  # acknowledged
+            assert cluster.s3.get_object(bucket, "f.bin") == theirs
+        cluster.master.stop()
+    writer.join(timeout=60)
+    assert not writer.is_alive() and failed, "our write cannot be committed without a master"
+    cluster.master.start()
+    cluster.master.wait_healthy()
+    cluster.wait_workers(1)
+    fs = cluster.fs()
+    if not other_writer:
+        assert store_keys(cluster, bucket) == [] and fs.ls("/w") == []
+        return
+    assert cluster.s3.get_object(bucket, "f.bin") == theirs
+    assert fs.cat_file("/w/f.bin") == theirs
+    assert read_by_blocks(fs.client, "/w/f.bin") == theirs
