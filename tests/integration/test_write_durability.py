@@ -436,3 +436,44 @@ def test_a_failed_write_never_removes_another_writers_acknowledged_object(start_
     assert cluster.s3.get_object(bucket, "f.bin") == theirs
     assert fs.cat_file("/w/f.bin") == theirs
     assert read_by_blocks(fs.client, "/w/f.bin") == theirs
+
+
+def test_an_older_upload_moved_into_place_after_a_master_restart_never_replaces_a_newer_write(
+        start_cluster: Any, bucket: str, proxy: StoreProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An ASYNC_THROUGH write waits for its upload; a THROUGH write of the same file is under
+    # way (its object in the store, not yet committed) when the master restarts, forgetting
+    # that write; the older upload is then moved into place over the newer object. The newer
+    # write must not be acknowledged with the older bytes in the store.
+    monkeypatch.setenv("STRATA_STORE_READ_TIMEOUT", "60")  # the held answer is not given up on
+    cluster = start_cluster(workers=2)
+    mount_via(cluster, proxy, "/w", bucket)
+    older, newer = payload(200_000), payload(300_000)
+    with proxy.refusing():
+        cluster.fs(host="node-0", write_type="ASYNC_THROUGH").pipe_file("/w/f.bin", older)  # through worker-0
+    uploader = cluster.workers[0].process
+    assert uploader is not None
+    os.killpg(uploader.pid, signal.SIGSTOP)  # its upload waits
+    try:
+        with proxy.holding_answer(b"PUT "):
+            writer, failed = writer_thread(
+                lambda: cluster.fs(host="node-1", write_type="THROUGH").pipe_file("/w/f.bin", newer))
+            wait_until(lambda: proxy.answers_held, 30, "the newer write's upload to reach the store")
+            wait_until(lambda: "f.bin" in store_keys(cluster, bucket), 10, "the newer object in the store")
+            assert cluster.s3.get_object(bucket, "f.bin") == newer
+            cluster.master.stop()
+            cluster.master.start()
+            cluster.master.wait_healthy()
+            os.killpg(uploader.pid, signal.SIGCONT)
+            wait_until(lambda: cluster.s3.get_object(bucket, "f.bin") == older, 60, "the older upload to land")
+            wait_until(lambda: cluster.fs().info("/w/f.bin")["persisted"], 30, "the older upload to be recorded")
+            cluster.wait_workers(2)  # the newer write's worker talks to the new master
+    finally:
+        os.killpg(uploader.pid, signal.SIGCONT)
+    writer.join(timeout=60)
+    assert not writer.is_alive()
+    fs = cluster.fs()
+    assert failed, "the newer write was acknowledged, but the store holds the older bytes"
+    assert "while this write was under way" in str(failed[0]), failed[0]
+    assert cluster.s3.get_object(bucket, "f.bin") == older
+    assert fs.cat_file("/w/f.bin") == older
+    assert read_by_blocks(fs.client, "/w/f.bin") == older
