@@ -138,6 +138,7 @@ def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str])
         mount_id=mount.mount_id,
         created_unix_ms=mount.created_unix_ms,
         pinned_prefixes=pinned,
+        unusable=mount.unusable,
         options=pb.MountOptions(
             options=o.options,
             credentials=o.credentials if with_credentials else {},
@@ -321,7 +322,8 @@ class MasterService(pb_grpc.MasterServicer):
         check_source_allowed(request.source, self.config.local_sources.allowed_roots)
         options = options_from_proto(request.options, request.HasField("options"))
         existing = self.mounts.get(path)
-        if existing is not None and existing.source == request.source and existing.options == options:
+        if (existing is not None and not existing.unusable and existing.source == request.source
+                and existing.options == options):
             # Same mount again (the operator re-ensures mounts): keep its id and its cache.
             return pb.MountResponse(mount=mount_to_proto(existing, with_credentials=False, pinned=self._pinned_prefixes(existing)))
         if request.check:
@@ -722,7 +724,7 @@ class MasterService(pb_grpc.MasterServicer):
         settle = 2 * self.config.heartbeat_interval
         for mount in self.mounts.list():
             totals = self.ufs_totals.get(mount.mount_id)
-            if totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE:
+            if not mount.unusable and (totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE):
                 self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
             by_host: dict[str, int] = {}
             for worker_id, n in self.blocks.cached_bytes_by_worker(mount.mount_id).items():

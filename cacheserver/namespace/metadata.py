@@ -446,6 +446,7 @@ class Namespace:
                 return self._dir_entry(path, None)
             self._mounts.resolve(path)  # raises NotFound naming the mounts
             raise AssertionError("unreachable")
+        mount.check_usable()
         rel = relative(path, mount.path)
         if rel == "":
             return self._mount_root(mount)
@@ -467,6 +468,7 @@ class Namespace:
         mount = self._mounts.find(path)
         if mount is None:
             return await self._list_above_mounts(path, recursive)
+        mount.check_usable()
         rel = relative(path, mount.path)
         if rel:
             known, status = self._known_status(mount, rel)

@@ -477,3 +477,44 @@ def test_an_older_upload_moved_into_place_after_a_master_restart_never_replaces_
     assert cluster.s3.get_object(bucket, "f.bin") == older
     assert fs.cat_file("/w/f.bin") == older
     assert read_by_blocks(fs.client, "/w/f.bin") == older
+
+
+def test_a_mount_whose_credentials_cannot_be_opened_keeps_its_unpersisted_writes(start_cluster: Any, bucket: str,
+                                                                                proxy: StoreProxy) -> None:
+    # The cluster's internal token changes (a recreated auth Secret): the master cannot open
+    # the credentials it sealed with the old one. A configuration error must not lose the
+    # mount's acknowledged writes that are not in the store yet.
+    cluster = start_cluster(workers=1)
+    s3_options = cluster.s3.storage_options()
+    credentials = {"key": s3_options.pop("key"), "secret": s3_options.pop("secret")}
+    options = pb.MountOptions(options={**s3_options, "endpoint_url": proxy.endpoint_url}, credentials=credentials)
+    cluster.fs().client.mount("/w", f"s3://{bucket}", options)
+    must, pending = payload(BLOCK_SIZE + 11), payload(300_000)
+    with proxy.refusing():
+        cluster.fs(write_type="MUST_CACHE").pipe_file("/w/must.bin", must)
+        cluster.fs(write_type="ASYNC_THROUGH").pipe_file("/w/pending.bin", pending)
+        for server in [*cluster.workers, cluster.master]:
+            server.stop()
+        for server in [cluster.master, *cluster.workers]:
+            server.env = {**server.env, "STRATA_INTERNAL_TOKEN": "another-internal-token"}
+            server.start()
+            server.wait_healthy()
+    cluster.wait_workers(1)
+    asked = proxy.connections
+    fs = cluster.fs()
+    for call in (lambda: fs.info("/w/must.bin"), lambda: fs.cat_file("/w/pending.bin"), lambda: fs.ls("/w")):
+        with pytest.raises(StrataError, match=r"mount /w .*cannot be opened with this cluster key"):
+            call()
+    listed = cli(cluster, "mount", "ls")
+    assert listed.returncode == 0 and "cannot be opened" in listed.stdout.decode(), listed
+    [mounted] = [m for m in fs.client.report().mounts if m.mount.path == "/w"]
+    assert "cannot be opened" in mounted.mount.unusable
+    time.sleep(3)  # several tries of the upload: it waits, keeps its copy, uses no other credentials
+    assert len(staged(cluster)) == 1 and store_keys(cluster, bucket) == []
+    assert proxy.connections == asked, "the store was asked with credentials the mount does not hold"
+    # Its owner mounts it again with its credentials: the same data, so the same mount id.
+    fs.client.mount("/w", f"s3://{bucket}", options, replace=True)
+    assert fs.cat_file("/w/must.bin") == must
+    wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload once the mount is usable")
+    assert cluster.s3.get_object(bucket, "pending.bin") == pending
+    assert fs.cat_file("/w/pending.bin") == pending
