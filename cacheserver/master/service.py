@@ -46,6 +46,12 @@ PERSIST_MOVE_TIMEOUT = 120.0
 # writes of it) when its worker never says how it ended (stopped that long; a worker that
 # restarts ends the writes of its previous run when it registers).
 WRITE_LEASE = 600.0
+# Seconds an upload's temporary file in a file:// store's upload folder must be unchanged (and
+# held by no process) before the master removes it as left by a dead upload: an upload under
+# way changes it all the time, and one hour leaves room for a stalled network file system.
+DEAD_UPLOAD_AGE = 3600.0
+# Seconds between two looks for them (the first when the master starts).
+UPLOAD_SWEEP_INTERVAL = 600.0
 # Seconds a write waits at PrepareWrite for the writes of its file it must not overlap (an
 # append: all; any other write: an append) before it is refused; below the worker's deadline
 # for that call (masterlink.MASTER_WRITE_TIMEOUT, 30 s).
@@ -547,6 +553,24 @@ class MasterService(pb_grpc.MasterServicer):
         if request.version and self.namespace.drop_unpersisted(path, request.version) is not None:
             log.info("dropped the unacknowledged write of %s (version %s)", path, request.version)
         return pb.AbortWriteResponse()
+
+    async def remove_dead_uploads(self) -> int:
+        """Remove the temporary files uploads to file:// stores left when their process died
+        (killed mid-write: they stayed in the upload folder for ever); how many."""
+        removed = 0
+        for mount in self.mounts.list():
+            if mount.unusable:
+                continue
+            try:
+                removed += await self.mounts.store(mount).remove_dead_uploads(DEAD_UPLOAD_AGE)
+            except (StrataError, OSError) as exc:
+                log.warning("cannot clean the upload folder of %s (%s): %s", mount.path, mount.source, exc)
+        return removed
+
+    async def sweep_dead_uploads(self) -> None:
+        while True:
+            await self.remove_dead_uploads()
+            await asyncio.sleep(UPLOAD_SWEEP_INTERVAL)
 
     # -- cache management ------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from storeproxy import StoreProxy
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, read_by_blocks, wait_until
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, allow, metric, read_by_blocks, wait_until
 
 # Seconds the store stays down while an ASYNC_THROUGH write waits (STRATA_OUTAGE_SECONDS makes
 # it longer, to measure what an upload survives).
@@ -518,3 +518,26 @@ def test_a_mount_whose_credentials_cannot_be_opened_keeps_its_unpersisted_writes
     wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload once the mount is usable")
     assert cluster.s3.get_object(bucket, "pending.bin") == pending
     assert fs.cat_file("/w/pending.bin") == pending
+
+
+def test_what_an_upload_killed_mid_write_left_in_a_file_store_is_cleaned_at_the_next_master_start(
+        start_cluster: Any, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    cluster = start_cluster(workers=1, **allow(tmp_path))
+    cluster.fs().client.mount("/w", f"file://{store}")
+    uploads = store / ".strata-uploads"
+    writer, failed = writer_thread(lambda: cluster.fs(write_type="THROUGH").pipe_file("/w/big.bin", payload(512 << 20)))
+    wait_until(lambda: list(uploads.glob(".*.tmp")) if uploads.is_dir() else [], 60,
+               "the upload's temporary file", interval=0.001)
+    cluster.workers[0].stop(signal.SIGKILL)
+    writer.join(timeout=60)
+    assert failed and not writer.is_alive()
+    [left] = uploads.glob(".*.tmp")
+    hour_ago = time.time() - 3601
+    os.utime(left, (hour_ago, hour_ago))  # as if the master started an hour later
+    cluster.master.stop()
+    cluster.master.start()
+    cluster.master.wait_healthy()
+    wait_until(lambda: not left.exists(), 10, "the dead upload's file to be removed")
+    assert sorted(p.name for p in store.rglob("*")) == [".strata-uploads"]
