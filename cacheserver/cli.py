@@ -203,11 +203,21 @@ def cmd_mount_rm(args: argparse.Namespace) -> int:
 def cmd_mount_ls(args: argparse.Namespace) -> int:
     mounts = _ask_master(args, lambda m: m.list_mounts(what=_about(m, "listing mounts")))
     if args.json:
-        print(json.dumps([{"path": m.path, "source": m.source, "readOnly": m.options.read_only} for m in mounts], indent=2))
+        print(json.dumps([{"path": m.path, "source": m.source, "readOnly": m.options.read_only,
+                           **({"unusable": m.unusable} if m.unusable else {})} for m in mounts], indent=2))
         return 0
-    rows = [("PATH", "SOURCE", "MODE")] + [(m.path, m.source, "ro" if m.options.read_only else "rw") for m in mounts]
+    rows = [("PATH", "SOURCE", "MODE")] + [
+        (m.path, m.source, "UNUSABLE" if m.unusable else "ro" if m.options.read_only else "rw") for m in mounts]
     _table(rows)
+    _unusable(mounts)
     return 0
+
+
+def _unusable(mounts: Sequence[pb.MountInfo]) -> None:
+    """Why each unusable mount cannot be used, after a table that lists it."""
+    for m in mounts:
+        if m.unusable:
+            print(f"\n{m.path}: {m.unusable}")
 
 
 # -- files ---------------------------------------------------------------------------------
@@ -355,6 +365,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             store = f"{format_size(m.ufs_total_bytes)} in {m.ufs_files} files" if m.ufs_files else "-"
             mrows.append((m.mount.path, m.mount.source, format_size(m.cached_bytes), store, _pending(m.pending_uploads)))
         _table(mrows)
+        _unusable([m.mount for m in report.mounts])
     return 0
 
 

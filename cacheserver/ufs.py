@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import functools
 import importlib.util
 import inspect
@@ -456,6 +457,39 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# Names of the temporary files a file:// store's uploads are written to before their rename.
+_UPLOAD_TEMP_PREFIX, _UPLOAD_TEMP_SUFFIX = ".", ".tmp"
+
+
+def _remove_if_dead(folder_fd: int, name: str, older_than: float) -> bool:
+    """Remove the upload temporary file `name` (in the folder `folder_fd`) if its writer is
+    gone: no process holds its lock (the writer's, released when it exits or is killed) and
+    it has not changed for `older_than` seconds (where locks do not reach, e.g. NFS mounted
+    with local locks, an upload under way keeps changing it). A file removed under a writer
+    after all only fails that write: its rename finds nothing."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+    except FileNotFoundError:
+        return False  # renamed into place meanwhile
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # being written
+        st = os.fstat(fd)
+        if time.time() - st.st_mtime < older_than:
+            return False
+        try:
+            if os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_ino != st.st_ino:
+                return False  # another file by that name now
+        except FileNotFoundError:
+            return False
+        os.unlink(name, dir_fd=folder_fd)
+        return True
     finally:
         os.close(fd)
 
@@ -1180,11 +1214,12 @@ class Store:
                 os.close(aside_fd)
                 aside_fd = os.dup(folder_fd)
             try:
-                tmp = f".{uuid.uuid4().hex}.tmp"
+                tmp = f"{_UPLOAD_TEMP_PREFIX}{uuid.uuid4().hex}{_UPLOAD_TEMP_SUFFIX}"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
                              dir_fd=aside_fd)
                 try:
                     with open(fd, "wb") as out:
+                        fcntl.flock(out.fileno(), fcntl.LOCK_EX)  # in progress, until closed (or the process ends)
                         fill(out, progress)
                         out.flush()
                         os.fsync(out.fileno())
@@ -1233,6 +1268,33 @@ class Store:
         finally:
             os.close(src_fd)
         return st
+
+    async def remove_dead_uploads(self, older_than: float) -> int:
+        """Remove the temporary files uploads to a file:// store left in its upload folder
+        when their process died (killed, or its machine went down): those no process holds
+        and unchanged for `older_than` seconds (see `_remove_if_dead`), never one under way.
+        Returns how many; 0 for other stores (their uploads leave nothing listed)."""
+        if not self._local:
+            return 0
+        path = self._path(UPLOAD_DIR)
+
+        def sweep() -> int:
+            try:
+                folder_fd = self._open_inside(UPLOAD_DIR, _OPEN_FOLDER)
+            except FileNotFoundError:
+                return 0
+            try:
+                removed = 0
+                for name in os.listdir(folder_fd):
+                    if (name.startswith(_UPLOAD_TEMP_PREFIX) and name.endswith(_UPLOAD_TEMP_SUFFIX)
+                            and _remove_if_dead(folder_fd, name, older_than)):
+                        log.info("store %s: removed %s/%s, left by an upload whose process ended", self.source, path, name)
+                        removed += 1
+                return removed
+            finally:
+                os.close(folder_fd)
+
+        return await self._call("clean-up", UPLOAD_DIR, lambda: self._blocking(sweep))
 
     async def rm(self, rel: str, recursive: bool = False) -> None:
         path = self._path(rel)

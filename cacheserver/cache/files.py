@@ -65,25 +65,31 @@ def _temp_for(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
 
 
-def write_atomically(path: Path, data: bytes | memoryview) -> None:
+def write_atomically(path: Path, data: bytes | memoryview, *, durable: bool = False) -> None:
     """Write `data` to a temporary file next to `path`, then rename it over `path`.
 
-    No fsync: a cache may lose recent blocks in a power cut, and the checksums catch a
-    block whose bytes did not reach the disk."""
+    No fsync unless `durable`: a cache may lose recent blocks of store data in a power cut
+    (the checksums catch a block whose bytes did not reach the disk; the store has them).
+    A durable file is fsynced before the rename; its folder is the caller's to fsync, once
+    for all the files it put there."""
     tmp = _temp_for(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         with open(fd, "wb") as f:
             f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def copy_atomically(src: Path, dst: Path) -> None:
+def copy_atomically(src: Path, dst: Path, *, durable: bool = False) -> None:
     """Make `dst` a copy of `src`: a hard link on the same file system, else a kernel-side
-    copy (sendfile) into a temporary file that is then renamed. `src` stays in place."""
+    copy (sendfile) into a temporary file that is then renamed. `src` stays in place. With
+    `durable`, as in `write_atomically`."""
     tmp = _temp_for(dst)
     try:
         try:
@@ -93,10 +99,20 @@ def copy_atomically(src: Path, dst: Path) -> None:
                 raise
             shutil.copyfile(src, tmp)
         os.chmod(tmp, FILE_MODE)  # a copy gets the default mode; a link, its source's
+        if durable:
+            fsync_file(tmp)
         os.replace(tmp, dst)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_block_files(directory: Path, block_id: str) -> None:

@@ -19,6 +19,9 @@ from strata.contract.errors import InvalidArgument
 
 # Hex digits of a block id: 128 bits keep collisions out of reach for any cache size.
 BLOCK_ID_DIGEST_BYTES = 16
+# Versions of files written into the cache (MUST_CACHE, ASYNC_THROUGH) start with this. While
+# such a block is pinned, it is its file's only copy: not in the store yet.
+WRITTEN_VERSION_PREFIX = "w-"
 
 _FIELDS = ("mount_id", "path", "version", "index", "block_size", "length")
 
@@ -38,6 +41,11 @@ class BlockKey:
     index: int
     block_size: int
     length: int
+
+    @property
+    def written(self) -> bool:
+        """A block of a file written into the cache (not fetched from the store)."""
+        return self.version.startswith(WRITTEN_VERSION_PREFIX)
 
     def __post_init__(self) -> None:
         for name in ("mount_id", "index", "length"):

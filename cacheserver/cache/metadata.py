@@ -157,8 +157,8 @@ class BlockMetadata:
         meta.persisted_access = meta.last_access
         return meta
 
-    def write(self, path: Path) -> None:
-        write_atomically(path, self.to_json())
+    def write(self, path: Path, *, durable: bool = False) -> None:
+        write_atomically(path, self.to_json(), durable=durable)
         self.persisted_access = self.last_access
 
     @classmethod

@@ -13,6 +13,13 @@ tiers.Tier). A write that finds the disk full (ENOSPC) cuts the tier's capacity,
 tries again.
 A block that moves between tiers is copied first and its old file removed after, so a
 reader holding the old path either reads it whole or retries with the new one.
+
+Blocks of store data are written without fsync: a power cut may lose them, the checksums
+catch what did not reach the disk, and the store has the bytes. A pinned block of a file
+written into the cache (`BlockKey.written`: MUST_CACHE, ASYNC_THROUGH not yet uploaded) is
+its file's only copy: on a disk tier its file and sidecar are fsynced, and their folder, before
+`put` returns (and before a move deletes the old copy), and it is never promoted from a disk
+tier into memory.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ from typing import Literal, ParamSpec, TypeVar
 from strata.contract.constants import MEDIA
 from strata.contract.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from strata.contract.units import format_size
+from ..ufs import fsync_dir
 from .eviction import make_policy
-from .files import block_file, copy_atomically, meta_file, remove_block_files, write_atomically
+from .files import block_file, copy_atomically, fsync_file, meta_file, remove_block_files, write_atomically
 from .keys import BlockKey
 from .metadata import BlockCorrupt, BlockMetadata, compute_checksums
 from .tiers import Tier, TierConfig
@@ -48,6 +56,8 @@ T = TypeVar("T")
 # reads do not rewrite sidecars, yet a restart (or a crash) loses at most this much of
 # the TTL clock. close() writes the rest.
 ACCESS_PERSIST_INTERVAL = 60.0
+# The medium whose blocks a power cut takes (and a restart too, in a folder of its own).
+MEM = MEDIA[0]
 # Writes of one block that may find a disk full (each time after evicting more) before the
 # put fails.
 DISK_FULL_ATTEMPTS = 3
@@ -546,8 +556,11 @@ class BlockStore:
             self._write_sidecar(entry)
 
     def _write_sidecar(self, entry: _Entry) -> None:
+        durable = _sole_copy_on_disk(entry.meta, entry.tier)
         try:
-            entry.meta.write(meta_file(entry.directory, entry.block_id))
+            entry.meta.write(meta_file(entry.directory, entry.block_id), durable=durable)
+            if durable:
+                fsync_dir(entry.directory)
         except OSError as exc:
             log.warning("block %s: cannot update its sidecar: %s", entry.meta.key, exc)
 
@@ -599,8 +612,10 @@ class BlockStore:
     ) -> CachedBlock:
         existing = self._index.get(key.block_id)
         if existing is not None and existing.meta.checksums == checksums:
-            if pin:
+            if pin and not existing.meta.pinned:
                 self._pin(existing, True)
+                if _sole_copy_on_disk(existing.meta, existing.tier):  # written before as a cached copy
+                    await _finish_in_thread(_sync_block, existing.directory, key.block_id)
             self._touch(existing)
             return existing.snapshot()
         if existing is not None:
@@ -613,7 +628,7 @@ class BlockStore:
             now = self._clock()
             meta = BlockMetadata(key, len(data), tier.medium, checksums, now, now, pin)
             try:
-                await _finish_in_thread(_write_block, directory, meta, data)
+                await _finish_in_thread(_write_block, directory, meta, data, _sole_copy_on_disk(meta, tier))
                 break
             except BaseException as exc:
                 tier.release(len(data), directory)
@@ -699,6 +714,8 @@ class BlockStore:
 
     async def _promote(self, entry: _Entry) -> None:
         faster = self._tiers[: self._tiers.index(entry.tier)]
+        if _sole_copy_on_disk(entry.meta, entry.tier):  # it stays on a disk
+            faster = [tier for tier in faster if tier.medium != MEM]
         if not faster or self._index.get(entry.block_id) is not entry:
             return
         entry.moving = True
@@ -716,7 +733,7 @@ class BlockStore:
         block_id, nbytes = entry.block_id, entry.meta.length
         copied = replace(entry.meta, medium=dest.medium)
         try:
-            await _finish_in_thread(_copy_block, entry.directory, directory, copied)
+            await _finish_in_thread(_copy_block, entry.directory, directory, copied, _sole_copy_on_disk(copied, dest))
         except BaseException as exc:
             dest.release(nbytes, directory)
             remove_block_files(directory, block_id)
@@ -759,15 +776,31 @@ class BlockStore:
 # -- file work done in threads ------------------------------------------------------------------
 
 
-def _write_block(directory: Path, meta: BlockMetadata, data: bytes) -> None:
-    write_atomically(block_file(directory, meta.key.block_id), data)
-    meta.write(meta_file(directory, meta.key.block_id))
+def _sole_copy_on_disk(meta: BlockMetadata, tier: Tier) -> bool:
+    """Must this block's files be on the disk when they are written (see the module doc)?"""
+    return meta.pinned and meta.key.written and tier.medium != MEM
 
 
-def _copy_block(src_dir: Path, dst_dir: Path, meta: BlockMetadata) -> None:
+def _write_block(directory: Path, meta: BlockMetadata, data: bytes, durable: bool) -> None:
+    write_atomically(block_file(directory, meta.key.block_id), data, durable=durable)
+    meta.write(meta_file(directory, meta.key.block_id), durable=durable)
+    if durable:
+        fsync_dir(directory)
+
+
+def _copy_block(src_dir: Path, dst_dir: Path, meta: BlockMetadata, durable: bool) -> None:
     block_id = meta.key.block_id
-    copy_atomically(block_file(src_dir, block_id), block_file(dst_dir, block_id))
-    meta.write(meta_file(dst_dir, block_id))
+    copy_atomically(block_file(src_dir, block_id), block_file(dst_dir, block_id), durable=durable)
+    meta.write(meta_file(dst_dir, block_id), durable=durable)
+    if durable:
+        fsync_dir(dst_dir)
+
+
+def _sync_block(directory: Path, block_id: str) -> None:
+    """Put a block's files, written without fsync, on the disk."""
+    fsync_file(block_file(directory, block_id))
+    fsync_file(meta_file(directory, block_id))
+    fsync_dir(directory)
 
 
 def _remove_all(blocks: list[tuple[Path, str]]) -> None:

@@ -90,9 +90,11 @@ class MasterHandle:
     port: int
     http_port: int
     expiry: asyncio.Task[None]
+    sweep: asyncio.Task[None]
 
     async def stop(self, grace: float = 2.0) -> None:
         self.expiry.cancel()
+        self.sweep.cancel()
         await self.service.close()
         await self.http.stop()
         await self.server.stop(grace)
@@ -130,8 +132,9 @@ async def start_master(
             service.expire_workers()
 
     expiry = asyncio.ensure_future(expire_loop())
+    sweep = asyncio.ensure_future(service.sweep_dead_uploads())
     log.info("master serving gRPC on %s:%d, HTTP on %s:%d (%d mounts)", bind, bound, bind, http_bound, len(mounts.list()))
-    return MasterHandle(service, server, http, bound, http_bound, expiry)
+    return MasterHandle(service, server, http, bound, http_bound, expiry, sweep)
 
 
 async def run_master(config: ServerConfig, **kwargs: object) -> None:

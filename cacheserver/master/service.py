@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from strata.contract.config import ServerConfig
-from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
+from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError, Unavailable
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
@@ -46,10 +46,27 @@ PERSIST_MOVE_TIMEOUT = 120.0
 # writes of it) when its worker never says how it ended (stopped that long; a worker that
 # restarts ends the writes of its previous run when it registers).
 WRITE_LEASE = 600.0
+# Seconds an upload's temporary file in a file:// store's upload folder must be unchanged (and
+# held by no process) before the master removes it as left by a dead upload: an upload under
+# way changes it all the time, and one hour leaves room for a stalled network file system.
+DEAD_UPLOAD_AGE = 3600.0
+# Seconds between two looks for them (the first when the master starts).
+UPLOAD_SWEEP_INTERVAL = 600.0
 # Seconds a write waits at PrepareWrite for the writes of its file it must not overlap (an
 # append: all; any other write: an append) before it is refused; below the worker's deadline
 # for that call (masterlink.MASTER_WRITE_TIMEOUT, 30 s).
 WRITE_TURN_WAIT = 20.0
+
+
+# A write's id is the namespace's generation when it was prepared, this, and a random part.
+WRITE_ID_SEPARATOR = "."
+
+
+def prepared_at(write_id: str) -> int | None:
+    """The namespace generation a write was prepared at, from its id (None: an id without
+    one, from a master before this one)."""
+    generation, separator, _ = write_id.partition(WRITE_ID_SEPARATOR)
+    return int(generation) if separator and generation.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,7 @@ def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str])
         mount_id=mount.mount_id,
         created_unix_ms=mount.created_unix_ms,
         pinned_prefixes=pinned,
+        unusable=mount.unusable,
         options=pb.MountOptions(
             options=o.options,
             credentials=o.credentials if with_credentials else {},
@@ -310,7 +328,8 @@ class MasterService(pb_grpc.MasterServicer):
         check_source_allowed(request.source, self.config.local_sources.allowed_roots)
         options = options_from_proto(request.options, request.HasField("options"))
         existing = self.mounts.get(path)
-        if existing is not None and existing.source == request.source and existing.options == options:
+        if (existing is not None and not existing.unusable and existing.source == request.source
+                and existing.options == options):
             # Same mount again (the operator re-ensures mounts): keep its id and its cache.
             return pb.MountResponse(mount=mount_to_proto(existing, with_credentials=False, pinned=self._pinned_prefixes(existing)))
         if request.check:
@@ -416,9 +435,38 @@ class MasterService(pb_grpc.MasterServicer):
             )
         return response
 
+    async def _check_not_overtaken(self, path: str, request: pb.CommitFileRequest) -> None:
+        """A write that put its object into the store (THROUGH, CACHE_THROUGH) commits it
+        only if no older upload was moved into place over it. Older uploads wait while a
+        write of their file is open, but the master forgets open writes when it restarts (and
+        a write's lease runs out): an upload that landed after this write was prepared (the
+        journal's generations say so) may have replaced this write's object, so the store
+        is asked which one it holds. FailedPrecondition if not ours: the writer is told, and
+        the acknowledged upload's bytes stay what the file reads."""
+        prepared = prepared_at(request.write_id)
+        if not request.persisted or prepared is None:
+            return
+        while True:
+            await self._settled(path)
+            written = self.namespace.written(path)
+            if written is None or written.landed <= prepared or written.version == request.version:
+                return
+            mount, rel = self.mounts.resolve(path)
+            status = await self.mounts.store(mount).info(rel)
+            if self._moving_under(path) or self.namespace.written(path) != written:
+                continue  # another upload moved meanwhile: look again
+            if status.version == (request.ufs_version or request.version):
+                return  # this write's object came after the upload: it stands
+            raise FailedPrecondition(
+                f"{path}: the upload of an earlier ASYNC_THROUGH write (version {written.version}) was moved "
+                f"into place in {self.mounts.store(mount).url(rel)} while this write was under way, over this "
+                "write's object; the store holds the earlier one, which the file reads now. Write it again"
+            )
+
     @rpcutil.unary
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.CommitFileResponse:
         path = normalize(request.path)
+        await self._check_not_overtaken(path, request)
         # The answer is the entry just recorded: asking the store again could fail (a store
         # outage during an ASYNC_THROUGH write) after the file was committed.
         entry = self.namespace.commit_file(
@@ -451,7 +499,7 @@ class MasterService(pb_grpc.MasterServicer):
         # Older uploads of the file wait until this write ends: committed, it supersedes them;
         # failed, the file stays as it was (and its upload goes on). An append also holds
         # back the other writes of the file: each builds on the file as the one before left it.
-        write_id = uuid.uuid4().hex
+        write_id = f"{self.namespace.generation}{WRITE_ID_SEPARATOR}{uuid.uuid4().hex}"
         self._writing.setdefault(path, {})[write_id] = OpenWrite(time.monotonic() + WRITE_LEASE, request.exclusive,
                                                                  request.worker_id)
         return pb.PrepareWriteResponse(write_id=write_id)
@@ -505,6 +553,24 @@ class MasterService(pb_grpc.MasterServicer):
         if request.version and self.namespace.drop_unpersisted(path, request.version) is not None:
             log.info("dropped the unacknowledged write of %s (version %s)", path, request.version)
         return pb.AbortWriteResponse()
+
+    async def remove_dead_uploads(self) -> int:
+        """Remove the temporary files uploads to file:// stores left when their process died
+        (killed mid-write: they stayed in the upload folder for ever); how many."""
+        removed = 0
+        for mount in self.mounts.list():
+            if mount.unusable:
+                continue
+            try:
+                removed += await self.mounts.store(mount).remove_dead_uploads(DEAD_UPLOAD_AGE)
+            except (StrataError, OSError) as exc:
+                log.warning("cannot clean the upload folder of %s (%s): %s", mount.path, mount.source, exc)
+        return removed
+
+    async def sweep_dead_uploads(self) -> None:
+        while True:
+            await self.remove_dead_uploads()
+            await asyncio.sleep(UPLOAD_SWEEP_INTERVAL)
 
     # -- cache management ------------------------------------------------------------------
 
@@ -682,7 +748,7 @@ class MasterService(pb_grpc.MasterServicer):
         settle = 2 * self.config.heartbeat_interval
         for mount in self.mounts.list():
             totals = self.ufs_totals.get(mount.mount_id)
-            if totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE:
+            if not mount.unusable and (totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE):
                 self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
             by_host: dict[str, int] = {}
             for worker_id, n in self.blocks.cached_bytes_by_worker(mount.mount_id).items():

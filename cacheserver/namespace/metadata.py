@@ -87,6 +87,10 @@ class OverlayEntry:
     # The block size its blocks were cut with (0 in records older than this field: the
     # namespace's); a written file keeps it when the cluster's block size changes.
     block_size: int = 0
+    # The namespace's generation when an ASYNC_THROUGH upload of this version was moved into
+    # place in the store (0: never). A write prepared before it (`Namespace.generation`) may
+    # have had its own object replaced in the store by that upload.
+    landed: int = 0
 
 
 @dataclass
@@ -210,6 +214,8 @@ class Namespace:
         self._caches: dict[int, _MountCache] = {}
         self._overlay: dict[str, OverlayEntry] = {}
         self._pins: dict[int, set[str]] = {}
+        # One up with every change, kept in the journal: orders changes across restarts.
+        self._generation = 0
         self._seen_version = -1
         # Answers given from expired metadata because the store could not be reached, by
         # mount path (a metric).
@@ -225,15 +231,23 @@ class Namespace:
             return
         self._overlay = {p: OverlayEntry(**e) for p, e in data.get("overlay", {}).items()}
         self._pins = {int(m): set(paths) for m, paths in data.get("pins", {}).items()}
+        self._generation = int(data.get("generation", 0))
+
+    @property
+    def generation(self) -> int:
+        """Goes up with every change and never down, also across restarts (it is journaled):
+        what happened at a higher generation happened after what saw a lower one."""
+        return self._generation
 
     def _save(self) -> None:
-        self._write_state(self._overlay, self._pins)
+        self._write_state(self._overlay, self._pins, self._generation)
 
-    def _write_state(self, overlay: dict[str, OverlayEntry], pins: dict[int, set[str]]) -> None:
+    def _write_state(self, overlay: dict[str, OverlayEntry], pins: dict[int, set[str]], generation: int) -> None:
         self._state.save(
             {
                 "overlay": {p: asdict(e) for p, e in overlay.items()},
                 "pins": {str(m): sorted(paths) for m, paths in pins.items() if paths},
+                "generation": generation,
             },
         )
 
@@ -244,8 +258,9 @@ class Namespace:
         told a write is in the store drops its staged copy)."""
         overlay = self._overlay if overlay is None else overlay
         pins = self._pins if pins is None else pins
-        self._write_state(overlay, pins)
+        self._write_state(overlay, pins, self._generation + 1)
         self._overlay, self._pins = overlay, pins
+        self._generation += 1
 
     def _sync_mounts(self) -> None:
         """Forget caches, overlay entries and pins of mounts that are gone or replaced."""
@@ -446,6 +461,7 @@ class Namespace:
                 return self._dir_entry(path, None)
             self._mounts.resolve(path)  # raises NotFound naming the mounts
             raise AssertionError("unreachable")
+        mount.check_usable()
         rel = relative(path, mount.path)
         if rel == "":
             return self._mount_root(mount)
@@ -467,6 +483,7 @@ class Namespace:
         mount = self._mounts.find(path)
         if mount is None:
             return await self._list_above_mounts(path, recursive)
+        mount.check_usable()
         rel = relative(path, mount.path)
         if rel:
             known, status = self._known_status(mount, rel)
@@ -615,9 +632,10 @@ class Namespace:
         return mount, relative(path, mount.path)
 
     def mark_persisted(self, path: str, ufs_version: str, *, version: str | None = None) -> FileEntry:
-        """A written file reached the store (e.g. an ASYNC_THROUGH upload finished); its
-        cached blocks stay valid while the store holds `ufs_version`. With `version`, only
-        that write of the file is marked (NotFound if it was replaced or removed)."""
+        """A written file reached the store (an ASYNC_THROUGH upload was moved into place);
+        its cached blocks stay valid while the store holds `ufs_version`. With `version`,
+        only that write of the file is marked (NotFound if it was replaced or removed). The
+        entry records the generation it landed at (`OverlayEntry.landed`)."""
         path = normalize(path)
         self._sync_mounts()
         written = self._overlay.get(path)
@@ -628,7 +646,7 @@ class Namespace:
             raise NotFound(f"{path} was replaced since version {version} was written (now {written.version})")
         if not ufs_version:
             raise InvalidArgument(f"persist of {path}: the store's version must not be empty")
-        persisted = replace(written, persisted=True, ufs_version=ufs_version)
+        persisted = replace(written, persisted=True, ufs_version=ufs_version, landed=self._generation + 1)
         self._change({**self._overlay, path: persisted})
         self.invalidate(path)
         return self._overlay_entry(mount, path, persisted)

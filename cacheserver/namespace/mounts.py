@@ -4,6 +4,13 @@ Mount points are absolute paths below "/" that never nest (`/a` and `/a/b` canno
 mounted). The table is saved in the master's state directory after every change (private to
 the master's user; with a cluster key, the master's case, each mount's credentials are
 sealed with it, sealing.py, so the file holds none in the clear) and loaded again on restart.
+
+A saved mount whose credentials cannot be opened (another cluster key) stays in the table,
+unusable: every access to it fails naming the mount and why, no store is made for it (never
+one with no credentials, which would reach the store as whoever the host is), and its files
+written through Strata and not in the store yet are kept, until it is mounted again with its
+credentials (the same source and options keep its mount id, and so those files) or the master
+runs with the key again. Its sealed credentials are saved again as they were.
 """
 
 from __future__ import annotations
@@ -13,11 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound
+from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from strata.contract.modes import ReadType, WriteType
 from ..retry import RetrySettings
 from ..ufs import Store
@@ -99,6 +106,13 @@ class Mount:
     options: MountOptions
     mount_id: int  # never reused; a remount gets a new one
     created_unix_ms: int
+    # Why the mount cannot be used ("" when it can): its saved credentials cannot be opened.
+    unusable: str = ""
+
+    def check_usable(self) -> None:
+        """FailedPrecondition naming the mount and why, if it cannot be used."""
+        if self.unusable:
+            raise FailedPrecondition(self.unusable)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -134,6 +148,8 @@ class MountTable:
         self._lock = threading.RLock()
         self._mounts: dict[str, Mount] = {}
         self._stores: dict[int, Store] = {}
+        # The sealed credentials of unusable mounts, by mount id: saved again as they are.
+        self._unopened: dict[int, str] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._version = 0
         self._next_id = 1
@@ -150,11 +166,14 @@ class MountTable:
         data = self._state.load()
         if data is None:
             return
-        mounts = [m for m in map(self._unseal, data.get("mounts", [])) if m is not None]
+        mounts = [self._unseal(m) for m in data.get("mounts", [])]
         self._mounts = {m.path: m for m in mounts}
         self._version = int(data.get("version", 0))
         self._next_id = max([int(data.get("next_id", 1))] + [m.mount_id + 1 for m in mounts])
         log.info("loaded %d mounts from %s", len(mounts), self._state.path)
+        for mount in mounts:
+            if mount.unusable:
+                log.error("%s", mount.unusable)
 
     def _change(self, mounts: dict[str, Mount], next_id: int) -> None:
         """Make `mounts` the table (its version one up): saved first, then taken. A save
@@ -169,31 +188,42 @@ class MountTable:
             },
         )
         self._mounts, self._version, self._next_id = mounts, version, next_id
+        live = {m.mount_id for m in mounts.values()}
+        self._unopened = {i: sealed for i, sealed in self._unopened.items() if i in live}
 
     def _seal(self, mount: Mount) -> dict[str, Any]:
         data = mount.to_json()
-        if self._sealer is not None:
+        if mount.unusable:
+            del data["options"]["credentials"]  # none: what was sealed is kept as it was
+            data[SEALED_CREDENTIALS] = self._unopened[mount.mount_id]
+        elif self._sealer is not None:
             credentials = data["options"].pop("credentials")
             data[SEALED_CREDENTIALS] = self._sealer.seal(credentials, _seal_binding(mount.path, mount.mount_id))
         return data
 
-    def _unseal(self, data: Mapping[str, Any]) -> Mount | None:
-        """A saved mount (None: its credentials cannot be opened with this cluster's key: left
-        out, so its owner mounts it again). A table saved before sealing loads as it is and is
-        sealed at the next save."""
+    def _unseal(self, data: Mapping[str, Any]) -> Mount:
+        """A saved mount; unusable (no credentials, `Mount.unusable` says why) when its
+        credentials cannot be opened with this cluster's key. A table saved before sealing
+        loads as it is and is sealed at the next save."""
         data = dict(data)
         sealed = data.pop(SEALED_CREDENTIALS, None)
-        if sealed is not None:
-            binding = _seal_binding(str(data["path"]), int(data["mount_id"]))
+        if sealed is None:
+            return Mount.from_json(data)
+        binding = _seal_binding(str(data["path"]), int(data["mount_id"]))
+        try:
             if self._sealer is None:
-                log.warning("mount %s has sealed credentials but no cluster key was given: left out", binding)
-                return None
-            try:
-                credentials = self._sealer.open(str(sealed), binding)
-            except SealError as exc:
-                log.warning("%s: mount left out until it is mounted again", exc)
-                return None
-            data["options"] = {**data["options"], "credentials": credentials}
+                raise SealError(f"sealed credentials of {binding} need the cluster key, and the master has none")
+            credentials = self._sealer.open(str(sealed), binding)
+        except SealError as exc:
+            mount = Mount.from_json(data)
+            self._unopened[mount.mount_id] = str(sealed)
+            return replace(mount, unusable=(
+                f"mount {mount.path} (from {mount.source}) cannot be used: {exc} (the cluster's internal token "
+                "changed?). Its files not in the store yet are kept. Start the master with the token it had, "
+                "or mount it again with its credentials (strata mount add --replace; the operator does so "
+                "for its Mounts)"
+            ))
+        data["options"] = {**data["options"], "credentials": credentials}
         return Mount.from_json(data)
 
     # -- the table ---------------------------------------------------------------------------
@@ -272,11 +302,12 @@ class MountTable:
         return max(covering, key=lambda m: len(m.path), default=None)
 
     def resolve(self, ns_path: str) -> tuple[Mount, str]:
-        """The mount covering `ns_path` and the path relative to its root."""
+        """The usable mount covering `ns_path` and the path relative to its root."""
         path = normalize(ns_path)
         mount = self.find(path)
         if mount is None:
             raise NotFound(f"no mount covers {path}; {self._describe()}")
+        mount.check_usable()
         return mount, relative(path, mount.path)
 
     def _describe(self) -> str:
@@ -286,11 +317,13 @@ class MountTable:
     # -- stores --------------------------------------------------------------------------------
 
     def store(self, mount: Mount) -> Store:
-        """The Store of a current mount (one per mount, made on first use)."""
+        """The Store of a current mount (one per mount, made on first use); FailedPrecondition
+        for an unusable one."""
         with self._lock:
             current = self._mounts.get(mount.path)
             if current is None or current.mount_id != mount.mount_id:
                 raise NotFound(f"mount {mount.path} (id {mount.mount_id}) was unmounted or replaced")
+            current.check_usable()
             store = self._stores.get(mount.mount_id)
             if store is None:
                 store = mount.options.open_store(mount.source, retry=self._retry, allowed_roots=self._allowed_roots)

@@ -1,11 +1,15 @@
-"""The worker's copy of the mount table: which store backs a mount, and what is pinned."""
+"""The worker's copy of the mount table: which store backs a mount, and what is pinned.
+
+A mount the master holds as unusable (`MountInfo.unusable`: its credentials cannot be opened)
+gets no store here: every access to it fails with the master's reason (FailedPrecondition,
+never NotFound, so the uploads of its acknowledged writes wait and keep their copies)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from strata.contract.errors import NotFound, PermissionDenied
+from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied
 from strata.contract.proto import strata_pb2 as pb
 from ..namespace.metadata import check_writable
 from ..namespace.paths import is_under, relative
@@ -51,12 +55,17 @@ class WorkerMounts:
         # Folders of this host file:// mounts may read (localSources.allowedRoots).
         self._allowed_roots = tuple(allowed_roots)
         self._by_id: dict[int, MountView] = {}
+        self._unusable: dict[int, pb.MountInfo] = {}
         self.version = 0
 
     def apply(self, table: pb.GetMountTableResponse) -> list[Store]:
         """Take a new table; returns the stores no mount uses any more (to be closed)."""
         views: dict[int, MountView] = {}
+        unusable: dict[int, pb.MountInfo] = {}
         for info in table.mounts:
+            if info.unusable:
+                unusable[info.mount_id] = info
+                continue
             old = self._by_id.get(info.mount_id)
             same_store = old is not None and old.info.source == info.source and old.info.options == info.options
             store = old.store if same_store and old is not None else Store(
@@ -65,7 +74,7 @@ class WorkerMounts:
             views[info.mount_id] = MountView(info, store)
         kept = {id(v.store) for v in views.values()}
         retired = [v.store for v in self._by_id.values() if id(v.store) not in kept]
-        self._by_id = views
+        self._by_id, self._unusable = views, unusable
         self.version = table.version
         return retired
 
@@ -83,6 +92,8 @@ class WorkerMounts:
         if view is None:
             await self.refresh()
             view = self._by_id.get(mount_id)
+        if mount_id in self._unusable:
+            raise FailedPrecondition(self._unusable[mount_id].unusable)
         if view is None:
             raise NotFound(
                 f"mount id {mount_id} is not in the mount table (unmounted or remounted); "
@@ -99,6 +110,9 @@ class WorkerMounts:
         if view is None:
             await self.refresh()
             view = self._longest_prefix(ns_path)
+        for info in self._unusable.values():
+            if is_under(ns_path, info.path):
+                raise FailedPrecondition(info.unusable)
         if view is None:
             known = ", ".join(sorted(v.path for v in self._by_id.values())) or "none"
             raise NotFound(f"no mount covers {ns_path}; mounts: {known}")

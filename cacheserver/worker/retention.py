@@ -10,14 +10,13 @@ from collections.abc import Callable, Sequence
 
 from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
-from ..cache.keys import BlockKey
+from ..cache.keys import WRITTEN_VERSION_PREFIX, BlockKey
 from ..cache.store import BlockStore
 from ..namespace.paths import is_under
 from .mounts import WorkerMounts
 
-# Versions of files written into the cache (MUST_CACHE, ASYNC_THROUGH) start with this; their
-# blocks are pinned until the file is in the store.
-WRITTEN_VERSION_PREFIX = "w-"
+__all__ = ["WRITTEN_VERSION_PREFIX", "Retention"]
+
 # How often blocks unused longer than their mount's TTL are freed (at most), and how often
 # the worker checks whether a sweep is due.
 TTL_SWEEP_SECONDS = 30.0
@@ -66,7 +65,7 @@ class Retention:
         """Ids of pinned blocks of files written into the cache: the only copy of a file
         not in the store yet (or pinned by a user). A TTL sweep leaves them alone."""
         return {b.key.block_id for b in self._store.blocks()
-                if b.pinned and b.key.version.startswith(WRITTEN_VERSION_PREFIX)}
+                if b.pinned and b.key.written}
 
     def sweep_ttl(self, now: float | None = None) -> int:
         """Free the blocks unused longer than their mount's TTL; the bytes freed."""

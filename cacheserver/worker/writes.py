@@ -1,7 +1,8 @@
 """The worker's writes: a file is staged on local disk, then written with its write type
 (THROUGH, CACHE_THROUGH: into the store; MUST_CACHE, ASYNC_THROUGH: into this worker's
 cache, pinned) and committed on the master. The writer is answered only when the write
-type's promise holds; a write that fails leaves nothing of the file listed.
+type's promise holds; a write that fails leaves nothing of the file listed, and takes out of
+the store only the object it put there itself, never one another writer put there since.
 
 Copies and appends stage the existing file's bytes first (from this worker's cache, the
 store, or a peer holding a file not in the store yet), except a copy within one store,
@@ -257,12 +258,35 @@ class Writes:
                                                 ufs_version=status.version, write_id=write_id)
         except BaseException:
             # Not acknowledged: what went to the store must not stay listed.
-            try:
-                await asyncio.shield(mount.store.rm(rel))
-            except (StrataError, OSError) as exc:
-                log.warning("could not remove %s from the store after its write failed: %s", path, exc)
+            await asyncio.shield(self._remove_own(mount, path, status))
             await asyncio.shield(self._link.abort_write(path, "", write_id))
             raise
+
+    @staticmethod
+    async def _remove_own(mount: MountView, path: str, put: UfsStatus) -> None:
+        """Remove the object a write that failed put into the store, if the store still holds
+        that very object (its version): another writer's, put there since and maybe
+        acknowledged, stays. Stores have no delete-if-version, so an object landing between
+        the look and the delete is removed with ours; that window is one store round trip."""
+        rel = mount.rel(path)
+        try:
+            current = await mount.store.info(rel)
+        except NotFound:
+            return
+        except (StrataError, OSError) as exc:
+            log.warning("left %s in the store after its write failed: cannot tell whether it is still this "
+                        "write's object (%s)", path, exc)
+            return
+        if current.version != put.version:
+            log.info("left %s in the store after its write failed: it holds another writer's object now "
+                     "(version %s, ours %s)", path, current.version, put.version)
+            return
+        try:
+            await mount.store.rm(rel)
+        except NotFound:
+            pass
+        except (StrataError, OSError) as exc:
+            log.warning("could not remove %s from the store after its write failed: %s", path, exc)
 
     async def _cache_file(self, staged: Path, *, mount_id: int, path: str, version: str, length: int, pin: bool,
                           in_store: bool) -> list[pb.BlockRef]:

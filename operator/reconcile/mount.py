@@ -263,9 +263,11 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
     try:
         report = await deps.masters.report(target.endpoint, target.token)
         mounted = _find(report, spec.path)
+        # A mount the master cannot use (its credentials sealed with another cluster key)
+        # is mounted again: the same data keeps its mount id, and its unpersisted files.
         current = mounted is not None and state.fingerprint == fingerprint and (
             mounted.mount.mount_id == state.mount_id
-        )
+        ) and not mounted.mount.unusable
         if not current:
             # After an operator restart this asks again what the master may already hold:
             # the master tells whether anything changed, and only a change is a sync.

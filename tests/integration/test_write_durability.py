@@ -24,7 +24,7 @@ from storeproxy import StoreProxy
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, TOKEN, Cluster, metric, read_by_blocks, wait_until
+from .conftest import BLOCK_SIZE, TOKEN, Cluster, allow, metric, read_by_blocks, wait_until
 
 # Seconds the store stays down while an ASYNC_THROUGH write waits (STRATA_OUTAGE_SECONDS makes
 # it longer, to measure what an upload survives).
@@ -385,3 +385,159 @@ def test_an_append_cut_by_a_worker_restart_holds_back_no_later_write(start_clust
     with cluster.fs(write_type="THROUGH").open("/w/log.txt", "ab") as f:
         f.write(b"second\n")
     assert cluster.fs().cat_file("/w/log.txt") == b"first\nsecond\n"
+
+
+def writer_thread(write: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """`write()` in a started thread; what it raised lands in the list."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, failed
+
+
+@pytest.mark.parametrize("write_type", ["THROUGH", "CACHE_THROUGH"])
+@pytest.mark.parametrize("other_writer", [True, False])
+def test_a_failed_write_never_removes_another_writers_acknowledged_object(start_cluster: Any, bucket: str,
+                                                                        proxy: StoreProxy, write_type: str,
+                                                                        other_writer: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ours lands in the store; before its worker hears so, theirs (a second writer of the
+    # path) lands and is acknowledged; then the master goes away, so ours cannot be committed
+    # and its worker undoes it. What it may undo is its own object (alone, it does), never theirs.
+    monkeypatch.setenv("STRATA_STORE_READ_TIMEOUT", "60")  # the held answer is not given up on
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    ours, theirs = payload(200_000), payload(300_000)
+    with proxy.holding_answer(b"PUT "):
+        writer, failed = writer_thread(lambda: cluster.fs(write_type=write_type).pipe_file("/w/f.bin", ours))
+        wait_until(lambda: proxy.answers_held, 30, "our upload to reach the store")
+        wait_until(lambda: store_keys(cluster, bucket) == ["f.bin"], 10, "our object in the store")
+        assert cluster.s3.get_object(bucket, "f.bin") == ours
+        if other_writer:
+            cluster.fs(write_type=write_type).pipe_file("/w/f.bin", theirs)  # acknowledged
+            assert cluster.s3.get_object(bucket, "f.bin") == theirs
+        cluster.master.stop()
+    writer.join(timeout=60)
+    assert not writer.is_alive() and failed, "our write cannot be committed without a master"
+    cluster.master.start()
+    cluster.master.wait_healthy()
+    cluster.wait_workers(1)
+    fs = cluster.fs()
+    if not other_writer:
+        assert store_keys(cluster, bucket) == [] and fs.ls("/w") == []
+        return
+    assert cluster.s3.get_object(bucket, "f.bin") == theirs
+    assert fs.cat_file("/w/f.bin") == theirs
+    assert read_by_blocks(fs.client, "/w/f.bin") == theirs
+
+
+def test_an_older_upload_moved_into_place_after_a_master_restart_never_replaces_a_newer_write(
+        start_cluster: Any, bucket: str, proxy: StoreProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An ASYNC_THROUGH write waits for its upload; a THROUGH write of the same file is under
+    # way (its object in the store, not yet committed) when the master restarts, forgetting
+    # that write; the older upload is then moved into place over the newer object. The newer
+    # write must not be acknowledged with the older bytes in the store.
+    monkeypatch.setenv("STRATA_STORE_READ_TIMEOUT", "60")  # the held answer is not given up on
+    cluster = start_cluster(workers=2)
+    mount_via(cluster, proxy, "/w", bucket)
+    older, newer = payload(200_000), payload(300_000)
+    with proxy.refusing():
+        cluster.fs(host="node-0", write_type="ASYNC_THROUGH").pipe_file("/w/f.bin", older)  # through worker-0
+    uploader = cluster.workers[0].process
+    assert uploader is not None
+    os.killpg(uploader.pid, signal.SIGSTOP)  # its upload waits
+    try:
+        with proxy.holding_answer(b"PUT "):
+            writer, failed = writer_thread(
+                lambda: cluster.fs(host="node-1", write_type="THROUGH").pipe_file("/w/f.bin", newer))
+            wait_until(lambda: proxy.answers_held, 30, "the newer write's upload to reach the store")
+            wait_until(lambda: "f.bin" in store_keys(cluster, bucket), 10, "the newer object in the store")
+            assert cluster.s3.get_object(bucket, "f.bin") == newer
+            cluster.master.stop()
+            cluster.master.start()
+            cluster.master.wait_healthy()
+            os.killpg(uploader.pid, signal.SIGCONT)
+            wait_until(lambda: cluster.s3.get_object(bucket, "f.bin") == older, 60, "the older upload to land")
+            wait_until(lambda: cluster.fs().info("/w/f.bin")["persisted"], 30, "the older upload to be recorded")
+            cluster.wait_workers(2)  # the newer write's worker talks to the new master
+    finally:
+        os.killpg(uploader.pid, signal.SIGCONT)
+    writer.join(timeout=60)
+    assert not writer.is_alive()
+    fs = cluster.fs()
+    assert failed, "the newer write was acknowledged, but the store holds the older bytes"
+    assert "while this write was under way" in str(failed[0]), failed[0]
+    assert cluster.s3.get_object(bucket, "f.bin") == older
+    assert fs.cat_file("/w/f.bin") == older
+    assert read_by_blocks(fs.client, "/w/f.bin") == older
+
+
+def test_a_mount_whose_credentials_cannot_be_opened_keeps_its_unpersisted_writes(start_cluster: Any, bucket: str,
+                                                                                proxy: StoreProxy) -> None:
+    # The cluster's internal token changes (a recreated auth Secret): the master cannot open
+    # the credentials it sealed with the old one. A configuration error must not lose the
+    # mount's acknowledged writes that are not in the store yet.
+    cluster = start_cluster(workers=1)
+    s3_options = cluster.s3.storage_options()
+    credentials = {"key": s3_options.pop("key"), "secret": s3_options.pop("secret")}
+    options = pb.MountOptions(options={**s3_options, "endpoint_url": proxy.endpoint_url}, credentials=credentials)
+    cluster.fs().client.mount("/w", f"s3://{bucket}", options)
+    must, pending = payload(BLOCK_SIZE + 11), payload(300_000)
+    with proxy.refusing():
+        cluster.fs(write_type="MUST_CACHE").pipe_file("/w/must.bin", must)
+        cluster.fs(write_type="ASYNC_THROUGH").pipe_file("/w/pending.bin", pending)
+        for server in [*cluster.workers, cluster.master]:
+            server.stop()
+        for server in [cluster.master, *cluster.workers]:
+            server.env = {**server.env, "STRATA_INTERNAL_TOKEN": "another-internal-token"}
+            server.start()
+            server.wait_healthy()
+    cluster.wait_workers(1)
+    asked = proxy.connections
+    fs = cluster.fs()
+    for call in (lambda: fs.info("/w/must.bin"), lambda: fs.cat_file("/w/pending.bin"), lambda: fs.ls("/w")):
+        with pytest.raises(StrataError, match=r"mount /w .*cannot be opened with this cluster key"):
+            call()
+    listed = cli(cluster, "mount", "ls")
+    assert listed.returncode == 0 and "cannot be opened" in listed.stdout.decode(), listed
+    [mounted] = [m for m in fs.client.report().mounts if m.mount.path == "/w"]
+    assert "cannot be opened" in mounted.mount.unusable
+    time.sleep(3)  # several tries of the upload: it waits, keeps its copy, uses no other credentials
+    assert len(staged(cluster)) == 1 and store_keys(cluster, bucket) == []
+    assert proxy.connections == asked, "the store was asked with credentials the mount does not hold"
+    # Its owner mounts it again with its credentials: the same data, so the same mount id.
+    fs.client.mount("/w", f"s3://{bucket}", options, replace=True)
+    assert fs.cat_file("/w/must.bin") == must
+    wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload once the mount is usable")
+    assert cluster.s3.get_object(bucket, "pending.bin") == pending
+    assert fs.cat_file("/w/pending.bin") == pending
+
+
+def test_what_an_upload_killed_mid_write_left_in_a_file_store_is_cleaned_at_the_next_master_start(
+        start_cluster: Any, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    cluster = start_cluster(workers=1, **allow(tmp_path))
+    cluster.fs().client.mount("/w", f"file://{store}")
+    uploads = store / ".strata-uploads"
+    writer, failed = writer_thread(lambda: cluster.fs(write_type="THROUGH").pipe_file("/w/big.bin", payload(512 << 20)))
+    wait_until(lambda: list(uploads.glob(".*.tmp")) if uploads.is_dir() else [], 60,
+               "the upload's temporary file", interval=0.001)
+    cluster.workers[0].stop(signal.SIGKILL)
+    writer.join(timeout=60)
+    assert failed and not writer.is_alive()
+    [left] = uploads.glob(".*.tmp")
+    hour_ago = time.time() - 3601
+    os.utime(left, (hour_ago, hour_ago))  # as if the master started an hour later
+    cluster.master.stop()
+    cluster.master.start()
+    cluster.master.wait_healthy()
+    wait_until(lambda: not left.exists(), 10, "the dead upload's file to be removed")
+    assert sorted(p.name for p in store.rglob("*")) == [".strata-uploads"]

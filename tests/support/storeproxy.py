@@ -10,6 +10,8 @@
         ...
     with proxy.holding(b"HEAD "):  # requests that start so wait, unsent, until the end
         ...
+    with proxy.holding_answer(b"PUT "):  # the first such request is sent, its answer waits
+        ...
     proxy.stop()
 
 The proxy runs its own event loop in a daemon thread, so a test drives faults from plain
@@ -41,6 +43,9 @@ class StoreProxy:
         self.delay = 0.0
         self.held: bytes | None = None  # requests starting with these bytes wait (`holding`)
         self.holds = 0  # requests held back since start (see `holding`)
+        self.held_answer: bytes | None = None  # the answer to the next such request waits
+        self.answers_held = 0  # answers held back since start (see `holding_answer`)
+        self._answer_taken = False
         self.connections = 0  # accepted since start, for tests that check a fault was met
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -122,6 +127,18 @@ class StoreProxy:
         finally:
             self.held = None
 
+    @contextmanager
+    def holding_answer(self, request_start: bytes) -> Iterator[None]:
+        """The first request whose first bytes are `request_start` reaches the store, whose
+        answer is held back until the `with` ends: the store did it, the client does not know
+        yet (`answers_held` counts it). Later requests pass."""
+        self.held_answer = request_start
+        try:
+            yield
+        finally:
+            self.held_answer = None
+            self._answer_taken = False
+
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._writers.add(client_w)
@@ -135,6 +152,7 @@ class StoreProxy:
             return
         self._writers.add(server_w)
         asked: list[float | None] = [None]
+        hold_answer = [False]  # this connection carries the request whose answer waits
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, answers: bool) -> None:
             try:
@@ -143,6 +161,21 @@ class StoreProxy:
                         self.holds += 1
                         while self.held is not None:
                             await asyncio.sleep(0.05)
+                    if (not answers and self.held_answer is not None and not self._answer_taken
+                            and data.startswith(self.held_answer)):
+                        self.answers_held += 1
+                        self._answer_taken = True
+                        hold_answer[0] = True
+                    if answers and hold_answer[0]:
+                        if data.startswith(b"HTTP/1.1 100 "):  # "go on" to a client that expects it
+                            interim, _, data = data.partition(b"\r\n\r\n")
+                            dst.write(interim + b"\r\n\r\n")
+                            await dst.drain()
+                            if not data:
+                                continue
+                        while self.held_answer is not None:
+                            await asyncio.sleep(0.05)
+                        hold_answer[0] = False
                     while self.mode == "hang":
                         await asyncio.sleep(0.05)
                     if not answers:

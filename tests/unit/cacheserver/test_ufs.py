@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -362,6 +363,47 @@ async def test_a_file_store_that_fills_up_keeps_the_file_it_had(tmp_path: Path) 
         assert await store.read_range("f.bin", 0, 100, version=old.version) == b"the old bytes"
         assert [s.path for s in await store.walk("")] == ["f.bin"]
         assert os.listdir(root / ".strata-uploads") == []
+
+
+async def test_only_uploads_whose_process_ended_are_cleaned_from_a_file_stores_upload_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker killed while it wrote an upload left its temporary file there for ever. Those
+    # no process holds, unchanged for the age given, go; an upload under way (however old
+    # its file looks) and anything else in the folder stay.
+    store = Store(f"file://{tmp_path}", retry=FAST_RETRY)
+    uploads = tmp_path / ".strata-uploads"
+    uploads.mkdir()
+    hour_ago = time.time() - 3600
+    dead, fresh = uploads / ".0123abcd.tmp", uploads / ".4567ef01.tmp"
+    for path in (dead, fresh, uploads / "w-0123"):
+        path.write_bytes(b"part of an upload")
+    os.utime(dead, (hour_ago, hour_ago))
+    os.utime(uploads / "w-0123", (hour_ago, hour_ago))
+
+    # An upload under way: its writer holds its file (made to look an hour old).
+    started, finish = threading.Event(), threading.Event()
+
+    def slow_fill(out: Any) -> None:
+        out.write(b"the first bytes")
+        out.flush()
+        started.set()
+        assert finish.wait(10)
+        out.write(b", the rest")
+
+    monkeypatch.setattr("strata.cacheserver.ufs._copy_into", lambda out, source, progress: slow_fill(out))
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"")
+    writing = asyncio.ensure_future(store.write_file("f.bin", staged))
+    assert await asyncio.to_thread(started.wait, 10)
+    [under_way] = set(uploads.glob(".*.tmp")) - {dead, fresh}
+    os.utime(under_way, (hour_ago, hour_ago))
+
+    assert await store.remove_dead_uploads(older_than=1800) == 1
+    assert sorted(p.name for p in uploads.iterdir()) == sorted([fresh.name, under_way.name, "w-0123"])
+    finish.set()
+    await writing
+    assert (tmp_path / "f.bin").read_bytes() == b"the first bytes, the rest"
+    assert await Store("memory://x").remove_dead_uploads(older_than=0) == 0
 
 
 async def test_paths_cannot_climb_out_of_the_root(backend: Backend) -> None:

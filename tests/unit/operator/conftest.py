@@ -78,6 +78,11 @@ class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
         public.CopyFrom(request.options)
         public.ClearField("credentials")
         same = existing is not None and existing.source == request.source and existing.options == public
+        if existing is not None and same and existing.unusable:  # the same data, usable again
+            existing = pb.MountInfo(path=request.path, source=request.source, options=public,
+                                    mount_id=existing.mount_id)
+            self.state.mounts[request.path] = existing
+            return pb.MountResponse(mount=existing, changed=True)
         if existing is None or not same:
             existing = pb.MountInfo(path=request.path, source=request.source, options=public,
                                     mount_id=self.state.next_id)

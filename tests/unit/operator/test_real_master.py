@@ -161,10 +161,20 @@ async def test_the_journal_on_disk_holds_no_store_credential(real_master: Master
         assert mount is not None and dict(mount.options.credentials) == credentials
     finally:
         await again.stop(grace=0)
-    # Another cluster's key opens nothing: the mount is left out (its owner mounts it again).
+    # Another cluster's key opens nothing: the mount stays, unusable, until its owner mounts
+    # it again (its written files kept), with its sealed credentials saved again as they were.
     other = await start_master(config, journal_dir=journal, credentials=Credentials.from_admin("another-token"),
                                bind="127.0.0.1", port=0, http_port=0)
     try:
-        assert other.service.mounts.get("/s3") is None
+        kept = other.service.mounts.get("/s3")
+        assert kept is not None and not kept.options.credentials and "cannot be opened" in kept.unusable
+        other.service.mounts.add("/other", "s3://bucket/y")  # a save of the table
     finally:
         await other.stop(grace=0)
+    again = await start_master(config, journal_dir=journal, credentials=Credentials.from_admin(TOKEN),
+                               bind="127.0.0.1", port=0, http_port=0)
+    try:
+        mount = again.service.mounts.get("/s3")
+        assert mount is not None and dict(mount.options.credentials) == credentials and not mount.unusable
+    finally:
+        await again.stop(grace=0)

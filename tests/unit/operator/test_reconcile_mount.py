@@ -134,6 +134,21 @@ async def test_restarted_master_gets_the_mount_back(world: World) -> None:
     assert world.master.state.count("Mount") == 2
 
 
+async def test_a_mount_the_master_cannot_use_is_mounted_again_with_its_id(world: World) -> None:
+    # A master started with another cluster key cannot open the mount's sealed credentials:
+    # it keeps the mount (and its unpersisted files), unusable, until it is mounted again.
+    ready_cluster(world)
+    world.kube.put(mount_body())
+    state = ObjectState()
+    await reconcile(world, state)
+    mount = world.master.state.mounts["/datasets/a"]
+    mount.unusable = "mount /datasets/a cannot be used: its credentials cannot be opened"
+    await reconcile(world, state)
+    assert world.master.state.count("Mount") == 2
+    again = world.master.state.mounts["/datasets/a"]
+    assert not again.unusable and again.mount_id == mount.mount_id
+
+
 async def test_restarted_operator_does_not_remount_needlessly(world: World) -> None:
     ready_cluster(world)
     world.kube.put(mount_body())

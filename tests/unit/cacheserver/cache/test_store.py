@@ -441,6 +441,51 @@ async def test_promote_moves_a_hit_to_the_fastest_tier(make_store: Any, dirs: An
     check_invariants(store, dirs, recorder)
 
 
+def record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> set[tuple[int, int]]:
+    """The files (device, inode) os.fsync is called on from now (it is still called). A
+    power cut cannot be made in a unit test: what is on the disk when a put returns is what
+    it fsynced (a file before its rename into place: the inode stays)."""
+    synced: set[tuple[int, int]] = set()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def inodes(*paths: Path) -> set[tuple[int, int]]:
+    return {(st.st_dev, st.st_ino) for st in map(os.stat, paths)}
+
+
+@pytest.mark.parametrize("disk", ["SSD", "HDD"])
+async def test_a_written_blocks_only_copy_is_on_the_disk_when_put_returns(
+        make_store: Any, dirs: Any, monkeypatch: pytest.MonkeyPatch, disk: str) -> None:
+    # MUST_CACHE and ASYNC_THROUGH blocks (a written version, pinned) are the only copy of
+    # their file: a power cut after the writer was answered must not take them. Cached
+    # copies of store data are written without fsync (the store has them).
+    synced = record_fsyncs(monkeypatch)
+    store = await make_store(("MEM", 4 * U), (disk, 64 * U))
+    await store.put(key(0, "/a", length=2 * U), payload(2 * U), pin=True)  # store data, pinned by a user: MEM
+    await store.put(key(1), payload(U))
+    await store.put(key(2, version="w-1", length=3 * U), payload(3 * U), pin=True)  # MEM cannot take it
+    in_memory = await store.put(key(3, version="w-2"), payload(U), pin=True)
+    assert in_memory.medium == "MEM" and media_of(store)[2] == disk
+    written = store.lookup(key(2, version="w-1", length=3 * U))
+    assert written is not None
+    assert synced == inodes(written.path, written.path.with_suffix(".meta"), dirs(disk))
+    # It stays on the disk: a read that promotes leaves it there, with room in MEM.
+    store.free(lambda k: k.path == "/a")
+    synced.clear()
+    block, hit = await store.get_or_fetch(written.key, Fetcher(b""), promote=True)
+    assert hit and block.medium == disk and synced == set()
+    block, hit = await store.get_or_fetch(key(1), Fetcher(b""), promote=True)
+    assert hit and block.medium == "MEM"
+
+
 @pytest.mark.parametrize("eviction, evicted", [("LRU", "a"), ("LRFU", "c")])
 async def test_lru_and_lrfu_evict_different_blocks(make_store: Any, eviction: str, evicted: str) -> None:
     store = await make_store(("SSD", 4 * U), high_watermark=0.9, low_watermark=0.75)

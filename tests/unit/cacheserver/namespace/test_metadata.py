@@ -405,6 +405,20 @@ async def test_overlay_and_pins_survive_a_restart(tmp_path: Path) -> None:
     assert again.pinned_prefixes(env.mount.mount_id) == ["/m/hot"]
 
 
+async def test_the_generation_orders_an_uploads_landing_after_a_restart(tmp_path: Path) -> None:
+    # A write prepared (the master saw generation g) before a restart must learn that an
+    # upload of its file landed after it: the generation goes on from the journal.
+    env = Env(tmp_path)
+    env.ns.commit_file("/m/f", length=3, version="w1", persisted=False)
+    prepared = env.ns.generation
+    again = Namespace(MountTable(tmp_path), tmp_path, block_size=BLOCK)
+    assert again.generation == prepared
+    again.mark_persisted("/m/f", "etag-1", version="w1")
+    written = again.written("/m/f")
+    assert written is not None and written.landed > prepared and again.generation == written.landed
+    assert Namespace(MountTable(tmp_path), tmp_path, block_size=BLOCK).written("/m/f") == written
+
+
 async def test_a_change_the_journal_cannot_hold_is_not_answered(tmp_path: Path) -> None:
     # A full journal disk: each change fails, and the namespace answers as before it, as it
     # will after a restart. (The persist of an upload was answered as done while the journal

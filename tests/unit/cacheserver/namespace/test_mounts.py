@@ -9,7 +9,8 @@ import pytest
 from tinydisk import filled, tiny_disk
 
 from strata.cacheserver.namespace.mounts import Mount, MountOptions, MountTable
-from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound
+from strata.cacheserver.namespace.metadata import Namespace
+from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 
 def test_add_get_list_and_resolve() -> None:
@@ -192,6 +193,40 @@ def test_a_table_saved_in_the_clear_is_sealed_at_the_next_save(tmp_path: Path) -
     assert "s3cr3t" not in text and "AKIAEXAMPLE" not in text and "sealed_credentials" in text
     again = MountTable(tmp_path, cluster_key="cluster-internal-token")
     assert dict(again.get("/a").options.credentials) == credentials  # type: ignore[union-attr]
+
+
+async def test_a_mount_whose_credentials_cannot_be_opened_stays_unusable_with_its_writes(tmp_path: Path) -> None:
+    # The master runs with another cluster key: the mount is kept (its written files with it),
+    # every access names it and why, no store is made for it, and its sealed credentials are
+    # saved again untouched, so the right key opens them again.
+    credentials = {"key": "AKIAEXAMPLE", "secret": "s3cr3t"}
+    table = MountTable(tmp_path, cluster_key="old-key")
+    a = table.add("/a", "memory://a", MountOptions(credentials=credentials))
+    Namespace(table, tmp_path, block_size=4096).commit_file("/a/only-cached", length=3, version="w-1",
+                                                            persisted=False)
+    sealed = json.loads((tmp_path / "mounts.json").read_text())["mounts"][0]["sealed_credentials"]
+
+    other = MountTable(tmp_path, cluster_key="new-key")
+    kept = other.get("/a")
+    assert kept is not None and kept.mount_id == a.mount_id and not kept.options.credentials
+    namespace = Namespace(other, tmp_path, block_size=4096)
+    problem = r"mount /a \(from memory://a\) cannot be used: sealed credentials of /a#1 cannot be opened"
+    for access in (lambda: other.resolve("/a/x"), lambda: other.store(kept)):
+        with pytest.raises(FailedPrecondition, match=problem):
+            access()
+    for call in (namespace.get_status("/a/only-cached"), namespace.list_status("/a"), namespace.list_status("/", True)):
+        with pytest.raises(FailedPrecondition, match=problem):
+            await call
+    assert namespace.written("/a/only-cached") is not None
+    other.add("/b", "memory://b")  # a save of the table
+    assert json.loads((tmp_path / "mounts.json").read_text())["mounts"][0]["sealed_credentials"] == sealed
+    assert dict(MountTable(tmp_path, cluster_key="old-key").get("/a").options.credentials) == credentials  # type: ignore[union-attr]
+
+    # Mounted again with its credentials: the same data keeps its id, and its written files.
+    again = other.add("/a", "memory://a", MountOptions(credentials=credentials), replace=True)
+    assert again.mount_id == a.mount_id and not again.unusable
+    assert (await Namespace(MountTable(tmp_path, cluster_key="new-key"), tmp_path,
+                            block_size=4096).get_status("/a/only-cached")).version == "w-1"
 
 
 def test_a_change_the_journal_cannot_hold_is_not_made(tmp_path: Path) -> None:
