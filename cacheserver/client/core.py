@@ -79,9 +79,9 @@ _FAILOVER = (Unavailable, FailedPrecondition)
 _MASTER_AWAY = (Unreachable,)
 # File metadata held for reuse (see the module docstring) and for opens during a master
 # outage (entries, the most recently used kept): a dataset of 100,000 files fits, twice.
-# An entry of a file takes about 0.9 KiB (a FileInfo with a 40-character path, its record
-# and its slot in the table), so 200,000 entries take ~180 MiB at most; only files looked
-# at are held.
+# An entry of a file takes about 0.8 KiB (a FileInfo with a 40-character path, its record
+# and its slots in the table and its folder's index), so 200,000 entries take ~160 MiB at
+# most; only files looked at are held.
 HELD_METADATA_ENTRIES = 200_000
 
 
