@@ -281,6 +281,8 @@ class StrataClient:
             for info in infos:
                 if info.valid_for_ms or grace:
                     self._held.put(HeldAnswer(now, sent + info.valid_for_ms / 1000, info))
+                else:
+                    self._held.drop(info.path)  # an earlier answer must not outlive this one
 
     def drop_held(self, path: str, *, below: bool = False, version: str | None = None) -> None:
         """Forget what is held of `path` (with `below`, of everything below it too; with

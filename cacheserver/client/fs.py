@@ -266,7 +266,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             reused = False
             if file_info is None:
                 file_info, reused = self.client.stat_reused(path)
-            self._adopt(file_info, path)
+            self._adopt(file_info, self._holders_of(file_info, path))
             # Reopened once at most: while nothing is returned, a held status may be replaced.
             self._reopenable = reused
             self.may_reopen = may_reopen
@@ -291,17 +291,19 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self._upload: StreamingUpload | None = None
             self._write_type = wt
 
-    def _adopt(self, info: pb.FileInfo, path: str) -> None:
-        """Read the file as `info` names it."""
-        if info.is_dir:
-            raise IsADirectoryError(f"{path} is a directory")
-        holders: dict[int, list[str]] = {}
-        if not info.persisted:
-            locations = self.client.block_locations(path)
-            holders = {b.index: list(b.worker_ids) for b in locations.blocks}
+    def _adopt(self, info: pb.FileInfo, holders: dict[int, list[str]]) -> None:
+        """Read the file as `info` names it, its blocks not in the store from `holders`."""
         self.file_info = info
         self._holders = holders
         self._readahead = self.fs.readahead if self.fs.readahead is not None else info.readahead_blocks
+
+    def _holders_of(self, info: pb.FileInfo, path: str) -> dict[int, list[str]]:
+        """The workers holding each block of a file not in the store yet (none for others)."""
+        if info.is_dir:
+            raise IsADirectoryError(f"{path} is a directory")
+        if info.persisted:
+            return {}
+        return {b.index: list(b.worker_ids) for b in self.client.block_locations(path).blocks}
 
     def _reopen(self, opened: pb.FileInfo) -> bool:
         """Open the file again with the master's status now, in place of `opened`, whose
@@ -313,6 +315,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         fresh = self.client.stat(self.path, fresh=True)
         if fresh.version == opened.version or fresh.is_dir:
             return False  # refused for another reason (or no longer a file): the refusal stands
+        holders = self._holders_of(fresh, self.path)
         if self.may_reopen is not None and not self.may_reopen(opened, fresh):
             return False
         with self._lock:
@@ -320,7 +323,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 future.cancel()
             self._blocks.clear()
             self._last_index = -2
-            self._adopt(fresh, self.path)
+            self._adopt(fresh, holders)
             self.blocksize = fresh.block_size or 1
             self.size = self.cache.size = fresh.length
         return True

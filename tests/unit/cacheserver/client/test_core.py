@@ -244,3 +244,18 @@ def test_changes_through_the_client_drop_what_it_holds(master: tuple[MasterHandl
         assert not client.stat("/r/f1").read_only
     finally:
         client.close()
+
+
+def test_an_answer_not_to_reuse_replaces_the_one_held(master: tuple[MasterHandle, Run[Any]], tmp_path: Path) -> None:
+    handle, _ = master
+    client, store = mounted_client(handle, tmp_path, read_only=True, interval=30, master_outage_grace=0)
+    other = StrataClient(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, host="h")
+    try:
+        assert client.stat("/r/f1").read_only
+        other.mount("/r", f"file://{store}", pb.MountOptions(metadata_sync_interval=30), replace=True)
+        assert client.stat("/r/f1").read_only  # a remount elsewhere shows when the answer held ends
+        assert not client.stat("/r/f1", fresh=True).read_only
+        assert not client.stat("/r/f1").read_only  # not the older answer, held still
+    finally:
+        client.close()
+        other.close()
