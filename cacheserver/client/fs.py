@@ -249,8 +249,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     StrataClient.stat) may name a version the namespace has since let go of early (another
     client's read found the file changed in the store): if its first read is refused for
     that reason before any byte was returned, the file is opened again with the master's
-    status now and the read is served from that version, whole (a read to the end reads to
-    the new end). Once a byte was returned, the file stays the version it returned."""
+    status now and the read is served from that version: a read of the whole file whatever
+    its length (to the new end), any other read if the length is the same (its reader may
+    have used the length shown). Once a byte was returned, the file stays the version it
+    returned."""
 
     def __init__(self, fs: StrataFileSystem, path: str, mode: str, write_type: str | None = None,
                  file_info: pb.FileInfo | None = None,
@@ -305,16 +307,20 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             return {}
         return {b.index: list(b.worker_ids) for b in self.client.block_locations(path).blocks}
 
-    def _reopen(self, opened: pb.FileInfo) -> bool:
+    def _reopen(self, opened: pb.FileInfo, whole: bool) -> bool:
         """Open the file again with the master's status now, in place of `opened`, whose
-        block was refused; False if it cannot go on as another version (already returned
-        bytes of `opened`, or `may_reopen` says no). Called with the reopen lock held."""
-        if not self._reopenable or self.file_info is not opened:
-            return self.file_info is not opened  # True: another thread reopened it already
+        block was refused; False if the read cannot go on as another version: bytes of
+        `opened` were returned, `may_reopen` says no, or the length changed and the read is
+        not of the whole file (its reader may have used the length it was shown: the size,
+        a seek from the end). Called with the reopen lock held."""
+        if self.file_info is not opened:  # another thread opened it again already
+            return whole or self.file_info.length == opened.length
+        if not self._reopenable:
+            return False
         self._reopenable = False
         fresh = self.client.stat(self.path, fresh=True)
-        if fresh.version == opened.version or fresh.is_dir:
-            return False  # refused for another reason (or no longer a file): the refusal stands
+        if fresh.version == opened.version or fresh.is_dir or (fresh.length != opened.length and not whole):
+            return False  # refused for another reason, no longer a file, or a range of another length
         holders = self._holders_of(fresh, self.path)
         if self.may_reopen is not None and not self.may_reopen(opened, fresh):
             return False
@@ -334,17 +340,22 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         if not self._reopenable:
             return self._pieces(start, end)
         opened = self.file_info
+        whole = to_end and start == 0
         try:
             parts = self._pieces(start, end)
         except FailedPrecondition:
             with self._reopen_lock:
-                if not self._reopen(opened):
+                if not self._reopen(opened, whole):
                     raise
         else:
             with self._reopen_lock:
                 if self.file_info is opened:
                     self._reopenable = False  # bytes of this version are returned: it stays
                     return parts
+                if not self._reopen(opened, whole):
+                    raise FailedPrecondition(
+                        f"{self.path} changed in the store as it was opened ({opened.length} bytes, now "
+                        f"{self.file_info.length}): open it again")
         # Opened again (here or by another thread meanwhile): the bytes of the new version.
         return self._pieces(start, self.file_info.length if to_end else end)
 

@@ -65,16 +65,19 @@ def test_a_writable_mount_asks_on_every_open(start_cluster: Any, bucket: str) ->
 def test_an_open_from_a_held_status_reads_the_new_version_whole(start_cluster: Any, bucket: str) -> None:
     """The file changes in the store; another client's read makes the master notice. A
     client that holds the old status opens from it: its first read is refused, and the file
-    is opened again as the new version, read whole and without an error. One that already
-    returned bytes of the old version never goes on with the new one."""
+    is opened again as the new version, read whole and without an error. A first read of a
+    range keeps the refusal when the length changed, and one that already returned bytes of
+    the old version never goes on with the new one."""
     cluster: Cluster = start_cluster(workers=2)
     old = os.urandom(2 * BLOCK_SIZE)
     new = os.urandom(2 * BLOCK_SIZE + 100)  # another length too: a read to the end reads to the new end
     cluster.s3.put_object(bucket, "f.bin", old)
     cluster.mount_bucket("/ro", bucket, read_only=True, metadata_sync_interval=3600)
-    holder, returned, other = (cluster.fs(host=name, readahead=0) for name in ("holder", "returned", "other"))
+    holder, returned, ranged, other = (cluster.fs(host=name, readahead=0)
+                                       for name in ("holder", "returned", "ranged", "other"))
     status = holder.client.stat("/ro/f.bin")
     assert status.valid_for_ms > 0
+    assert ranged.client.stat("/ro/f.bin") == status
     with returned.open("/ro/f.bin", "rb") as f:  # block 0 of the old version cached
         assert f.read(BLOCK_SIZE) == old[:BLOCK_SIZE]
     cluster.s3.put_object(bucket, "f.bin", new)
@@ -85,6 +88,11 @@ def test_an_open_from_a_held_status_reads_the_new_version_whole(start_cluster: A
         assert f.file_info.version == status.version  # opened from what it held
         assert f.read() == new
         assert f.size == len(new)
+    with ranged.open("/ro/f.bin", "rb") as f:  # a range (of block 1, not cached) of a file whose length
+        f.seek(BLOCK_SIZE)                      # changed: its reader may have used the old length
+        with pytest.raises(FailedPrecondition, match="open it again"):
+            f.read(100)
+    assert ranged.cat_file("/ro/f.bin") == new
     with returned.open("/ro/f.bin", "rb") as f:  # opened from its held status too
         assert f.read(BLOCK_SIZE) == old[:BLOCK_SIZE]  # served from the cache: this open is the old version
         with pytest.raises(FailedPrecondition, match="open it again"):
