@@ -200,12 +200,14 @@ class Stack:
 
         return StrataFileSystem(master=self.master_address, token=TOKEN, host=host, skip_instance_cache=True, **kwargs)
 
-    def mount(self, path: str, source: str, *, sync_interval: float = 300.0) -> None:
+    def mount(self, path: str, source: str, *, sync_interval: float = 300.0, read_only: bool = True) -> None:
+        """Mount `source` at `path`: read-only by default, as datasets are mounted (nothing
+        writes through it; clients reuse its metadata while the master's answer holds)."""
         from strata.contract.proto import strata_pb2 as pb
 
         options = pb.MountOptions(options={"endpoint_url": self.endpoint_url, "region": REGION,
                                            "key": KEY, "secret": SECRET},
-                                  metadata_sync_interval=sync_interval)
+                                  metadata_sync_interval=sync_interval, read_only=read_only)
         fs = self.strata_fs()
         try:
             fs.client.mount(path, source, options, replace=True)

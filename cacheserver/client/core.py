@@ -5,6 +5,15 @@ worker allows short-circuit reads), else from the block's owner on the hash ring
 worker is down, stopped or too slow the next one on the ring serves it. Reads are correct or
 raise a clear error, and every call has a deadline (`ClientSettings`).
 
+Metadata the master marks reusable (FileInfo.valid_for_ms: files of read-only mounts synced
+every N seconds or never, see namespace/metadata.py) is answered from what this client holds
+until the request that fetched it was sent plus that long: the master would have answered
+the same, so an open costs no round trip. A stat or listing (`ls` holds each entry it
+returns) asks again after that. Early invalidation: a block read refused because the file
+changed in the store drops the held status of that path (the reader's file object opens it
+again with the master's status, see fs.StrataFile), and changes made through this client
+drop what it holds at and below the paths they touch.
+
 While the master cannot be reached the client goes on, for a bounded time, with what the
 master last told it: the workers it listed, and the metadata of files already looked at, so
 open reads continue and such files can be opened again.
@@ -21,7 +30,6 @@ import queue
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -48,6 +56,7 @@ from ..blockrefs import key_of
 from ..blockwire import joined_block, write_chunk
 from ..placement import rank_workers
 from . import localstate
+from .held import HeldAnswer, HeldAnswers, held_key
 from .settings import ClientSettings
 from .transfer import BufferPool, DataReader, LocalBlock, Patience, ShortCircuitReader, WorkerStalled
 
@@ -70,8 +79,12 @@ _FAILOVER = (Unavailable, FailedPrecondition)
 # is there and its answer stands: falling back on held metadata then could serve a file
 # older than its last acknowledged write.
 _MASTER_AWAY = (Unreachable,)
-# File metadata kept for opens during a master outage (entries, most recently used kept).
-HELD_METADATA_ENTRIES = 10_000
+# File metadata held for reuse (see the module docstring) and for opens during a master
+# outage (entries, the most recently used kept): a dataset of 100,000 files fits, twice.
+# An entry of a file takes about 0.8 KiB (a FileInfo with a 40-character path, its record
+# and its slots in the table and its folder's index), so 200,000 entries take ~160 MiB at
+# most; only files looked at are held.
+HELD_METADATA_ENTRIES = 200_000
 
 
 def resolve_master(master: str | None) -> str:
@@ -123,14 +136,6 @@ class _Workers:
     all: list[pb.WorkerInfo]
 
 
-@dataclass(frozen=True)
-class _Held:
-    """An answer of the master, kept to go on with while it cannot be reached."""
-
-    at: float  # time.monotonic() of the answer
-    info: pb.FileInfo
-
-
 class StrataClient:
     def __init__(self, master: str | None = None, token: str | None = None, host: str | None = None,
                  short_circuit: bool = True, settings: ClientSettings | None = None) -> None:
@@ -149,7 +154,7 @@ class StrataClient:
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
         self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
-        self._held: OrderedDict[str, _Held] = OrderedDict()
+        self._held = HeldAnswers(HELD_METADATA_ENTRIES)
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
         # time.monotonic() of the last failed call to the master (down, stopped); None once
         # it answers again.
@@ -270,41 +275,57 @@ class StrataClient:
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def _hold(self, infos: Iterable[pb.FileInfo]) -> None:
-        if not self.settings.master_outage_grace:
-            return
+    def _hold(self, infos: Iterable[pb.FileInfo], sent: float) -> None:
+        """Keep the master's answers to a request sent at `sent` (time.monotonic())."""
+        grace = self.settings.master_outage_grace
         now = time.monotonic()
         with self._lock:
             for info in infos:
-                self._held[info.path] = _Held(now, info)
-                self._held.move_to_end(info.path)
-            while len(self._held) > HELD_METADATA_ENTRIES:
-                self._held.popitem(last=False)
+                if info.valid_for_ms or grace:
+                    self._held.put(HeldAnswer(now, sent + info.valid_for_ms / 1000, info))
+                else:
+                    self._held.drop(info.path)  # an earlier answer must not outlive this one
 
-    def _held_info(self, path: str) -> _Held | None:
+    def drop_held(self, path: str, *, below: bool = False, version: str | None = None) -> None:
+        """Forget what is held of `path` (with `below`, of everything below it too; with
+        `version`, only a status of that version): its next stat asks the master."""
         with self._lock:
-            held = self._held.get(path) or self._held.get("/" + path.strip("/"))
-        return held if held is not None and self._within_grace(held.at) else None
+            self._held.drop(held_key(path), below=below, version=version)
 
-    def stat(self, path: str) -> pb.FileInfo:
-        """The master's metadata of `path`; while the master cannot be reached, what it
-        said last (for up to `master_outage_grace` seconds), so files seen can be opened."""
+    def stat(self, path: str, *, fresh: bool = False) -> pb.FileInfo:
+        """The master's metadata of `path`: held from an earlier answer while the master
+        would answer the same (unless `fresh`), else asked; while the master cannot be
+        reached, what it said last (for up to `master_outage_grace` seconds), so files seen
+        can be opened."""
+        return self.stat_reused(path, fresh=fresh)[0]
+
+    def stat_reused(self, path: str, *, fresh: bool = False) -> tuple[pb.FileInfo, bool]:
+        """As stat, and whether the answer is one held from an earlier request while the
+        master would still give it (not asked now, nor held through an outage)."""
+        sent = time.monotonic()
+        key = held_key(path)
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and not fresh and sent < held.until:
+                self._held.touch(key)
+                return held.info, True
+        if held is not None and not self._within_grace(held.at):
+            held = None
         request = pb.GetStatusRequest(path=path)
         what = f"stat {path}"
-        held = self._held_info(path)
         if held is None:
             info: pb.FileInfo = self.call("GetStatus", request, what=what)
         elif self._master_away():
-            return held.info
+            return held.info, False
         else:
             try:
                 info = self._hedged_call("GetStatus", request, what=what)
             except _MASTER_AWAY as exc:
                 log.warning("master away (%s); using the metadata of %s it gave %.0fs ago",
                             exc, path, time.monotonic() - held.at)
-                return held.info
-        self._hold([info])
-        return info
+                return held.info, False
+        self._hold([info], sent)
+        return info, False
 
     def _hedged_call(self, method: str, request: Any, *, what: str) -> Any:
         """A master call that has an answer to fall back on. A slow answer may be a master
@@ -332,28 +353,41 @@ class StrataClient:
             raise error_of(exc, where) from exc
 
     def ls(self, path: str, recursive: bool = False) -> list[pb.FileInfo]:
+        """The entries of a folder (a file: itself); each is held as a stat's answer is."""
+        sent = time.monotonic()
         response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive), what=f"ls {path}")
         files = list(response.files)
-        self._hold(files)
+        self._hold(files, sent)
         return files
 
+    def _changing(self, method: str, request: Any, *, what: str, paths: Iterable[str], below: bool = True) -> Any:
+        """A call that changes the namespace at `paths`: what this client holds at (and, with
+        `below`, below) them is dropped once it ends, however it ends."""
+        try:
+            return self.call(method, request, what=what)
+        finally:
+            for path in paths:
+                self.drop_held(path, below=below)
+
     def rm(self, path: str, recursive: bool = False) -> None:
-        self.call("Delete", pb.DeleteRequest(path=path, recursive=recursive), what=f"rm {path}")
+        self._changing("Delete", pb.DeleteRequest(path=path, recursive=recursive), what=f"rm {path}", paths=[path],
+                       below=recursive)
 
     def mv(self, src: str, dst: str) -> None:
-        self.call("Rename", pb.RenameRequest(src=src, dst=dst), what=f"mv {src} {dst}")
+        self._changing("Rename", pb.RenameRequest(src=src, dst=dst), what=f"mv {src} {dst}", paths=[src, dst])
 
     def set_mtime(self, path: str, mtime_unix_ms: int) -> pb.FileInfo:
         request = pb.SetTimesRequest(path=path, mtime_unix_ms=mtime_unix_ms)
-        return self.call("SetTimes", request, what=f"set the time of {path}")  # type: ignore[no-any-return]
+        return self._changing("SetTimes", request, what=f"set the time of {path}", paths=[path],  # type: ignore[no-any-return]
+                              below=False)
 
     def mount(self, path: str, source: str, options: pb.MountOptions | None = None, *,
               replace: bool = False, check: bool = True) -> pb.MountInfo:
         request = pb.MountRequest(path=path, source=source, options=options, replace=replace, check=check)
-        return self.call("Mount", request, what=f"mount {path}").mount  # type: ignore[no-any-return]
+        return self._changing("Mount", request, what=f"mount {path}", paths=[path]).mount  # type: ignore[no-any-return]
 
     def unmount(self, path: str, free: bool = True) -> None:
-        self.call("Unmount", pb.UnmountRequest(path=path, free=free), what=f"unmount {path}")
+        self._changing("Unmount", pb.UnmountRequest(path=path, free=free), what=f"unmount {path}", paths=[path])
 
     def mounts(self) -> list[pb.MountInfo]:
         return list(self.call("ListMounts", pb.ListMountsRequest(), what="listing mounts").mounts)
@@ -368,7 +402,7 @@ class StrataClient:
         return int(self.call("Free", pb.FreeRequest(path=path), what=f"free {path}").bytes_freed)
 
     def set_pinned(self, path: str, pinned: bool) -> None:
-        self.call("SetPinned", pb.SetPinnedRequest(path=path, pinned=pinned), what=f"pin {path}")
+        self._changing("SetPinned", pb.SetPinnedRequest(path=path, pinned=pinned), what=f"pin {path}", paths=[path])
 
     def report(self) -> pb.ReportResponse:
         return self.call("Report", pb.ReportRequest(), what="report")  # type: ignore[no-any-return]
@@ -438,7 +472,12 @@ class StrataClient:
                     log.debug("block %d of %s: worker %s failed: %s", ref.index, ref.path, worker.worker_id, exc)
             self.workers(refresh=True)
         message = f"cannot read block {ref.index} of {ref.path}: " + "; ".join(errors)
-        raise FailedPrecondition(message) if refused and errors else Unavailable(message)
+        if refused and errors:
+            # The namespace names another version of the file now (or none): its next open
+            # asks the master, whatever this client holds of the version refused.
+            self.drop_held(ref.path, version=ref.version)
+            raise FailedPrecondition(message)
+        raise Unavailable(message)
 
     def _read_from(self, worker: pb.WorkerInfo, ref: pb.BlockRef, offset: int, length: int,
                    readahead: int, read_type: pb.ReadType.ValueType, *, hold: bool = False) -> Block:
@@ -530,6 +569,8 @@ class StrataClient:
             return call(messages(), timeout=3600).file  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
             raise error_of(exc, f"writing {path} through worker {worker.worker_id}") from exc
+        finally:
+            self.drop_held(path)
 
     def copy_file(self, src: str, dst: str, *, overwrite: bool = True,
                   write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED) -> pb.FileInfo:
@@ -541,6 +582,8 @@ class StrataClient:
             return self.worker_stub(worker).CopyFile(request, timeout=3600).file  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
             raise error_of(exc, f"copying {src} to {dst} through worker {worker.worker_id}") from exc
+        finally:
+            self.drop_held(dst)
 
 
 class StreamingUpload:

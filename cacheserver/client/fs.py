@@ -19,7 +19,7 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
-from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError
+from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
 from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
 from .core import Block, StrataClient, StreamingUpload
@@ -121,10 +121,13 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         path = self._strip_protocol(path)
         listing: list[dict[str, Any]] | None = None if refresh else self.dircache.get(path)
         if listing is None:
-            info = self.client.stat(path)
-            if not info.is_dir:
-                return [_info_dict(info)] if detail else [info.path]
-            listing = _Listing([_info_dict(e) for e in self.client.ls(path)])
+            # One round trip: the master lists a file as itself. The client holds each entry
+            # as a stat's answer (opening each file listed asks the master no more where the
+            # mount allows it, see StrataClient.stat).
+            entries = self.client.ls(path)
+            if len(entries) == 1 and entries[0].path == path and not entries[0].is_dir:
+                return [_info_dict(entries[0])] if detail else [entries[0].path]
+            listing = _Listing([_info_dict(e) for e in entries])
             self.dircache[path] = listing
         return [dict(e) for e in listing] if detail else [e["name"] for e in listing]
 
@@ -243,25 +246,38 @@ def _weak_fetcher(file: StrataFile) -> Callable[[int, int], bytes]:
 
 class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     """Reads whole blocks, keeping the next ones in flight while the reader is sequential;
-    writes stream to a worker as they come."""
+    writes stream to a worker as they come.
+
+    A file opened from a status the client held (not asked of the master at this open, see
+    StrataClient.stat) may name a version the namespace has since let go of early (another
+    client's read found the file changed in the store): if its first read is refused for
+    that reason before any byte was returned, the file is opened again with the master's
+    status now and the read is served from that version: a read of the whole file whatever
+    its length (to the new end), any other read if the length is the same (its reader may
+    have used the length shown). Once a byte was returned, the file stays the version it
+    returned."""
 
     def __init__(self, fs: StrataFileSystem, path: str, mode: str, write_type: str | None = None,
-                 file_info: pb.FileInfo | None = None) -> None:
+                 file_info: pb.FileInfo | None = None,
+                 may_reopen: Callable[[pb.FileInfo, pb.FileInfo], bool] | None = None) -> None:
         """`file_info` (mode rb): read the file as that status names it (a version opened
-        before), not as the master describes it now."""
+        before), not as the master describes it now. `may_reopen(old, new)` (also settable
+        as an attribute before the first read): asked, and so told, before the file goes on
+        as another version as above; False keeps the refusal (the FUSE server, whose kernel
+        may hold pages of the old version)."""
         self.fs = fs
         self.client = fs.client
         if mode == "rb":
-            self.file_info = file_info if file_info is not None else self.client.stat(path)
-            if self.file_info.is_dir:
-                raise IsADirectoryError(f"{path} is a directory")
-            self._holders: dict[int, list[str]] = {}
-            if not self.file_info.persisted:
-                locations = self.client.block_locations(path)
-                self._holders = {b.index: list(b.worker_ids) for b in locations.blocks}
-            block = self.file_info.block_size or 1
-            self._readahead = fs.readahead if fs.readahead is not None else self.file_info.readahead_blocks
-            super().__init__(fs, path, mode, block_size=block, cache_type="none", size=self.file_info.length)
+            reused = False
+            if file_info is None:
+                file_info, reused = self.client.stat_reused(path)
+            self._adopt(file_info, self._holders_of(file_info, path))
+            # Reopened once at most: while nothing is returned, a held status may be replaced.
+            self._reopenable = reused
+            self.may_reopen = may_reopen
+            self._reopen_lock = threading.Lock()
+            super().__init__(fs, path, mode, block_size=self.file_info.block_size or 1, cache_type="none",
+                             size=self.file_info.length)
             # fsspec's cache calls back into the file; through a weak reference, a file that
             # is dropped unclosed (pyarrow drops the files it reads) is freed, and lets go of
             # its blocks, at once instead of at the next garbage collection.
@@ -279,6 +295,72 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             wt = WriteType.proto_of(write_type) if write_type else fs.write_type
             self._upload: StreamingUpload | None = None
             self._write_type = wt
+
+    def _adopt(self, info: pb.FileInfo, holders: dict[int, list[str]]) -> None:
+        """Read the file as `info` names it, its blocks not in the store from `holders`."""
+        self.file_info = info
+        self._holders = holders
+        self._readahead = self.fs.readahead if self.fs.readahead is not None else info.readahead_blocks
+
+    def _holders_of(self, info: pb.FileInfo, path: str) -> dict[int, list[str]]:
+        """The workers holding each block of a file not in the store yet (none for others)."""
+        if info.is_dir:
+            raise IsADirectoryError(f"{path} is a directory")
+        if info.persisted:
+            return {}
+        return {b.index: list(b.worker_ids) for b in self.client.block_locations(path).blocks}
+
+    def _reopen(self, opened: pb.FileInfo, whole: bool) -> bool:
+        """Open the file again with the master's status now, in place of `opened`, whose
+        block was refused; False if the read cannot go on as another version: bytes of
+        `opened` were returned, `may_reopen` says no, or the length changed and the read is
+        not of the whole file (its reader may have used the length it was shown: the size,
+        a seek from the end). Called with the reopen lock held."""
+        if self.file_info is not opened:  # another thread opened it again already
+            return whole or self.file_info.length == opened.length
+        if not self._reopenable:
+            return False
+        self._reopenable = False
+        fresh = self.client.stat(self.path, fresh=True)
+        if fresh.version == opened.version or fresh.is_dir or (fresh.length != opened.length and not whole):
+            return False  # refused for another reason, no longer a file, or a range of another length
+        holders = self._holders_of(fresh, self.path)
+        if self.may_reopen is not None and not self.may_reopen(opened, fresh):
+            return False
+        with self._lock:
+            for future in self._blocks.values():
+                future.cancel()
+            self._blocks.clear()
+            self._last_index = -2
+            self._adopt(fresh, holders)
+            self.blocksize = fresh.block_size or 1
+            self.size = self.cache.size = fresh.length
+        return True
+
+    def _read_pieces(self, start: int, end: int, *, to_end: bool = False) -> list[bytes | memoryview]:
+        """`_pieces(start, end)`, through a reopen (see the class) while one may happen;
+        `to_end`: `end` is the length opened, and stands for the end of the version read."""
+        if not self._reopenable:
+            return self._pieces(start, end)
+        opened = self.file_info
+        whole = to_end and start == 0
+        try:
+            parts = self._pieces(start, end)
+        except FailedPrecondition:
+            with self._reopen_lock:
+                if not self._reopen(opened, whole):
+                    raise
+        else:
+            with self._reopen_lock:
+                if self.file_info is opened:
+                    self._reopenable = False  # bytes of this version are returned: it stays
+                    return parts
+                if not self._reopen(opened, whole):
+                    raise FailedPrecondition(
+                        f"{self.path} changed in the store as it was opened ({opened.length} bytes, now "
+                        f"{self.file_info.length}): open it again")
+        # Opened again (here or by another thread meanwhile): the bytes of the new version.
+        return self._pieces(start, self.file_info.length if to_end else end)
 
     def _existing_length(self, path: str) -> int | None:
         """The length of the file at `path`; None if there is none."""
@@ -356,7 +438,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
     def _fetch_range(self, start: int, end: int) -> bytes:
         # The result is copied out of the blocks once, whatever the number of blocks (a
         # whole block already held as bytes is handed over as it is).
-        parts = self._pieces(start, end)
+        parts = self._read_pieces(start, end)
         if len(parts) == 1:
             return parts[0] if isinstance(parts[0], bytes) else parts[0].tobytes()
         return b"".join(parts)
@@ -367,11 +449,19 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             raise ValueError("File not in read mode")
         if self.closed:
             raise ValueError("I/O operation on closed file.")
-        if length < 0:
+        to_end = length < 0
+        if to_end:
             length = self.size - self.loc
-        parts = self._pieces(self.loc, self.loc + length)
+        parts = self._read_pieces(self.loc, self.loc + length, to_end=to_end)
         self.loc += sum(len(p) for p in parts)
         return parts
+
+    def read(self, length: int = -1) -> bytes:
+        if self.mode == "rb" and self._reopenable and (length is None or length < 0):
+            # The first read, to the end, of a file opened from a held status: to the end of
+            # the version it reads (see the class).
+            return b"".join(self._take(-1))
+        return super().read(length)  # type: ignore[no-any-return]
 
     def read_buffer(self, length: int = -1) -> bytes | memoryview:
         """As read(), but what lies in one block comes as a read-only view of the block's
@@ -402,6 +492,8 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         per line and seeks back, which copies 16 MiB for every line)."""
         if self.mode != "rb":
             return super().readline(size)  # type: ignore[no-any-return]
+        if self._reopenable and self.loc < self.size:
+            self._read_pieces(self.loc, self.loc + 1)  # a file opened from a held status: see the class
         limit = self.size - self.loc if size is None or size < 0 else min(size, self.size - self.loc)
         parts: list[bytes] = []
         taken = 0

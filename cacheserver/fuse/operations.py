@@ -8,7 +8,12 @@ session (session.py) calls by path, answered with the client library.
   across opens while the file's version (its content identity) stays the one seen at the
   previous open; a changed file starts cold. While a file is open at another version (opened
   before it changed), a new open reads around the page cache (direct I/O): that cache is
-  one per file, and the other handle's reads fill it with its version's pages.
+  one per file, and the other handle's reads fill it with its version's pages. An open
+  answered from a status the client held (see client/core.py) whose first read is refused
+  because the file changed in the store goes on as the new version only where the page
+  cache cannot mix the two: the handle reads directly, or it is the only handle of the file
+  since its open dropped the cached pages and the length is the kernel's; else the read
+  fails with EIO as it would have (the next open asks the master).
 - Writes: buffered in a local spool file and written as a whole through a worker, with the
   mount's write type (or the one given), on flush/fsync/close (see handles.py). Opening an
   existing file for writing without O_TRUNC first copies it into the spool.
@@ -208,22 +213,50 @@ class _OpenReads:
 
     def __init__(self) -> None:
         self._by_path: dict[str, Counter[str]] = {}
+        # How many times the handles of each path open changed (opens, releases, reopens).
+        self._changes: dict[str, int] = {}
 
     def change(self, handle: ReadHandle | WriteHandle, count: int) -> None:
         """A read handle opened (`count` 1) or released (-1); write handles do not count."""
-        if not isinstance(handle, ReadHandle):
-            return
-        info = handle.info
-        versions = self._by_path.setdefault(info.path, Counter())
-        versions[info.version] += count
-        if versions[info.version] <= 0:
-            del versions[info.version]
+        if isinstance(handle, ReadHandle):
+            self._count(handle.info.path, handle.info.version, count)
+
+    def move(self, path: str, old: str, new: str) -> None:
+        """A read handle of `path` goes on as version `new` instead of `old`."""
+        self._count(path, old, -1)
+        self._count(path, new, 1)
+
+    def _count(self, path: str, version: str, count: int) -> None:
+        versions = self._by_path.setdefault(path, Counter())
+        versions[version] += count
+        if versions[version] <= 0:
+            del versions[version]
+        self._changes[path] = self._changes.get(path, 0) + 1
         if not versions:
-            del self._by_path[info.path]
+            del self._by_path[path]
+            del self._changes[path]
 
     def versions(self, path: str) -> Collection[str]:
         """The versions of `path` open for reading."""
         return self._by_path.get(path, {}).keys()
+
+    def alone(self, path: str, version: str, changes: int) -> bool:
+        """Is one handle of `version` all that is open of `path`, with no handle of it opened
+        or released since the count of changes was `changes`?"""
+        return self._by_path.get(path) == Counter({version: 1}) and self._changes.get(path) == changes
+
+    def changes(self, path: str) -> int:
+        return self._changes.get(path, 0)
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """How a read handle was opened: what the kernel was told and when (see _OpenReads.alone)."""
+
+    ns: str
+    keep_cache: bool
+    direct_io: bool
+    changes: int
 
 
 class StrataOperations:
@@ -322,7 +355,9 @@ class StrataOperations:
         return adopted
 
     def _reopen(self, fh: int, ns: str, info: pb.FileInfo | None) -> None:
-        handle = ReadHandle(self.fs.open(ns, "rb", file_info=info))
+        file = self.fs.open(ns, "rb", file_info=info)
+        file.may_reopen = lambda old, new: False  # how the predecessor opened it is not known here
+        handle = ReadHandle(file)
         with self._lock:
             old = self._handles.setdefault(fh, handle)
             if old is handle:
@@ -379,6 +414,31 @@ class StrataOperations:
         while len(self._versions) > REMEMBERED:
             self._versions.popitem(last=False)
         return same, False
+
+    def _may_switch(self, opened: _Opened, fh: int, old: pb.FileInfo, new: pb.FileInfo) -> bool:
+        """May read handle `fh`, whose first read was refused because `old` changed in the
+        store, go on as `new`? Only where the kernel's page cache cannot hold pages of `old`
+        for it: a handle that reads directly; or one that dropped them at its open (no keep
+        cache), with no other handle of the file opened or released since, and the length
+        the kernel has (it cuts cached reads at the size it was told). If so, it is counted as
+        `new` from now on."""
+        ns = opened.ns
+        with self._lock:
+            alone = self._open_reads.alone(ns, old.version, opened.changes)
+            if not (opened.direct_io or (alone and not opened.keep_cache and new.length == old.length)):
+                return False
+            self._open_reads.move(ns, old.version, new.version)
+            if not opened.direct_io:
+                self._versions[ns] = new.version
+                self._versions.move_to_end(ns)
+        try:
+            self._records.add(fh, new)  # a successor opens it again as `new`
+        except BaseException:
+            with self._lock:
+                self._open_reads.move(ns, new.version, old.version)
+            raise
+        self._attrs.put(new)
+        return True
 
     def _forget(self, ns: str) -> None:
         self._attrs.drop(ns)
@@ -517,12 +577,15 @@ class StrataOperations:
     def open(self, path: str, fi: Any) -> int:
         ns = self._ns(path)
         if fi.flags & os.O_ACCMODE == os.O_RDONLY:
-            reader = ReadHandle(self.fs.open(ns, "rb"))
+            file = self.fs.open(ns, "rb")
+            reader = ReadHandle(file)
             self._attrs.put(reader.info)
             with self._lock:  # decided and added at once: a handle of another version opened meanwhile counts
                 keep, direct = self._page_cache_locked(ns, reader.info.version)
                 fi.keep_cache, fi.direct_io = int(keep), int(direct)
                 fi.fh = self._add_locked(reader)
+                opened = _Opened(ns, keep, direct, self._open_reads.changes(ns))
+            file.may_reopen = functools.partial(self._may_switch, opened, fi.fh)
             try:
                 self._records.add(fi.fh, reader.info)
             except BaseException:

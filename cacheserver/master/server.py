@@ -68,6 +68,14 @@ class MasterCollector(Collector):
         for path, count in sorted(s.namespace.stale_served.items()):
             stale.add_metric([path], count)
         yield stale
+        requests = CounterMetricFamily(
+            "strata_master_metadata_requests",
+            "GetStatus and ListStatus requests answered (clients reuse read-only mounts' answers while they hold)",
+            labels=["method"],
+        )
+        for method in ("GetStatus", "ListStatus"):
+            requests.add_metric([method], s.metadata_requests[method])
+        yield requests
         yield from pending_upload_metrics("strata_mount", s.pending_uploads(), {m.mount_id: m.path for m in s.mounts.list()})
 
 

@@ -6,6 +6,19 @@ path is known, N serves answers at most N seconds old (measured from when the st
 started). Concurrent misses on one path share one store request (single flight), and any
 change made through Strata invalidates the affected entries at once.
 
+Answers reused by clients (`valid_for`, FileInfo.valid_for_ms): on a read-only mount synced
+every N > 0 seconds (or never, -1), the master's answer for a path is the store's answer it
+cached, served unchanged until that entry expires (started + N) unless something through
+Strata invalidates it first (a worker that found the file changed in the store, a remount).
+Each answer carries what is left of that freshness (of the path's own entry or the parent's
+listing, whichever answered), at most MAX_ANSWER_REUSE, and a client may reuse it until
+its request's send time plus that: it never sees anything the master would not have said
+then, except after such an early invalidation (which the reader finds out at its next block
+read: the worker refuses blocks of a version the namespace no longer names). Everything else
+carries 0 and is asked for each time: writable mounts (close-to-open for writes through other
+clients), interval 0, answers served stale (below), files written through Strata, mount
+roots and the directories holding mounts.
+
 Stale-if-error: when the store cannot be reached (refused, 5xx: `Unavailable`; no answer
 within its deadline: `DeadlineExceeded`; no answer within `StoreTimeouts.stale_after`) and
 the mount allows it (`stale_if_error`, on by default), an expired answer is served instead of
@@ -54,6 +67,13 @@ STATE_FILE = "namespace.json"
 # Directory listings (recursive ones especially) are spread over at most this many
 # concurrent store requests when a listing spans several mounts.
 LIST_CONCURRENCY = 8
+# The longest a client may reuse an answer (`Namespace.valid_for`), whatever the mount's
+# interval ("never" included): a client misses an early invalidation of its answer until its
+# next block read of the file, and a remount or pin made through another client, for at
+# most this long. 300 s: a training epoch over a 100,000-file dataset then asks the master
+# at most once per file every 5 minutes (~330 stats/s spread out, where it answers
+# thousands), while a change made elsewhere shows within the time of a job's step.
+MAX_ANSWER_REUSE = 300.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,14 @@ class OverlayEntry:
 class _Fetched:
     value: Any
     started: float  # time.monotonic() when the store request began
+    _by_path: dict[str, UfsStatus] | None = None
+
+    def listed(self, rel: str) -> UfsStatus | None:
+        """The entry for `rel` in this listing (a list or walk answer), by an index made at the
+        first look (a folder of 100,000 files is not scanned for each stat it answers)."""
+        if self._by_path is None:
+            self._by_path = {s.path: s for s in self.value or ()}
+        return self._by_path.get(rel)
 
 
 def _fresh(started: float, now: float, interval: float) -> bool:
@@ -387,7 +415,7 @@ class Namespace:
         listing = entries.get(("list", _rel_parent(rel)))
         if listing is None or listing.value is None:
             return None
-        return _Fetched(next((s for s in listing.value if s.path == rel), None), listing.started)
+        return _Fetched(listing.listed(rel), listing.started)
 
     async def _fetch_from_store(self, mount: Mount, kind: str, rel: str) -> Any:
         cache = self._cache(mount)
@@ -430,24 +458,40 @@ class Namespace:
             return answer
         return [status for status in _nameable(mount, store.url(rel), answer) if not is_upload_path(status.path)]
 
-    def _known_status(self, mount: Mount, rel: str) -> tuple[bool, UfsStatus | None]:
-        """(True, status) if the cache can say what is at `rel` (None: nothing), from the
-        path's own entry or its parent's listing, whichever the store gave later (so a stat
-        and a listing never disagree about a file put into the store meanwhile); (False, None)
-        if it cannot."""
+    def _known_status(self, mount: Mount, rel: str) -> _Fetched | None:
+        """What the cache can say is at `rel` (its value the status, None: nothing) and when
+        the store said it, from the path's own entry or its parent's listing, whichever the
+        store gave later (so a stat and a listing never disagree about a file put into the
+        store meanwhile); None if it cannot."""
         hit = self._cached(mount, "info", rel)
         listing = self._cached(mount, "list", _rel_parent(rel))
         if listing is not None and listing.value is not None and (hit is None or listing.started > hit.started):
-            return True, next((s for s in listing.value if s.path == rel), None)
-        if hit is not None:
-            return True, hit.value
-        return False, None
+            return _Fetched(listing.listed(rel), listing.started)
+        return hit
 
     async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:
-        known, status = self._known_status(mount, rel)
-        if not known:
-            status = await self._fetch(mount, "info", rel)
-        return status
+        known = self._known_status(mount, rel)
+        if known is None:
+            return await self._fetch(mount, "info", rel)  # type: ignore[no-any-return]
+        return known.value  # type: ignore[no-any-return]
+
+    def valid_for(self, entry: FileEntry) -> float:
+        """Seconds from now during which the master answers `entry` for its path, unless a
+        change through Strata comes first (see the module docstring): what is left of the
+        freshness of the cached store answer that gives it, on read-only mounts; 0 wherever
+        the master may answer otherwise at any moment."""
+        mount = self._mounts.by_id(entry.mount_id)
+        if mount is None or not mount.options.read_only or not is_under(entry.path, mount.path):
+            return 0.0  # the directories holding mounts (mount id 0), and writable mounts
+        interval = mount.options.metadata_sync_interval
+        rel = relative(entry.path, mount.path)
+        if interval == 0 or rel == "" or entry.path in self._overlay:
+            return 0.0
+        known = self._known_status(mount, rel)  # None when the answer was served stale
+        if known is None or known.value is None or self._status_entry(mount, known.value) != entry:
+            return 0.0  # not what the master answers now (an invalidation, a newer answer)
+        left = MAX_ANSWER_REUSE if interval < 0 else known.started + interval - time.monotonic()
+        return max(0.0, min(left, MAX_ANSWER_REUSE))
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -486,8 +530,9 @@ class Namespace:
         mount.check_usable()
         rel = relative(path, mount.path)
         if rel:
-            known, status = self._known_status(mount, rel)
-            if known and status is not None and not status.is_dir:
+            known = self._known_status(mount, rel)
+            status = None if known is None else known.value
+            if status is not None and not status.is_dir:
                 file_entry = self._merge(mount, rel, status)
                 if file_entry is not None:
                     return [file_entry]

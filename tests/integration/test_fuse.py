@@ -21,6 +21,7 @@ import pytest
 from strata.cacheserver import launcher
 from strata.cacheserver.fuse.locations import parse_locations
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state, wait_mounted
+from strata.contract import errors
 from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
 
@@ -541,3 +542,24 @@ def test_a_file_changed_while_open_never_mixes_versions_in_the_page_cache(
     finally:
         os.close(before)
     assert (mnt / "local" / "f.bin").read_bytes() == new
+
+
+def test_an_open_from_a_held_status_goes_on_as_the_new_version_where_the_page_cache_allows(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    """A read-only mount's status is held by the FUSE process (its lookups and opens ask the
+    master once). The file changes in the store (the same length) and another client's read
+    makes the master notice: an open from the held status, whose first read is refused, goes
+    on as the new version (the only handle of the file, its page cache dropped at open)."""
+    cluster = start_cluster(workers=1)
+    old, new = payload(1000), payload(1000, seed=1)
+    cluster.s3.put_object(bucket, "f.bin", old)
+    cluster.mount_bucket("/ro", bucket, read_only=True, metadata_sync_interval=3600)
+    mnt = mount_fuse(cluster).path
+    assert (mnt / "ro" / "f.bin").stat().st_size == len(old)  # looked up: its status is held
+    status = cluster.fs().client.stat("/ro/f.bin")
+    cluster.s3.put_object(bucket, "f.bin", new)
+    other = cluster.fs(host="other")
+    with pytest.raises(errors.FailedPrecondition, match="open it again"):
+        other.client.read_block(other.client.block_ref(status, 0))
+    assert (mnt / "ro" / "f.bin").read_bytes() == new
+    assert (mnt / "ro" / "f.bin").read_bytes() == new

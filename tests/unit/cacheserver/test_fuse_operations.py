@@ -143,3 +143,53 @@ def test_an_open_keeps_the_page_cache_only_while_no_other_version_is_open(
     assert told == (0, 0)
     for fh in (i, j):
         successor.release("/f", FileInfo(fh=fh))
+
+
+def test_a_handle_goes_on_as_a_new_version_only_where_the_page_cache_cannot_mix_them(
+        mounted: tuple[StrataFileSystem, Path], tmp_path: Path) -> None:
+    """What the FUSE server answers a read handle whose first read was refused because its
+    version changed in the store (client.fs.StrataFile.may_reopen): yes only for a handle
+    that reads directly, or that dropped the kernel's pages at its open and is the only one
+    of the file since, with the length the kernel has."""
+    fs, store = mounted
+    rewrite(store / "f", b"one")
+    ops = StrataOperations(fs, FuseSettings(root="/m", attr_timeout=0, handles_dir=tmp_path / "handles"))
+
+    def may_switch(fh: int, new: pb.FileInfo) -> bool:
+        file = ops._handles[fh]._file  # type: ignore[union-attr]
+        allowed = bool(file.may_reopen(file.file_info, new))
+        if allowed:
+            file.file_info = new  # as the file does when told yes
+        return allowed
+
+    def release(fh: int) -> None:
+        assert ops.release("/f", FileInfo(fh=fh)) == 0
+
+    a, told = opened(ops)
+    assert told == (0, 0)
+    old = fs.client.stat("/m/f")
+    same_length = pb.FileInfo(path="/m/f", version="v-same-length", length=old.length)
+    longer = pb.FileInfo(path="/m/f", version="v-longer", length=old.length + 1)
+    assert not may_switch(a, longer)  # the kernel would cut its reads at the old length
+    b, told = opened(ops)
+    assert told == (1, 0)
+    assert not may_switch(b, same_length)  # kept the pages of the old version
+    assert not may_switch(a, same_length)  # another handle opened since
+    release(b)
+    assert not may_switch(a, same_length)  # ... and released: it may have filled pages
+    release(a)
+    rewrite(store / "f", b"two")  # same length, another version
+    c, told = opened(ops)
+    assert told == (0, 0)
+    assert may_switch(c, same_length)
+    rewrite(store / "f", b"three")
+    d, told = opened(ops)
+    assert told == (0, 1)  # c counts as "v-same-length" now: d reads around the page cache
+    assert may_switch(d, longer)  # direct reads: no page of either version
+    e, told = opened(ops)
+    assert told == (0, 1)
+    for fh in (c, d, e):
+        release(fh)
+    f, told = opened(ops)
+    assert told == (0, 0)  # nothing open: the index is back to empty
+    release(f)

@@ -1,7 +1,9 @@
 """The client through a master outage, against the real master service (in this process, on
 its own event loop thread, 127.0.0.1) stopped for real: files already looked at stay
-openable for `master_outage_grace` seconds; nothing else is made up. And a block read
-returns exactly the bytes asked for, whichever way a worker sent them."""
+openable for `master_outage_grace` seconds; nothing else is made up. A block read returns
+exactly the bytes asked for, whichever way a worker sent them. And the master's answers
+for read-only mounts are reused while the master would give them (counted at the master),
+never longer."""
 
 from __future__ import annotations
 
@@ -134,3 +136,126 @@ def test_a_block_of_another_length_than_asked_is_never_returned(master: tuple[Ma
         stop.set()
         thread.join(timeout=5)
         server.close()
+
+
+# -- answers reused while the master would give them ------------------------------------------
+
+
+def metadata_requests(handle: MasterHandle) -> int:
+    return sum(handle.service.metadata_requests.values())
+
+
+def mounted_client(handle: MasterHandle, tmp_path: Path, *, read_only: bool, interval: float,
+                   **settings: float) -> tuple[StrataClient, Path]:
+    store = tmp_path / "reused"
+    store.mkdir()
+    for i in range(3):
+        (store / f"f{i}").write_bytes(b"x" * i)
+    client = StrataClient(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, host="h",
+                          settings=ClientSettings(**settings))
+    client.mount("/r", f"file://{store}", pb.MountOptions(read_only=read_only, metadata_sync_interval=interval))
+    return client, store
+
+
+def rewrite(path: Path, data: bytes) -> None:
+    """A new version of a file:// file (its size and mtime are its version)."""
+    path.write_bytes(data)
+    later = time.time_ns() + 1_000_000_000
+    os.utime(path, ns=(later, later))
+
+
+@pytest.mark.parametrize("grace", [120.0, 0.0], ids=["outage-grace", "no-outage-grace"])
+def test_repeated_stats_of_a_read_only_mount_ask_the_master_once(master: tuple[MasterHandle, Run[Any]],
+                                                                 tmp_path: Path, grace: float) -> None:
+    handle, _ = master
+    client, _ = mounted_client(handle, tmp_path, read_only=True, interval=30, master_outage_grace=grace)
+    try:
+        first = client.stat("/r/f1")
+        assert 29_000 < first.valid_for_ms <= 30_000
+        asked = metadata_requests(handle)
+        for _ in range(20):
+            assert client.stat("/r/f1") == first
+        assert metadata_requests(handle) == asked
+        listed = client.ls("/r")  # one listing, then each file listed opens with no question
+        assert metadata_requests(handle) == asked + 1
+        assert [client.stat(f.path) for f in listed] == listed
+        assert metadata_requests(handle) == asked + 1
+        assert client.stat("/r/f1", fresh=True).version == first.version
+        assert metadata_requests(handle) == asked + 2
+    finally:
+        client.close()
+
+
+def test_a_writable_mount_is_asked_on_every_stat(master: tuple[MasterHandle, Run[Any]], tmp_path: Path) -> None:
+    handle, _ = master
+    client, _ = mounted_client(handle, tmp_path, read_only=False, interval=30)
+    try:
+        first = client.stat("/r/f1")
+        assert first.valid_for_ms == 0
+        asked = metadata_requests(handle)
+        client.ls("/r")
+        for _ in range(5):
+            client.stat("/r/f1")
+        assert metadata_requests(handle) == asked + 6
+    finally:
+        client.close()
+
+
+def test_a_file_changed_in_the_store_is_seen_no_later_than_the_master_sees_it(
+        master: tuple[MasterHandle, Run[Any]], tmp_path: Path) -> None:
+    """The client's answer never lags the master's: once the master answers the new version,
+    the client's next stat does too; and that within the mount's interval."""
+    handle, _ = master
+    interval = 2.0
+    client, store = mounted_client(handle, tmp_path, read_only=True, interval=interval)
+    direct = StrataClient(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, host="h",
+                          settings=ClientSettings(master_outage_grace=0))
+    try:
+        direct.stat("/r/f2")  # the master asks the store now
+        time.sleep(1.0)
+        old = client.stat("/r/f2")  # half of the master's interval gone: held for the rest only
+        assert old.valid_for_ms <= 1000
+        rewrite(store / "f2", b"changed")
+        changed_at = time.monotonic()
+        master_saw_it = False
+        while True:
+            seen = client.stat("/r/f2")
+            assert not (master_saw_it and seen.version == old.version), "the client lagged the master"
+            if seen.version != old.version:
+                break
+            master_saw_it = direct.stat("/r/f2", fresh=True).version != old.version
+            assert time.monotonic() - changed_at < interval + 1, "not seen within the interval"
+            time.sleep(0.01)
+        assert seen.length == 7
+    finally:
+        client.close()
+        direct.close()
+
+
+def test_changes_through_the_client_drop_what_it_holds(master: tuple[MasterHandle, Run[Any]], tmp_path: Path) -> None:
+    """A remount through this client (here: the same folder made writable) is seen by its
+    next stat, not after the reuse of the read-only mount's answers ends."""
+    handle, _ = master
+    client, store = mounted_client(handle, tmp_path, read_only=True, interval=-1)
+    try:
+        client.ls("/r")
+        assert client.stat("/r/f1").read_only
+        client.mount("/r", f"file://{store}", pb.MountOptions(metadata_sync_interval=-1), replace=True)
+        assert not client.stat("/r/f1").read_only
+    finally:
+        client.close()
+
+
+def test_an_answer_not_to_reuse_replaces_the_one_held(master: tuple[MasterHandle, Run[Any]], tmp_path: Path) -> None:
+    handle, _ = master
+    client, store = mounted_client(handle, tmp_path, read_only=True, interval=30, master_outage_grace=0)
+    other = StrataClient(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, host="h")
+    try:
+        assert client.stat("/r/f1").read_only
+        other.mount("/r", f"file://{store}", pb.MountOptions(metadata_sync_interval=30), replace=True)
+        assert client.stat("/r/f1").read_only  # a remount elsewhere shows when the answer held ends
+        assert not client.stat("/r/f1", fresh=True).read_only
+        assert not client.stat("/r/f1").read_only  # not the older answer, held still
+    finally:
+        client.close()
+        other.close()

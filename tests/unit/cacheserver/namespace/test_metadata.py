@@ -15,7 +15,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from tinydisk import filled, tiny_disk
 
-from strata.cacheserver.namespace.metadata import FileEntry, Namespace
+from strata.cacheserver.namespace.metadata import MAX_ANSWER_REUSE, FileEntry, Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 from strata.contract.errors import (
     AlreadyExists,
@@ -317,6 +317,68 @@ async def test_an_answer_that_started_before_an_invalidation_is_not_kept() -> No
     await slow
     assert paths(await env.ns.list_status("/m")) == ["/m/new", "/m/old"]
     assert env.calls["ls"] == 2
+
+
+# -- how long a client may reuse an answer (valid_for) ---------------------------------------------
+
+
+async def test_an_answer_is_reusable_for_what_is_left_of_its_freshness_on_read_only_mounts() -> None:
+    interval = 30.0
+    env = Env(None, metadata_sync_interval=interval, read_only=True)
+    env.put("d/f", b"one")
+    env.put("g", b"gee")
+    before = time.monotonic()
+    entry = await env.ns.get_status("/m/d/f")
+    left = env.ns.valid_for(entry)
+    assert interval - (time.monotonic() - before) <= left <= interval
+    await asyncio.sleep(0.3)
+    assert left - 0.5 < env.ns.valid_for(entry) <= left - 0.3  # counts down with the cache entry
+    listed = await env.ns.list_status("/m")  # answered by the listing from now on: its freshness
+    assert all(interval - 0.5 < env.ns.valid_for(e) <= interval for e in listed if not e.is_dir)
+    assert env.ns.valid_for(await env.ns.get_status("/m")) == 0  # a mount root
+    env.put("d/f", b"changed")
+    env.ns.invalidate("/m/d/f")  # as when a worker found it changed in the store
+    assert env.ns.valid_for(entry) == 0  # the master no longer answers it
+    assert env.ns.valid_for(await env.ns.get_status("/m/d/f")) > interval - 0.5
+
+
+async def test_never_synced_answers_are_reusable_for_the_cap_only() -> None:
+    env = Env(None, metadata_sync_interval=-1, read_only=True)
+    env.put("f", b"one")
+    assert env.ns.valid_for(await env.ns.get_status("/m/f")) == MAX_ANSWER_REUSE
+
+
+@pytest.mark.parametrize("options", [
+    {"metadata_sync_interval": 30},  # writable: close-to-open for writes through other clients
+    {"metadata_sync_interval": 0, "read_only": True},  # asks the store on every access
+], ids=["writable", "interval-0"])
+async def test_answers_the_master_may_change_at_any_time_are_not_reusable(options: dict[str, Any]) -> None:
+    env = Env(None, **options)
+    env.put("f", b"one")
+    assert env.ns.valid_for(await env.ns.get_status("/m/f")) == 0
+    assert [env.ns.valid_for(e) for e in await env.ns.list_status("/m")] == [0]
+
+
+async def test_an_answer_served_stale_is_not_reusable() -> None:
+    env = await expired_warm_env(read_only=True)
+    GatedMemoryFileSystem.failure = ConnectionRefusedError(111, "Connection refused")
+    stale = await env.ns.get_status("/m/d/f")
+    assert env.ns.stale_served == {"/m": 1}
+    assert env.ns.valid_for(stale) == 0
+
+
+async def test_a_listing_answers_stats_from_an_index() -> None:
+    env = Env(None, metadata_sync_interval=-1, read_only=True)
+    for i in range(2000):
+        env.put(f"f{i:05d}", b"x")
+    listed = await env.ns.list_status("/m")
+    started = time.process_time()
+    for entry in listed:
+        assert await env.ns.get_status(entry.path) == entry
+        assert env.ns.valid_for(entry) == MAX_ANSWER_REUSE
+    took = time.process_time() - started
+    assert env.calls["ls"] == 1 and env.calls["info"] == 0
+    print(f"\n2000 stats answered from a listing of 2000: {took * 1000:.0f} ms of CPU")
 
 
 # -- files written through Strata ----------------------------------------------------------------------
