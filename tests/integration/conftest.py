@@ -193,6 +193,13 @@ class Cluster:
         stop_servers([*self.workers, self.master])
 
 
+def start_servers(servers: list[Server]) -> None:
+    """Start the servers side by side and wait until each answers /healthz."""
+    for server in servers:
+        server.start()
+    launcher.wait_ready([server.ready() for server in servers], STARTUP_TIMEOUT)
+
+
 def stop_servers(servers: list[Server], grace: float = 15) -> None:
     """SIGTERM to every running server at once, then each waited for within one grace
     period (SIGKILL to what is left): as fast as the slowest, where one by one took the sum."""
@@ -249,8 +256,8 @@ def bucket(s3: Any, request: pytest.FixtureRequest) -> str:
 
 def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, Any]] | None = None,
                    extra: dict[str, Any] | None = None, clusters: list[Cluster] | None = None) -> Cluster:
-    """Start a master and `workers` workers under `root` (added to `clusters` as soon as the
-    master runs, so a failed start is still stopped by whoever owns the list)."""
+    """Start a master and `workers` workers under `root` (added to `clusters` before they
+    start, so a failed start is still stopped by whoever owns the list)."""
     env = {**os.environ, "STRATA_TOKEN": TOKEN, "STRATA_DATA_TOKEN": DATA_TOKEN,
            "STRATA_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info",
            # Tests stop workers to restart them, often with the store cut: a short drain.
@@ -267,17 +274,13 @@ def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, 
               "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http_port)],
         env=env, log=root / "logs" / "master.log", http_port=http_port, port=port,
     )
-    master.start()
-    cluster = Cluster(root=root, master=master, workers=[], s3=s3, env=env)
+    cluster = Cluster(root=root, master=master, s3=s3, env=env,
+                      workers=[make_worker(root, i, port, env, tiers=tiers, extra=extra) for i in range(workers)])
     if clusters is not None:
         clusters.append(cluster)
     # The workers start beside the master, as in Kubernetes: each registers once the master
     # answers (their channels try again within a second).
-    for i in range(workers):
-        worker = make_worker(root, i, port, env, tiers=tiers, extra=extra)
-        worker.start()
-        cluster.workers.append(worker)
-    launcher.wait_ready([master.ready(), *(w.ready() for w in cluster.workers)], STARTUP_TIMEOUT)
+    start_servers([master, *cluster.workers])
     cluster.wait_workers(workers)
     return cluster
 
