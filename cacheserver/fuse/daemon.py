@@ -122,8 +122,9 @@ def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> ke
     """Mount anew, start the mount's keeper (or have the node's holder start it, see holder.py)
     and attach to it."""
     holder_socket = holder.configured()
+    holder_wait = holder.wait_timeout() if holder_socket is not None else 0.0
     if holder_socket is not None:  # before mounting: a mount nobody keeps would look published
-        holder.wait_ready(holder_socket)
+        holder.wait_ready(holder_socket, holder_wait)
     prepare_mountpoint(mountpoint)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True, mode=0o700)
@@ -133,7 +134,7 @@ def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> ke
                                           allow_other=options.allow_other, max_read=MAX_IO))
     try:
         if holder_socket is not None:
-            holder.start_keeper(holder_socket, fd, state, mountpoint, options.resume_timeout)
+            holder.start_keeper(holder_socket, fd, state, mountpoint, options.resume_timeout, holder_wait)
         else:
             keeper.start(fd, state, mountpoint, options.resume_timeout)
         attachment = keeper.attach(state, options.resume_timeout)

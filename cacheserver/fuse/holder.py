@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata.contract.errors import StrataError, Unavailable
+from strata.contract.errors import InvalidArgument, StrataError, Unavailable
 from . import keeper
 
 log = logging.getLogger("strata.fuse.holder")
@@ -46,8 +46,10 @@ MAX_MESSAGE = 4096
 REQUEST_TIMEOUT = 10.0
 # Seconds a client waits for the answer (the keeper is a new Python process).
 START_TIMEOUT = 30.0
-# Seconds `strata fuse` waits for the holder to listen (a node plugin may start before it).
+# Seconds `strata fuse` waits for the holder to listen (a node plugin may start before it),
+# unless STRATA_FUSE_HOLDER_WAIT says otherwise.
 WAIT_TIMEOUT = 30.0
+WAIT_ENV = "STRATA_FUSE_HOLDER_WAIT"
 WAIT_INTERVAL = 0.5
 # Seconds between looks for keepers that ended.
 REAP_INTERVAL = 1.0
@@ -259,6 +261,21 @@ def configured() -> Path | None:
     """The holder socket `strata fuse` hands its mounts to (STRATA_FUSE_HOLDER), or None."""
     value = os.environ.get(HOLDER_ENV, "").strip()
     return Path(value) if value else None
+
+
+def wait_timeout() -> float:
+    """Seconds `strata fuse` waits for its holder to listen: STRATA_FUSE_HOLDER_WAIT, else
+    WAIT_TIMEOUT."""
+    value = os.environ.get(WAIT_ENV, "").strip()
+    if not value:
+        return WAIT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < 86400:
+        raise InvalidArgument(f"{WAIT_ENV} must be seconds (0 < s < 86400), not {value!r}")
+    return seconds
 
 
 def _connect(path: Path, wait: float) -> socket.socket:

@@ -6,6 +6,7 @@ Every server is a child process started the way a user starts it (`strata master
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -142,9 +143,9 @@ class Server:
         assert status == 200, f"{self.name} /metrics answered {status}"
         return text
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 15) -> None:
         if self.child is not None:
-            self.child.stop(grace=15, sig=sig)
+            self.child.stop(grace=grace, sig=sig)
         self.child = None
 
 
@@ -189,8 +190,30 @@ class Cluster:
     def stop(self) -> None:
         for fs in self.filesystems:
             fs.client.close()
-        for server in [*self.workers, self.master]:
-            server.stop()
+        stop_servers([*self.workers, self.master])
+
+
+def start_servers(servers: list[Server]) -> None:
+    """Start the servers side by side and wait until each answers /healthz."""
+    for server in servers:
+        server.start()
+    launcher.wait_ready([server.ready() for server in servers], STARTUP_TIMEOUT)
+
+
+def stop_servers(servers: list[Server], grace: float = 15) -> None:
+    """SIGTERM to every running server at once, then each waited for within one grace
+    period (SIGKILL to what is left): as fast as the slowest, where one by one took the sum."""
+    running = [s for s in servers if s.child is not None]
+    for server in running:
+        assert server.child is not None
+        if server.child.alive():
+            server.child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for server in running:
+        assert server.child is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        server.stop(grace=0)  # SIGKILL to whatever of its group is left; reaped
 
 
 def make_worker(root: Path, index: int, master_port: int, env: dict[str, str], *, tiers: list[dict[str, Any]] | None = None,
@@ -233,8 +256,8 @@ def bucket(s3: Any, request: pytest.FixtureRequest) -> str:
 
 def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, Any]] | None = None,
                    extra: dict[str, Any] | None = None, clusters: list[Cluster] | None = None) -> Cluster:
-    """Start a master and `workers` workers under `root` (added to `clusters` as soon as the
-    master runs, so a failed start is still stopped by whoever owns the list)."""
+    """Start a master and `workers` workers under `root` (added to `clusters` before they
+    start, so a failed start is still stopped by whoever owns the list)."""
     env = {**os.environ, "STRATA_TOKEN": TOKEN, "STRATA_DATA_TOKEN": DATA_TOKEN,
            "STRATA_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONSAFEPATH": "1", "STRATA_LOG_LEVEL": "info",
            # Tests stop workers to restart them, often with the store cut: a short drain.
@@ -251,16 +274,13 @@ def launch_cluster(root: Path, s3: Any, workers: int = 2, tiers: list[dict[str, 
               "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http_port)],
         env=env, log=root / "logs" / "master.log", http_port=http_port, port=port,
     )
-    master.start()
-    cluster = Cluster(root=root, master=master, workers=[], s3=s3, env=env)
+    cluster = Cluster(root=root, master=master, s3=s3, env=env,
+                      workers=[make_worker(root, i, port, env, tiers=tiers, extra=extra) for i in range(workers)])
     if clusters is not None:
         clusters.append(cluster)
-    master.wait_healthy()
-    for i in range(workers):
-        worker = make_worker(root, i, port, env, tiers=tiers, extra=extra)
-        worker.start()
-        cluster.workers.append(worker)
-    launcher.wait_ready([w.ready() for w in cluster.workers], STARTUP_TIMEOUT)
+    # The workers start beside the master, as in Kubernetes: each registers once the master
+    # answers (their channels try again within a second).
+    start_servers([master, *cluster.workers])
     cluster.wait_workers(workers)
     return cluster
 

@@ -21,7 +21,7 @@ from strata.cacheserver.blockwire import request_line
 from strata.contract import rpc
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric, read_by_blocks
+from .conftest import BLOCK_SIZE, INTERNAL_TOKEN, TOKEN, Cluster, metric, read_by_blocks, start_servers, stop_servers
 from .test_data_port import exchange
 
 pytestmark = pytest.mark.timeout(240)
@@ -45,18 +45,12 @@ def block_files(directory: Path) -> list[Path]:
 
 def restart_with_block_size(cluster: Cluster, size: str) -> None:
     """Stop the cluster, set the block size in every server's config, start it again."""
-    for server in [*cluster.workers, cluster.master]:
-        server.stop()
+    stop_servers([*cluster.workers, cluster.master])
     for config in [cluster.root / "master.yaml", *(cluster.root / f"{w.name}.yaml" for w in cluster.workers)]:
         settings = yaml.safe_load(config.read_text())
         settings["blockSize"] = size
         config.write_text(yaml.safe_dump(settings))
-    cluster.master.start()
-    cluster.master.wait_healthy()
-    for worker in cluster.workers:
-        worker.start()
-    for worker in cluster.workers:
-        worker.wait_healthy()
+    start_servers([cluster.master, *cluster.workers])
     cluster.wait_workers(len(cluster.workers))
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.contract.errors import Unavailable
+from strata.contract.errors import InvalidArgument, Unavailable
 from strata.cacheserver.fuse import holder, keeper
 
 
@@ -142,6 +142,17 @@ def test_the_holder_is_configured_from_the_environment(monkeypatch: pytest.Monke
     assert holder.configured() is None
     monkeypatch.setenv(holder.HOLDER_ENV, "/run/strata/fuse/holder.sock")
     assert holder.configured() == Path("/run/strata/fuse/holder.sock")
+
+
+def test_the_wait_for_the_holder_is_30_s_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(holder.WAIT_ENV, raising=False)
+    assert holder.wait_timeout() == 30
+    monkeypatch.setenv(holder.WAIT_ENV, "2.5")
+    assert holder.wait_timeout() == 2.5
+    for bad in ("soon", "0", "-1", "nan", "inf"):
+        monkeypatch.setenv(holder.WAIT_ENV, bad)
+        with pytest.raises(InvalidArgument, match=f"STRATA_FUSE_HOLDER_WAIT must be seconds .*not '{bad}'"):
+            holder.wait_timeout()
 
 
 @pytest.fixture
