@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -43,13 +44,32 @@ STARTUP_TIMEOUT = 60.0
 _handed_out: set[int] = set()
 
 
+def _port_pool() -> range | None:
+    """Ports above the kernel's ephemeral range (from which every outgoing connection on the
+    machine takes its local port, so one picked there may be taken before a server binds it),
+    when there are enough of them; None: ask the kernel for any free port."""
+    try:
+        _, last = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(last + 1, 65536) if 65535 - last >= 1000 else None
+
+
+_POOL = _port_pool()
+
+
 def free_port() -> int:
     """A port nothing listens on now and that this test session has not handed out before
     (a stopped server's port may still be in use by a process that is shutting down)."""
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        if _POOL is not None:
+            port = random.choice(_POOL[:-16])  # room for the ranges free_port_range hands out
+            if not _bindable(port):
+                continue
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
         if port not in _handed_out and port + 1 not in _handed_out:
             _handed_out.add(port)
             return port
