@@ -251,6 +251,54 @@ def test_unpersisted_writes_stay_pinned_through_free_unpin_ttl_eviction_and_rest
     assert fs.cat_file("/w/must.bin") == must
 
 
+def mem_dir(cluster: Cluster, worker: int = 0) -> Path:
+    """The MEM tier folder conftest.make_worker gives a worker."""
+    return Path(f"/dev/shm/strata-it-{os.getpid()}-{cluster.root.name}-worker-{worker}")
+
+
+def restart_worker(cluster: Cluster, sig: int, *, wipe: tuple[Path, ...] = ()) -> None:
+    """Stop worker 0 with `sig`, empty the folders `wipe` (what a new pod finds of an
+    emptyDir), start it again and wait until it registered."""
+    cluster.workers[0].stop(sig)
+    for folder in wipe:
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+    cluster.workers[0].start()
+    cluster.workers[0].wait_healthy()
+    cluster.wait_workers(1)
+
+
+@pytest.mark.parametrize("write_type", ["MUST_CACHE", "ASYNC_THROUGH"])
+def test_a_written_files_only_copy_is_on_the_disk_tier_and_outlives_the_loss_of_the_memory_tier(
+        start_cluster: Any, bucket: str, proxy: StoreProxy, write_type: str) -> None:
+    # A worker with MEM and SSD tiers (conftest's), like a CacheCluster with both: a new pod
+    # of the worker finds its MEM emptyDir empty, its SSD hostPath as it was. The written
+    # blocks are the file's only copy (ASYNC_THROUGH: with the store down, not uploaded).
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    data = payload(2 * BLOCK_SIZE + 5)
+    with proxy.refusing():
+        cluster.fs(write_type=write_type).pipe_file("/w/only-here.bin", data)
+        ssd = cluster.root / "worker-0" / "ssd"
+        assert len(list(ssd.glob("*.blk"))) == 3 and not list(mem_dir(cluster).glob("*.blk"))
+        restart_worker(cluster, signal.SIGKILL, wipe=(mem_dir(cluster),))
+        fs = cluster.fs()
+        assert fs.info("/w/only-here.bin")["cached_bytes"] == len(data)
+        assert fs.cat_file("/w/only-here.bin") == data
+
+
+def test_a_must_cache_write_in_memory_alone_outlives_worker_restarts(start_cluster: Any, bucket: str) -> None:
+    # With MEM alone the written blocks stay there: the worker's MEM folder is named after
+    # the worker (not its process), kept at its exit and found by the next process.
+    cluster = start_cluster(workers=1, tiers=[{"medium": "MEM", "quota": "64Mi", "dirs": [
+        f"/dev/shm/strata-it-{os.getpid()}-memonly-worker-0"]}])
+    cluster.mount_bucket("/w", bucket)
+    data = payload(2 * BLOCK_SIZE + 5)
+    cluster.fs(write_type="MUST_CACHE").pipe_file("/w/must.bin", data)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        restart_worker(cluster, sig)
+        assert cluster.fs().cat_file("/w/must.bin") == data
+
+
 def test_rename_of_an_unpersisted_file_is_refused_and_keeps_it(start_cluster: Any, bucket: str) -> None:
     cluster = start_cluster(workers=1)
     cluster.mount_bucket("/w", bucket)
