@@ -147,7 +147,7 @@ def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str])
         unusable=mount.unusable,
         options=pb.MountOptions(
             options=o.options,
-            credentials=o.credentials if with_credentials else {},
+            credentials=o.credentials if with_credentials and not mount.unusable else {},
             read_only=o.read_only,
             metadata_sync_interval=o.metadata_sync_interval,
             read_type=ReadType.proto_of(o.read_type),

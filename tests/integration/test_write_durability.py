@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from storeproxy import StoreProxy
 
 from strata.contract.errors import StrataError
@@ -566,6 +567,53 @@ def test_a_mount_whose_credentials_cannot_be_opened_keeps_its_unpersisted_writes
     wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload once the mount is usable")
     assert cluster.s3.get_object(bucket, "pending.bin") == pending
     assert fs.cat_file("/w/pending.bin") == pending
+
+
+def restart_allowing(cluster: Cluster, *roots: Path) -> None:
+    """Restart master and workers with localSources.allowedRoots `roots` (the owner changed
+    spec.localSources of the CacheCluster)."""
+    for server in [*cluster.workers, cluster.master]:
+        server.stop()
+    for server in [cluster.master, *cluster.workers]:
+        config = Path(server.args[server.args.index("--config") + 1])
+        settings = yaml.safe_load(config.read_text())
+        settings["localSources"] = {"allowedRoots": [str(r) for r in roots]}
+        config.write_text(yaml.safe_dump(settings))
+        server.start()
+        server.wait_healthy()
+    cluster.wait_workers(len(cluster.workers))
+
+
+def test_a_file_mount_no_longer_allowed_is_kept_unusable_with_its_unpersisted_writes(
+        start_cluster: Any, tmp_path: Path) -> None:
+    # The cluster's owner narrows localSources.allowedRoots: the journaled file:// mount it no
+    # longer covers must not be read or written, and must not take its acknowledged writes
+    # that are not in the store yet with it.
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    cluster = start_cluster(workers=1, **allow(store))
+    cluster.fs().client.mount("/w", f"file://{store}")
+    (store / ".strata-uploads").write_bytes(b"")  # a file where the upload folder goes: uploads wait
+    must, pending = payload(BLOCK_SIZE + 11), payload(300_000)
+    cluster.fs(write_type="MUST_CACHE").pipe_file("/w/must.bin", must)
+    cluster.fs(write_type="ASYNC_THROUGH").pipe_file("/w/pending.bin", pending)
+    restart_allowing(cluster, elsewhere)
+    fs = cluster.fs()
+    for call in (lambda: fs.info("/w/must.bin"), lambda: fs.cat_file("/w/pending.bin"), lambda: fs.ls("/w")):
+        with pytest.raises(StrataError, match=r"mount /w .*not under a folder this cluster allows"):
+            call()
+    listed = cli(cluster, "mount", "ls").stdout.decode()
+    assert "UNUSABLE" in listed and "files not in the store yet are kept" in listed, listed
+    (store / ".strata-uploads").unlink()
+    time.sleep(2)  # several tries of the upload: nothing is written under a folder no longer allowed
+    assert sorted(p.name for p in store.iterdir()) == [] and len(staged(cluster)) == 1
+    restart_allowing(cluster, store)
+    assert fs.cat_file("/w/must.bin") == must
+    wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload once the folder is allowed again")
+    assert (store / "pending.bin").read_bytes() == pending and fs.cat_file("/w/pending.bin") == pending
+    cli(cluster, "mount", "rm", "/w")  # its owner unmounts it: gone, with what was not in the store
+    assert "/w" not in cli(cluster, "mount", "ls").stdout.decode()
 
 
 def test_what_an_upload_killed_mid_write_left_in_a_file_store_is_cleaned_at_the_next_master_start(
