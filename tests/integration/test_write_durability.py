@@ -616,6 +616,39 @@ def test_a_file_mount_no_longer_allowed_is_kept_unusable_with_its_unpersisted_wr
     assert "/w" not in cli(cluster, "mount", "ls").stdout.decode()
 
 
+def test_a_write_while_the_master_restarts_waits_for_it_for_a_bounded_time(
+        start_cluster: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Right after a master restart the worker's channel to it is in reconnect back-off: its
+    # write-path calls failed at once ("Connection refused"). They wait for the master, up
+    # to STRATA_WORKER_MASTER_WAIT, then fail naming it.
+    monkeypatch.setenv("STRATA_WORKER_MASTER_WAIT", "6")
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/w", bucket)
+    writers = {write_type: cluster.fs(write_type=write_type) for write_type in ("CACHE_THROUGH", "MUST_CACHE")}
+    for writer in writers.values():  # the worker knows the mount, the clients the worker
+        writer.pipe_file("/w/before.bin", b"before")
+    data = payload(300_000)
+    for write_type, writer in writers.items():
+        cluster.master.stop()
+        back = threading.Timer(1.5, cluster.master.start)
+        back.start()
+        try:
+            writer.pipe_file(f"/w/{write_type}.bin", data)
+        finally:
+            back.join()
+        cluster.master.wait_healthy()
+        assert cluster.fs().cat_file(f"/w/{write_type}.bin") == data
+    fs = writers["CACHE_THROUGH"]
+    cluster.master.stop()
+    started = time.monotonic()
+    with pytest.raises(StrataError) as failed:
+        fs.pipe_file("/w/never.bin", data)
+    waited = time.monotonic() - started
+    assert f"the master at {cluster.master_address}" in str(failed.value), failed.value
+    assert "STRATA_WORKER_MASTER_WAIT" in str(failed.value), failed.value
+    assert waited < 60, f"the write waited {waited:.0f}s for an absent master"
+
+
 def test_what_an_upload_killed_mid_write_left_in_a_file_store_is_cleaned_at_the_next_master_start(
         start_cluster: Any, tmp_path: Path) -> None:
     store = tmp_path / "store"
