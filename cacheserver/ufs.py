@@ -66,6 +66,7 @@ from strata.contract.errors import (
     StrataError,
     Unavailable,
 )
+from strata.contract.urls import shown_url, url_userinfo
 from .retry import RetrySettings, call_with_backoff
 
 log = logging.getLogger(__name__)
@@ -193,32 +194,32 @@ def filesystem_class(source: str) -> tuple[str, type[AbstractFileSystem]]:
     `source` is not a URL this server can mount."""
     if "::" in source:
         raise InvalidArgument(
-            f"source {source!r} chains filesystems; give a plain URL such as s3://bucket/prefix"
+            f"source {shown_url(source)!r} chains filesystems; give a plain URL such as s3://bucket/prefix"
         )
     protocol, _ = split_protocol(source)
     if not protocol:
         raise InvalidArgument(
-            f"source {source!r} has no scheme; write a URL such as s3://bucket/prefix, "
+            f"source {shown_url(source)!r} has no scheme; write a URL such as s3://bucket/prefix, "
             "file:///abs/dir or memory://name"
         )
     protocol = protocol.lower()
     if protocol == FSSPEC_PROTOCOL:
-        raise InvalidArgument(f"source {source!r}: a Strata path cannot be mounted into Strata")
+        raise InvalidArgument(f"source {shown_url(source)!r}: a Strata path cannot be mounted into Strata")
     try:
         cls: type[AbstractFileSystem] = fsspec.get_filesystem_class(protocol)
     except ValueError:
         raise InvalidArgument(
-            f"unknown store scheme {protocol!r} in source {source!r}; supported here: "
+            f"unknown store scheme {protocol!r} in source {shown_url(source)!r}; supported here: "
             + ", ".join(supported_protocols())
         ) from None
     except ImportError as exc:
         raise InvalidArgument(
-            f"store scheme {protocol!r} (source {source!r}) needs a package this server "
+            f"store scheme {protocol!r} (source {shown_url(source)!r}) needs a package this server "
             f"does not have: {exc}; use an image that includes it"
         ) from None
     if protocol in _HOST_READING_PROTOCOLS:
         raise InvalidArgument(
-            f"store scheme {protocol!r} (source {source!r}) wraps another filesystem or reads the "
+            f"store scheme {protocol!r} (source {shown_url(source)!r}) wraps another filesystem or reads the "
             "server host's files; mount the store itself (s3://..., or file:// under an allowed root)"
         )
     return protocol, cls
@@ -242,14 +243,14 @@ def check_source_allowed(source: str, allowed_roots: Sequence[str]) -> None:
     path = posixpath.normpath(cls._strip_protocol(source) or "/")
     if not allowed_roots:
         raise PermissionDenied(
-            f"source {source!r} reads the servers' own files, and this cluster allows no file:// "
+            f"source {shown_url(source)!r} reads the servers' own files, and this cluster allows no file:// "
             "sources; its owner can allow folders in the CacheCluster's spec.localSources.allowedRoots"
         )
     real = os.path.realpath(path)
     if any(_is_within(real, os.path.realpath(root)) for root in allowed_roots):
         return
     raise PermissionDenied(
-        f"source {source!r} is not under a folder this cluster allows for file:// sources "
+        f"source {shown_url(source)!r} is not under a folder this cluster allows for file:// sources "
         f"({', '.join(allowed_roots)}); add its folder to spec.localSources.allowedRoots of the CacheCluster"
     )
 
@@ -539,14 +540,20 @@ class Store:
         timeouts: StoreTimeouts | None = None,
     ) -> None:
         self.protocol, self._cls = filesystem_class(source)
-        self.source = source if source.endswith(":///") else source.rstrip("/")
+        # The source as given reaches the store; every message shows `source`, which has no
+        # user-info (contract.urls).
+        self._source = source if source.endswith(":///") else source.rstrip("/")
+        self.source = shown_url(self._source)
         self._root = self._cls._strip_protocol(source).rstrip("/") or "/"
         if self.protocol in ("file", "local") and not split_protocol(source)[1].startswith("/"):
-            raise InvalidArgument(f"source {source!r}: a file:// source needs an absolute path, e.g. file:///data")
+            raise InvalidArgument(f"source {shown_url(source)!r}: a file:// source needs an absolute path, e.g. file:///data")
         credentials = credentials or {}
         # Values no message may show: a credential that turns up in a store's error (an
-        # endpoint, a key echoed back) is cut out of it (`_redacted`).
-        self._secrets = sorted({v for v in credentials.values() if len(v) >= _SHOWN_SECRET}, key=len, reverse=True)
+        # endpoint, a key echoed back) is cut out of it (`_redacted`), and so is the user-info
+        # of the source URL (a store's error may quote the URL it was given).
+        userinfo = url_userinfo(source)
+        shown = {*credentials.values(), userinfo, userinfo.partition(":")[2]}
+        self._secrets = sorted({v for v in shown if len(v) >= _SHOWN_SECRET}, key=len, reverse=True)
         self._kwargs = storage_options(self._cls, {**(options or {}), **credentials}, frozenset(credentials))
         self._retry = retry or RetrySettings()
         self._timeouts = timeouts or StoreTimeouts()
@@ -610,7 +617,7 @@ class Store:
 
     def _where(self) -> str:
         """Where the store is reached, for messages: its endpoint (unless a credential) or source."""
-        return self._redacted(str(self._kwargs.get("endpoint_url") or self.source))
+        return self._redacted(shown_url(str(self._kwargs.get("endpoint_url") or self.source)))
 
     def url(self, rel: str) -> str:
         """The store URL of a path relative to the mount root (for messages)."""
@@ -619,7 +626,7 @@ class Store:
     def _path(self, rel: str) -> str:
         rel = rel.strip("/")
         if self._local and self._allowed_roots is not None:
-            check_source_allowed(self.source, self._allowed_roots)  # links resolved on this host
+            check_source_allowed(self._source, self._allowed_roots)  # links resolved on this host
         if rel in ("", "."):
             return self._root
         if any(part in ("..", ".") for part in rel.split("/")):

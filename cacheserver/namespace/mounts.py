@@ -31,6 +31,7 @@ from typing import Any
 
 from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
 from strata.contract.modes import ReadType, WriteType
+from strata.contract.urls import shown_url
 from ..retry import RetrySettings
 from ..ufs import Store, check_source_allowed
 from .paths import is_under, normalize, overlaps, relative
@@ -223,7 +224,7 @@ class MountTable:
             mount = Mount.from_json(data)
             self._unopened[mount.mount_id] = str(sealed)
             return replace(mount, unusable=(
-                f"mount {mount.path} (from {mount.source}) cannot be used: {exc} (the cluster's internal token "
+                f"mount {mount.path} (from {shown_url(mount.source)}) cannot be used: {exc} (the cluster's internal token "
                 "changed?). Its files not in the store yet are kept. Start the master with the token it had, "
                 "or mount it again with its credentials (strata mount add --replace; the operator does so "
                 "for its Mounts)"
@@ -240,7 +241,7 @@ class MountTable:
             check_source_allowed(mount.source, self._allowed_roots)
         except StrataError as exc:
             return replace(mount, unusable=(
-                f"mount {mount.path} (from {mount.source}) cannot be used: {exc}. Its files not in the "
+                f"mount {mount.path} (from {shown_url(mount.source)}) cannot be used: {exc}. Its files not in the "
                 "store yet are kept: allow its folder again and restart the master, or unmount it (strata mount "
                 "rm), which drops them"
             ))
@@ -262,7 +263,8 @@ class MountTable:
             existing = self._mounts.get(path)
             if existing is not None and not replace:
                 raise AlreadyExists(
-                    f"{path} is already mounted (from {existing.source}); unmount it first or remount with replace"
+                    f"{path} is already mounted (from {shown_url(existing.source)}); unmount it first or remount with "
+                    "replace"
                 )
             for other in self._mounts.values():
                 if other.path != path and overlaps(other.path, path):
@@ -287,7 +289,7 @@ class MountTable:
             if existing is not None:
                 self._retire_store(existing.mount_id)
             self._stores[mount.mount_id] = store
-        log.info("mounted %s -> %s (id %d)", path, source, mount.mount_id)
+        log.info("mounted %s -> %s (id %d)", path, shown_url(source), mount.mount_id)
         return mount
 
     def remove(self, path: str) -> Mount:

@@ -21,6 +21,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from s3fs import S3FileSystem
 
+from strata.cacheserver.master.service import mount_to_proto
 from strata.cacheserver.namespace.metadata import Namespace, check_writable
 from strata.cacheserver.namespace.mounts import MountTable
 from strata.cacheserver.retry import RetrySettings
@@ -32,6 +33,7 @@ from strata.contract.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    StrataError,
     Unavailable,
 )
 
@@ -469,6 +471,30 @@ async def test_an_upload_into_another_file_system_than_the_upload_folder_is_hidd
         assert (await store.write(f"{folder}/g.bin", b"g bytes")).length == 7
         assert [p.name for p in disk.iterdir()] == ["g.bin"] and list((root / ".strata-uploads").iterdir()) == []
         await store.close()
+
+
+async def test_a_source_urls_user_info_shows_in_no_message(tmp_path: Path) -> None:
+    # A source may carry `user:password@` (HTTP, FTP, SFTP stores): no error, listing or log
+    # line names it. Nothing listens on port 9 of this host: the store cannot be reached.
+    source = "http://alice:pa55word-in-url@127.0.0.1:9/data"
+    store = Store(source, retry=FAST_RETRY)
+    assert "pa55word" not in repr(store) and "pa55word" not in store.url("x")
+    with pytest.raises(StrataError) as failed:
+        await store.info("x")
+    assert "pa55word" not in str(failed.value) and "alice" not in str(failed.value), failed.value
+    assert "http://***@127.0.0.1:9/data" in str(failed.value)
+    await store.close()
+    table = MountTable(None)
+    table.add("/h", source)
+    with pytest.raises(StrataError) as again:
+        table.add("/h", source)
+    assert "pa55word" not in str(again.value) and "http://***@127.0.0.1:9/data" in str(again.value)
+    [mount] = table.list()
+    assert mount_to_proto(mount, with_credentials=False, pinned=[]).source == "http://***@127.0.0.1:9/data"
+    assert mount_to_proto(mount, with_credentials=True, pinned=[]).source == source  # workers reach the store
+    with pytest.raises(StrataError) as refused:
+        check_source_allowed("file://bob:s3cret@/data", ["/nowhere"])
+    assert "s3cret" not in str(refused.value)
 
 
 async def test_paths_cannot_climb_out_of_the_root(backend: Backend) -> None:
