@@ -22,7 +22,7 @@ import pytest
 import yaml
 from storeproxy import StoreProxy
 
-from strata.contract.errors import StrataError
+from strata.contract.errors import StrataError, Unreachable
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, TOKEN, Cluster, allow, metric, read_by_blocks, wait_until
@@ -616,6 +616,20 @@ def test_a_file_mount_no_longer_allowed_is_kept_unusable_with_its_unpersisted_wr
     assert "/w" not in cli(cluster, "mount", "ls").stdout.decode()
 
 
+def read_once_reachable(cluster: Cluster, path: str) -> bytes:
+    """The bytes of `path`, read by a new client once it reaches the master (a client's
+    connection to it may still be in its reconnect back-off, up to a second)."""
+
+    def attempt() -> bytes | None:
+        try:
+            return bytes(cluster.fs().cat_file(path))
+        except Unreachable:
+            return None
+
+    read: bytes = wait_until(attempt, 10, "a client to reach the master again")
+    return read
+
+
 def test_a_write_while_the_master_restarts_waits_for_it_for_a_bounded_time(
         start_cluster: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Right after a master restart the worker's channel to it is in reconnect back-off: its
@@ -637,7 +651,7 @@ def test_a_write_while_the_master_restarts_waits_for_it_for_a_bounded_time(
         finally:
             back.join()
         cluster.master.wait_healthy()
-        assert cluster.fs().cat_file(f"/w/{write_type}.bin") == data
+        assert read_once_reachable(cluster, f"/w/{write_type}.bin") == data
     fs = writers["CACHE_THROUGH"]
     cluster.master.stop()
     started = time.monotonic()
