@@ -144,7 +144,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
 def cmd_local_down(args: argparse.Namespace) -> int:
     stopped = localcluster.down()
-    print(f"stopped {', '.join(stopped)}" if stopped else "no local cluster is running")
+    print(f"stopped {', '.join(stopped.names)}" if stopped.names else "no local cluster is running")
+    for folder in stopped.kept:
+        print(f"kept {folder}: it holds files written into the cache and not in the store yet (their only copy); "
+              "`strata local up` serves them again")
     return 0
 
 

@@ -18,6 +18,7 @@ from strata.contract.errors import FailedPrecondition, StrataError, Unavailable
 from strata.contract.units import parse_size
 from . import launcher
 from .auth import ROLE_ENV, generate_token, local_token_name
+from .cache.tiers import written_blocks_in
 from .client import localstate
 
 # How long `local up` waits for the servers to answer /healthz.
@@ -142,18 +143,33 @@ def _wait_healthy(servers: list[tuple[launcher.Child, int]]) -> None:
         raise Unavailable(str(exc)) from None
 
 
-def down() -> list[str]:
-    """Stop the local cluster; returns the names of the processes stopped."""
+@dataclass(frozen=True)
+class Stopped:
+    """What `down` did: the processes it stopped, and the MEM tier folders it left in place
+    because they hold written files' only copies (the next `local up` serves them again)."""
+
+    names: list[str]
+    kept: list[Path]
+
+
+def down() -> Stopped:
+    """Stop the local cluster and delete its MEM tier folders, except those holding blocks of
+    files written into the cache and not in the store yet (MUST_CACHE, pending ASYNC_THROUGH):
+    their only copy."""
     state = localstate.read_state()
     if state is None:
-        return []
+        return Stopped([], [])
     signalled = launcher.stop_groups(state.pids.values())
     stopped = [name for name, pid in state.pids.items() if pid in signalled]
     tag = hashlib.sha256(str(localstate.local_dir().resolve()).encode()).hexdigest()[:8]
-    for shm in Path("/dev/shm").glob(f"strata-{tag}-*"):
-        subprocess.run(["rm", "-rf", str(shm)], check=False)
+    kept = []
+    for shm in sorted(Path("/dev/shm").glob(f"strata-{tag}-*")):
+        if written_blocks_in(shm):
+            kept.append(shm)
+        else:
+            subprocess.run(["rm", "-rf", str(shm)], check=False)
     localstate.clear_state()
-    return stopped
+    return Stopped(stopped, kept)
 
 
 def status() -> dict[str, bool] | None:

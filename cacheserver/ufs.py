@@ -66,6 +66,7 @@ from strata.contract.errors import (
     StrataError,
     Unavailable,
 )
+from strata.contract.urls import shown_url, url_userinfo
 from .retry import RetrySettings, call_with_backoff
 
 log = logging.getLogger(__name__)
@@ -193,32 +194,32 @@ def filesystem_class(source: str) -> tuple[str, type[AbstractFileSystem]]:
     `source` is not a URL this server can mount."""
     if "::" in source:
         raise InvalidArgument(
-            f"source {source!r} chains filesystems; give a plain URL such as s3://bucket/prefix"
+            f"source {shown_url(source)!r} chains filesystems; give a plain URL such as s3://bucket/prefix"
         )
     protocol, _ = split_protocol(source)
     if not protocol:
         raise InvalidArgument(
-            f"source {source!r} has no scheme; write a URL such as s3://bucket/prefix, "
+            f"source {shown_url(source)!r} has no scheme; write a URL such as s3://bucket/prefix, "
             "file:///abs/dir or memory://name"
         )
     protocol = protocol.lower()
     if protocol == FSSPEC_PROTOCOL:
-        raise InvalidArgument(f"source {source!r}: a Strata path cannot be mounted into Strata")
+        raise InvalidArgument(f"source {shown_url(source)!r}: a Strata path cannot be mounted into Strata")
     try:
         cls: type[AbstractFileSystem] = fsspec.get_filesystem_class(protocol)
     except ValueError:
         raise InvalidArgument(
-            f"unknown store scheme {protocol!r} in source {source!r}; supported here: "
+            f"unknown store scheme {protocol!r} in source {shown_url(source)!r}; supported here: "
             + ", ".join(supported_protocols())
         ) from None
     except ImportError as exc:
         raise InvalidArgument(
-            f"store scheme {protocol!r} (source {source!r}) needs a package this server "
+            f"store scheme {protocol!r} (source {shown_url(source)!r}) needs a package this server "
             f"does not have: {exc}; use an image that includes it"
         ) from None
     if protocol in _HOST_READING_PROTOCOLS:
         raise InvalidArgument(
-            f"store scheme {protocol!r} (source {source!r}) wraps another filesystem or reads the "
+            f"store scheme {protocol!r} (source {shown_url(source)!r}) wraps another filesystem or reads the "
             "server host's files; mount the store itself (s3://..., or file:// under an allowed root)"
         )
     return protocol, cls
@@ -242,14 +243,14 @@ def check_source_allowed(source: str, allowed_roots: Sequence[str]) -> None:
     path = posixpath.normpath(cls._strip_protocol(source) or "/")
     if not allowed_roots:
         raise PermissionDenied(
-            f"source {source!r} reads the servers' own files, and this cluster allows no file:// "
+            f"source {shown_url(source)!r} reads the servers' own files, and this cluster allows no file:// "
             "sources; its owner can allow folders in the CacheCluster's spec.localSources.allowedRoots"
         )
     real = os.path.realpath(path)
     if any(_is_within(real, os.path.realpath(root)) for root in allowed_roots):
         return
     raise PermissionDenied(
-        f"source {source!r} is not under a folder this cluster allows for file:// sources "
+        f"source {shown_url(source)!r} is not under a folder this cluster allows for file:// sources "
         f"({', '.join(allowed_roots)}); add its folder to spec.localSources.allowedRoots of the CacheCluster"
     )
 
@@ -461,8 +462,18 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-# Names of the temporary files a file:// store's uploads are written to before their rename.
+# Names of the temporary files a file:// store's uploads are written to before their rename:
+# in the store's upload folder, or (the destination on another file system) in the
+# destination's own folder, named by a note in the upload folder (see `_place_local`).
 _UPLOAD_TEMP_PREFIX, _UPLOAD_TEMP_SUFFIX = ".", ".tmp"
+_TEMP_ELSEWHERE_PREFIX = ".strata-upload-"
+_ELSEWHERE_NOTE_SUFFIX = ".elsewhere"
+
+
+def is_upload_temp(name: str) -> bool:
+    """Is `name` (a file name) the temporary file of an upload into a folder of a file://
+    store: never shown or served as a file of the store."""
+    return name.startswith(_TEMP_ELSEWHERE_PREFIX) and name.endswith(_UPLOAD_TEMP_SUFFIX)
 
 
 def _remove_if_dead(folder_fd: int, name: str, older_than: float) -> bool:
@@ -494,6 +505,18 @@ def _remove_if_dead(folder_fd: int, name: str, older_than: float) -> bool:
         os.close(fd)
 
 
+def _write_note(folder_fd: int, name: str, text: str) -> None:
+    """Write a small file `name` holding `text` in the folder `folder_fd`, on the disk (file
+    and folder) when this returns."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder_fd)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.fsync(folder_fd)
+
+
 def _local_version(st: os.stat_result) -> str:
     """The version `Store._status` gives a local file, from its stat."""
     return _size_mtime_version(st.st_size, st.st_mtime)
@@ -517,14 +540,20 @@ class Store:
         timeouts: StoreTimeouts | None = None,
     ) -> None:
         self.protocol, self._cls = filesystem_class(source)
-        self.source = source if source.endswith(":///") else source.rstrip("/")
+        # The source as given reaches the store; every message shows `source`, which has no
+        # user-info (contract.urls).
+        self._source = source if source.endswith(":///") else source.rstrip("/")
+        self.source = shown_url(self._source)
         self._root = self._cls._strip_protocol(source).rstrip("/") or "/"
         if self.protocol in ("file", "local") and not split_protocol(source)[1].startswith("/"):
-            raise InvalidArgument(f"source {source!r}: a file:// source needs an absolute path, e.g. file:///data")
+            raise InvalidArgument(f"source {shown_url(source)!r}: a file:// source needs an absolute path, e.g. file:///data")
         credentials = credentials or {}
         # Values no message may show: a credential that turns up in a store's error (an
-        # endpoint, a key echoed back) is cut out of it (`_redacted`).
-        self._secrets = sorted({v for v in credentials.values() if len(v) >= _SHOWN_SECRET}, key=len, reverse=True)
+        # endpoint, a key echoed back) is cut out of it (`_redacted`), and so is the user-info
+        # of the source URL (a store's error may quote the URL it was given).
+        userinfo = url_userinfo(source)
+        shown = {*credentials.values(), userinfo, userinfo.partition(":")[2]}
+        self._secrets = sorted({v for v in shown if len(v) >= _SHOWN_SECRET}, key=len, reverse=True)
         self._kwargs = storage_options(self._cls, {**(options or {}), **credentials}, frozenset(credentials))
         self._retry = retry or RetrySettings()
         self._timeouts = timeouts or StoreTimeouts()
@@ -588,7 +617,7 @@ class Store:
 
     def _where(self) -> str:
         """Where the store is reached, for messages: its endpoint (unless a credential) or source."""
-        return self._redacted(str(self._kwargs.get("endpoint_url") or self.source))
+        return self._redacted(shown_url(str(self._kwargs.get("endpoint_url") or self.source)))
 
     def url(self, rel: str) -> str:
         """The store URL of a path relative to the mount root (for messages)."""
@@ -597,7 +626,7 @@ class Store:
     def _path(self, rel: str) -> str:
         rel = rel.strip("/")
         if self._local and self._allowed_roots is not None:
-            check_source_allowed(self.source, self._allowed_roots)  # links resolved on this host
+            check_source_allowed(self._source, self._allowed_roots)  # links resolved on this host
         if rel in ("", "."):
             return self._root
         if any(part in ("..", ".") for part in rel.split("/")):
@@ -1202,34 +1231,50 @@ class Store:
     def _place_local(self, rel: str, path: str, fill: Callable[[BinaryIO, Progress], object], *,
                      progress: Progress) -> UfsStatus:
         """Write a file of a file:// store whole or not at all (blocking): `fill` writes a
-        temporary file in the store's upload folder (in `path`'s own folder if that is another
-        file system), which is fsynced and renamed over `path`; the status of that file. Both
-        folders are opened through descriptors checked to lie under the root (`_open_inside`),
-        missing ones made there (a link at `path` itself is replaced, never followed)."""
+        temporary file in the store's upload folder, which is fsynced and renamed over
+        `path`; the status of that file. Both folders are opened through descriptors checked
+        to lie under the root (`_open_inside`), missing ones made there (a link at `path`
+        itself is replaced, never followed).
+
+        A rename cannot leave its file system: when `path`'s folder is on another one than
+        the upload folder, the temporary file is written in that folder, under a name no
+        listing or status shows (`is_upload_temp`), and a note in the upload folder, on the
+        disk before the file is made, names it, so `remove_dead_uploads` finds it if this
+        process dies before it is renamed."""
         name = posixpath.basename(path)
-        folder_fd = self._open_inside(posixpath.dirname(rel.strip("/")), _OPEN_FOLDER, make_folders=True)
+        folder = posixpath.dirname(rel.strip("/"))
+        folder_fd = self._open_inside(folder, _OPEN_FOLDER, make_folders=True)
         try:
             aside_fd = self._open_inside(UPLOAD_DIR, _OPEN_FOLDER, make_folders=True)
-            if os.fstat(aside_fd).st_dev != os.fstat(folder_fd).st_dev:
-                os.close(aside_fd)
-                aside_fd = os.dup(folder_fd)
             try:
-                tmp = f"{_UPLOAD_TEMP_PREFIX}{uuid.uuid4().hex}{_UPLOAD_TEMP_SUFFIX}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                             dir_fd=aside_fd)
+                token = uuid.uuid4().hex
+                note = ""
+                if os.fstat(aside_fd).st_dev == os.fstat(folder_fd).st_dev:
+                    tmp_dir_fd, tmp = aside_fd, f"{_UPLOAD_TEMP_PREFIX}{token}{_UPLOAD_TEMP_SUFFIX}"
+                else:
+                    note = f".{token}{_ELSEWHERE_NOTE_SUFFIX}"
+                    _write_note(aside_fd, note, folder)
+                    tmp_dir_fd, tmp = folder_fd, f"{_TEMP_ELSEWHERE_PREFIX}{token}{_UPLOAD_TEMP_SUFFIX}"
                 try:
-                    with open(fd, "wb") as out:
-                        fcntl.flock(out.fileno(), fcntl.LOCK_EX)  # in progress, until closed (or the process ends)
-                        fill(out, progress)
-                        out.flush()
-                        os.fsync(out.fileno())
-                        st = os.fstat(out.fileno())
-                    progress.step()  # not given up on: the file goes into place
-                    os.replace(tmp, name, src_dir_fd=aside_fd, dst_dir_fd=folder_fd)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp, dir_fd=aside_fd)
-                    raise
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                                 dir_fd=tmp_dir_fd)
+                    try:
+                        with open(fd, "wb") as out:
+                            fcntl.flock(out.fileno(), fcntl.LOCK_EX)  # in progress, until closed (or the process ends)
+                            fill(out, progress)
+                            out.flush()
+                            os.fsync(out.fileno())
+                            st = os.fstat(out.fileno())
+                        progress.step()  # not given up on: the file goes into place
+                        os.replace(tmp, name, src_dir_fd=tmp_dir_fd, dst_dir_fd=folder_fd)
+                    except BaseException:
+                        with contextlib.suppress(OSError):
+                            os.unlink(tmp, dir_fd=tmp_dir_fd)
+                        raise
+                finally:
+                    if note:
+                        with contextlib.suppress(OSError):
+                            os.unlink(note, dir_fd=aside_fd)
             finally:
                 os.close(aside_fd)
             os.fsync(folder_fd)
@@ -1270,10 +1315,11 @@ class Store:
         return st
 
     async def remove_dead_uploads(self, older_than: float) -> int:
-        """Remove the temporary files uploads to a file:// store left in its upload folder
-        when their process died (killed, or its machine went down): those no process holds
-        and unchanged for `older_than` seconds (see `_remove_if_dead`), never one under way.
-        Returns how many; 0 for other stores (their uploads leave nothing listed)."""
+        """Remove the temporary files uploads to a file:// store left when their process died
+        (killed, or its machine went down), in its upload folder or in the folders its notes
+        there name (`_place_local`): those no process holds and unchanged for `older_than`
+        seconds (see `_remove_if_dead`), never one under way. Returns how many; 0 for other
+        stores (their uploads leave nothing listed)."""
         if not self._local:
             return 0
         path = self._path(UPLOAD_DIR)
@@ -1286,7 +1332,9 @@ class Store:
             try:
                 removed = 0
                 for name in os.listdir(folder_fd):
-                    if (name.startswith(_UPLOAD_TEMP_PREFIX) and name.endswith(_UPLOAD_TEMP_SUFFIX)
+                    if name.endswith(_ELSEWHERE_NOTE_SUFFIX):
+                        removed += self._remove_dead_elsewhere(folder_fd, name, older_than)
+                    elif (name.startswith(_UPLOAD_TEMP_PREFIX) and name.endswith(_UPLOAD_TEMP_SUFFIX)
                             and _remove_if_dead(folder_fd, name, older_than)):
                         log.info("store %s: removed %s/%s, left by an upload whose process ended", self.source, path, name)
                         removed += 1
@@ -1295,6 +1343,43 @@ class Store:
                 os.close(folder_fd)
 
         return await self._call("clean-up", UPLOAD_DIR, lambda: self._blocking(sweep))
+
+    def _remove_dead_elsewhere(self, uploads_fd: int, note: str, older_than: float) -> int:
+        """Remove the temporary file the note `note` (in the upload folder) names, if its
+        writer is gone, and the note once it names nothing under way; 1 if a file went. The
+        note's folder is looked up from the root like any other (`_open_inside`)."""
+        token = note.removeprefix(".").removesuffix(_ELSEWHERE_NOTE_SUFFIX)
+        tmp = f"{_TEMP_ELSEWHERE_PREFIX}{token}{_UPLOAD_TEMP_SUFFIX}"
+        try:
+            fd = os.open(note, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=uploads_fd)
+        except FileNotFoundError:
+            return 0  # its upload ended meanwhile
+        try:
+            written = os.fstat(fd).st_mtime
+            folder = os.read(fd, 4096).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+        removed = 0
+        try:
+            folder_fd = self._open_inside(folder, _OPEN_FOLDER)
+        except (OSError, StrataError):
+            folder_fd = -1  # gone, or no longer under the root: nothing of ours to remove there
+        if folder_fd >= 0:
+            try:
+                if _remove_if_dead(folder_fd, tmp, older_than):
+                    log.info("store %s: removed %s/%s, left by an upload whose process ended", self.source,
+                             posixpath.join(self._root, folder), tmp)
+                    removed = 1
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.stat(tmp, dir_fd=folder_fd, follow_symlinks=False)
+                        return 0  # under way, or not old enough yet: the note stays
+            finally:
+                os.close(folder_fd)
+        if removed or time.time() - written >= older_than:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(note, dir_fd=uploads_fd)
+        return removed
 
     async def rm(self, rel: str, recursive: bool = False) -> None:
         path = self._path(rel)

@@ -80,6 +80,19 @@ class MasterClient:
     def _deadline(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else timeout
 
+    async def wait_ready(self, timeout: float, *, what: str, limit: str = "") -> None:
+        """Wait, at most `timeout` seconds, until the channel is connected to the master
+        (connecting it if idle): right after the master restarts the channel is in reconnect
+        back-off, and a call made then fails at once. Unreachable naming `what`, the master
+        and `limit` (what sets the wait) if it is not connected by then."""
+        if self._channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY:
+            return
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except TimeoutError:
+            raise Unreachable(f"{what}: the master at {self.address} could not be reached for {timeout:g}s "
+                              f"(down or restarting){f'; {limit} sets this wait' if limit else ''}") from None
+
     # -- mounts and the cache (admin) --------------------------------------------------------
 
     async def mount(self, request: pb.MountRequest, *, what: str = "") -> pb.MountResponse:

@@ -1,6 +1,7 @@
 """The worker's tiered block store: cached blocks of remote files in MEM, SSD and HDD tiers.
 
-New blocks go to the fastest tier that can take them. When a write would take a tier past
+New blocks go to the fastest tier that can take them (the only copy of a written file's
+block: the fastest disk tier, see below). When a write would take a tier past
 `high_watermark` of its quota, blocks are evicted in the eviction policy's order until the
 tier is at `low_watermark`: an evicted block moves down one tier (which may in turn evict)
 or, from the last tier, leaves the cache. Pinned blocks are never evicted.
@@ -17,9 +18,11 @@ reader holding the old path either reads it whole or retries with the new one.
 Blocks of store data are written without fsync: a power cut may lose them, the checksums
 catch what did not reach the disk, and the store has the bytes. A pinned block of a file
 written into the cache (`BlockKey.written`: MUST_CACHE, ASYNC_THROUGH not yet uploaded) is
-its file's only copy: on a disk tier its file and sidecar are fsynced, and their folder, before
-`put` returns (and before a move deletes the old copy), and it is never promoted from a disk
-tier into memory.
+its file's only copy: it goes to the first disk tier (SSD, HDD) that can take it when the
+store has one, never to MEM (whose folder a restart of the machine, or of a Kubernetes pod,
+empties); its file and sidecar are fsynced, and their folder, before `put` returns (and
+before a move deletes the old copy), and it is never promoted into memory. With MEM alone it
+goes to MEM, and close() leaves a folder of its own that still holds such blocks in place.
 """
 
 from __future__ import annotations
@@ -244,7 +247,8 @@ class BlockStore:
         return self.blocks()
 
     async def close(self) -> None:
-        """Stop fetches in flight, write pending access times, delete a default MEM folder."""
+        """Stop fetches in flight, write pending access times, delete a default MEM folder
+        (unless it holds the only copy of a written block: that stays, and is logged)."""
         if self._state != "open":
             return
         for task in list(self._inflight.values()):
@@ -259,7 +263,15 @@ class BlockStore:
             ]
             await asyncio.to_thread(_write_sidecars, stale)
             for tier in self._tiers:
-                if tier.owns_dirs:
+                if not tier.owns_dirs:
+                    continue
+                written = sum(1 for e in self._index.values() if e.tier is tier and _sole_copy(e.meta))
+                if written:
+                    log.error("tier %s: leaving %s in place: it holds %d block(s) of files written into the cache "
+                              "and not in the store yet, their only copy; give the tier a directory of its own "
+                              "so that a restarted worker finds them", tier.medium,
+                              ", ".join(map(str, tier.dirs)), written)
+                else:
                     await asyncio.to_thread(tier.remove_owned_dirs)
 
     async def __aenter__(self) -> BlockStore:
@@ -434,8 +446,8 @@ class BlockStore:
     # -- writes -------------------------------------------------------------------------------
 
     async def put(self, key: BlockKey, data: bytes, *, pin: bool = False) -> CachedBlock:
-        """Cache `data` as block `key` in the fastest tier that can take it, evicting as
-        needed. The same bytes again only refresh the block (and pin it if asked); other
+        """Cache `data` as block `key` in the fastest tier that can take it (a written
+        file's pinned block: the fastest disk tier, if any), evicting as needed. The same bytes again only refresh the block (and pin it if asked); other
         bytes replace it. ResourceExhausted if no tier can take it."""
         self._require_open()
         if len(data) != key.length:
@@ -620,10 +632,11 @@ class BlockStore:
             return existing.snapshot()
         if existing is not None:
             self._drop(existing)
+        tiers = self._tiers_for(key, pin)
         for attempt in range(1, DISK_FULL_ATTEMPTS + 1):
-            placed = await self._place(len(data), self._tiers)
+            placed = await self._place(len(data), tiers)
             if placed is None:
-                raise ResourceExhausted(self._no_room(key, len(data)))
+                raise ResourceExhausted(self._no_room(key, len(data), tiers))
             tier, directory = placed
             now = self._clock()
             meta = BlockMetadata(key, len(data), tier.medium, checksums, now, now, pin)
@@ -657,6 +670,15 @@ class BlockStore:
         block = entry.snapshot()
         self._pending.added(block)
         return block
+
+    def _tiers_for(self, key: BlockKey, pin: bool) -> Sequence[Tier]:
+        """Where a new block may go, fastest first: a written file's pinned block (its only
+        copy) to the disk tiers, if the store has any; any other block to every tier."""
+        if pin and key.written:
+            disks = [tier for tier in self._tiers if tier.medium != MEM]
+            if disks:
+                return disks
+        return self._tiers
 
     async def _place(self, nbytes: int, tiers: Sequence[Tier]) -> tuple[Tier, Path] | None:
         """Reserve `nbytes` in the first of `tiers` that can make room; None if none can."""
@@ -761,14 +783,17 @@ class BlockStore:
         remove_block_files(old_directory, block_id)
         return True
 
-    def _no_room(self, key: BlockKey, nbytes: int) -> str:
+    def _no_room(self, key: BlockKey, nbytes: int, tiers: Sequence[Tier]) -> str:
+        media = {tier.medium for tier in tiers}
         usage = "; ".join(
             f"{u.medium} quota {format_size(u.capacity)}, used {format_size(u.used)}, "
             f"pinned {format_size(u.pinned)}"
-            for u in self.stats()
+            for u in self.stats() if u.medium in media
         )
+        where = ("" if len(tiers) == len(self._tiers) else
+                 " (a block of a file written into the cache and not in the store yet goes to a disk tier only)")
         return (
-            f"no cache tier can take block {key} ({format_size(nbytes)}): {usage}. "
+            f"no cache tier can take block {key} ({format_size(nbytes)}){where}: {usage}. "
             "Unpin or free cached data, or give a tier a larger quota"
         )
 
@@ -776,9 +801,14 @@ class BlockStore:
 # -- file work done in threads ------------------------------------------------------------------
 
 
+def _sole_copy(meta: BlockMetadata) -> bool:
+    """Is this block the only copy of its bytes (a written file's pinned block)?"""
+    return meta.pinned and meta.key.written
+
+
 def _sole_copy_on_disk(meta: BlockMetadata, tier: Tier) -> bool:
     """Must this block's files be on the disk when they are written (see the module doc)?"""
-    return meta.pinned and meta.key.written and tier.medium != MEM
+    return _sole_copy(meta) and tier.medium != MEM
 
 
 def _write_block(directory: Path, meta: BlockMetadata, data: bytes, durable: bool) -> None:

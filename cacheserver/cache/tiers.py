@@ -16,7 +16,7 @@ from pathlib import Path
 from strata.contract.constants import ENV_HOSTNAME, MEDIA
 from strata.contract.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from strata.contract.units import format_size
-from .files import DIR_MODE, FileKind, block_file, classify, meta_file, remove_block_files
+from .files import DIR_MODE, META_SUFFIX, FileKind, block_file, classify, meta_file, remove_block_files
 from .metadata import BlockMetadata
 
 log = logging.getLogger(__name__)
@@ -27,11 +27,26 @@ SHM_ROOT = Path("/dev/shm")
 def default_mem_dir() -> Path:
     """A MEM tier folder no other worker process uses: /dev/shm/strata-<host>-<pid>.
 
-    It cannot be found again after a restart, so the store deletes it on close; deployments
-    that want MEM blocks to survive a restart give the tier a directory."""
+    It cannot be found again after a restart, so the store deletes it on close (unless it
+    holds written blocks' only copies); a worker names its MEM folder after itself instead
+    (worker.server.tier_configs), so its next process finds the blocks again."""
     host = os.environ.get(ENV_HOSTNAME) or socket.gethostname() or "worker"
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)[:64]
     return SHM_ROOT / f"strata-{safe}-{os.getpid()}"
+
+
+def written_blocks_in(folder: Path) -> int:
+    """How many blocks in a tier folder are the only copy of a file written into the cache
+    (pinned, of a written version, by their sidecars): a folder holding any must not be
+    deleted, or acknowledged writes go with it."""
+    count = 0
+    for sidecar in folder.glob(f"*{META_SUFFIX}"):
+        try:
+            meta = BlockMetadata.read(sidecar)
+        except (OSError, InvalidArgument):
+            continue
+        count += meta.pinned and meta.key.written
+    return count
 
 
 @dataclass(frozen=True)

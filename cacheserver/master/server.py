@@ -13,14 +13,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from strata.contract.config import ServerConfig
-from strata.contract.errors import StrataError
 from strata.contract.httpserver import HttpServer, serve_until_signalled
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..auth import Credentials
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
-from ..ufs import check_source_allowed
 from ..uploads import pending_upload_metrics
 from .service import MasterService
 
@@ -79,17 +77,6 @@ class MasterCollector(Collector):
         yield from pending_upload_metrics("strata_mount", s.pending_uploads(), {m.mount_id: m.path for m in s.mounts.list()})
 
 
-def drop_disallowed_mounts(mounts: MountTable, config: ServerConfig) -> None:
-    """Unmount journaled mounts whose source this configuration no longer allows (a file://
-    folder left out of localSources.allowedRoots): the owner's rule holds from the start."""
-    for mount in mounts.list():
-        try:
-            check_source_allowed(mount.source, config.local_sources.allowed_roots)
-        except StrataError as exc:
-            log.warning("unmounting %s: %s", mount.path, exc)
-            mounts.remove(mount.path)
-
-
 @dataclass
 class MasterHandle:
     service: MasterService
@@ -117,8 +104,9 @@ async def start_master(
     port: int,
     http_port: int,
 ) -> MasterHandle:
+    # Journaled file:// mounts the allowed roots no longer cover load unusable: the owner's
+    # rule holds from the start, and their files not in the store yet are kept.
     mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots, cluster_key=credentials.internal)
-    drop_disallowed_mounts(mounts, config)
     namespace = Namespace(mounts, journal_dir, block_size=config.block_size)
     service = MasterService(config, mounts, namespace, credentials.internal)
     server = rpcutil.server(credentials, max_receive_bytes=rpcutil.MASTER_MAX_RECEIVE_BYTES)

@@ -18,6 +18,7 @@ from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from strata.contract.rpc import aio_channel, error_of
+from strata.contract.urls import shown_url
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
@@ -141,14 +142,14 @@ def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str])
     o = mount.options
     return pb.MountInfo(
         path=mount.path,
-        source=mount.source,
+        source=mount.source if with_credentials else shown_url(mount.source),
         mount_id=mount.mount_id,
         created_unix_ms=mount.created_unix_ms,
         pinned_prefixes=pinned,
         unusable=mount.unusable,
         options=pb.MountOptions(
             options=o.options,
-            credentials=o.credentials if with_credentials else {},
+            credentials=o.credentials if with_credentials and not mount.unusable else {},
             read_only=o.read_only,
             metadata_sync_interval=o.metadata_sync_interval,
             read_type=ReadType.proto_of(o.read_type),
@@ -324,7 +325,7 @@ class MasterService(pb_grpc.MasterServicer):
         except NotFound:
             pass
         except StrataError as exc:
-            log.info("could not remove the upload of version %s from %s: %s", version, mount.source, exc)
+            log.info("could not remove the upload of version %s from %s: %s", version, shown_url(mount.source), exc)
 
     # -- mount table ---------------------------------------------------------------------------
 
@@ -346,7 +347,7 @@ class MasterService(pb_grpc.MasterServicer):
             self._background.spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")
         self._bump_table()
         self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
-        log.info("mounted %s -> %s (mount id %d)", mount.path, mount.source, mount.mount_id)
+        log.info("mounted %s -> %s (mount id %d)", mount.path, shown_url(mount.source), mount.mount_id)
         return pb.MountResponse(mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)),
                                 changed=True)
 
@@ -538,7 +539,7 @@ class MasterService(pb_grpc.MasterServicer):
                 status = await asyncio.wait_for(store.move_file(upload_rel(request.version), rel), PERSIST_MOVE_TIMEOUT)
             except TimeoutError:
                 raise Unavailable(
-                    f"store {mount.source} did not move the upload of {path} into place within "
+                    f"store {store.source} did not move the upload of {path} into place within "
                     f"{PERSIST_MOVE_TIMEOUT:.0f}s; the worker uploads it again"
                 ) from None
             except NotFound:
@@ -572,7 +573,7 @@ class MasterService(pb_grpc.MasterServicer):
             try:
                 removed += await self.mounts.store(mount).remove_dead_uploads(DEAD_UPLOAD_AGE)
             except (StrataError, OSError) as exc:
-                log.warning("cannot clean the upload folder of %s (%s): %s", mount.path, mount.source, exc)
+                log.warning("cannot clean the upload folder of %s (%s): %s", mount.path, shown_url(mount.source), exc)
         return removed
 
     async def sweep_dead_uploads(self) -> None:

@@ -56,7 +56,7 @@ from strata.contract.errors import (
     PermissionDenied,
     Unavailable,
 )
-from ..ufs import StoreTimeouts, UfsStatus
+from ..ufs import StoreTimeouts, UfsStatus, is_upload_temp
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
 from .statefile import StateFile
@@ -173,8 +173,9 @@ def upload_rel(version: str) -> str:
 
 
 def is_upload_path(rel: str) -> bool:
-    """Paths of Strata's own upload folder, never shown or served as the mount's files."""
-    return _rel_under(rel, UPLOAD_DIR)
+    """Paths of Strata's own upload folder, and of uploads' temporary files written in
+    another folder (`ufs.is_upload_temp`), never shown or served as the mount's files."""
+    return _rel_under(rel, UPLOAD_DIR) or is_upload_temp(rel.rpartition("/")[2])
 
 
 def check_writable(path: str, rel: str, *, mount_path: str, read_only: bool, action: str) -> None:
@@ -188,7 +189,8 @@ def check_writable(path: str, rel: str, *, mount_path: str, read_only: bool, act
         raise PermissionDenied(f"mount {mount_path} is read-only; cannot {action} {path}")
     if is_upload_path(rel):
         raise PermissionDenied(
-            f"cannot {action} {path}: {UPLOAD_DIR} is Strata's own upload folder in the store, closed to clients"
+            f"cannot {action} {path}: {UPLOAD_DIR} is Strata's own upload folder in the store, and names like "
+            f"{name(path)!r} its uploads' temporary files, closed to clients"
         )
 
 

@@ -11,6 +11,11 @@ one with no credentials, which would reach the store as whoever the host is), an
 written through Strata and not in the store yet are kept, until it is mounted again with its
 credentials (the same source and options keep its mount id, and so those files) or the master
 runs with the key again. Its sealed credentials are saved again as they were.
+
+So does a saved file:// mount whose folder the master's `localSources.allowedRoots` no longer
+covers: nothing under it is read or written (no store is made for it), and its files not in
+the store yet are kept until the master runs with its folder allowed again, or its owner
+unmounts it (which drops them).
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
 from strata.contract.modes import ReadType, WriteType
+from strata.contract.urls import shown_url
 from ..retry import RetrySettings
-from ..ufs import Store
+from ..ufs import Store, check_source_allowed
 from .paths import is_under, normalize, overlaps, relative
 from .sealing import SealError, Sealer
 from .statefile import StateFile
@@ -193,7 +199,7 @@ class MountTable:
 
     def _seal(self, mount: Mount) -> dict[str, Any]:
         data = mount.to_json()
-        if mount.unusable:
+        if mount.unusable and mount.mount_id in self._unopened:
             del data["options"]["credentials"]  # none: what was sealed is kept as it was
             data[SEALED_CREDENTIALS] = self._unopened[mount.mount_id]
         elif self._sealer is not None:
@@ -208,7 +214,7 @@ class MountTable:
         data = dict(data)
         sealed = data.pop(SEALED_CREDENTIALS, None)
         if sealed is None:
-            return Mount.from_json(data)
+            return self._allowed(Mount.from_json(data))
         binding = _seal_binding(str(data["path"]), int(data["mount_id"]))
         try:
             if self._sealer is None:
@@ -218,13 +224,28 @@ class MountTable:
             mount = Mount.from_json(data)
             self._unopened[mount.mount_id] = str(sealed)
             return replace(mount, unusable=(
-                f"mount {mount.path} (from {mount.source}) cannot be used: {exc} (the cluster's internal token "
+                f"mount {mount.path} (from {shown_url(mount.source)}) cannot be used: {exc} (the cluster's internal token "
                 "changed?). Its files not in the store yet are kept. Start the master with the token it had, "
                 "or mount it again with its credentials (strata mount add --replace; the operator does so "
                 "for its Mounts)"
             ))
         data["options"] = {**data["options"], "credentials": credentials}
-        return Mount.from_json(data)
+        return self._allowed(Mount.from_json(data))
+
+    def _allowed(self, mount: Mount) -> Mount:
+        """`mount`, unusable (`Mount.unusable` says why) when its source is a file:// folder
+        the allowed roots do not cover (any more)."""
+        if self._allowed_roots is None:
+            return mount
+        try:
+            check_source_allowed(mount.source, self._allowed_roots)
+        except StrataError as exc:
+            return replace(mount, unusable=(
+                f"mount {mount.path} (from {shown_url(mount.source)}) cannot be used: {exc}. Its files not in the "
+                "store yet are kept: allow its folder again and restart the master, or unmount it (strata mount "
+                "rm), which drops them"
+            ))
+        return mount
 
     # -- the table ---------------------------------------------------------------------------
 
@@ -242,7 +263,8 @@ class MountTable:
             existing = self._mounts.get(path)
             if existing is not None and not replace:
                 raise AlreadyExists(
-                    f"{path} is already mounted (from {existing.source}); unmount it first or remount with replace"
+                    f"{path} is already mounted (from {shown_url(existing.source)}); unmount it first or remount with "
+                    "replace"
                 )
             for other in self._mounts.values():
                 if other.path != path and overlaps(other.path, path):
@@ -267,7 +289,7 @@ class MountTable:
             if existing is not None:
                 self._retire_store(existing.mount_id)
             self._stores[mount.mount_id] = store
-        log.info("mounted %s -> %s (id %d)", path, source, mount.mount_id)
+        log.info("mounted %s -> %s (id %d)", path, shown_url(source), mount.mount_id)
         return mount
 
     def remove(self, path: str) -> Mount:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import logging
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from strata.contract.errors import StrataError
 from strata.contract.master import MasterClient
 from strata.contract.proto import strata_pb2 as pb
@@ -24,12 +27,30 @@ MASTER_CALL_TIMEOUT = 30.0
 MASTER_TICK_TIMEOUT = 10.0
 
 
+class MasterLinkSettings(BaseSettings):
+    """How the worker's calls wait for the master; `STRATA_WORKER_MASTER_WAIT` overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_", frozen=True, extra="forbid")
+
+    # Seconds a write's call to the master (prepare, commit, withdraw, locating a file to copy
+    # or append to) waits for a master that cannot be reached (restarting: its process comes
+    # back within seconds, its pod within a minute) before the write fails. The writer is
+    # waiting: longer than a restart of the process, far below the client's patience.
+    master_wait: float = Field(default=15.0, ge=0)
+
+
+MASTER_WAIT_SETTING = "STRATA_WORKER_MASTER_WAIT"
+
+
 class MasterLink:
     """The master as one worker sees it: the shared master client with this worker's id,
-    block size, deadlines and messages."""
+    block size, deadlines and messages. The calls of a write wait for a master that is
+    coming back (`MasterLinkSettings.master_wait`) rather than fail at once."""
 
-    def __init__(self, address: str, token: str, *, worker_id: str, block_size: int) -> None:
+    def __init__(self, address: str, token: str, *, worker_id: str, block_size: int,
+                 settings: MasterLinkSettings | None = None) -> None:
         self.address = address
+        self.settings = settings or MasterLinkSettings()
         self.client = MasterClient(address, token, timeout=MASTER_CALL_TIMEOUT)
         # The raw stub, for the ASYNC_THROUGH uploads (they retry on gRPC errors themselves).
         self.stub = self.client.stub
@@ -45,8 +66,11 @@ class MasterLink:
             late=f"the master did not tell the status of {path} within {FILE_STATUS_TIMEOUT:g}s")
 
     async def locate(self, path: str) -> pb.GetBlockLocationsResponse:
-        """The file at `path` and its blocks' holders. NotFound if no file."""
-        return await self.client.block_locations(path, what=f"locating the blocks of {path}")
+        """The file at `path` and its blocks' holders (a copy's or an append's). NotFound if
+        no file."""
+        what = f"locating the blocks of {path}"
+        await self._reachable(what)
+        return await self.client.block_locations(path, what=what)
 
     async def mount_table(self) -> pb.GetMountTableResponse:
         """The mount table with the stores' credentials (only workers may ask for it)."""
@@ -54,23 +78,32 @@ class MasterLink:
 
     # -- writes ------------------------------------------------------------------------------
 
+    async def _reachable(self, what: str) -> None:
+        """Wait for the channel to the master, up to `master_wait`: a write's calls made in
+        the reconnect back-off after a master restart would fail at once."""
+        await self.client.wait_ready(self.settings.master_wait, what=what, limit=MASTER_WAIT_SETTING)
+
     async def prepare_write(self, path: str, *, overwrite: bool, exclusive: bool = False) -> str:
         """Ask the master before writing: refuses an existing file (unless overwrite) and
         holds back older uploads of it until this write ends; `exclusive` (an append) waits
         for the other writes of the file to end and holds back those that come after it.
         Returns the write's id."""
+        what = f"preparing the write of {path} on the master"
+        await self._reachable(what)
         response = await self.client.prepare_write(
             pb.PrepareWriteRequest(path=path, overwrite=overwrite, exclusive=exclusive, worker_id=self.worker_id),
-            timeout=MASTER_WRITE_TIMEOUT, what=f"preparing the write of {path} on the master")
+            timeout=MASTER_WRITE_TIMEOUT, what=what)
         return str(response.write_id)
 
     async def commit_file(self, path: str, length: int, version: str, *, persisted: bool, ufs_version: str,
                           write_id: str) -> pb.FileInfo:
         """Record a written file in the namespace, cut at this cluster's block size."""
+        what = f"committing {path} on the master"
+        await self._reachable(what)
         response = await self.client.commit_file(pb.CommitFileRequest(
             path=path, length=length, version=version, block_size=self.block_size,
             persisted=persisted, worker_id=self.worker_id, ufs_version=ufs_version, write_id=write_id,
-        ), timeout=MASTER_WRITE_TIMEOUT, what=f"committing {path} on the master")
+        ), timeout=MASTER_WRITE_TIMEOUT, what=what)
         file: pb.FileInfo = response.file
         return file
 
@@ -78,6 +111,7 @@ class MasterLink:
         """Tell the master a write ended without an acknowledgement: its commit (`version`,
         if the master recorded it) is dropped. Best effort: the write's lease runs out anyway."""
         try:
+            await self._reachable(f"withdrawing the write of {path}")
             await self.client.abort_write(pb.AbortWriteRequest(path=path, version=version, write_id=write_id),
                                           timeout=MASTER_WRITE_TIMEOUT)
         except StrataError as exc:

@@ -1,7 +1,7 @@
 """The worker's copy of the mount table: which store backs a mount, and what is pinned.
 
-A mount the master holds as unusable (`MountInfo.unusable`: its credentials cannot be opened)
-gets no store here: every access to it fails with the master's reason (FailedPrecondition,
+A mount the master holds as unusable (`MountInfo.unusable`: its credentials cannot be opened,
+or its file:// folder is no longer allowed) gets no store here: every access to it fails with the master's reason (FailedPrecondition,
 never NotFound, so the uploads of its acknowledged writes wait and keep their copies)."""
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 
 def tier_configs(config: ServerConfig, data_dir: Path, worker_id: str) -> list[TierConfig]:
-    """Tiers from the config; a tier without dirs gets one under data_dir (MEM: /dev/shm)."""
+    """Tiers from the config; a tier without dirs gets one under data_dir (MEM: in /dev/shm,
+    named after the worker, so its next process finds the written blocks it holds)."""
     tiers = []
     settings = config.tiers or ()
     for tier in settings:

@@ -23,6 +23,7 @@ from strata.contract.errors import (
     Unreachable,
 )
 from strata.contract.proto import strata_pb2 as pb
+from strata.contract.urls import shown_url
 from strata.operator import constants as c
 from strata.operator.builders.common import approximate_quantity, master_endpoint
 from strata.operator.builders.mount import build_mount_request, request_fingerprint
@@ -73,22 +74,22 @@ def mount_problem(exc: StrataError, spec: MountSpec, endpoint: str) -> tuple[str
         )
     if isinstance(exc, Unavailable | DeadlineExceeded):  # the master answered: its store did not
         return MountPhase.PENDING, Problem(
-            Reason.STORE_UNREACHABLE, f"The store {spec.source} cannot be reached ({exc}); retrying."
+            Reason.STORE_UNREACHABLE, f"The store {shown_url(spec.source)} cannot be reached ({exc}); retrying."
         )
     if isinstance(exc, NotFound):
         return MountPhase.FAILED, Problem(
             Reason.SOURCE_NOT_FOUND,
-            f"The source {spec.source} was not found: {exc}. Check the bucket and prefix in spec.source.",
+            f"The source {shown_url(spec.source)} was not found: {exc}. Check the bucket and prefix in spec.source.",
         )
     if isinstance(exc, PermissionDenied) and urlsplit(spec.source).scheme in LOCAL_SOURCE_SCHEMES:
         return MountPhase.FAILED, Problem(
             Reason.SOURCE_NOT_ALLOWED,
-            f"The servers refused {spec.source}: {exc}.",
+            f"The servers refused {shown_url(spec.source)}: {exc}.",
         )
     if isinstance(exc, PermissionDenied):
         return MountPhase.FAILED, Problem(
             Reason.ACCESS_DENIED,
-            f"The store refused access to {spec.source}: {exc}. Check the keys in {where} "
+            f"The store refused access to {shown_url(spec.source)}: {exc}. Check the keys in {where} "
             "and the bucket's policy.",
         )
     if isinstance(exc, Unauthenticated):
@@ -105,7 +106,7 @@ def mount_problem(exc: StrataError, spec: MountSpec, endpoint: str) -> tuple[str
         return MountPhase.FAILED, Problem(
             Reason.INVALID_MOUNT, f"The master refused the mount: {exc}. Fix spec.path, spec.source or spec.options."
         )
-    return MountPhase.FAILED, Problem(Reason.MOUNT_FAILED, f"Mounting {spec.source} failed: {exc}")
+    return MountPhase.FAILED, Problem(Reason.MOUNT_FAILED, f"Mounting {shown_url(spec.source)} failed: {exc}")
 
 
 def _store_patience(deps: Deps, state: ObjectState, phase: str, problem: Problem) -> tuple[str, Problem]:
@@ -275,7 +276,7 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
             state.fingerprint, state.mount_id = fingerprint, answer.mount.mount_id
             if answer.changed:
                 synced_at = deps.clock()
-                log.info("mounted %s at %s on %s (mount id %d)", spec.source, spec.path, target.endpoint,
+                log.info("mounted %s at %s on %s (mount id %d)", shown_url(spec.source), spec.path, target.endpoint,
                          answer.mount.mount_id)
             deps.masters.invalidate(target.endpoint)
             mounted = _find(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)

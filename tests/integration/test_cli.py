@@ -71,6 +71,28 @@ def test_local_cluster_mount_read_report(local_env: dict[str, str], s3: Any, buc
     assert strata(local_env, "local", "status", check=False).returncode == 1
 
 
+def test_local_down_and_up_keep_a_must_cache_write(local_env: dict[str, str], tmp_path: Path) -> None:
+    # MEM alone (the default of `local up`): the MUST_CACHE file's blocks are its only copy,
+    # in the workers' MEM folders, which `local down` deleted with the rest.
+    master_port, worker_port = free_port_range(2), free_port_range(3)
+    ports = ("--master-port", str(master_port), "--worker-port", str(worker_port))
+    source = tmp_path / "source"
+    source.mkdir()
+    strata(local_env, "local", "up", "--mem", "64Mi", *ports)
+    strata(local_env, "mount", "add", "/w", f"file://{source}")
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    strata(local_env, "fs", "put", "--write-type", "MUST_CACHE", "-", "/w/must.bin", input=data)
+    down = strata(local_env, "local", "down").stdout.decode()
+    assert "kept /dev/shm/strata-" in down and "not in the store yet" in down, down
+    strata(local_env, "local", "up", "--mem", "64Mi", *ports)
+    if "UNUSABLE" in strata(local_env, "mount", "ls").stdout.decode():  # `local up` made new tokens
+        strata(local_env, "mount", "add", "--replace", "/w", f"file://{source}")
+    assert strata(local_env, "fs", "cat", "/w/must.bin").stdout == data
+    assert not (source / "must.bin").exists()
+    strata(local_env, "fs", "rm", "/w/must.bin")
+    assert "kept" not in strata(local_env, "local", "down").stdout.decode()
+
+
 def test_errors_are_one_clear_line(local_env: dict[str, str]) -> None:
     result = strata(local_env, "fs", "ls", "/", check=False)
     assert result.returncode == 1

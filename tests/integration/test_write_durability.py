@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from storeproxy import StoreProxy
 
-from strata.contract.errors import StrataError
+from strata.contract.errors import StrataError, Unreachable
 from strata.contract.proto import strata_pb2 as pb
 
 from .conftest import BLOCK_SIZE, TOKEN, Cluster, allow, metric, read_by_blocks, wait_until
@@ -249,6 +250,54 @@ def test_unpersisted_writes_stay_pinned_through_free_unpin_ttl_eviction_and_rest
     wait_until(lambda: cluster.fs().info("/w/pending.bin")["cached_bytes"] == 0, 10, "the persisted file's blocks to be freed")
     assert cluster.fs().info("/w/must.bin")["cached_bytes"] == len(must)
     assert fs.cat_file("/w/must.bin") == must
+
+
+def mem_dir(cluster: Cluster, worker: int = 0) -> Path:
+    """The MEM tier folder conftest.make_worker gives a worker."""
+    return Path(f"/dev/shm/strata-it-{os.getpid()}-{cluster.root.name}-worker-{worker}")
+
+
+def restart_worker(cluster: Cluster, sig: int, *, wipe: tuple[Path, ...] = ()) -> None:
+    """Stop worker 0 with `sig`, empty the folders `wipe` (what a new pod finds of an
+    emptyDir), start it again and wait until it registered."""
+    cluster.workers[0].stop(sig)
+    for folder in wipe:
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+    cluster.workers[0].start()
+    cluster.workers[0].wait_healthy()
+    cluster.wait_workers(1)
+
+
+@pytest.mark.parametrize("write_type", ["MUST_CACHE", "ASYNC_THROUGH"])
+def test_a_written_files_only_copy_is_on_the_disk_tier_and_outlives_the_loss_of_the_memory_tier(
+        start_cluster: Any, bucket: str, proxy: StoreProxy, write_type: str) -> None:
+    # A worker with MEM and SSD tiers (conftest's), like a CacheCluster with both: a new pod
+    # of the worker finds its MEM emptyDir empty, its SSD hostPath as it was. The written
+    # blocks are the file's only copy (ASYNC_THROUGH: with the store down, not uploaded).
+    cluster = start_cluster(workers=1)
+    mount_via(cluster, proxy, "/w", bucket)
+    data = payload(2 * BLOCK_SIZE + 5)
+    with proxy.refusing():
+        cluster.fs(write_type=write_type).pipe_file("/w/only-here.bin", data)
+        ssd = cluster.root / "worker-0" / "ssd"
+        assert len(list(ssd.glob("*.blk"))) == 3 and not list(mem_dir(cluster).glob("*.blk"))
+        restart_worker(cluster, signal.SIGKILL, wipe=(mem_dir(cluster),))
+        fs = cluster.fs()
+        assert fs.info("/w/only-here.bin")["cached_bytes"] == len(data)
+        assert fs.cat_file("/w/only-here.bin") == data
+
+
+def test_a_must_cache_write_in_memory_alone_outlives_worker_restarts(start_cluster: Any, bucket: str) -> None:
+    # With MEM alone the written blocks stay there: the worker's MEM folder is named after
+    # the worker (not its process), kept at its exit and found by the next process.
+    cluster = start_cluster(workers=1, tiers=[{"medium": "MEM", "quota": "64Mi", "dirs": [
+        f"/dev/shm/strata-it-{os.getpid()}-memonly-worker-0"]}])
+    cluster.mount_bucket("/w", bucket)
+    data = payload(2 * BLOCK_SIZE + 5)
+    cluster.fs(write_type="MUST_CACHE").pipe_file("/w/must.bin", data)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        restart_worker(cluster, sig)
+        assert cluster.fs().cat_file("/w/must.bin") == data
 
 
 def test_rename_of_an_unpersisted_file_is_refused_and_keeps_it(start_cluster: Any, bucket: str) -> None:
@@ -518,6 +567,100 @@ def test_a_mount_whose_credentials_cannot_be_opened_keeps_its_unpersisted_writes
     wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload once the mount is usable")
     assert cluster.s3.get_object(bucket, "pending.bin") == pending
     assert fs.cat_file("/w/pending.bin") == pending
+
+
+def restart_allowing(cluster: Cluster, *roots: Path) -> None:
+    """Restart master and workers with localSources.allowedRoots `roots` (the owner changed
+    spec.localSources of the CacheCluster)."""
+    for server in [*cluster.workers, cluster.master]:
+        server.stop()
+    for server in [cluster.master, *cluster.workers]:
+        config = Path(server.args[server.args.index("--config") + 1])
+        settings = yaml.safe_load(config.read_text())
+        settings["localSources"] = {"allowedRoots": [str(r) for r in roots]}
+        config.write_text(yaml.safe_dump(settings))
+        server.start()
+        server.wait_healthy()
+    cluster.wait_workers(len(cluster.workers))
+
+
+def test_a_file_mount_no_longer_allowed_is_kept_unusable_with_its_unpersisted_writes(
+        start_cluster: Any, tmp_path: Path) -> None:
+    # The cluster's owner narrows localSources.allowedRoots: the journaled file:// mount it no
+    # longer covers must not be read or written, and must not take its acknowledged writes
+    # that are not in the store yet with it.
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    cluster = start_cluster(workers=1, **allow(store))
+    cluster.fs().client.mount("/w", f"file://{store}")
+    (store / ".strata-uploads").write_bytes(b"")  # a file where the upload folder goes: uploads wait
+    must, pending = payload(BLOCK_SIZE + 11), payload(300_000)
+    cluster.fs(write_type="MUST_CACHE").pipe_file("/w/must.bin", must)
+    cluster.fs(write_type="ASYNC_THROUGH").pipe_file("/w/pending.bin", pending)
+    restart_allowing(cluster, elsewhere)
+    fs = cluster.fs()
+    for call in (lambda: fs.info("/w/must.bin"), lambda: fs.cat_file("/w/pending.bin"), lambda: fs.ls("/w")):
+        with pytest.raises(StrataError, match=r"mount /w .*not under a folder this cluster allows"):
+            call()
+    listed = cli(cluster, "mount", "ls").stdout.decode()
+    assert "UNUSABLE" in listed and "files not in the store yet are kept" in listed, listed
+    (store / ".strata-uploads").unlink()
+    time.sleep(2)  # several tries of the upload: nothing is written under a folder no longer allowed
+    assert sorted(p.name for p in store.iterdir()) == [] and len(staged(cluster)) == 1
+    restart_allowing(cluster, store)
+    assert fs.cat_file("/w/must.bin") == must
+    wait_until(lambda: fs.info("/w/pending.bin")["persisted"], 30, "the upload once the folder is allowed again")
+    assert (store / "pending.bin").read_bytes() == pending and fs.cat_file("/w/pending.bin") == pending
+    cli(cluster, "mount", "rm", "/w")  # its owner unmounts it: gone, with what was not in the store
+    assert "/w" not in cli(cluster, "mount", "ls").stdout.decode()
+
+
+def read_once_reachable(cluster: Cluster, path: str) -> bytes:
+    """The bytes of `path`, read by a new client once it reaches the master (a client's
+    connection to it may still be in its reconnect back-off, up to a second)."""
+
+    def attempt() -> bytes | None:
+        try:
+            return bytes(cluster.fs().cat_file(path))
+        except Unreachable:
+            return None
+
+    read: bytes = wait_until(attempt, 10, "a client to reach the master again")
+    return read
+
+
+def test_a_write_while_the_master_restarts_waits_for_it_for_a_bounded_time(
+        start_cluster: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Right after a master restart the worker's channel to it is in reconnect back-off: its
+    # write-path calls failed at once ("Connection refused"). They wait for the master, up
+    # to STRATA_WORKER_MASTER_WAIT, then fail naming it.
+    monkeypatch.setenv("STRATA_WORKER_MASTER_WAIT", "6")
+    cluster = start_cluster(workers=1)
+    cluster.mount_bucket("/w", bucket)
+    writers = {write_type: cluster.fs(write_type=write_type) for write_type in ("CACHE_THROUGH", "MUST_CACHE")}
+    for writer in writers.values():  # the worker knows the mount, the clients the worker
+        writer.pipe_file("/w/before.bin", b"before")
+    data = payload(300_000)
+    for write_type, writer in writers.items():
+        cluster.master.stop()
+        back = threading.Timer(1.5, cluster.master.start)
+        back.start()
+        try:
+            writer.pipe_file(f"/w/{write_type}.bin", data)
+        finally:
+            back.join()
+        cluster.master.wait_healthy()
+        assert read_once_reachable(cluster, f"/w/{write_type}.bin") == data
+    fs = writers["CACHE_THROUGH"]
+    cluster.master.stop()
+    started = time.monotonic()
+    with pytest.raises(StrataError) as failed:
+        fs.pipe_file("/w/never.bin", data)
+    waited = time.monotonic() - started
+    assert f"the master at {cluster.master_address}" in str(failed.value), failed.value
+    assert "STRATA_WORKER_MASTER_WAIT" in str(failed.value), failed.value
+    assert waited < 60, f"the write waited {waited:.0f}s for an absent master"
 
 
 def test_what_an_upload_killed_mid_write_left_in_a_file_store_is_cleaned_at_the_next_master_start(

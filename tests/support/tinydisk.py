@@ -25,8 +25,9 @@ import pytest
 
 
 @contextlib.contextmanager
-def tiny_disk(size: str) -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="strata-tiny-disk-"))
+def tiny_disk(size: str, within: Path | None = None) -> Iterator[Path]:
+    """A tmpfs of `size` on a new folder of `within` (default: the system's temporary folder)."""
+    root = Path(tempfile.mkdtemp(prefix="strata-tiny-disk-", dir=within))
     try:
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(root)],
                                  capture_output=True, text=True, timeout=30)

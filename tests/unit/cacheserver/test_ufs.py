@@ -4,6 +4,9 @@ import asyncio
 import contextlib
 import errno
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -18,6 +21,9 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from s3fs import S3FileSystem
 
+from strata.cacheserver.master.service import mount_to_proto
+from strata.cacheserver.namespace.metadata import Namespace, check_writable
+from strata.cacheserver.namespace.mounts import MountTable
 from strata.cacheserver.retry import RetrySettings
 from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
 from strata.contract.errors import (
@@ -27,6 +33,7 @@ from strata.contract.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    StrataError,
     Unavailable,
 )
 
@@ -404,6 +411,90 @@ async def test_only_uploads_whose_process_ended_are_cleaned_from_a_file_stores_u
     await writing
     assert (tmp_path / "f.bin").read_bytes() == b"the first bytes, the rest"
     assert await Store("memory://x").remove_dead_uploads(older_than=0) == 0
+
+
+HANGING_UPLOAD = """
+import asyncio, sys, time
+from pathlib import Path
+from strata.cacheserver import ufs
+
+def hang(out, source, progress):
+    out.write(b"the first bytes")
+    out.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+
+ufs._copy_into = hang
+asyncio.run(ufs.Store("file://" + sys.argv[1]).write_file(sys.argv[2], Path(sys.argv[3])))
+"""
+
+
+async def test_an_upload_into_another_file_system_than_the_upload_folder_is_hidden_and_cleaned(
+        tmp_path: Path) -> None:
+    # The destination's folder is on another file system than the store's upload folder: the
+    # upload's temporary file is written there (a rename cannot cross file systems). A
+    # worker killed meanwhile left it there for ever, a file of the store to its listings.
+    root = tmp_path / "root"
+    root.mkdir()
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"")
+    with tiny_disk("4m", within=root) as disk:
+        folder = disk.name
+        store = Store(f"file://{root}", retry=FAST_RETRY)
+        table = MountTable(None)
+        table.add("/m", f"file://{root}")
+        namespace = Namespace(table, None, block_size=4096)
+        writer = subprocess.Popen([sys.executable, "-P", "-c", HANGING_UPLOAD, str(root), f"{folder}/f.bin", str(staged)],
+                                  stdout=subprocess.PIPE, start_new_session=True)
+        try:
+            assert writer.stdout is not None and writer.stdout.readline() == b"writing\n"
+            [temp] = [p for p in disk.iterdir()]
+            # While it is written, no listing or status shows it, and no client may write it.
+            assert [e.path for e in await namespace.list_status("/m", recursive=True)] == [f"/m/{folder}"]
+            assert await namespace.list_status(f"/m/{folder}") == []
+            with pytest.raises(NotFound):
+                await namespace.get_status(f"/m/{folder}/{temp.name}")
+            with pytest.raises(PermissionDenied, match="temporary files"):
+                check_writable(f"/m/{folder}/{temp.name}", f"{folder}/{temp.name}", mount_path="/m", read_only=False,
+                               action="write")
+            assert await store.remove_dead_uploads(older_than=0) == 0  # under way: its writer holds it
+        finally:
+            os.killpg(writer.pid, signal.SIGKILL)
+            writer.wait()
+        assert temp.exists()
+        assert await store.remove_dead_uploads(older_than=1800) == 0  # not old enough yet
+        hour_ago = time.time() - 3601
+        os.utime(temp, (hour_ago, hour_ago))
+        assert await store.remove_dead_uploads(older_than=1800) == 1
+        assert list(disk.iterdir()) == [] and list((root / ".strata-uploads").iterdir()) == []
+        # A finished upload leaves nothing behind either.
+        assert (await store.write(f"{folder}/g.bin", b"g bytes")).length == 7
+        assert [p.name for p in disk.iterdir()] == ["g.bin"] and list((root / ".strata-uploads").iterdir()) == []
+        await store.close()
+
+
+async def test_a_source_urls_user_info_shows_in_no_message(tmp_path: Path) -> None:
+    # A source may carry `user:password@` (HTTP, FTP, SFTP stores): no error, listing or log
+    # line names it. Nothing listens on port 9 of this host: the store cannot be reached.
+    source = "http://alice:pa55word-in-url@127.0.0.1:9/data"
+    store = Store(source, retry=FAST_RETRY)
+    assert "pa55word" not in repr(store) and "pa55word" not in store.url("x")
+    with pytest.raises(StrataError) as failed:
+        await store.info("x")
+    assert "pa55word" not in str(failed.value) and "alice" not in str(failed.value), failed.value
+    assert "http://***@127.0.0.1:9/data" in str(failed.value)
+    await store.close()
+    table = MountTable(None)
+    table.add("/h", source)
+    with pytest.raises(StrataError) as again:
+        table.add("/h", source)
+    assert "pa55word" not in str(again.value) and "http://***@127.0.0.1:9/data" in str(again.value)
+    [mount] = table.list()
+    assert mount_to_proto(mount, with_credentials=False, pinned=[]).source == "http://***@127.0.0.1:9/data"
+    assert mount_to_proto(mount, with_credentials=True, pinned=[]).source == source  # workers reach the store
+    with pytest.raises(StrataError) as refused:
+        check_source_allowed("file://bob:s3cret@/data", ["/nowhere"])
+    assert "s3cret" not in str(refused.value)
 
 
 async def test_paths_cannot_climb_out_of_the_root(backend: Backend) -> None:

@@ -471,9 +471,8 @@ async def test_a_written_blocks_only_copy_is_on_the_disk_when_put_returns(
     store = await make_store(("MEM", 4 * U), (disk, 64 * U))
     await store.put(key(0, "/a", length=2 * U), payload(2 * U), pin=True)  # store data, pinned by a user: MEM
     await store.put(key(1), payload(U))
-    await store.put(key(2, version="w-1", length=3 * U), payload(3 * U), pin=True)  # MEM cannot take it
-    in_memory = await store.put(key(3, version="w-2"), payload(U), pin=True)
-    assert in_memory.medium == "MEM" and media_of(store)[2] == disk
+    await store.put(key(2, version="w-1", length=3 * U), payload(3 * U), pin=True)
+    assert media_of(store) == {0: "MEM", 1: "MEM", 2: disk}
     written = store.lookup(key(2, version="w-1", length=3 * U))
     assert written is not None
     assert synced == inodes(written.path, written.path.with_suffix(".meta"), dirs(disk))
@@ -484,6 +483,27 @@ async def test_a_written_blocks_only_copy_is_on_the_disk_when_put_returns(
     assert hit and block.medium == disk and synced == set()
     block, hit = await store.get_or_fetch(key(1), Fetcher(b""), promote=True)
     assert hit and block.medium == "MEM"
+
+
+@pytest.mark.parametrize("disk", ["SSD", "HDD"])
+async def test_a_written_blocks_only_copy_goes_to_a_disk_tier_never_to_memory(make_store: Any, disk: str) -> None:
+    # A MEM tier's folder is emptied by a restart of the machine or of a Kubernetes pod (an
+    # emptyDir in memory): the only copy of an acknowledged MUST_CACHE or ASYNC_THROUGH
+    # block goes to a disk tier, even when MEM has room, and never falls back to MEM.
+    store = await make_store(("MEM", 64 * U), (disk, 3 * U))
+    must = await store.put(key(0, version="w-1"), payload(U), pin=True)
+    cached_copy = await store.put(key(1, version="w-1"), payload(U))  # not pinned: not its only copy
+    pinned_store_data = await store.put(key(2), payload(U), pin=True)
+    assert (must.medium, cached_copy.medium, pinned_store_data.medium) == (disk, "MEM", "MEM")
+    await store.put(key(3, version="w-2", length=2 * U), payload(2 * U), pin=True)
+    with pytest.raises(ResourceExhausted, match=f"goes to a disk tier only\\): {disk} quota"):
+        await store.put(key(4, version="w-3"), payload(U), pin=True)
+    assert media_of(store) == {0: disk, 1: "MEM", 2: "MEM", 3: disk}
+
+
+async def test_with_memory_alone_a_written_block_stays_in_memory(make_store: Any) -> None:
+    store = await make_store(("MEM", 4 * U))
+    assert (await store.put(key(0, version="w-1"), payload(U), pin=True)).medium == "MEM"
 
 
 @pytest.mark.parametrize("eviction, evicted", [("LRU", "a"), ("LRFU", "c")])
@@ -610,6 +630,22 @@ async def test_default_mem_dir_is_private_and_removed_at_close() -> None:
         async with BlockStore([TierConfig("MEM", 1 << 20)]) as store:
             block = await store.put(key(0, length=3), b"abc")
             assert block.path.parent == path and block.path.read_bytes() == b"abc"
+        assert not path.exists()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_default_mem_dir_holding_a_written_blocks_only_copy_is_left_at_close() -> None:
+    path = default_mem_dir()
+    written = BlockKey(1, "/w", "w-1", 0, KEY_BLOCK_SIZE, 3)
+    try:
+        async with BlockStore([TierConfig("MEM", 1 << 20)]) as store:
+            await store.put(written, b"abc", pin=True)
+        assert (path / f"{written.block_id}.blk").read_bytes() == b"abc"
+        async with BlockStore([TierConfig("MEM", 1 << 20, (path,))]) as again:  # found by whoever names it
+            assert [b.key for b in again.blocks()] == [written]
+        async with BlockStore([TierConfig("MEM", 1 << 20)]) as store:
+            store.free(lambda k: True)  # the file is in the store, or removed: nothing left to keep
         assert not path.exists()
     finally:
         shutil.rmtree(path, ignore_errors=True)

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strata.cacheserver.master.server import drop_disallowed_mounts
-from strata.cacheserver.namespace.mounts import MountTable
-from strata.contract.config import ServerConfig
+import pytest
+
+from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+from strata.contract.errors import FailedPrecondition
 
 
-def test_journaled_file_mounts_outside_the_allowed_roots_are_dropped(tmp_path: Path) -> None:
+def test_journaled_file_mounts_outside_the_allowed_roots_are_kept_unusable(tmp_path: Path) -> None:
     allowed, other = tmp_path / "allowed", tmp_path / "other"
     allowed.mkdir()
     other.mkdir()
-    table = MountTable(tmp_path / "journal")
+    table = MountTable(tmp_path / "journal", cluster_key="key")
     table.add("/in", f"file://{allowed}")
-    table.add("/out", f"file://{other}")
+    out = table.add("/out", f"file://{other}", MountOptions(credentials={"token": "t0ken-value"}))
     table.add("/mem", "memory://bucket")
-    config = ServerConfig.model_validate({"localSources": {"allowedRoots": [str(allowed)]}})
-    restarted = MountTable(tmp_path / "journal")
-    drop_disallowed_mounts(restarted, config)
-    assert [m.path for m in restarted.list()] == ["/in", "/mem"]
-    assert [m.path for m in MountTable(tmp_path / "journal").list()] == ["/in", "/mem"]  # saved
+    restarted = MountTable(tmp_path / "journal", allowed_roots=[str(allowed)], cluster_key="key")
+    assert [(m.path, bool(m.unusable)) for m in restarted.list()] == [("/in", False), ("/mem", False), ("/out", True)]
+    [kept] = [m for m in restarted.list() if m.path == "/out"]
+    assert kept.mount_id == out.mount_id
+    assert "is not under a folder this cluster allows" in kept.unusable and "files not in the store yet are kept" in kept.unusable
+    with pytest.raises(FailedPrecondition, match="mount /out .*allowedRoots"):
+        restarted.resolve("/out/f")
+    with pytest.raises(FailedPrecondition, match="mount /out"):
+        restarted.store(kept)  # nothing under it is ever read or written
+    restarted.add("/in2", f"file://{allowed}")  # a save keeps the unusable mount, credentials and all
+    again = MountTable(tmp_path / "journal", allowed_roots=[str(allowed), str(other)], cluster_key="key")
+    [back] = [m for m in again.list() if m.path == "/out"]
+    assert not back.unusable and back.mount_id == out.mount_id and back.options.credentials == {"token": "t0ken-value"}
+    again.remove("/out")  # its owner unmounts it: gone
+    assert [m.path for m in MountTable(tmp_path / "journal", cluster_key="key").list()] == ["/in", "/in2", "/mem"]
