@@ -83,11 +83,7 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
     env = dict(os.environ)
     for role, (value_env, file_env) in ROLE_ENV.items():
         token_file = base / local_token_name(role)
-        # Created owner-only before the token is written: no moment where others may read it.
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            os.fchmod(out.fileno(), 0o600)
-            out.write(generate_token())
+        _keep_or_make_token(token_file)
         env[file_env] = str(token_file)
         env.pop(value_env, None)
     tag = hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:8]
@@ -131,6 +127,26 @@ def up(spec: LocalClusterSpec) -> localstate.LocalState:
     )
     localstate.write_state(state)
     return state
+
+
+def _keep_or_make_token(token_file: Path) -> None:
+    """The token in `token_file`: the one an earlier `local up` made, kept (the journal keeps
+    the mounts, whose store credentials are sealed with the cluster's token: a new token
+    would leave every mount unusable), else a new one."""
+    try:
+        fd = os.open(token_file, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        pass
+    else:
+        with os.fdopen(fd) as kept:
+            os.fchmod(kept.fileno(), 0o600)
+            if kept.read().strip():
+                return
+    # Created owner-only before the token is written: no moment where others may read it.
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(generate_token())
 
 
 def _wait_healthy(servers: list[tuple[launcher.Child, int]]) -> None:
