@@ -72,7 +72,7 @@ class Runner:
         return seconds
 
     def cold_reps_for(self, dataset: Dataset) -> int:
-        return min(self.reps, self.big_cold_reps) if dataset.nominal >= self.big else self.reps
+        return min(self.reps, self.big_cold_reps) if dataset.bytes >= self.big else self.reps
 
     def skip_unavailable(self, workload: Workload, contestants: Sequence[Contestant], phases: Sequence[str]) -> None:
         for c in contestants:
@@ -383,7 +383,8 @@ class Runner:
         chosen = [self.by_id[c] for c in ids if c in self.by_id]
         self.skip_unavailable(w, chosen, ("cold", "warm"))
         w.load = (load1(), 0.0)
-        for rep in range(self.reps):
+        # Every repetition starts with a cold epoch: a large dataset gets the cold reps.
+        for rep in range(self.cold_reps_for(dataset)):
             for c in chosen:
                 if c.unavailable:
                     continue
