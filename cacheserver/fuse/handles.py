@@ -133,6 +133,11 @@ class WriteHandle:
             self.mtime_ns = time.time_ns()
             return written
 
+    def append(self, data: bytes | memoryview) -> int:
+        """Write `data` at the end (a file opened with O_APPEND)."""
+        with self._lock:
+            return self.write(data, self.size)
+
     def read(self, size: int, offset: int) -> bytes:
         with self._lock:
             return os.pread(self._fd, max(0, min(size, self.size - offset)), offset)

@@ -626,10 +626,18 @@ class StrataOperations:
 
     @_errors
     def write(self, path: str, data: bytes | memoryview, offset: int, fi: Any) -> int:
+        return self._writer(fi).write(data, offset)
+
+    @_errors
+    def append(self, path: str, data: bytes | memoryview, fi: Any) -> int:
+        """write() at the end of the open file (one opened with O_APPEND)."""
+        return self._writer(fi).append(data)
+
+    def _writer(self, fi: Any) -> WriteHandle:
         handle = self._handle(fi)
         if not isinstance(handle, WriteHandle):
             raise FuseError(errno.EBADF)
-        return handle.write(data, offset)
+        return handle
 
     @_errors
     def truncate(self, path: str, length: int, fh: Any = None) -> int:

@@ -13,7 +13,8 @@
 - `resume()` asks the kernel to queue again every request the previous process read and did
   not answer (FUSE_NOTIFY_RESEND, kernel 6.9+).
 - The kernel acts on the size of a file it was last told: an open of a file that changed
-  since has it forget that first (see shown.py).
+  since has it forget that first (see shown.py), and a write of a file opened with O_APPEND
+  goes to the end of the open file, wherever the kernel places it.
 """
 
 from __future__ import annotations
@@ -340,12 +341,17 @@ class Session:
         return [data]
 
     def _write(self, header: wire.InHeader, body: memoryview) -> Payload:
-        fh, offset, size, *_ = wire.WRITE_IN.unpack_from(body)
+        fh, offset, size, write_flags, _owner, flags, _ = wire.WRITE_IN.unpack_from(body)
         data = body[wire.WRITE_IN.size:wire.WRITE_IN.size + size]
         path = self.nodes.path(header.nodeid)
         fi = self._known(fh, path)
         self.shown.forget(header.nodeid)  # the kernel sets the size it holds itself
-        written = self.ops.write(path or "", data, offset, fi)
+        if flags & os.O_APPEND and not write_flags & wire.WRITE_CACHE:
+            # At the end of the open file: the kernel places it at the size it holds, which
+            # may be older than the file this handle opened.
+            written = self.ops.append(path or "", data, fi)
+        else:
+            written = self.ops.write(path or "", data, offset, fi)
         return [wire.WRITE_OUT.pack(written, 0)]
 
     def _flush(self, header: wire.InHeader, body: memoryview) -> Payload:

@@ -69,6 +69,8 @@ MAX_PAGES = 1 << 22
 INIT_EXT = 1 << 30
 HAS_RESEND = 1 << 39  # the kernel can put requests in flight back in the queue (7.40)
 
+# fuse_write_in.write_flags: a write of the page cache (a shared mapping), not of a write(2)
+WRITE_CACHE = 1 << 0
 # fuse_open_out.open_flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1

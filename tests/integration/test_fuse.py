@@ -659,6 +659,20 @@ def test_every_read_of_a_read_only_mount_gets_the_new_length(
         assert differs(read_as("mmap", path, tmp_path), new) == ""
 
 
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+def test_appending_to_a_file_that_changed_length_in_the_store_appends_at_its_end(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path, change: str) -> None:
+    """The kernel places a write to a file opened with O_APPEND at the size it holds: a size
+    older than the file in the store would overwrite its middle, or leave a hole of zeros."""
+    cluster = start_cluster(workers=1)
+    old = payload(BLOCK_SIZE + 100_000)
+    new = payload(len(old) + 300_000 if change == "longer" else len(old) - 300_000)
+    path = change_behind_the_kernel(cluster, bucket, tmp_path, "s3", old, new, mount_fuse)
+    subprocess.run(["sh", "-c", 'printf "appended" >> "$1"', "sh", str(path)], check=True, timeout=60)
+    assert differs(cluster.s3.get_object(bucket, "f.bin"), new + b"appended") == ""
+    assert differs(path.read_bytes(), new + b"appended") == ""
+
+
 def test_a_file_changed_while_open_reads_whole_at_each_version(
         start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
     """A file open at its old version while it grows in the store: an open of the new version
