@@ -42,6 +42,9 @@ class ReadHandle:
 
     def __init__(self, file: StrataFile) -> None:
         self._file = file
+        # Reads around the kernel's page cache (direct I/O); a handle a successor opened
+        # again counts as one that does not, as the predecessor's choice is not known.
+        self.direct = False
 
     @property
     def info(self) -> pb.FileInfo:

@@ -30,6 +30,7 @@ from .conftest import BLOCK_SIZE, Cluster, allow, wait_until
 from .test_cluster import payload
 
 FSTYPE = "fuse.strata"
+MIB = 1 << 20
 WRITE_TYPES = list(WriteType)
 
 
@@ -673,22 +674,29 @@ def test_appending_to_a_file_that_changed_length_in_the_store_appends_at_its_end
     assert differs(path.read_bytes(), new + b"appended") == ""
 
 
+@pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
+@pytest.mark.parametrize("change", ["longer", "shorter"])
 def test_a_file_changed_while_open_reads_whole_at_each_version(
-        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
-    """A file open at its old version while it grows in the store: an open of the new version
-    reads around the page cache (direct I/O) to the new end, and the old one to the old end."""
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path, change: str,
+        read_only: bool) -> None:
+    """A file open at its old version while it changes length in the store: an open of the
+    new version reads around the page cache (direct I/O) to the new end, and the file opened
+    before goes on reading the old version through the page cache, to the old end (the
+    kernel holds one size of the file, and cuts reads through the page cache there)."""
     cluster = start_cluster(workers=1)
-    old = payload(5 * BLOCK_SIZE + 100_000)
-    new = payload(len(old) + 300_000)
+    old = payload(8 * BLOCK_SIZE + 100_000)
+    new = payload(len(old) + 300_000 if change == "longer" else BLOCK_SIZE + 100)
     cluster.s3.put_object(bucket, "f.bin", old)
     cluster.mount_bucket("/m", bucket, metadata_sync_interval=60)
-    path = mount_fuse(cluster).path / "m" / "f.bin"
+    path = mount_fuse(cluster, *(["--read-only"] if read_only else [])).path / "m" / "f.bin"
     with open(path, "rb", buffering=0) as before:
-        assert before.read(1000) == old[:1000]  # its first blocks cached (the next ones read ahead)
+        seen = 3 * BLOCK_SIZE  # these blocks cached (and the next ones read ahead)
+        assert differs(b"".join(os.pread(before.fileno(), MIB, at) for at in range(0, seen, MIB)), old[:seen]) == ""
         cluster.s3.put_object(bucket, "f.bin", new)
         other = cluster.fs(host="other")
         with pytest.raises(errors.FailedPrecondition):  # the last block, not read yet
-            other.client.read_block(other.client.block_ref(cluster.fs().client.stat("/m/f.bin"), 5))
+            other.client.read_block(other.client.block_ref(cluster.fs().client.stat("/m/f.bin"), 8))
         for how in ("read", "cp"):
             assert differs(read_as(how, path, tmp_path), new) == "", how
-        assert os.pread(before.fileno(), 1000, 10) == old[10:1010]
+        for at in (10, 2 * BLOCK_SIZE + 10):  # within the old version's cached blocks, past the new end
+            assert differs(os.pread(before.fileno(), MIB, at), old[at:at + MIB]) == "", at
