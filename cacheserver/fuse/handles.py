@@ -42,6 +42,9 @@ class ReadHandle:
 
     def __init__(self, file: StrataFile) -> None:
         self._file = file
+        # Reads around the kernel's page cache (direct I/O); a handle a successor opened
+        # again counts as one that does not, as the predecessor's choice is not known.
+        self.direct = False
 
     @property
     def info(self) -> pb.FileInfo:
@@ -132,6 +135,11 @@ class WriteHandle:
             self.dirty = True
             self.mtime_ns = time.time_ns()
             return written
+
+    def append(self, data: bytes | memoryview) -> int:
+        """Write `data` at the end (a file opened with O_APPEND)."""
+        with self._lock:
+            return self.write(data, self.size)
 
     def read(self, size: int, offset: int) -> bytes:
         with self._lock:

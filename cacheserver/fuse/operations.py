@@ -8,7 +8,9 @@ session (session.py) calls by path, answered with the client library.
   across opens while the file's version (its content identity) stays the one seen at the
   previous open; a changed file starts cold. While a file is open at another version (opened
   before it changed), a new open reads around the page cache (direct I/O): that cache is
-  one per file, and the other handle's reads fill it with its version's pages. An open
+  one per file, and the other handle's reads fill it with its version's pages. The kernel
+  also holds one size per file and cuts reads through the page cache there: while handles
+  read a file so, whoever asks about it is told their version's size and time. An open
   answered from a status the client held (see client/core.py) whose first read is refused
   because the file changed in the store goes on as the new version only where the page
   cache cannot mix the two: the handle reads directly, or it is the only handle of the file
@@ -209,22 +211,47 @@ class _OpenReads:
     each: an open asks which versions of its path are open without going through every
     handle (thousands of open files would slow every open). Kept in step with the handles
     (added at open and at a successor's reopen, dropped at release) under the operations'
-    lock."""
+    lock. The same of the handles that read through the page cache (not directly), with
+    their status: the size the kernel must hold of the file while they are open."""
 
     def __init__(self) -> None:
         self._by_path: dict[str, Counter[str]] = {}
         # How many times the handles of each path open changed (opens, releases, reopens).
         self._changes: dict[str, int] = {}
+        self._cached: dict[str, dict[str, tuple[pb.FileInfo, int]]] = {}
 
     def change(self, handle: ReadHandle | WriteHandle, count: int) -> None:
         """A read handle opened (`count` 1) or released (-1); write handles do not count."""
         if isinstance(handle, ReadHandle):
             self._count(handle.info.path, handle.info.version, count)
+            if not handle.direct:
+                self._count_cached(handle.info, count)
 
-    def move(self, path: str, old: str, new: str) -> None:
+    def move(self, path: str, old: pb.FileInfo, new: pb.FileInfo, *, direct: bool) -> None:
         """A read handle of `path` goes on as version `new` instead of `old`."""
-        self._count(path, old, -1)
-        self._count(path, new, 1)
+        self._count(path, old.version, -1)
+        self._count(path, new.version, 1)
+        if not direct:
+            self._count_cached(old, -1)
+            self._count_cached(new, 1)
+
+    def _count_cached(self, info: pb.FileInfo, count: int) -> None:
+        versions = self._cached.setdefault(info.path, {})
+        first, handles = versions.get(info.version, (info, 0))
+        if handles + count > 0:
+            versions[info.version] = (first, handles + count)
+        else:
+            versions.pop(info.version, None)
+            if not versions:
+                del self._cached[info.path]
+
+    def cached(self, path: str) -> pb.FileInfo | None:
+        """The status of `path` that handles open now read through the page cache (None: no
+        such handle). They read one version (an open of another reads directly); should
+        a successor's handles, whose way of reading is not known, read several, the longest:
+        no read through the page cache is cut short."""
+        versions = self._cached.get(path)
+        return max((info for info, _ in versions.values()), key=lambda i: i.length) if versions else None
 
     def _count(self, path: str, version: str, count: int) -> None:
         versions = self._by_path.setdefault(path, Counter())
@@ -427,7 +454,7 @@ class StrataOperations:
             alone = self._open_reads.alone(ns, old.version, opened.changes)
             if not (opened.direct_io or (alone and not opened.keep_cache and new.length == old.length)):
                 return False
-            self._open_reads.move(ns, old.version, new.version)
+            self._open_reads.move(ns, old, new, direct=opened.direct_io)
             if not opened.direct_io:
                 self._versions[ns] = new.version
                 self._versions.move_to_end(ns)
@@ -435,10 +462,14 @@ class StrataOperations:
             self._records.add(fh, new)  # a successor opens it again as `new`
         except BaseException:
             with self._lock:
-                self._open_reads.move(ns, new.version, old.version)
+                self._open_reads.move(ns, new, old, direct=opened.direct_io)
             raise
         self._attrs.put(new)
         return True
+
+    def _page_cached(self, ns: str) -> pb.FileInfo | None:
+        with self._lock:
+            return self._open_reads.cached(ns)
 
     def _forget(self, ns: str) -> None:
         self._attrs.drop(ns)
@@ -460,14 +491,20 @@ class StrataOperations:
 
     @_errors
     def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+        """The kernel holds one size of a file and cuts reads through the page cache there:
+        while handles read a file so, it is told their version's status, whoever asks (a
+        handle of another version reads directly, and is not cut); else an open file's own."""
         handle = self._handles.get(fh.fh) if fh is not None else None
         if isinstance(handle, ReadHandle):
-            return self._info_stat(handle.info)
+            return self._info_stat(self._page_cached(handle.info.path) or handle.info)
         ns = self._ns(path)
         writers = [handle] if isinstance(handle, WriteHandle) else self._writers(ns)
         if writers:
             w = writers[-1]
             return self._stat(ns, is_dir=False, size=w.size, mtime_ns=w.mtime_ns)
+        cached = self._page_cached(ns)
+        if cached is not None:
+            return self._info_stat(cached)
         try:
             return self._info_stat(self._info(ns))
         except NotFound:
@@ -583,6 +620,7 @@ class StrataOperations:
             with self._lock:  # decided and added at once: a handle of another version opened meanwhile counts
                 keep, direct = self._page_cache_locked(ns, reader.info.version)
                 fi.keep_cache, fi.direct_io = int(keep), int(direct)
+                reader.direct = direct
                 fi.fh = self._add_locked(reader)
                 opened = _Opened(ns, keep, direct, self._open_reads.changes(ns))
             file.may_reopen = functools.partial(self._may_switch, opened, fi.fh)
@@ -626,10 +664,18 @@ class StrataOperations:
 
     @_errors
     def write(self, path: str, data: bytes | memoryview, offset: int, fi: Any) -> int:
+        return self._writer(fi).write(data, offset)
+
+    @_errors
+    def append(self, path: str, data: bytes | memoryview, fi: Any) -> int:
+        """write() at the end of the open file (one opened with O_APPEND)."""
+        return self._writer(fi).append(data)
+
+    def _writer(self, fi: Any) -> WriteHandle:
         handle = self._handle(fi)
         if not isinstance(handle, WriteHandle):
             raise FuseError(errno.EBADF)
-        return handle.write(data, offset)
+        return handle
 
     @_errors
     def truncate(self, path: str, length: int, fh: Any = None) -> int:

@@ -12,6 +12,9 @@
   last committed content).
 - `resume()` asks the kernel to queue again every request the previous process read and did
   not answer (FUSE_NOTIFY_RESEND, kernel 6.9+).
+- The kernel acts on the size of a file it was last told: an open of a file that changed
+  since has it forget that first (see shown.py), and a write of a file opened with O_APPEND
+  goes to the end of the open file, wherever the kernel places it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from . import wire
 from .nodes import NodeTable
 from .operations import MAX_IO, UTIME_NOW, UTIME_OMIT, FuseError, StrataOperations
+from .shown import ShownAttrs
 
 log = logging.getLogger("strata.fuse")
 
@@ -40,7 +44,17 @@ WANT = (wire.ASYNC_READ | wire.ATOMIC_O_TRUNC | wire.BIG_WRITES | wire.AUTO_INVA
         | wire.PARALLEL_DIROPS | wire.MAX_PAGES)
 
 Payload = Sequence[bytes | memoryview]
-Handler = Callable[[wire.InHeader, memoryview], Payload | None]
+
+
+@dataclass(frozen=True)
+class Showing:
+    """A reply that gives the kernel the attributes of node `nodeid` (see shown.py)."""
+    payload: Payload
+    nodeid: int
+    attr: wire.Attr
+
+
+Handler = Callable[[wire.InHeader, memoryview], Payload | Showing | None]
 
 
 @dataclass
@@ -81,6 +95,7 @@ class Session:
         self.nodes = nodes
         self.timeout = ops.settings.attr_timeout
         self._on_init = on_init
+        self.shown = ShownAttrs()
         self._dirs: dict[int, list[tuple[str, int, int]]] = {}
         self._dir_ids = iter(range(1, 1 << 62))
         self._lock = threading.Lock()
@@ -143,7 +158,7 @@ class Session:
         body = request[wire.IN_HEADER.size:header.length]
         handler = self._handlers.get(header.opcode)
         error = 0
-        payload: Payload | None = []
+        payload: Payload | Showing | None = []
         try:
             if handler is None:
                 error = errno.ENOSYS
@@ -156,9 +171,14 @@ class Session:
             error = errno.EIO
         if header.opcode in wire.NO_REPLY or payload is None:
             return
-        self._reply(header.unique, [] if error else payload, error)
+        if isinstance(payload, Showing):  # never set when the handler failed
+            showing = payload
+            self.shown.reply(showing.nodeid, showing.attr, lambda: self._reply(header.unique, showing.payload))
+        else:
+            self._reply(header.unique, [] if error else payload, error)
 
-    def _reply(self, unique: int, payload: Payload, error: int = 0) -> None:
+    def _reply(self, unique: int, payload: Payload, error: int = 0) -> bool:
+        """Answer request `unique`; False if the kernel did not take the answer."""
         length = sum(len(p) for p in payload)
         try:
             os.writev(self.fd, [wire.out_header(unique, length, error), *payload])
@@ -166,6 +186,19 @@ class Session:
             # ENOENT: the caller was interrupted and the kernel dropped the request.
             if exc.errno not in (errno.ENOENT, errno.ENODEV):
                 log.error("strata fuse: answering request %d: %s", unique, exc)
+            return False
+        return True
+
+    def _invalidate(self, nodeid: int, path: str) -> None:
+        """Have the kernel forget the attributes it holds of `nodeid` (see shown.py)."""
+        try:
+            os.write(self.fd, wire.inval_attributes_notification(nodeid))
+        except OSError as exc:
+            # ENOENT: the kernel holds no inode of that node, so nothing to forget.
+            # ENODEV: the mount is gone, and nobody reads through it.
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                log.error("strata fuse: the kernel cannot forget the size of %s it holds: %s", path, exc)
+                raise FuseError(errno.EIO) from exc
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -175,9 +208,15 @@ class Session:
             raise FuseError(errno.ESTALE if header.nodeid not in self.nodes else errno.ENOENT)
         return path
 
-    def _entry(self, path: str, fi: FileInfo | None = None) -> bytes:
+    def _entry(self, path: str, fi: FileInfo | None = None, *, then: Payload = ()) -> Showing:
+        """An entry reply for `path` (followed by `then`), counted as a lookup of its node."""
         attr = attr_of(self.ops.getattr(path, fi))
-        return wire.entry_out(self.nodes.lookup(path), attr, self.timeout)
+        nodeid = self.nodes.lookup(path)
+        return Showing([wire.entry_out(nodeid, attr, self.timeout), *then], nodeid, attr)
+
+    def _attr(self, header: wire.InHeader, path: str, fi: FileInfo | None) -> Showing:
+        attr = attr_of(self.ops.getattr(path, fi))
+        return Showing([wire.attr_out(attr, self.timeout)], header.nodeid, attr)
 
     def _ok(self, header: wire.InHeader, body: memoryview) -> Payload:
         return []
@@ -200,27 +239,34 @@ class Session:
 
     # -- names -----------------------------------------------------------------------------------
 
-    def _lookup(self, header: wire.InHeader, body: memoryview) -> Payload:
-        return [self._entry(child(self._path(header), wire.names(body, 1)[0]))]
+    def _lookup(self, header: wire.InHeader, body: memoryview) -> Showing:
+        return self._entry(child(self._path(header), wire.names(body, 1)[0]))
 
     def _forget(self, header: wire.InHeader, body: memoryview) -> None:
         self.nodes.forget(header.nodeid, wire.FORGET_IN.unpack_from(body)[0])
+        self._forgotten([header.nodeid])
 
     def _batch_forget(self, header: wire.InHeader, body: memoryview) -> None:
         count = wire.BATCH_FORGET_IN.unpack_from(body)[0]
         start = wire.BATCH_FORGET_IN.size
-        self.nodes.forget_many([wire.FORGET_ONE.unpack_from(body, start + i * wire.FORGET_ONE.size)
-                                for i in range(count)])
+        items = [wire.FORGET_ONE.unpack_from(body, start + i * wire.FORGET_ONE.size) for i in range(count)]
+        self.nodes.forget_many(items)
+        self._forgotten([nodeid for nodeid, _ in items])
 
-    def _getattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+    def _forgotten(self, nodeids: list[int]) -> None:
+        for nodeid in nodeids:
+            if nodeid not in self.nodes:
+                self.shown.forget(nodeid)
+
+    def _getattr(self, header: wire.InHeader, body: memoryview) -> Showing:
         flags, _, fh = wire.GETATTR_IN.unpack_from(body)
         fi = FileInfo(fh=fh) if flags & wire.GETATTR_FH else None
         path = self.nodes.path(header.nodeid)
         if path is None and (fi is None or not self.ops.has_handle(fi.fh)):
             path = self._path(header)  # raises
-        return [wire.attr_out(attr_of(self.ops.getattr(path or "/", fi)), self.timeout)]
+        return self._attr(header, path or "/", fi)
 
-    def _setattr(self, header: wire.InHeader, body: memoryview) -> Payload:
+    def _setattr(self, header: wire.InHeader, body: memoryview) -> Showing:
         (valid, _, fh, size, _owner, atime, mtime, _ctime, atimensec, mtimensec, _ctimensec, mode, _, uid, gid,
          _) = wire.SETATTR_IN.unpack_from(body)
         path = self._path(header)
@@ -242,7 +288,7 @@ class Session:
 
             self.ops.utimens(path, (when(wire.FATTR_ATIME_NOW, wire.FATTR_ATIME, atime, atimensec),
                                     when(wire.FATTR_MTIME_NOW, wire.FATTR_MTIME, mtime, mtimensec)))
-        return [wire.attr_out(attr_of(self.ops.getattr(path, fi)), self.timeout)]
+        return self._attr(header, path, fi)
 
     def _statfs(self, header: wire.InHeader, body: memoryview) -> Payload:
         st = self.ops.statfs("/")
@@ -254,16 +300,27 @@ class Session:
     def _open(self, header: wire.InHeader, body: memoryview) -> Payload:
         flags, _ = wire.OPEN_IN.unpack_from(body)
         fi = FileInfo(flags=flags)
-        self.ops.open(self._path(header), fi)
+        path = self._path(header)
+        self.ops.open(path, fi)
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
+            self.shown.forget(header.nodeid)  # the kernel sets the size to 0 itself, and asks again
+        else:
+            try:
+                # The open file may be another version than the kernel's attributes describe.
+                self.shown.ensure(header.nodeid, attr_of(self.ops.getattr(path, fi)),
+                                  lambda: self._invalidate(header.nodeid, path))
+            except BaseException:
+                self.ops.release(path, fi)  # nothing written yet: nothing is uploaded
+                raise
         return [wire.open_out(fi.fh, (wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
                               | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0))]
 
-    def _create(self, header: wire.InHeader, body: memoryview) -> Payload:
+    def _create(self, header: wire.InHeader, body: memoryview) -> Showing:
         flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(body)
         path = child(self._path(header), wire.names(body[wire.CREATE_IN.size:], 1)[0])
         fi = FileInfo(flags=flags)
         self.ops.create(path, mode, fi)
-        return [self._entry(path, fi), wire.open_out(fi.fh, 0)]
+        return self._entry(path, fi, then=[wire.open_out(fi.fh, 0)])
 
     def _known(self, fh: int, path: str | None) -> FileInfo:
         """The open file `fh`; one this process did not open (its predecessor did) is opened
@@ -278,13 +335,23 @@ class Session:
     def _read(self, header: wire.InHeader, body: memoryview) -> Payload:
         fh, offset, size, *_ = wire.READ_IN.unpack_from(body)
         path = self.nodes.path(header.nodeid)
-        return [self.ops.read(path or "", size, offset, self._known(fh, path))]
+        data = self.ops.read(path or "", size, offset, self._known(fh, path))
+        if len(data) < size:
+            self.shown.read_short(header.nodeid, offset + len(data))
+        return [data]
 
     def _write(self, header: wire.InHeader, body: memoryview) -> Payload:
-        fh, offset, size, *_ = wire.WRITE_IN.unpack_from(body)
+        fh, offset, size, write_flags, _owner, flags, _ = wire.WRITE_IN.unpack_from(body)
         data = body[wire.WRITE_IN.size:wire.WRITE_IN.size + size]
         path = self.nodes.path(header.nodeid)
-        written = self.ops.write(path or "", data, offset, self._known(fh, path))
+        fi = self._known(fh, path)
+        self.shown.forget(header.nodeid)  # the kernel sets the size it holds itself
+        if flags & os.O_APPEND and not write_flags & wire.WRITE_CACHE:
+            # At the end of the open file: the kernel places it at the size it holds, which
+            # may be older than the file this handle opened.
+            written = self.ops.append(path or "", data, fi)
+        else:
+            written = self.ops.write(path or "", data, offset, fi)
         return [wire.WRITE_OUT.pack(written, 0)]
 
     def _flush(self, header: wire.InHeader, body: memoryview) -> Payload:
@@ -350,11 +417,11 @@ class Session:
 
     # -- changes ---------------------------------------------------------------------------------
 
-    def _mkdir(self, header: wire.InHeader, body: memoryview) -> Payload:
+    def _mkdir(self, header: wire.InHeader, body: memoryview) -> Showing:
         mode, _umask = wire.MKDIR_IN.unpack_from(body)
         path = child(self._path(header), wire.names(body[wire.MKDIR_IN.size:], 1)[0])
         self.ops.mkdir(path, mode)
-        return [self._entry(path)]
+        return self._entry(path)
 
     def _unlink(self, header: wire.InHeader, body: memoryview) -> Payload:
         path = child(self._path(header), wire.names(body, 1)[0])

@@ -69,6 +69,8 @@ MAX_PAGES = 1 << 22
 INIT_EXT = 1 << 30
 HAS_RESEND = 1 << 39  # the kernel can put requests in flight back in the queue (7.40)
 
+# fuse_write_in.write_flags: a write of the page cache (a shared mapping), not of a write(2)
+WRITE_CACHE = 1 << 0
 # fuse_open_out.open_flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
@@ -87,6 +89,7 @@ FATTR_MTIME_NOW = 1 << 8
 # renameat2 flags
 RENAME_NOREPLACE = 1 << 0
 # Notifications (fuse_out_header.error of a message with unique 0).
+NOTIFY_INVAL_INODE = 2
 NOTIFY_RESEND = 7
 # A request the kernel sent again after NOTIFY_RESEND has this bit set in its unique id.
 UNIQUE_RESEND = 1 << 63
@@ -120,6 +123,7 @@ XATTR_SIZE_IN = struct.Struct("=II")          # size padding (getxattr, listxatt
 XATTR_OUT = struct.Struct("=II")              # size padding
 STATFS_OUT = struct.Struct("=QQQQQIII28x")    # blocks bfree bavail files ffree bsize namelen frsize padding spare[6]
 DIRENT_HEAD = struct.Struct("=QQII")          # ino off namelen type
+NOTIFY_INVAL_INODE_OUT = struct.Struct("=Qqq")  # ino off len
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,13 @@ def out_header(unique: int, payload_len: int, error: int = 0) -> bytes:
 def resend_notification() -> bytes:
     """FUSE_NOTIFY_RESEND: every request read but not answered goes back to the queue."""
     return OUT_HEADER.pack(OUT_HEADER.size, NOTIFY_RESEND, 0)
+
+
+def inval_attributes_notification(nodeid: int) -> bytes:
+    """FUSE_NOTIFY_INVAL_INODE of the attributes only (a negative offset: no page of the page
+    cache is touched, so it waits on nothing)."""
+    body = NOTIFY_INVAL_INODE_OUT.pack(nodeid, -1, 0)
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
 
 
 def names(data: bytes | memoryview, count: int) -> list[str]:

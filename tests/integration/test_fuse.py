@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from .conftest import BLOCK_SIZE, Cluster, allow, wait_until
 from .test_cluster import payload
 
 FSTYPE = "fuse.strata"
+MIB = 1 << 20
 WRITE_TYPES = list(WriteType)
 
 
@@ -563,3 +565,138 @@ def test_an_open_from_a_held_status_goes_on_as_the_new_version_where_the_page_ca
         other.client.read_block(other.client.block_ref(status, 0))
     assert (mnt / "ro" / "f.bin").read_bytes() == new
     assert (mnt / "ro" / "f.bin").read_bytes() == new
+
+
+
+# -- a file that changed length in the store ------------------------------------------------------
+
+# Reads a file through a shared mapping of the size fstat(2) shows, as programs that map
+# their data files do.
+MMAP_READER = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+with mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ) as m:
+    sys.stdout.buffer.write(m[:])
+"""
+
+
+def read_as(how: str, path: Path, tmp: Path) -> bytes:
+    """The file at `path` as a program reads it: whole (Python), by cp, by a mapping of its size."""
+    if how == "cp":
+        copy = tmp / f"copy-{time.monotonic_ns()}"
+        subprocess.run(["cp", str(path), str(copy)], check=True, timeout=60)
+        return copy.read_bytes()
+    if how == "mmap":
+        mapped = subprocess.run([sys.executable, "-c", MMAP_READER, str(path)], capture_output=True, timeout=60)
+        assert mapped.returncode == 0, f"the mapping's reader ended with {mapped.returncode}: {mapped.stderr[-500:]!r}"
+        return mapped.stdout
+    return path.read_bytes()
+
+
+def differs(got: bytes, want: bytes) -> str:
+    """'' if equal, else where and how `got` differs from `want` (a short message, not 4 MiB)."""
+    if got == want:
+        return ""
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return f"{len(got)} bytes, not {len(want)}; first difference at byte {at}"
+
+
+def change_behind_the_kernel(cluster: Any, bucket: str, tmp_path: Path, store: str, old: bytes, new: bytes,
+                             start: Callable[..., FuseProcess], *args: str) -> Path:
+    """A file of a mount synced every minute, looked at through a FUSE mount (the kernel holds
+    its size for that minute), then replaced in the store with `new`; another client's read
+    makes the master notice. The file's path in the FUSE mount."""
+    if store == "file":
+        source = tmp_path / "source"
+        source.mkdir()
+        (source / "f.bin").write_bytes(old)
+        cluster.fs().client.mount("/m", f"file://{source}", pb.MountOptions(metadata_sync_interval=60))
+    else:
+        cluster.s3.put_object(bucket, "f.bin", old)
+        cluster.mount_bucket("/m", bucket, metadata_sync_interval=60)
+    path = start(cluster, *args).path / "m" / "f.bin"
+    assert path.stat().st_size == len(old)
+    status = cluster.fs().client.stat("/m/f.bin")
+    if store == "file":
+        (tmp_path / "source" / "f.bin").write_bytes(new)
+    else:
+        cluster.s3.put_object(bucket, "f.bin", new)
+    other = cluster.fs(host="other")
+    with pytest.raises(errors.FailedPrecondition):
+        other.client.read_block(other.client.block_ref(status, 0))
+    return path
+
+
+@pytest.mark.parametrize("how", ["read", "cp", "mmap"])
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+@pytest.mark.parametrize("store", ["s3", "file"])
+def test_a_file_that_changed_length_in_the_store_reads_whole_at_its_new_length(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path, store: str,
+        change: str, how: str) -> None:
+    """The kernel holds the size it was last told of a file for the mount's metadata interval,
+    and cuts reads through its page cache there. An open that finds the file at another
+    length must read it whole, to its new end, and fstat must show that end."""
+    cluster = start_cluster(workers=1, **allow(tmp_path))
+    old = payload(BLOCK_SIZE + 100_000)
+    new = payload(len(old) + 300_000 if change == "longer" else len(old) - 300_000)
+    path = change_behind_the_kernel(cluster, bucket, tmp_path, store, old, new, mount_fuse)
+    assert differs(read_as(how, path, tmp_path), new) == ""
+    with open(path, "rb") as f:
+        assert os.fstat(f.fileno()).st_size == len(new)
+
+
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+def test_every_read_of_a_read_only_mount_gets_the_new_length(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path, change: str) -> None:
+    """On a read-only FUSE mount a read does not make the kernel ask for the file's attributes
+    again (it keeps no access time): without a word from Strata every open of that minute
+    would read the file cut at its old size."""
+    cluster = start_cluster(workers=1)
+    old = payload(BLOCK_SIZE + 100_000)
+    new = payload(len(old) + 300_000 if change == "longer" else len(old) - 300_000)
+    path = change_behind_the_kernel(cluster, bucket, tmp_path, "s3", old, new, mount_fuse, "--read-only")
+    for _ in range(3):
+        assert differs(path.read_bytes(), new) == ""
+        assert differs(read_as("mmap", path, tmp_path), new) == ""
+
+
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+def test_appending_to_a_file_that_changed_length_in_the_store_appends_at_its_end(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path, change: str) -> None:
+    """The kernel places a write to a file opened with O_APPEND at the size it holds: a size
+    older than the file in the store would overwrite its middle, or leave a hole of zeros."""
+    cluster = start_cluster(workers=1)
+    old = payload(BLOCK_SIZE + 100_000)
+    new = payload(len(old) + 300_000 if change == "longer" else len(old) - 300_000)
+    path = change_behind_the_kernel(cluster, bucket, tmp_path, "s3", old, new, mount_fuse)
+    subprocess.run(["sh", "-c", 'printf "appended" >> "$1"', "sh", str(path)], check=True, timeout=60)
+    assert differs(cluster.s3.get_object(bucket, "f.bin"), new + b"appended") == ""
+    assert differs(path.read_bytes(), new + b"appended") == ""
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+def test_a_file_changed_while_open_reads_whole_at_each_version(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path, change: str,
+        read_only: bool) -> None:
+    """A file open at its old version while it changes length in the store: an open of the
+    new version reads around the page cache (direct I/O) to the new end, and the file opened
+    before goes on reading the old version through the page cache, to the old end (the
+    kernel holds one size of the file, and cuts reads through the page cache there)."""
+    cluster = start_cluster(workers=1)
+    old = payload(8 * BLOCK_SIZE + 100_000)
+    new = payload(len(old) + 300_000 if change == "longer" else BLOCK_SIZE + 100)
+    cluster.s3.put_object(bucket, "f.bin", old)
+    cluster.mount_bucket("/m", bucket, metadata_sync_interval=60)
+    path = mount_fuse(cluster, *(["--read-only"] if read_only else [])).path / "m" / "f.bin"
+    with open(path, "rb", buffering=0) as before:
+        seen = 3 * BLOCK_SIZE  # these blocks cached (and the next ones read ahead)
+        assert differs(b"".join(os.pread(before.fileno(), MIB, at) for at in range(0, seen, MIB)), old[:seen]) == ""
+        cluster.s3.put_object(bucket, "f.bin", new)
+        other = cluster.fs(host="other")
+        with pytest.raises(errors.FailedPrecondition):  # the last block, not read yet
+            other.client.read_block(other.client.block_ref(cluster.fs().client.stat("/m/f.bin"), 8))
+        for how in ("read", "cp"):
+            assert differs(read_as(how, path, tmp_path), new) == "", how
+        for at in (10, 2 * BLOCK_SIZE + 10):  # within the old version's cached blocks, past the new end
+            assert differs(os.pread(before.fileno(), MIB, at), old[at:at + MIB]) == "", at

@@ -193,3 +193,25 @@ def test_a_handle_goes_on_as_a_new_version_only_where_the_page_cache_cannot_mix_
     f, told = opened(ops)
     assert told == (0, 0)  # nothing open: the index is back to empty
     release(f)
+
+
+def test_the_kernel_is_told_the_size_of_the_version_read_through_the_page_cache(
+        mounted: tuple[StrataFileSystem, Path], tmp_path: Path) -> None:
+    """The kernel holds one size of a file and cuts reads through its page cache there: while
+    a handle reads a file so, every answer about the file gives that version's size (a handle
+    of the new version reads directly, and is not cut); once it is closed, the newest."""
+    fs, store = mounted
+    old, new = b"the old version", b"new"
+    rewrite(store / "f", old)
+    ops = StrataOperations(fs, FuseSettings(root="/m", attr_timeout=0, handles_dir=tmp_path / "handles"))
+    a, told = opened(ops)
+    assert told == (0, 0)
+    rewrite(store / "f", new)
+    b, told = opened(ops)
+    assert told == (0, 1)
+    for fi in (None, FileInfo(fh=a), FileInfo(fh=b)):
+        assert ops.getattr("/f", fi)["st_size"] == len(old)
+    assert ops.release("/f", FileInfo(fh=a)) == 0
+    for fi in (None, FileInfo(fh=b)):
+        assert ops.getattr("/f", fi)["st_size"] == len(new)
+    assert ops.release("/f", FileInfo(fh=b)) == 0

@@ -16,7 +16,7 @@ from strata.cacheserver.fuse import wire
     (wire.MKDIR_IN, 8), (wire.READ_IN, 40), (wire.WRITE_IN, 40), (wire.WRITE_OUT, 8), (wire.RELEASE_IN, 24),
     (wire.FLUSH_IN, 24), (wire.FSYNC_IN, 16), (wire.FORGET_IN, 8), (wire.BATCH_FORGET_IN, 8), (wire.FORGET_ONE, 16),
     (wire.RENAME_IN, 8), (wire.RENAME2_IN, 16), (wire.XATTR_SIZE_IN, 8), (wire.XATTR_OUT, 8), (wire.STATFS_OUT, 80),
-    (wire.DIRENT_HEAD, 24),
+    (wire.DIRENT_HEAD, 24), (wire.NOTIFY_INVAL_INODE_OUT, 24),
 ])
 def test_structs_have_the_kernels_sizes(layout: struct.Struct, size: int) -> None:
     assert layout.size == size
@@ -33,6 +33,8 @@ def test_replies_carry_their_length_and_the_negated_errno() -> None:
     assert wire.out_header(9, 100) == struct.pack("=IiQ", 116, 0, 9)
     # FUSE_NOTIFY_RESEND: a message with unique 0 whose error field is the notification's code.
     assert wire.resend_notification() == struct.pack("=IiQ", 16, 7, 0)
+    # FUSE_NOTIFY_INVAL_INODE of the attributes only: a negative offset leaves the page cache be.
+    assert wire.inval_attributes_notification(42) == struct.pack("=IiQQqq", 40, 2, 0, 42, -1, 0)
 
 
 def test_entries_and_attributes() -> None:
