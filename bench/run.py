@@ -27,7 +27,7 @@ sys.path.insert(0, str(BENCH))
 import datasets  # noqa: E402
 import report  # noqa: E402
 from contestants import build  # noqa: E402
-from stack import BUCKET, MOUNT, NODE, OTHER_HOST, TOKEN, Stack, StackSettings  # noqa: E402
+from stack import BUCKET, MOUNT, NODE, OTHER_HOST, TOKEN, WRITE_MOUNT, Stack, StackSettings  # noqa: E402
 from results import Workload  # noqa: E402
 from workloads import Runner  # noqa: E402
 
@@ -115,6 +115,7 @@ def on_stack(settings: StackSettings, args: argparse.Namespace, local: Path, rep
         checked = link_check(stack, needed[0])
         log(f"link check: {checked}")
         stack.mount(MOUNT, f"s3://{BUCKET}")
+        stack.mount(WRITE_MOUNT, f"s3://{BUCKET}/writes", read_only=False)
         if meta is not None:
             stack.mount(META_MOUNT, f"s3://{BUCKET}/{meta.name}")
         contestants = build(stack, local, args.workdir / "run", bucket=BUCKET, mount=MOUNT, node=NODE,

@@ -37,6 +37,9 @@ BENCH = Path(__file__).resolve().parent
 TOKEN = "strata-bench-token"
 BUCKET = "bench"
 MOUNT = "/bench"
+# Where the write workload writes through Strata (the datasets' mount is read-only): the
+# store's `writes/` folder, writable.
+WRITE_MOUNT = "/bench-writes"
 NODE = "bench-node"          # the worker's host name: a client that says it is here reads short-circuit
 OTHER_HOST = "bench-client"  # a client elsewhere: it reads from the worker's data port (TCP)
 STARTUP_TIMEOUT = 90.0

@@ -22,6 +22,7 @@ from contestants import Access, Contestant, LoopbackSender, close_filesystem, op
 from datasets import Dataset, human, size_label
 from ops import READ_CHUNK, aggregate, check, count_lines, list_and_stat
 from results import Series, Workload
+from stack import WRITE_MOUNT
 
 BENCH = Path(__file__).resolve().parent
 READER_TIMEOUT = 600.0
@@ -172,15 +173,15 @@ class Runner:
                      "(Strata: the fsspec client on another host, one write type each)", dataset.bytes)
         strata = self.by_id["strata-remote"].access
         modes: list[tuple[str, str, Access]] = [("s3fs", "s3fs, direct to the store", self.by_id["s3fs"].access)]
-        for wt in WRITE_TYPES:
+        for wt in WRITE_TYPES:  # through the writable mount of the store's writes/ folder
             modes.append((f"strata-{wt}", f"Strata, write type {wt}",
-                          Access("strata", strata.root, {**strata.options, "write_type": wt})))
+                          Access("strata", WRITE_MOUNT, {**strata.options, "write_type": wt})))
         scratch = self.local_root.parent / "writes"
         modes.append(("local", "local disk", Access("posix", str(scratch))))
         w.load = (load1(), 0.0)
         for rep in range(self.reps):
             for mid, label, access in modes:
-                folder = f"writes/{mid}-{rep}"
+                folder = f"{mid}-{rep}" if access.root == WRITE_MOUNT else f"writes/{mid}-{rep}"
                 paths = [access.path(f"{folder}/part-{i:04d}.parquet") for i in range(len(tables))]
                 fs = open_filesystem(access)
                 if fs is None:
