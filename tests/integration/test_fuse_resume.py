@@ -301,3 +301,50 @@ def test_a_reader_taken_over_by_a_new_server_never_reads_a_newer_version(
     assert (fuse.path / "v" / "v.bin").read_bytes() == new
     # The handles' records go with them (the reader's, released after the takeover, too).
     wait_until(lambda: not list(state_root(fuse.path).glob("*/handles/*")), 30, "the handles' records to go")
+
+
+# -- servers that hang, stop, or never quite end ------------------------------------------------
+
+def test_a_server_killed_while_the_master_stalls_its_first_requests_is_taken_over(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    """A server killed in its first moments, while requests to its mount wait on a master that
+    does not answer, leaves nothing holding the mount: a successor takes it over and the
+    waiting reader is answered. (A request the server itself made to its own mount kept one of
+    its threads, and so the whole dead process with its tie to the keeper, waiting for an
+    answer only a successor could give; the keeper took the dead process for the live server
+    and refused every successor: the reader and the mount waited for ever.)"""
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "f.txt", b"answered")
+    cluster.mount_bucket("/b", bucket)
+    master = cluster.master.process
+    assert master is not None
+    fuse = mount_fuse(cluster, wait=False)
+    stopped, reader, device = False, None, ""
+    try:
+        wait_until(lambda: "mounting" in fuse.output() or not fuse.alive(), 60, "the server to start mounting")
+        os.kill(master.pid, signal.SIGSTOP)
+        stopped = True
+        wait_until(lambda: any("init" in json.loads(p.read_text()) for p in state_root(fuse.path).glob("*/session.json")),
+                   60, "the server to answer the kernel's INIT")
+        entry = find_mount(fuse.path)
+        assert entry is not None
+        device = entry.device
+        reader = subprocess.Popen([sys.executable, "-c", "import sys; print(open(sys.argv[1]).read())",
+                                   str(fuse.path / "b" / "f.txt")], stdout=subprocess.PIPE)
+        wait_until(lambda: waiting(fuse.path) > 0, 30, "the reader to wait for the master")
+        os.kill(fuse.process.pid, signal.SIGKILL)
+        os.kill(master.pid, signal.SIGCONT)
+        stopped = False
+        successor = mount_fuse(cluster, wait=False)
+        wait_until(lambda: "took over" in successor.output() or not successor.alive(), 60,
+                   "the successor to take over")
+        assert successor.alive(), successor.output()
+        assert reader.communicate(timeout=60)[0] == b"answered\n"
+        fuse.wait(60)  # the killed server has ended: nothing of it is left
+    finally:
+        if stopped:
+            os.kill(master.pid, signal.SIGCONT)
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+        if fuse.process.poll() is None and device:  # what is left of it waits on the connection: end it
+            (connection_of(device) / "abort").write_text("1")
