@@ -167,7 +167,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
     if attachment is not None:
         kept = keeper.read_json(state / keeper.SESSION)
         if (kept.get("root"), kept.get("read_only")) != (root, options.read_only):
-            attachment.sock.close()
+            attachment.close()
             raise InvalidArgument(
                 f"{mountpoint} is kept mounted with --root {kept.get('root')}"
                 f"{' --read-only' if kept.get('read_only') else ''}; resume it with the same options, "
