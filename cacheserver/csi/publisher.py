@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -300,6 +301,13 @@ class Publisher:
                 successor = self._served_by(target)
                 if successor and successor != record.pid:
                     self._stop(successor, target)
+            # The mount's keeper ends now, whatever state a server of it is in (one stopped, or
+            # one that will not end while its thread waits on the mount): nothing waits on
+            # the volume after it is unpublished, and a later publish here finds no keeper.
+            kept = keeper.state_dir(Path(target))
+            if not keeper.end(kept):
+                raise Unavailable(f"the keeper of {target} (state {kept}) did not end; unpublish it again")
+            shutil.rmtree(kept, ignore_errors=True)  # left by a keeper that died
             try:
                 os.rmdir(target)
             except FileNotFoundError:

@@ -39,7 +39,7 @@ from strata.contract.modes import WriteType
 from ..client.fs import StrataFileSystem
 from ..namespace.paths import normalize
 from . import holder, kernel, keeper
-from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
+from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully
 from .nodes import NodeTable
 from .operations import MAX_IO, FuseSettings, StrataOperations, attr_timeout_for
 from .session import Session
@@ -49,8 +49,6 @@ log = logging.getLogger("strata.fuse")
 
 FSTYPE = kernel.FSTYPE
 SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-# Seconds the readahead setter waits for the mount to come up.
-MOUNT_TIMEOUT = 60.0
 # Seconds between checks for the last open file after a clean stop.
 STOP_POLL = 0.1
 BDI = Path("/sys/class/bdi")
@@ -87,14 +85,20 @@ def prepare_mountpoint(mountpoint: Path) -> Path:
     return path
 
 
-def raise_readahead(mountpoint: Path, timeout: float = MOUNT_TIMEOUT) -> None:
+def raise_readahead(mountpoint: Path) -> None:
     """Let the kernel read ahead MAX_IO at a time on the mount at `mountpoint` (see the module
     docstring); worker-cached files the page cache does not hold read about a third faster.
-    Without write access to sysfs the kernel's 128 KiB stays, and reads still work."""
+    Without write access to sysfs the kernel's 128 KiB stays, and reads still work. The mount
+    is found in the mount table, never by a look at the mount point: a request of this process
+    to its own mount, if the process were killed before the answer, would keep it from ending
+    (its thread waits for an answer only a successor gives) and so keep its tie to the keeper."""
+    entry = find_mount(mountpoint)
+    if entry is None or entry.fstype != FSTYPE:
+        log.info("strata fuse: kernel readahead of %s left at its default: it is not in the mount table", mountpoint)
+        return
     try:
-        entry = wait_mounted(mountpoint, timeout, fstype=FSTYPE)
         (BDI / entry.device / "read_ahead_kb").write_text(str(MAX_IO // 1024))
-    except (OSError, Unavailable) as exc:
+    except OSError as exc:
         log.info("strata fuse: kernel readahead of %s left at its default: %s", mountpoint, exc)
 
 
@@ -163,7 +167,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
     if attachment is not None:
         kept = keeper.read_json(state / keeper.SESSION)
         if (kept.get("root"), kept.get("read_only")) != (root, options.read_only):
-            attachment.sock.close()
+            attachment.close()
             raise InvalidArgument(
                 f"{mountpoint} is kept mounted with --root {kept.get('root')}"
                 f"{' --read-only' if kept.get('read_only') else ''}; resume it with the same options, "
@@ -211,8 +215,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         if resumed:
             log.info("strata fuse: took over %s (%s at %s, %d nodes known to the kernel; requests in flight "
                      "are answered again)", mountpoint, root, fs.client.master_address, len(nodes))
-        threading.Thread(target=raise_readahead, args=(mountpoint,), name="strata-fuse-readahead",
-                         daemon=True).start()
+        raise_readahead(mountpoint)
         session.wait()
         ops.commit_all()
         attachment.stop()

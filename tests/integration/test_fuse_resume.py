@@ -1,6 +1,7 @@
 """A `strata fuse` mount outlives the process serving it (issue 13): killed under a reader and
 started again on the same mount point, it resumes; never restarted, its readers get an error
-after the resume timeout, not a hang; a write cut off by the crash fails, never corrupts."""
+after the resume timeout, not a hang; a write cut off by the crash fails, never corrupts; a
+server or successor that is stopped or hangs gives its readers an error in bounded time."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.fuse.kernel import connection_of
+from strata.cacheserver.fuse.keeper import read_json
 from strata.cacheserver.fuse.mountpoints import find_mount, wait_unmounted
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, allow, wait_until
+from .conftest import BLOCK_SIZE, Cluster, allow, wait_until
 from .test_cluster import payload
 from .test_fuse import FuseProcess, alive, fuse_skip_reason, keeper_pid, mount_fuse, state_root  # noqa: F401 - a fixture
 
@@ -171,30 +173,46 @@ def test_a_reader_streams_on_while_the_server_is_killed_and_started_again(
     print(f"\nreader: {tally['passes']} whole passes of {len(data)} bytes, longest stall {tally['max_stall']:.2f}s")
 
 
-def test_readers_of_a_mount_nobody_takes_over_get_an_error_after_the_resume_timeout(
-        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+def read_through_a_mount(start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path,
+                         resume_timeout: str) -> tuple[Cluster, FuseProcess, int, Helper]:
+    """A mount with `resume_timeout` whose reader (stopping at its first error) has read a file
+    through it; the cluster, the mount's server, its keeper's pid and the reader."""
     cluster = start_cluster(workers=1)
     data = payload(BLOCK_SIZE + 5)
     cluster.s3.put_object(bucket, "f.bin", data)
     cluster.mount_bucket("/b", bucket)
-    fuse = mount_fuse(cluster, "--resume-timeout", "3")
+    fuse = mount_fuse(cluster, "--resume-timeout", resume_timeout)
     keeper = keeper_pid(fuse.path)
     assert keeper and alive(keeper)
     reader = start_reader(fuse.path / "b" / "f.bin", data, tmp_path, stop_on_error=True)
     wait_until(lambda: reader.tally()["passes"] >= 1, 60, "the reader to read the file")
+    return cluster, fuse, keeper, reader
+
+
+def wait_for_error(reader: Helper, what: str) -> dict[str, Any]:
+    """The tally of a reader (started with stop_on_error) once it got its error; it must get
+    one within a minute."""
+    try:
+        reader.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        reader.process.kill()
+        raise AssertionError(f"the reader of a mount whose {what} hangs past every deadline "
+                             f"(tally {reader.tally()})") from None
+    tally = reader.tally()
+    assert tally["mismatches"] == 0
+    assert [e[0] for e in tally["errors"]] in ([errno.ENOTCONN], [errno.ECONNABORTED]), tally
+    return tally
+
+
+def test_readers_of_a_mount_nobody_takes_over_get_an_error_after_the_resume_timeout(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    cluster, fuse, keeper, reader = read_through_a_mount(start_cluster, bucket, mount_fuse, tmp_path, "3")
     os.kill(fuse.process.pid, signal.SIGKILL)
     fuse.wait()
     # A successor with other options is refused, and says how to resume.
     other = mount_fuse(cluster, "--root", "/b", wait=False)
     assert other.wait() == 1 and "resume it with the same options" in other.output()
-    try:
-        reader.process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        reader.process.kill()
-        raise AssertionError("the reader of a mount whose server died hangs past the resume timeout") from None
-    tally = reader.tally()
-    assert tally["mismatches"] == 0
-    assert [e[0] for e in tally["errors"]] in ([errno.ENOTCONN], [errno.ECONNABORTED]), tally
+    wait_for_error(reader, "server died")
     wait_until(lambda: not alive(keeper), 30, "the keeper to end")
     assert wait_unmounted(fuse.path, 30)
     assert "no server took over" in fuse.output()
@@ -301,3 +319,95 @@ def test_a_reader_taken_over_by_a_new_server_never_reads_a_newer_version(
     assert (fuse.path / "v" / "v.bin").read_bytes() == new
     # The handles' records go with them (the reader's, released after the takeover, too).
     wait_until(lambda: not list(state_root(fuse.path).glob("*/handles/*")), 30, "the handles' records to go")
+
+
+# -- servers that hang, stop, or never quite end ------------------------------------------------
+
+def test_a_server_killed_while_the_master_stalls_its_first_requests_is_taken_over(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    """A server killed in its first moments, while requests to its mount wait on a master that
+    does not answer, leaves nothing holding the mount: a successor takes it over and the
+    waiting reader is answered. (A request the server itself made to its own mount kept one of
+    its threads, and so the whole dead process with its tie to the keeper, waiting for an
+    answer only a successor could give; the keeper took the dead process for the live server
+    and refused every successor: the reader and the mount waited for ever.)"""
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "f.txt", b"answered")
+    cluster.mount_bucket("/b", bucket)
+    master = cluster.master.process
+    assert master is not None
+    fuse = mount_fuse(cluster, wait=False)
+    stopped, reader, device = False, None, ""
+    try:
+        wait_until(lambda: "mounting" in fuse.output() or not fuse.alive(), 60, "the server to start mounting")
+        os.kill(master.pid, signal.SIGSTOP)
+        stopped = True
+        wait_until(lambda: any("init" in json.loads(p.read_text()) for p in state_root(fuse.path).glob("*/session.json")),
+                   60, "the server to answer the kernel's INIT")
+        entry = find_mount(fuse.path)
+        assert entry is not None
+        device = entry.device
+        reader = subprocess.Popen([sys.executable, "-c", "import sys; print(open(sys.argv[1]).read())",
+                                   str(fuse.path / "b" / "f.txt")], stdout=subprocess.PIPE)
+        wait_until(lambda: waiting(fuse.path) > 0, 30, "the reader to wait for the master")
+        os.kill(fuse.process.pid, signal.SIGKILL)
+        os.kill(master.pid, signal.SIGCONT)
+        stopped = False
+        successor = mount_fuse(cluster, wait=False)
+        wait_until(lambda: "took over" in successor.output() or not successor.alive(), 60,
+                   "the successor to take over")
+        assert successor.alive(), successor.output()
+        assert reader.communicate(timeout=60)[0] == b"answered\n"
+        fuse.wait(60)  # the killed server has ended: nothing of it is left
+    finally:
+        if stopped:
+            os.kill(master.pid, signal.SIGCONT)
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+        if fuse.process.poll() is None and device:  # what is left of it waits on the connection: end it
+            (connection_of(device) / "abort").write_text("1")
+
+
+def served_by(mountpoint: Path) -> int:
+    """The pid the keeper of `mountpoint` last handed the mount to (0: none)."""
+    for record in state_root(mountpoint).glob("*/keeper.json"):
+        return int(read_json(record).get("server_pid", 0))
+    return 0
+
+
+def test_readers_get_an_error_when_the_successor_hangs_before_it_serves(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    """A successor that took the mount over but never serves (stopped, or hung while it
+    starts) does not make the readers wait past their deadline."""
+    # (long enough for the successor to start on a loaded machine)
+    cluster, fuse, keeper, reader = read_through_a_mount(start_cluster, bucket, mount_fuse, tmp_path, "20")
+    master = cluster.master.process
+    assert master is not None
+    os.kill(fuse.process.pid, signal.SIGKILL)
+    fuse.wait()
+    os.kill(master.pid, signal.SIGSTOP)  # the successor's first call waits: it attaches, then hangs
+    successor = mount_fuse(cluster, "--resume-timeout", "20", wait=False)
+    try:
+        wait_until(lambda: served_by(fuse.path) == successor.process.pid or not successor.alive(), 60,
+                   "the successor to take the mount over")
+        os.kill(successor.process.pid, signal.SIGSTOP)  # and never goes on
+        os.kill(master.pid, signal.SIGCONT)
+        wait_for_error(reader, "successor never serves")
+        wait_until(lambda: not alive(keeper), 30, "the keeper to end")
+    finally:
+        os.kill(master.pid, signal.SIGCONT)
+        successor.process.kill()
+
+
+def test_readers_get_an_error_when_the_server_is_stopped(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path) -> None:
+    """A server stopped (SIGSTOP) or frozen for good while it serves: its readers get an error
+    after a bounded time, not a wait without end."""
+    _, fuse, keeper, reader = read_through_a_mount(start_cluster, bucket, mount_fuse, tmp_path, "3")
+    try:
+        os.kill(fuse.process.pid, signal.SIGSTOP)
+        wait_for_error(reader, "server is stopped")
+        wait_until(lambda: not alive(keeper), 30, "the keeper to end")
+        assert wait_unmounted(fuse.path, 30)
+    finally:
+        fuse.process.kill()

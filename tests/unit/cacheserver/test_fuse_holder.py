@@ -7,9 +7,10 @@ import json
 import os
 import select
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -199,3 +200,104 @@ def test_the_keeper_refuses_a_hello_that_is_no_object(listening: tuple[keeper.Ke
     assert k._accept(select.poll())
     assert sock.recv(100) == b""  # closed without a descriptor
     assert k.server is None
+
+
+# -- the keeper's deadlines while a server is attached ---------------------------------------------
+
+@pytest.fixture
+def ended(listening: tuple[keeper.Keeper, socket.socket], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What the keeper ended and unmounted (the stand-in connection is no kernel's)."""
+    k, _ = listening
+    k.fd = os.dup(k.fd)  # the keeper closes its own when it ends the connection
+    calls: list[str] = []
+    monkeypatch.setattr(keeper.kernel, "abort", lambda device: calls.append(f"abort {device}") or True)
+    monkeypatch.setattr(keeper, "unmount", lambda path, lazy=False: calls.append(f"unmount {path}"))
+    return calls
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f}s for {what}"
+        time.sleep(0.01)
+
+
+def attach_as_server(k: keeper.Keeper, sock: socket.socket, poller: select.poll, **hello: object) -> None:
+    sock.sendall(json.dumps({"version": 1, "pid": 4242, "resume_timeout": 60, **hello}).encode() + b"\n")
+    assert k._accept(poller)
+    _, fds, _, _ = socket.recv_fds(sock, 1024, 1)
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_successor_that_attaches_but_never_serves_keeps_the_readers_deadline(
+        listening: tuple[keeper.Keeper, socket.socket]) -> None:
+    k, sock = listening
+    deadline = k.deadline
+    poller = select.poll()
+    attach_as_server(k, sock, poller)
+    assert k.unserved() and k.deadline == deadline  # attached is not serving
+    sock.sendall(b"serving\n")
+    k._from_server(poller)
+    assert not k.unserved() and k.deadline is None
+
+
+def test_a_server_of_the_first_images_is_served_once_attached(listening: tuple[keeper.Keeper, socket.socket]) -> None:
+    k, sock = listening
+    sock.sendall(json.dumps({"pid": 4242, "resume_timeout": 7}).encode() + b"\n")  # never says `serving`
+    assert k._accept(select.poll())
+    assert not k.unserved()
+
+
+def test_a_silent_server_ends_the_mount_even_where_its_process_is_not_visible(
+        listening: tuple[keeper.Keeper, socket.socket], ended: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keeper of the holder's pod sees no process of the plugin's: the heartbeat tells."""
+    k, sock = listening
+    monkeypatch.setattr(keeper, "peer_pid", lambda conn: 0)
+    poller = select.poll()
+    attach_as_server(k, sock, poller, heartbeat=1.0)
+    sock.sendall(b"serving\nalive\n")
+    k._from_server(poller)
+    assert k._check_server(poller) and not ended
+    k.last_sign -= max(k.resume_timeout, keeper.UNRESPONSIVE_MIN) + 1  # stopped, frozen or hung since
+    assert not k._check_server(poller)
+    assert ended == ["abort 0:99", f"unmount {k.mountpoint}"]
+
+
+def test_a_server_whose_process_ended_is_dropped_though_its_connection_stays_open(
+        listening: tuple[keeper.Keeper, socket.socket], ended: list[str]) -> None:
+    """A killed server one of whose threads waits on the mount keeps its descriptors: the
+    keeper takes it for gone all the same, and a successor may take over."""
+    k, sock = listening
+    poller = select.poll()
+    attach_as_server(k, sock, poller, heartbeat=1.0)
+    sock.sendall(b"serving\n")
+    k._from_server(poller)
+    assert k.process == os.getpid()  # (this test is the server)
+    zombie = subprocess.Popen(["true"])
+    try:
+        wait_for(lambda: keeper.process_ended(zombie.pid), "the child to end")
+        k.process = zombie.pid  # as a killed server's main thread is, while another waits in the kernel
+        assert k._check_server(poller)
+    finally:
+        zombie.wait()
+    assert k.server is None and k.deadline is not None and not ended
+    assert not keeper.process_ended(os.getpid())
+
+
+def test_an_end_request_ends_the_keeper_whatever_serves_the_mount(
+        listening: tuple[keeper.Keeper, socket.socket], ended: list[str]) -> None:
+    k, sock = listening
+    poller = select.poll()
+    attach_as_server(k, sock, poller)
+    done = threading.Event()
+
+    def run() -> None:
+        k.run()
+        k.cleanup()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert keeper.end(k.state, timeout=10)
+    assert done.wait(10) and ended[0] == "abort 0:99" and not (k.state / keeper.SOCKET).exists()
+    assert keeper.end(k.state)  # nothing there: nothing to do

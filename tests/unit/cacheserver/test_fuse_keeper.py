@@ -1,8 +1,11 @@
-"""Where a FUSE mount's keeper keeps its state, and how a server finds (or misses) it."""
+"""Where a FUSE mount's keeper keeps its state, how a server finds (or misses) it, and how an
+unpublish ends it."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,28 @@ def test_json_files_are_replaced_whole(tmp_path: Path) -> None:
     path.write_text("{cut")
     assert keeper.read_json(path) == {}
     assert keeper.read_json(tmp_path / "missing.json") == {}
+
+
+@pytest.mark.parametrize(("answer", "ended"), [
+    (b"", True),  # a keeper of this image ends without a word
+    (b'{"gone": true}', True),  # one of an older image ends when its mount point is gone
+    (b'{"error": "already a Strata mount, served by pid 7"}', False),  # one of an older image still serves
+])
+def test_ending_a_keeper_says_whether_it_ended(tmp_path: Path, answer: bytes, ended: bool) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / keeper.SOCKET))
+    listener.listen(1)
+
+    def answer_once() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            assert json.loads(conn.recv(1024)) == {"version": keeper.HELLO_VERSION, "end": True}
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=answer_once)
+    thread.start()
+    try:
+        assert keeper.end(tmp_path, timeout=10) is ended
+    finally:
+        thread.join(10)
+        listener.close()
