@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 WORKERS_TTL = 2.0
 # While the master is away, how often a client checks in the background whether it is back.
 MASTER_PROBE_INTERVAL = 0.5
+# While the master lists no live worker (it just restarted), how often a read asks again.
+NO_WORKERS_POLL = 0.25
 # A block's bytes: `bytes`, or a private map of memory the data port's bytes were received
 # into and checked in, which copies only what is sliced out.
 Buffer = bytes | mmap.mmap
@@ -231,6 +233,16 @@ class StrataClient:
             log.warning("master away (%s); reading with the %d workers it listed %.0fs ago",
                         exc, len(cached.all), time.monotonic() - cached.at)
             return cached.all
+
+    def _await_workers(self) -> list[pb.WorkerInfo]:
+        """The live workers once the master lists one, asked again every NO_WORKERS_POLL
+        seconds for up to `no_workers_wait`; [] if none came."""
+        deadline = time.monotonic() + self.settings.no_workers_wait
+        while time.monotonic() < deadline:
+            time.sleep(min(NO_WORKERS_POLL, max(0.0, deadline - time.monotonic())))
+            if workers := self.workers(refresh=True):
+                return workers
+        return []
 
     def worker_stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
         return pb_grpc.WorkerStub(self._worker_channels.get(info.worker_id, info.address))
@@ -422,9 +434,10 @@ class StrataClient:
 
     def candidates(self, ref: pb.BlockRef, holders: Iterable[str] = ()) -> list[pb.WorkerInfo]:
         """Workers to try for a block, best first."""
-        workers = [w for w in self.workers() if not w.decommissioning] or self.workers()
+        workers = [w for w in self.workers() if not w.decommissioning] or self.workers() or self._await_workers()
         if not workers:
-            raise Unavailable(f"no live workers to read {ref.path} from (master {self.master_address})")
+            raise Unavailable(f"no live workers to read {ref.path} from (master {self.master_address}; waited "
+                              f"{self.settings.no_workers_wait:g}s, STRATA_CLIENT_NO_WORKERS_WAIT)")
         by_id = {w.worker_id: w for w in workers}
         ranked = rank_workers(key_of(ref).block_id, by_id)
         now = time.monotonic()

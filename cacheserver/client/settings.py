@@ -39,3 +39,7 @@ class ClientSettings(BaseSettings):
     # kept short because metadata that old may miss a change made in the store meanwhile
     # (as metadataSync.interval may). 0 turns this off.
     master_outage_grace: float = Field(default=120.0, ge=0)
+    # Seconds a read waits for the master to list a live worker when it lists none: a master
+    # that just restarted hears from its workers within a heartbeat or two (the workers still
+    # hold their blocks); a cluster without workers fails the read after this long.
+    no_workers_wait: float = Field(default=10.0, ge=0)
