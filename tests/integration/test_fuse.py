@@ -169,11 +169,15 @@ def test_reads_give_the_stores_bytes_and_keep_the_page_cache_of_unchanged_files(
 
     # Opened again unchanged: the kernel's page cache answers, no worker is asked. (Read once
     # more first: memory pressure or the kernel's proactive reclaim may have dropped pages
-    # idle since the reads above; a fully parallel `make test` once saw that.)
-    assert (mnt / "data" / "dir" / f"f-{3 * BLOCK_SIZE + 5}").read_bytes() == big
-    served = cluster.total_metric("strata_worker_bytes_served")
-    assert (mnt / "data" / "dir" / f"f-{3 * BLOCK_SIZE + 5}").read_bytes() == big
-    assert cluster.total_metric("strata_worker_bytes_served") == served
+    # idle since the reads above; on a loaded machine that happens between two reads now and
+    # then, so a few tries: with the page cache dropped at every open, each would ask.)
+    def read_from_the_page_cache() -> bool:
+        assert (mnt / "data" / "dir" / f"f-{3 * BLOCK_SIZE + 5}").read_bytes() == big
+        served = cluster.total_metric("strata_worker_bytes_served")
+        assert (mnt / "data" / "dir" / f"f-{3 * BLOCK_SIZE + 5}").read_bytes() == big
+        return cluster.total_metric("strata_worker_bytes_served") == served
+
+    assert any(read_from_the_page_cache() for _ in range(3))
     # Changed in the store: the next open sees the new bytes, not the cached pages.
     new = payload(len(big) - 3, seed=1)
     cluster.s3.put_object(bucket, f"dir/f-{3 * BLOCK_SIZE + 5}", new)
