@@ -156,9 +156,11 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
     mounts = WorkerMounts(link.mount_table, allowed_roots=config.local_sources.allowed_roots)
     counters = Counters()
     retention = Retention(store, mounts)
-    uploads = Uploads(staging, master=link.stub, mounts=mounts, release=retention.release)
     reads = BlockReads(config=config, worker_id=identity.worker_id, store=store, mounts=mounts, link=link,
                        counters=counters)
+    # A staged copy lost while its write's blocks were kept is staged again from them.
+    uploads = Uploads(staging, master=link.stub, mounts=mounts, release=retention.release,
+                      read_block=reads.whole_block)
     peers = Peers(link, worker_id=identity.worker_id, token=token)
     writes = Writes(config=config, store=store, mounts=mounts, link=link, uploads=uploads, retention=retention,
                     reads=reads, peers=peers)
