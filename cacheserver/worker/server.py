@@ -40,7 +40,7 @@ from .reads import BlockReads, Counters
 from .retention import Retention
 from .service import WorkerService
 from .transfer import DataServer, ShortCircuitServer
-from .uploads import Uploads, remove_stale_staging
+from .uploads import STAGING_FOLDER, Uploads, remove_stale_staging
 from .writes import Writes
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
     )
     await store.open()
     reports.take()  # the registration carries the rescanned blocks
-    staging = data_dir / "staging"
+    staging = data_dir / STAGING_FOLDER
     remove_stale_staging(staging)
     link = MasterLink(config.master_address, token, worker_id=identity.worker_id, block_size=config.block_size)
     mounts = WorkerMounts(link.mount_table, allowed_roots=config.local_sources.allowed_roots)

@@ -48,6 +48,9 @@ from .mounts import WorkerMounts
 
 log = logging.getLogger(__name__)
 
+# The staging folder under the worker's data folder (in Kubernetes a volume of its own, see
+# operator/builders/worker.py): staged writes and the records of their uploads.
+STAGING_FOLDER = "staging"
 STAGED_SUFFIX = ".part"
 RECORD_SUFFIX = ".upload.json"
 # Seconds for one master call of an upload (a status, an abort).
