@@ -145,6 +145,11 @@ def journal_claim_problem(claim: Mapping[str, Any] | None) -> Problem | None:
             "(kubectl get storageclass lists them); or keep the journal in a node folder (volume.hostPath, "
             "with spec.master.nodeSelector pinning the master to that node); or, losing every file not in the "
             "store yet whenever the master pod is replaced, in an emptyDir (volume.emptyDir)."))
+    if phase == "Lost":
+        return Problem(Reason.JOURNAL_CLAIM_PENDING, (
+            f"The master's journal claim {name} lost its volume (phase Lost): the master cannot start on it. "
+            f"Bring the volume back, or delete the claim (kubectl delete pvc {name} -n {namespace}) for a new, "
+            "empty journal, which forgets the files not in the store yet."))
     shown = f" (StorageClass {storage_class})" if storage_class else ""
     return Problem(Reason.JOURNAL_CLAIM_PENDING, (
         f"The master's journal claim {name}{shown} is {phase}: the master starts once it is bound to a volume; "

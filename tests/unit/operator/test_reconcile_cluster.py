@@ -51,6 +51,11 @@ async def test_a_master_waiting_for_its_journal_claim_says_why(world: World) -> 
     assert "demo-journal (StorageClass local) is Pending" in message
     assert "kubectl describe pvc demo-journal -n ns" in message
 
+    world.kube.obj("PersistentVolumeClaim", "demo-journal")["status"] = {"phase": "Lost"}
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    message = condition(world.kube.obj("CacheCluster", "demo")["status"], "MasterReady")["message"]
+    assert "lost its volume (phase Lost)" in message and "kubectl delete pvc demo-journal -n ns" in message
+
     bind_journal(world, "local")
     await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert condition(world.kube.obj("CacheCluster", "demo")["status"], "MasterReady")["reason"] == "WaitingForMaster"
