@@ -773,6 +773,15 @@ def _writer_pod(name: str, namespace: str, files: dict[str, tuple[str, int, str]
     }
 
 
+def _live_workers(cluster: Cluster, namespace: str) -> int:
+    """Workers the master hears from now (its metric, read inside its container): a status
+    written before a restart may still say Ready."""
+    text = _exec_python(cluster, namespace, "demo-master-0", "import urllib.request; print(urllib.request.urlopen("
+                        "'http://127.0.0.1:19999/metrics').read().decode())")
+    return next((int(float(line.split()[-1])) for line in text.splitlines()
+                 if line.startswith("strata_master_workers_live ")), 0)
+
+
 def _pending_uploads(cluster: Cluster, namespace: str) -> int:
     return int(((cluster.get("mount", "data", namespace).get("status") or {}).get("pendingUploads") or {})
                .get("count", -1))
@@ -813,7 +822,10 @@ def test_acknowledged_writes_outlive_a_replaced_master_and_a_restarted_worker(
 
         with proxy.refusing():
             strata.apply(_writer_pod("writer", namespace, files), namespace)
-            _finished(strata, namespace, "writer")
+            wait_until(lambda: strata.get("pod", "writer", namespace)["status"].get("phase") in ("Succeeded", "Failed"),
+                       timeout=180, what="the writer pod to finish", diagnose=lambda: strata.describe_pods(namespace))
+            assert strata.get("pod", "writer", namespace)["status"]["phase"] == "Succeeded", \
+                strata.kubectl("logs", "writer", "-n", namespace, check=False)
             wait_until(lambda: _pending_uploads(strata, namespace) == 1, timeout=120,
                        what="the Mount to show the ASYNC_THROUGH upload pending")
 
@@ -822,6 +834,8 @@ def test_acknowledged_writes_outlive_a_replaced_master_and_a_restarted_worker(
             wait_until(lambda: (p := strata.get_or_none("pod", "demo-master-0", namespace)) and pod_ready(p)
                        and p["metadata"]["uid"] != old, timeout=240, what="the master pod to come back Ready",
                        diagnose=lambda: strata.describe_pods(namespace))
+            wait_until(lambda: _live_workers(strata, namespace) == 1, timeout=120,
+                       what="the worker to register with the new master")
             wait_ready(strata, namespace)
             _read_all(strata, namespace, "after-master", expected)
 
@@ -839,6 +853,8 @@ def test_acknowledged_writes_outlive_a_replaced_master_and_a_restarted_worker(
         assert client.get_object(Bucket="e2e-durable", Key="async.bin")["Body"].read() == expected["async.bin"]
         wait_until(lambda: _pending_uploads(strata, namespace) == 0, timeout=120, what="no upload pending")
         assert "must.bin" not in stored()  # MUST_CACHE stays in the cache only
+        wait_until(lambda: _live_workers(strata, namespace) == 1, timeout=120,
+                   what="the restarted worker to be registered")
         _read_all(strata, namespace, "after-worker", expected)
     finally:
         proxy.stop()
