@@ -36,6 +36,7 @@ APP_NAME: Final = "strata"
 MANAGED_BY: Final = "strata-operator"
 COMPONENT_MASTER: Final = "master"
 COMPONENT_WORKER: Final = "worker"
+COMPONENT_JOURNAL: Final = "journal"
 
 # Server image command lines and paths inside the pods (the server image's contract).
 CONFIG_DIR: Final = "/etc/strata"
@@ -48,6 +49,9 @@ DATA_TOKEN_KEY: Final = contract.SECRET_DATA_TOKEN_KEY
 INTERNAL_TOKEN_KEY: Final = contract.SECRET_INTERNAL_TOKEN_KEY
 JOURNAL_DIR: Final = "/var/lib/strata/journal"
 DATA_DIR: Final = "/var/lib/strata"
+# The worker's staging folder under DATA_DIR (cacheserver/worker/uploads.py, STAGING_FOLDER):
+# staged writes and the records of ASYNC_THROUGH uploads, on a volume of their own.
+STAGING_DIR: Final = "/var/lib/strata/staging"
 TIERS_DIR: Final = "/var/lib/strata/tiers"
 SHORT_CIRCUIT_DIR: Final = "/var/lib/strata/sc"
 SHORT_CIRCUIT_HOST_ROOT: Final = "/var/run/strata"
@@ -100,6 +104,7 @@ class Reason:
     APPLY_FAILED: Final = "ApplyFailed"
     WAITING_FOR_MASTER: Final = "WaitingForMaster"
     MASTER_UNREACHABLE: Final = "MasterUnreachable"
+    JOURNAL_CLAIM_PENDING: Final = "JournalClaimPending"
     WAITING_FOR_WORKERS: Final = "WaitingForWorkers"
     WORKERS_NOT_REGISTERED: Final = "WorkersNotRegistered"
     SCALING_IN: Final = "ScalingIn"

@@ -50,6 +50,7 @@ KINDS: Mapping[str, Kind] = {
     "Secret": Kind("secrets"),
     "Service": Kind("services"),
     "StatefulSet": Kind("statefulsets"),
+    "PersistentVolumeClaim": Kind("persistentvolumeclaims"),
     "PodDisruptionBudget": Kind("poddisruptionbudgets"),
     "MutatingWebhookConfiguration": Kind("mutatingwebhookconfigurations", namespaced=False),
     c.CACHE_CLUSTER_KIND: Kind(c.CACHE_CLUSTER_PLURAL),

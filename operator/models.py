@@ -31,6 +31,7 @@ SOURCE_SCHEMES: tuple[str, ...] = (
 # Schemes that read the servers' own files: allowed under spec.localSources.allowedRoots only.
 LOCAL_SOURCE_SCHEMES: tuple[str, ...] = ("file", "local")
 DEFAULT_MEM_QUOTA = "1Gi"
+DEFAULT_JOURNAL_SIZE = "1Gi"
 
 
 class _Spec(BaseModel):
@@ -51,16 +52,6 @@ class PodSettings(_Spec):
     affinity: dict[str, Any] = Field(default_factory=dict)
 
 
-class MasterSpec(PodSettings):
-    # One master: it keeps the mount table and block locations in memory (no standby yet).
-    replicas: int = Field(1, ge=1, le=1)
-
-
-class WorkerSpec(PodSettings):
-    # Two workers: cached blocks survive one worker's restart or a node drain.
-    replicas: int = Field(2, ge=0)
-
-
 class HostPathVolume(_Spec):
     path: str
 
@@ -70,6 +61,57 @@ class HostPathVolume(_Spec):
         if not v.startswith("/"):
             raise ValueError(f"hostPath.path must be absolute, got {v!r}")
         return v
+
+
+class ClaimVolume(_Spec):
+    """A PersistentVolumeClaim the operator makes (`<cluster>-journal`, owned by the
+    CacheCluster): it outlives the master's pod, and on most clusters its node."""
+
+    # None: the cluster's default StorageClass.
+    storage_class_name: str | None = Field(None, alias="storageClassName", min_length=1)
+    # Bytes. The journal is small (the mount table, the files written through Strata and not
+    # in the store yet, pins): 1Gi is the smallest size many provisioners hand out.
+    size: int = Field(parse_size(DEFAULT_JOURNAL_SIZE), gt=0)
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int:
+        return _size(v, "journal size")
+
+
+class EmptyDirVolume(_Spec):
+    """An emptyDir: kept while the pod lives, lost when it is replaced."""
+
+
+class JournalVolume(_Spec):
+    persistent_volume_claim: ClaimVolume | None = Field(None, alias="persistentVolumeClaim")
+    host_path: HostPathVolume | None = Field(None, alias="hostPath")
+    empty_dir: EmptyDirVolume | None = Field(None, alias="emptyDir")
+
+    @model_validator(mode="after")
+    def _one(self) -> JournalVolume:
+        if sum(v is not None for v in (self.persistent_volume_claim, self.host_path, self.empty_dir)) != 1:
+            raise ValueError("journal volume: set exactly one of persistentVolumeClaim, hostPath or emptyDir")
+        return self
+
+
+class JournalSpec(_Spec):
+    """Where the master keeps its journal: the mount table, the files written through Strata
+    and not in the store yet (MUST_CACHE, pending ASYNC_THROUGH uploads), pins. Default: a
+    claim of the default StorageClass, which outlives the master's pod."""
+
+    volume: JournalVolume = JournalVolume.model_validate({"persistentVolumeClaim": {}})
+
+
+class MasterSpec(PodSettings):
+    # One master: it keeps the mount table and block locations in memory (no standby yet).
+    replicas: int = Field(1, ge=1, le=1)
+    journal: JournalSpec = JournalSpec.model_validate({})
+
+
+class WorkerSpec(PodSettings):
+    # Two workers: cached blocks survive one worker's restart or a node drain.
+    replicas: int = Field(2, ge=0)
 
 
 class EphemeralVolume(_Spec):

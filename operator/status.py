@@ -99,6 +99,7 @@ class ClusterObservation:
     stalled: Problem | None = None       # needs a person: invalid spec, apply refused
     applied: bool = False                # children were applied (at least the master's)
     master_pods_ready: bool = False
+    master_waiting: Problem | None = None  # why the master pod cannot be ready yet, if known
     master_error: str | None = None      # why Report failed, if the pods were ready
     report: pb.ReportResponse | None = None
     workers_ready: int = 0               # ready pods of the worker StatefulSet
@@ -119,8 +120,40 @@ def _master_condition(obs: ClusterObservation) -> tuple[Condition, bool]:
     if obs.master_pods_ready:
         message = f"The master pod is ready but {obs.endpoint} does not answer: {obs.master_error}"
         return Condition(c.MASTER_READY, False, Reason.MASTER_UNREACHABLE, message), False
+    if obs.master_waiting is not None:
+        return Condition(c.MASTER_READY, False, obs.master_waiting.reason, obs.master_waiting.message), False
     message = "Waiting for the master pod to become ready."
     return Condition(c.MASTER_READY, False, Reason.WAITING_FOR_MASTER, message), False
+
+
+def journal_claim_problem(claim: Mapping[str, Any] | None) -> Problem | None:
+    """Why the master's journal claim keeps the master from starting (None: bound, or not
+    seen yet): it waits for a volume, and when it names no StorageClass the cluster has no
+    default one (the API server names the default in a claim that names none)."""
+    if claim is None:
+        return None
+    name = (claim.get("metadata") or {}).get("name", "")
+    namespace = (claim.get("metadata") or {}).get("namespace", "")
+    phase = (claim.get("status") or {}).get("phase") or "Pending"
+    if phase == "Bound":
+        return None
+    storage_class = (claim.get("spec") or {}).get("storageClassName")
+    if phase == "Pending" and not storage_class:
+        return Problem(Reason.JOURNAL_CLAIM_PENDING, (
+            f"The master's journal claim {name} is Pending: it names no StorageClass and the cluster has no "
+            "default one. Name one in spec.master.journal.volume.persistentVolumeClaim.storageClassName "
+            "(kubectl get storageclass lists them); or keep the journal in a node folder (volume.hostPath, "
+            "with spec.master.nodeSelector pinning the master to that node); or, losing every file not in the "
+            "store yet whenever the master pod is replaced, in an emptyDir (volume.emptyDir)."))
+    if phase == "Lost":
+        return Problem(Reason.JOURNAL_CLAIM_PENDING, (
+            f"The master's journal claim {name} lost its volume (phase Lost): the master cannot start on it. "
+            f"Bring the volume back, or delete the claim (kubectl delete pvc {name} -n {namespace}) for a new, "
+            "empty journal, which forgets the files not in the store yet."))
+    shown = f" (StorageClass {storage_class})" if storage_class else ""
+    return Problem(Reason.JOURNAL_CLAIM_PENDING, (
+        f"The master's journal claim {name}{shown} is {phase}: the master starts once it is bound to a volume; "
+        f"kubectl describe pvc {name} -n {namespace} shows what it waits for."))
 
 
 def _workers_condition(obs: ClusterObservation) -> tuple[Condition, bool]:

@@ -19,6 +19,7 @@ from .. import rpcutil
 from ..auth import Credentials
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
+from ..namespace.statefile import check_state_dir
 from ..uploads import pending_upload_metrics
 from .service import MasterService
 
@@ -104,6 +105,8 @@ async def start_master(
     port: int,
     http_port: int,
 ) -> MasterHandle:
+    if journal_dir is not None:
+        check_state_dir(journal_dir)
     # Journaled file:// mounts the allowed roots no longer cover load unusable: the owner's
     # rule holds from the start, and their files not in the store yet are kept.
     mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots, cluster_key=credentials.internal)

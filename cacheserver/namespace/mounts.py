@@ -48,6 +48,20 @@ SEALED_CREDENTIALS = "sealed_credentials"
 def _seal_binding(path: str, mount_id: int) -> str:
     """What sealed credentials are bound to: they open for this mount only."""
     return f"{path}#{mount_id}"
+
+
+def _new_mount_id(next_id: int) -> int:
+    """The id of a new mount: the time in microseconds, or `next_id` (one above the last id
+    this table gave) if that is higher. Mount ids are part of every cached block's key, and
+    workers keep their blocks across a master's restart; a master whose journal is new (lost,
+    or never kept) must never give a mount an id an earlier journal gave, or blocks cached
+    for that mount's files would be served as the new mount's files of the same path and
+    version. Ids from the clock are above every id given before (one mount a microsecond is
+    far beyond what a journaled add, fsynced, can do) and stay below 2**53 (exact as JSON
+    numbers) until the year 2255."""
+    return max(next_id, time.time_ns() // 1000)
+
+
 # Seconds a mount's metadata may lag behind its store. 30 s keeps listing-heavy jobs (one
 # stat per file) off the store while a file changed outside Strata shows up within half a
 # minute; datasets that never change can say -1, stores changed by others all the time 0.
@@ -110,7 +124,7 @@ class Mount:
     path: str  # namespace path of the mount point, e.g. /datasets/a
     source: str  # fsspec URL, e.g. s3://bucket/a
     options: MountOptions
-    mount_id: int  # never reused; a remount gets a new one
+    mount_id: int  # never reused (also by a master whose journal is new); a remount gets a new one
     created_unix_ms: int
     # Why the mount cannot be used ("" when it can): its saved credentials cannot be opened.
     unusable: str = ""
@@ -282,10 +296,10 @@ class MountTable:
                 path=path,
                 source=source,
                 options=options,
-                mount_id=existing.mount_id if same_data and existing is not None else self._next_id,
+                mount_id=existing.mount_id if same_data and existing is not None else _new_mount_id(self._next_id),
                 created_unix_ms=existing.created_unix_ms if same_data and existing is not None else int(time.time() * 1000),
             )
-            self._change({**self._mounts, path: mount}, self._next_id if same_data else self._next_id + 1)
+            self._change({**self._mounts, path: mount}, self._next_id if same_data else mount.mount_id + 1)
             if existing is not None:
                 self._retire_store(existing.mount_id)
             self._stores[mount.mount_id] = store

@@ -48,6 +48,23 @@ def read_state(path: Path) -> Any | None:
         ) from exc
 
 
+def check_state_dir(folder: Path) -> None:
+    """Make the state folder and check this process can write in it: a master that cannot
+    save its journal would refuse every mount and every write, so it refuses to start
+    instead (FailedPrecondition naming the folder, the user and what to do)."""
+    probe = folder / f".write-check.{os.getpid()}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_state(probe, {})
+        probe.unlink()
+    except OSError as exc:
+        raise FailedPrecondition(
+            f"the journal folder {folder} is not writable by uid {os.getuid()} ({exc.strerror or exc}): give that "
+            "user the folder (Kubernetes: a volume that honours the pod's fsGroup, or a hostPath the operator "
+            "chowns), or name another one with --journal-dir"
+        ) from exc
+
+
 class StateFile:
     """One named state file in the master's state directory; with no directory (tests,
     throwaway masters) loading finds nothing and saving keeps nothing."""

@@ -40,7 +40,7 @@ from .reads import BlockReads, Counters
 from .retention import Retention
 from .service import WorkerService
 from .transfer import DataServer, ShortCircuitServer
-from .uploads import Uploads, remove_stale_staging
+from .uploads import STAGING_FOLDER, Uploads, remove_stale_staging
 from .writes import Writes
 
 log = logging.getLogger(__name__)
@@ -150,15 +150,17 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
     )
     await store.open()
     reports.take()  # the registration carries the rescanned blocks
-    staging = data_dir / "staging"
+    staging = data_dir / STAGING_FOLDER
     remove_stale_staging(staging)
     link = MasterLink(config.master_address, token, worker_id=identity.worker_id, block_size=config.block_size)
     mounts = WorkerMounts(link.mount_table, allowed_roots=config.local_sources.allowed_roots)
     counters = Counters()
     retention = Retention(store, mounts)
-    uploads = Uploads(staging, master=link.stub, mounts=mounts, release=retention.release)
     reads = BlockReads(config=config, worker_id=identity.worker_id, store=store, mounts=mounts, link=link,
                        counters=counters)
+    # A staged copy lost while its write's blocks were kept is staged again from them.
+    uploads = Uploads(staging, master=link.stub, mounts=mounts, release=retention.release,
+                      read_block=reads.whole_block)
     peers = Peers(link, worker_id=identity.worker_id, token=token)
     writes = Writes(config=config, store=store, mounts=mounts, link=link, uploads=uploads, retention=retention,
                     reads=reads, peers=peers)

@@ -13,6 +13,12 @@ A record that never got there belongs to a write whose writer got an error: its 
 any) is withdrawn and its blocks released. An acknowledged one is uploaded: first into the
 store's upload folder, then the master moves it into place (`PersistFile`), so an upload of
 a file removed or replaced meanwhile never shows in the store.
+
+An acknowledged write whose staged copy is gone or cut short (the folder lost or damaged
+while the record and the write's blocks were kept) is staged again from its blocks, which
+this worker holds pinned and whose checksums are verified as they are read: an upload is
+never dropped while its bytes exist. While a block is missing too, the record stays (the
+write shows as pending) and the upload is tried again.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from .mounts import WorkerMounts
 
 log = logging.getLogger(__name__)
 
+# The staging folder under the worker's data folder (in Kubernetes a volume of its own, see
+# operator/builders/worker.py): staged writes and the records of their uploads.
+STAGING_FOLDER = "staging"
 STAGED_SUFFIX = ".part"
 RECORD_SUFFIX = ".upload.json"
 # Seconds for one master call of an upload (a status, an abort).
@@ -107,14 +116,42 @@ class Superseded(Exception):
 
 # Releases a write's cached blocks: (refs, keep_pinned).
 Release = Callable[[list[pb.BlockRef], bool], Awaitable[None]]
+# One whole block from this worker's cache, its checksums verified; None when it is not here.
+ReadBlock = Callable[[pb.BlockRef], Awaitable[bytes | None]]
 
 
 def record_file(staged: Path) -> Path:
     return staged.with_name(staged.name.removesuffix(STAGED_SUFFIX) + RECORD_SUFFIX)
 
 
+def staged_file(record: Path) -> Path:
+    return record.with_name(record.name.removesuffix(RECORD_SUFFIX) + STAGED_SUFFIX)
+
+
 def staged_files(staging_dir: Path) -> list[Path]:
     return sorted(p for p in staging_dir.glob(f"*{STAGED_SUFFIX}") if p.is_file()) if staging_dir.is_dir() else []
+
+
+def record_files(staging_dir: Path) -> list[Path]:
+    return sorted(p for p in staging_dir.glob(f"*{RECORD_SUFFIX}") if p.is_file()) if staging_dir.is_dir() else []
+
+
+def _read_record(path: Path) -> UploadRecord | None:
+    """The record in `path`; None (logged) when it cannot be read. Records are written
+    atomically: an unreadable one is not ours to guess at."""
+    try:
+        return UploadRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        log.error("upload record %s cannot be read (%s); its write is not uploaded", path, exc)
+        return None
+
+
+def _holds(staged: Path, length: int) -> bool:
+    """The staged copy is there with the write's length."""
+    try:
+        return staged.stat().st_size == length
+    except FileNotFoundError:
+        return False
 
 
 def write_durably(path: Path, data: bytes) -> None:
@@ -135,8 +172,9 @@ def write_durably(path: Path, data: bytes) -> None:
 
 def remove_stale_staging(staging_dir: Path) -> None:
     """Staged files of writes a previous run did not finish are useless (the writer got an
-    error); those with an upload record stay (`Uploads.resume`), and records without their
-    staged file go."""
+    error); those with an upload record stay (`Uploads.resume`). A record stays without its
+    staged file too (its write is withdrawn, or staged again from its blocks and uploaded),
+    unless it cannot be read."""
     for path in staged_files(staging_dir):
         if record_file(path).exists():
             continue
@@ -144,10 +182,10 @@ def remove_stale_staging(staging_dir: Path) -> None:
             os.unlink(path)
         except OSError as exc:
             log.warning("cannot remove stale staging file %s: %s", path, exc)
-    for record in staging_dir.glob(f"*{RECORD_SUFFIX}") if staging_dir.is_dir() else []:
-        if not record.with_name(record.name.removesuffix(RECORD_SUFFIX) + STAGED_SUFFIX).exists():
+    for record in record_files(staging_dir):
+        if not staged_file(record).exists() and _read_record(record) is None:
             record.unlink(missing_ok=True)
-    for partial in staging_dir.glob(".*.tmp") if staging_dir.is_dir() else []:  # a record cut short
+    for partial in staging_dir.glob(".*.tmp") if staging_dir.is_dir() else []:  # a record or copy cut short
         partial.unlink(missing_ok=True)
 
 
@@ -162,12 +200,13 @@ class Uploads:
     """The staged ASYNC_THROUGH writes of one worker and their uploads."""
 
     def __init__(self, staging_dir: Path, *, master: pb_grpc.MasterStub, mounts: WorkerMounts,
-                 release: Release, settings: UploadSettings | None = None) -> None:
+                 release: Release, read_block: ReadBlock, settings: UploadSettings | None = None) -> None:
         self.staging_dir = staging_dir
         self.staging_dir.mkdir(parents=True, exist_ok=True)
         self._master = master
         self._mounts = mounts
         self._release = release
+        self._read_block = read_block
         self.settings = settings or UploadSettings()
         self._uploads: dict[Path, _Upload] = {}
         self._load()
@@ -178,18 +217,14 @@ class Uploads:
         return self.staging_dir / f"{uuid.uuid4().hex}{STAGED_SUFFIX}"
 
     def _load(self) -> None:
-        for staged in staged_files(self.staging_dir):
-            record_path = record_file(staged)
-            if not record_path.exists():
-                continue
-            try:
-                record = UploadRecord.model_validate_json(record_path.read_bytes())
-            except (OSError, ValueError) as exc:
-                # Records are written atomically: an unreadable one is not ours to guess at.
-                log.error("staged upload %s has an unreadable record (%s); left in place, not uploaded", staged, exc)
-                continue
+        for record_path in record_files(self.staging_dir):
+            record = _read_record(record_path)
+            if record is None:
+                continue  # left in place
+            staged = staged_file(record_path)
             if not record.staged_unix_ms:
-                record = record.model_copy(update={"staged_unix_ms": int(staged.stat().st_mtime * 1000)})
+                stamped = staged if staged.exists() else record_path
+                record = record.model_copy(update={"staged_unix_ms": int(stamped.stat().st_mtime * 1000)})
             self._uploads[staged] = _Upload(staged, record)
 
     def begin(self, staged: Path, record: UploadRecord) -> None:
@@ -317,6 +352,8 @@ class Uploads:
             mount = await self._mounts.get(record.mount_id)
         except NotFound as exc:
             raise Superseded(str(exc)) from None
+        if not await asyncio.to_thread(_holds, upload.staged, record.length):
+            await self._restage(upload)
         made = await asyncio.wait_for(mount.store.write_file(upload_rel(record.version), upload.staged),
                                       self.settings.timeout_for(record.length))
         if made.length != record.length:
@@ -331,6 +368,32 @@ class Uploads:
                                                     timeout=PERSIST_CALL_TIMEOUT)
         if response.superseded:
             raise Superseded(f"{record.path} was removed or replaced while it was uploaded")
+
+    async def _restage(self, upload: _Upload) -> None:
+        """Make the staged copy of an acknowledged write again from its blocks here (pinned;
+        checksums verified as they are read), written beside it and renamed into place. A
+        block that is not here: StrataError, and the upload is tried again later."""
+        record = upload.record
+        tmp = upload.staged.with_name(f".{upload.staged.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with open(tmp, "wb") as out:
+                for ref in record.refs():
+                    data = await self._read_block(ref)
+                    if data is None:
+                        raise StrataError(
+                            f"the staged copy of {record.path} (version {record.version}, {record.length} bytes) is "
+                            f"gone or cut short, and block {ref.index} of it is not cached on this worker: it cannot "
+                            "be uploaded; the upload waits, and is tried again")
+                    await asyncio.to_thread(out.write, data)
+                out.flush()
+                await asyncio.to_thread(os.fsync, out.fileno())
+            os.replace(tmp, upload.staged)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        await asyncio.to_thread(fsync_dir, upload.staged.parent)
+        log.warning("the staged copy of %s (version %s) was gone or cut short: made again from its %d cached "
+                    "blocks", record.path, record.version, len(record.refs()))
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -26,6 +26,11 @@ def worker_name(cluster: str) -> str:
     return f"{cluster}-worker"
 
 
+def journal_name(cluster: str) -> str:
+    """The master's journal claim (spec.master.journal.volume.persistentVolumeClaim)."""
+    return f"{cluster}-journal"
+
+
 def config_name(cluster: str) -> str:
     return f"{cluster}-config"
 

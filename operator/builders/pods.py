@@ -20,6 +20,9 @@ from strata.operator.models import Cluster, ClusterTokens, PodSettings
 from strata.operator.settings import OperatorSettings
 
 CONFIG_VOLUME = "config"
+# A pod's own folder under a shared host path, so two pods (or two clusters) on one node never
+# mix their files, and a restarted pod finds its own again.
+HOST_SUBPATH = "$(STRATA_POD_NAMESPACE)/$(STRATA_POD_NAME)"
 
 # Downward API: the worker uses its pod name as worker id, the node name for locality and
 # the pod IP as its address; the master logs them.
@@ -47,6 +50,25 @@ def server_env() -> list[dict[str, Any]]:
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in _FIELD_ENV
     )
     return env
+
+
+def host_path_permissions(volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """An init container handing the mounted folders of hostPath volumes (they come up owned
+    by root) to the server user; None when no mount is of a hostPath."""
+    hosts = {v["name"] for v in volumes if "hostPath" in v}
+    mounted = [m for m in mounts if m["name"] in hosts]
+    if not mounted:
+        return None
+    return [
+        {
+            "name": "volume-permissions",
+            "command": ["chown", f"{c.SERVER_UID}:{c.SERVER_UID}", *(m["mountPath"] for m in mounted)],
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+            # subPathExpr of the mounts reads the pod name and namespace from here.
+            "env": server_env(),
+            "volumeMounts": mounted,
+        }
+    ]
 
 
 def config_volume(cluster: str) -> dict[str, Any]:

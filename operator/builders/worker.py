@@ -13,14 +13,21 @@ from strata.operator.builders.common import (
     worker_name,
 )
 from strata.operator.builders.config import tier_dir
-from strata.operator.builders.pods import headless_service, http_probes, ports, server_env, server_statefulset
+from strata.operator.builders.pods import (
+    HOST_SUBPATH,
+    headless_service,
+    host_path_permissions,
+    http_probes,
+    ports,
+    server_statefulset,
+)
 from strata.operator.models import Cluster, ClusterTokens, TierSpec
 from strata.operator.settings import OperatorSettings
 
 SHORT_CIRCUIT_VOLUME = "short-circuit"
-# Each worker keeps its own folder under a shared host path, so two workers (or two
-# clusters) on one node never mix block files, and a restarted worker finds its own again.
-_HOST_SUBPATH = "$(STRATA_POD_NAMESPACE)/$(STRATA_POD_NAME)"
+STAGING_VOLUME = "staging"
+# The staging folder beside a hostPath tier's folder of the same worker.
+_STAGING_SUBPATH = f"{HOST_SUBPATH}-staging"
 
 
 def tier_volume_name(tier: TierSpec) -> str:
@@ -51,8 +58,22 @@ def tier_volume(tier: TierSpec) -> dict[str, Any]:
 def tier_mount(tier: TierSpec) -> dict[str, Any]:
     mount: dict[str, Any] = {"name": tier_volume_name(tier), "mountPath": tier_dir(tier)}
     if tier.volume is not None and tier.volume.host_path is not None:
-        mount["subPathExpr"] = _HOST_SUBPATH
+        mount["subPathExpr"] = HOST_SUBPATH
     return mount
+
+
+def staging_volume(cluster: Cluster) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The worker's staging folder (staged writes, records of ASYNC_THROUGH uploads): the
+    volumes it needs and its mount. Its copies must outlive what the blocks of their writes
+    outlive. A hostPath disk tier outlives the pod: the folder is a sibling of that tier's
+    folder on the node. Otherwise (emptyDir or ephemeral disk tiers, MEM alone) the blocks
+    live as long as the pod, and so does an emptyDir of its own, which also survives a
+    restart of the container (its writable layer does not); not on the tier's volume,
+    whose size limit is the tier's quota."""
+    for tier in cluster.spec.tiers:
+        if tier.volume is not None and tier.volume.host_path is not None:
+            return [], {"name": tier_volume_name(tier), "mountPath": c.STAGING_DIR, "subPathExpr": _STAGING_SUBPATH}
+    return [{"name": STAGING_VOLUME, "emptyDir": {}}], {"name": STAGING_VOLUME, "mountPath": c.STAGING_DIR}
 
 
 def short_circuit_host_path(cluster: Cluster) -> str:
@@ -90,8 +111,9 @@ def build_worker_service(cluster: Cluster) -> Manifest:
 
 def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, tokens: ClusterTokens) -> Manifest:
     spec = cluster.spec
-    volumes = [tier_volume(t) for t in spec.tiers]
-    mounts = [tier_mount(t) for t in spec.tiers]
+    staging, staging_mount = staging_volume(cluster)
+    volumes = [*(tier_volume(t) for t in spec.tiers), *staging]
+    mounts = [*(tier_mount(t) for t in spec.tiers), staging_mount]
     if spec.short_circuit:
         volumes.append(
             {
@@ -102,18 +124,6 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token
         mounts.append({"name": SHORT_CIRCUIT_VOLUME, "mountPath": c.SHORT_CIRCUIT_DIR})
     # Readers on the node (client pods, the CSI plugin) see the socket folder at its host path.
     env = [{"name": "STRATA_SHORT_CIRCUIT_DIR", "value": short_circuit_host_path(cluster)}] if spec.short_circuit else []
-    # Folders from the node (hostPath) come up owned by root: hand them to the server user.
-    host_dirs = [m["mountPath"] for m in mounts if _is_host_path(m["name"], volumes)]
-    init_containers = [
-        {
-            "name": "volume-permissions",
-            "command": ["chown", f"{c.SERVER_UID}:{c.SERVER_UID}", *host_dirs],
-            "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
-            # subPathExpr of the tier mounts reads the pod name and namespace from here.
-            "env": server_env(),
-            "volumeMounts": [m for m in mounts if m["mountPath"] in host_dirs],
-        }
-    ] if host_dirs else None
     container = {
         "name": c.COMPONENT_WORKER,
         "args": ["worker", "--config", f"{c.CONFIG_DIR}/{c.CONFIG_FILE}", "--data-dir", c.DATA_DIR],
@@ -134,12 +144,9 @@ def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, token
         tokens=tokens,
         # Workers do not depend on each other: start and stop them all at once.
         extra_spec={"podManagementPolicy": "Parallel"},
-        init_containers=init_containers,
+        # Folders from the node (hostPath) come up owned by root: hand them to the server user.
+        init_containers=host_path_permissions(volumes, mounts),
     )
-
-
-def _is_host_path(volume_name: str, volumes: list[dict[str, Any]]) -> bool:
-    return any(v["name"] == volume_name and "hostPath" in v for v in volumes)
 
 
 def build_worker_pdb(cluster: Cluster) -> Manifest:

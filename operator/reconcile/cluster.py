@@ -18,6 +18,7 @@ from strata.operator import constants as c
 from strata.operator.builders import build_master_children, build_worker_children
 from strata.operator.builders.common import (
     csi_tokens,
+    journal_name,
     kept_token_key,
     kept_tokens,
     master_endpoint,
@@ -37,7 +38,13 @@ from strata.operator.reconcile.common import (
     write_status,
 )
 from strata.operator.settings import OperatorSettings
-from strata.operator.status import ClusterObservation, Problem, cluster_notes, cluster_status
+from strata.operator.status import (
+    ClusterObservation,
+    Problem,
+    cluster_notes,
+    cluster_status,
+    journal_claim_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +182,14 @@ def secrets_grant_advice(settings: OperatorSettings, namespace: str, exc: KubeEr
             f"(or list {namespace} in the chart's rbac.tenantNamespaces)")
 
 
+async def _journal_waiting(deps: Deps, cluster: Cluster) -> Problem | None:
+    """Why the master waits for its journal's claim, if it has one and it is not bound."""
+    if cluster.spec.master.journal.volume.persistent_volume_claim is None:
+        return None
+    claim = await deps.kube.get("v1", "PersistentVolumeClaim", cluster.ref.namespace, journal_name(cluster.ref.name))
+    return journal_claim_problem(claim)
+
+
 async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) -> ClusterObservation:
     ns, name = cluster.ref.namespace, cluster.ref.name
     base = ClusterObservation(
@@ -189,7 +204,7 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
         master = await deps.kube.get("apps/v1", "StatefulSet", ns, master_name(name))
         master_ready = _ready_replicas(master) >= 1
         if not master_ready:
-            return replace(base, applied=True)
+            return replace(base, applied=True, master_waiting=await _journal_waiting(deps, cluster))
         report, master_error = None, None
         try:
             report = await deps.masters.report(endpoint, token, fresh=True)

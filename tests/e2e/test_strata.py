@@ -9,6 +9,7 @@ contract in shared/DESIGN.md, not against the operator's code.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shlex
@@ -25,8 +26,11 @@ from urllib.parse import urlparse
 import boto3  # type: ignore[import-untyped]
 import pytest
 
+from storeproxy import StoreProxy
+
 from kit import (
     REPO,
+    SERVER_IMAGE,
     Cluster,
     CommandError,
     condition,
@@ -45,7 +49,7 @@ READY_TIMEOUT = 300.0
 # Namespaces with a CacheCluster and Mounts deleted at once (the delete is racy), and the bound for all.
 NAMESPACE_DELETE_TRIES = 3
 NAMESPACE_DELETE_TIMEOUT = 120.0
-CHILD_KINDS = ("statefulset", "service", "configmap", "secret", "poddisruptionbudget")
+CHILD_KINDS = ("statefulset", "service", "configmap", "secret", "poddisruptionbudget", "persistentvolumeclaim")
 
 
 # The operator's pace on this suite's cluster: a cluster's status follows its pods within 2 s
@@ -186,7 +190,7 @@ def test_cachecluster_becomes_ready_with_its_children(strata: Cluster, namespace
     names = set(children(strata, namespace))
     for expected in ("statefulset/demo-master", "statefulset/demo-worker", "service/demo-master",
                      "service/demo-worker", "configmap/demo-config", "secret/demo-auth",
-                     "poddisruptionbudget/demo-worker"):
+                     "poddisruptionbudget/demo-worker", "persistentvolumeclaim/demo-journal"):
         assert expected in names, f"{expected} missing among {sorted(names)}"
     for obj in children(strata, namespace).values():
         owners = obj["metadata"].get("ownerReferences", [])
@@ -733,6 +737,127 @@ def test_drained_node_moves_pods_and_readers_keep_reading(
     finally:
         strata.kubectl("uncordon", drained, check=False)
     _steady_result(strata, namespace, "steady")
+
+
+def _payload(seed: str, size: int) -> bytes:
+    """Bytes a pod makes the same way (the function's source is sent along)."""
+    out, i = bytearray(), 0
+    while len(out) < size:
+        out += hashlib.sha256(f"{seed}-{i}".encode()).digest()
+        i += 1
+    return bytes(out[:size])
+
+
+def _writer_pod(name: str, namespace: str, files: dict[str, tuple[str, int, str]]) -> Obj:
+    """A pod that writes files into the namespace with the strata CLI and the cluster's data
+    token ({namespace path: (seed, size, write type)}), as an application with the data
+    token does."""
+    script = (inspect.getsource(_payload) + "import hashlib, subprocess\n"
+              f"for path, (seed, size, write_type) in {files!r}.items():\n"
+              "    open('/tmp/f', 'wb').write(_payload(seed, size))\n"
+              "    subprocess.run(['strata', 'fs', 'put', '--write-type', write_type, '/tmp/f', path], check=True)\n")
+    master = f"demo-master-0.demo-master.{namespace}.svc:19998"
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "main", "image": SERVER_IMAGE, "command": ["python3", "-c", script],
+                "env": [{"name": "STRATA_MASTER", "value": master},
+                        {"name": "STRATA_DATA_TOKEN_FILE", "value": "/auth/dataToken"}],
+                "volumeMounts": [{"name": "auth", "mountPath": "/auth", "readOnly": True}],
+            }],
+            "volumes": [{"name": "auth", "secret": {"secretName": "demo-auth", "items": [
+                {"key": "dataToken", "path": "dataToken"}]}}],
+        },
+    }
+
+
+def _live_workers(cluster: Cluster, namespace: str) -> int:
+    """Workers the master hears from now (its metric, read inside its container): a status
+    written before a restart may still say Ready."""
+    text = _exec_python(cluster, namespace, "demo-master-0", "import urllib.request; print(urllib.request.urlopen("
+                        "'http://127.0.0.1:19999/metrics').read().decode())")
+    return next((int(float(line.split()[-1])) for line in text.splitlines()
+                 if line.startswith("strata_master_workers_live ")), 0)
+
+
+def _pending_uploads(cluster: Cluster, namespace: str) -> int:
+    return int(((cluster.get("mount", "data", namespace).get("status") or {}).get("pendingUploads") or {})
+               .get("count", -1))
+
+
+@pytest.mark.disruptive
+@pytest.mark.timeout(1200)
+def test_acknowledged_writes_outlive_a_replaced_master_and_a_restarted_worker(
+    strata: Cluster, namespace: str, s3: dict[str, str]
+) -> None:
+    """A MUST_CACHE file and an ASYNC_THROUGH file written while the store is down (a proxy
+    in front of it refuses), so neither is in the store: the master pod is deleted and comes
+    back on its journal (a claim of the default StorageClass) and both files read back
+    whole; the worker's container restarts and its staged copy (on a volume) is still
+    uploaded once the store is back. Before: the master came back on an empty emptyDir
+    journal and forgot both files, the upload got NotFound and was dropped; a restarted
+    container lost the staged copy."""
+    _bucket(s3, "e2e-durable", {})
+    store = urlparse(s3["endpoint"])
+    proxy = StoreProxy(target_port=int(store.port or 80), target_host=str(store.hostname), host=str(store.hostname))
+    try:
+        ready_cluster(strata, namespace, workers=1)
+        claim = strata.get("persistentvolumeclaim", "demo-journal", namespace)
+        assert claim["status"]["phase"] == "Bound" and claim["metadata"]["ownerReferences"][0]["kind"] == "CacheCluster"
+        secret, mount = s3_mount({**s3, "endpoint": proxy.endpoint_url}, bucket="e2e-durable")
+        mount["spec"]["readOnly"] = False
+        strata.apply([secret, mount], namespace)
+        wait_until(lambda: strata.get("mount", "data", namespace).get("status", {}).get("phase") == "Mounted",
+                   timeout=120, what="Mount data phase Mounted")
+        files = {"/data/must.bin": ("must", (2 << 20) + 333, "MUST_CACHE"),
+                 "/data/async.bin": ("async", (3 << 20) + 77, "ASYNC_THROUGH")}
+        expected = {path.removeprefix("/data/"): _payload(seed, size) for path, (seed, size, _) in files.items()}
+        client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
+                              aws_access_key_id=s3["key"], aws_secret_access_key=s3["secret"])
+
+        def stored() -> list[str]:
+            return [o["Key"] for o in client.list_objects_v2(Bucket="e2e-durable").get("Contents", [])]
+
+        with proxy.refusing():
+            strata.apply(_writer_pod("writer", namespace, files), namespace)
+            wait_until(lambda: strata.get("pod", "writer", namespace)["status"].get("phase") in ("Succeeded", "Failed"),
+                       timeout=180, what="the writer pod to finish", diagnose=lambda: strata.describe_pods(namespace))
+            assert strata.get("pod", "writer", namespace)["status"]["phase"] == "Succeeded", \
+                strata.kubectl("logs", "writer", "-n", namespace, check=False)
+            wait_until(lambda: _pending_uploads(strata, namespace) == 1, timeout=120,
+                       what="the Mount to show the ASYNC_THROUGH upload pending")
+
+            old = strata.get("pod", "demo-master-0", namespace)["metadata"]["uid"]
+            strata.kubectl("delete", "pod", "demo-master-0", "-n", namespace, "--wait=true", "--timeout=120s")
+            wait_until(lambda: (p := strata.get_or_none("pod", "demo-master-0", namespace)) and pod_ready(p)
+                       and p["metadata"]["uid"] != old, timeout=240, what="the master pod to come back Ready",
+                       diagnose=lambda: strata.describe_pods(namespace))
+            wait_until(lambda: _live_workers(strata, namespace) == 1, timeout=120,
+                       what="the worker to register with the new master")
+            wait_ready(strata, namespace)
+            _read_all(strata, namespace, "after-master", expected)
+
+            worker = _worker_pods(strata, namespace)[0]["metadata"]["name"]
+            _exec_python(strata, namespace, worker, "import os, signal; os.kill(1, signal.SIGTERM)")
+            wait_until(lambda: (p := strata.get("pod", worker, namespace)) and pod_ready(p)
+                       and p["status"]["containerStatuses"][0]["restartCount"] >= 1, timeout=240,
+                       what=f"the container of {worker} to restart and be Ready",
+                       diagnose=lambda: strata.describe_pods(namespace))
+            wait_until(lambda: _pending_uploads(strata, namespace) == 1, timeout=120,
+                       what="the restarted worker to report the upload pending again")
+            assert stored() == [], "nothing can be in the store while it is down"
+        wait_until(lambda: "async.bin" in stored(), timeout=240, what="the ASYNC_THROUGH file to land in the store",
+                   diagnose=lambda: json.dumps(strata.get("mount", "data", namespace).get("status"), indent=1))
+        assert client.get_object(Bucket="e2e-durable", Key="async.bin")["Body"].read() == expected["async.bin"]
+        wait_until(lambda: _pending_uploads(strata, namespace) == 0, timeout=120, what="no upload pending")
+        assert "must.bin" not in stored()  # MUST_CACHE stays in the cache only
+        wait_until(lambda: _live_workers(strata, namespace) == 1, timeout=120,
+                   what="the restarted worker to be registered")
+        _read_all(strata, namespace, "after-worker", expected)
+    finally:
+        proxy.stop()
 
 
 def _rounds(cluster: Cluster, namespace: str, name: str) -> int:

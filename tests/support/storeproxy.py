@@ -37,8 +37,12 @@ CHUNK = 256 * 1024
 
 
 class StoreProxy:
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1", port: int = 0,
+                 host: str = "127.0.0.1") -> None:
+        """`host`: the address it listens on (127.0.0.1; the e2e suite's pods reach the
+        harness' own bridge address instead, where its store listens too)."""
         self.target = (target_host, target_port)
+        self.host = host
         self.mode: Mode = "pass"
         self.delay = 0.0
         self.held: bytes | None = None  # requests starting with these bytes wait (`holding`)
@@ -53,7 +57,7 @@ class StoreProxy:
         # Bind once here so the port is known, fixed, and reused when the store "comes back".
         probe = socket.socket()
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(("127.0.0.1", port))
+        probe.bind((host, port))
         self.port = int(probe.getsockname()[1])
         probe.close()
         self._thread = threading.Thread(target=self._loop.run_forever, name="store-proxy", daemon=True)
@@ -62,14 +66,14 @@ class StoreProxy:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _call(self, coro: object) -> None:
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)  # type: ignore[arg-type]
 
     async def _listen(self) -> None:
         if self._server is None:
-            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+            self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
 
     async def _close_all(self, *, listener: bool) -> None:
         if listener and self._server is not None:

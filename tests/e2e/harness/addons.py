@@ -80,9 +80,17 @@ def coredns(service_ip: str) -> list[Obj]:
     ]
 
 
-def storage(nodes: list[str], folder: Path, per_node: int = 8) -> list[Obj]:
+# Volumes per node. Every CacheCluster's master keeps its journal on a claim of the default
+# class, and a released volume is not used again (Retain): enough for a whole session's
+# clusters (about 30) on any node, plus the tests' own claims.
+VOLUMES_PER_NODE = 16
+
+
+def storage(nodes: list[str], folder: Path, per_node: int = VOLUMES_PER_NODE) -> list[Obj]:
     """The default StorageClass and `per_node` hostPath volumes on each node, under folder
-    (a host path: nodes see the host's folders)."""
+    (a host path: nodes see the host's folders). Each volume's folder is writable by every
+    user, as the local-path provisioner (kind's default class) makes them: hostPath volumes
+    do not take a pod's fsGroup, and the servers run as a user of their own."""
     objs: list[Obj] = [{
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
         "metadata": {"name": STORAGE_CLASS, "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
@@ -95,6 +103,7 @@ def storage(nodes: list[str], folder: Path, per_node: int = 8) -> list[Obj]:
             name = f"{node}-pv-{i}"
             path = folder / name
             path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)
             objs.append({
                 "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
                 "spec": {

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import base64
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
 
+from strata.cacheserver.worker.uploads import STAGING_FOLDER
 from strata.contract.config import ServerConfig
 from strata.operator import builders
+from strata.operator import constants as c
 from strata.operator.builders.common import (
     approximate_quantity,
     format_quantity,
@@ -131,6 +133,77 @@ def test_tier_volumes_match_their_media() -> None:
     sts = builders.build_worker_statefulset(default_ssd, SETTINGS, TOKEN)
     (tier,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tier-ssd"]
     assert tier == {"name": "tier-ssd", "emptyDir": {"sizeLimit": "10G"}}
+
+
+def _pod(sts: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = sts["spec"]["template"]["spec"]
+    return pod
+
+
+def _mounted(sts: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The volume mounted at `path` in the server container, and its mount."""
+    pod = _pod(sts)
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == path]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    return volume, mount
+
+
+def _chowned(sts: dict[str, Any]) -> list[str]:
+    return [d for init in _pod(sts).get("initContainers", []) for d in init["command"][2:]]
+
+
+def test_the_journal_is_on_a_claim_of_the_default_class_unless_the_spec_says_otherwise() -> None:
+    cluster = make_cluster({})
+    claim = builders.build_journal_claim(cluster)
+    assert claim is not None and claim["metadata"]["name"] == "demo-journal"
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    assert claim["metadata"]["ownerReferences"][0]["kind"] == "CacheCluster"
+    children = builders.build_master_children(cluster, SETTINGS, TOKEN)
+    assert [c["kind"] for c in children][-2:] == ["PersistentVolumeClaim", "StatefulSet"]  # the claim first
+    sts = builders.build_master_statefulset(cluster, SETTINGS, TOKEN)
+    volume, mount = _mounted(sts, "/var/lib/strata/journal")
+    assert volume["persistentVolumeClaim"] == {"claimName": "demo-journal"} and "subPathExpr" not in mount
+    assert "volumeClaimTemplates" not in sts["spec"] and _chowned(sts) == []
+
+    named = make_cluster({"master": {"journal": {"volume": {"persistentVolumeClaim": {
+        "storageClassName": "fast", "size": "5Gi"}}}}})
+    claim = builders.build_journal_claim(named)
+    assert claim is not None and claim["spec"]["storageClassName"] == "fast"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+def test_a_journal_on_a_node_folder_or_an_emptydir_has_no_claim() -> None:
+    on_node = make_cluster({"master": {"journal": {"volume": {"hostPath": {"path": "/var/lib/strata-journal"}}}}})
+    assert builders.build_journal_claim(on_node) is None
+    assert "PersistentVolumeClaim" not in [c["kind"] for c in builders.build_master_children(on_node, SETTINGS, TOKEN)]
+    sts = builders.build_master_statefulset(on_node, SETTINGS, TOKEN)
+    volume, mount = _mounted(sts, "/var/lib/strata/journal")
+    assert volume["hostPath"] == {"path": "/var/lib/strata-journal", "type": "DirectoryOrCreate"}
+    assert mount["subPathExpr"] == "$(STRATA_POD_NAMESPACE)/$(STRATA_POD_NAME)"
+    assert _chowned(sts) == ["/var/lib/strata/journal"]
+
+    scratch = make_cluster({"master": {"journal": {"volume": {"emptyDir": {}}}}})
+    assert builders.build_journal_claim(scratch) is None
+    volume, _ = _mounted(builders.build_master_statefulset(scratch, SETTINGS, TOKEN), "/var/lib/strata/journal")
+    assert volume == {"name": "journal", "emptyDir": {}}
+
+
+def test_the_worker_staging_folder_outlives_what_the_blocks_of_its_writes_outlive() -> None:
+    assert c.STAGING_DIR == str(PurePosixPath(c.DATA_DIR) / STAGING_FOLDER)
+    # MEM alone, or disk tiers that live as long as the pod: an emptyDir of its own, which
+    # survives a restart of the container.
+    for tiers in ([{"medium": "MEM", "quota": "1Gi"}],
+                  [{"medium": "SSD", "quota": "1Gi"}, {"medium": "HDD", "quota": "1Ti", "volume": {"ephemeral": {}}}]):
+        sts = builders.build_worker_statefulset(make_cluster({"tiers": tiers}), SETTINGS, TOKEN)
+        volume, mount = _mounted(sts, c.STAGING_DIR)
+        assert volume == {"name": "staging", "emptyDir": {}} and "subPathExpr" not in mount
+    # A hostPath disk tier outlives the pod: the staging folder is beside its folder on the node.
+    tiers = [{"medium": "SSD", "quota": "1Gi"}, {"medium": "HDD", "quota": "1Ti", "volume": {"hostPath": {"path": "/hdd"}}}]
+    sts = builders.build_worker_statefulset(make_cluster({"tiers": tiers}), SETTINGS, TOKEN)
+    volume, mount = _mounted(sts, c.STAGING_DIR)
+    assert volume["name"] == "tier-hdd" and volume["hostPath"]["path"] == "/hdd"
+    assert mount["subPathExpr"] == "$(STRATA_POD_NAMESPACE)/$(STRATA_POD_NAME)-staging"
+    assert c.STAGING_DIR in _chowned(sts)
 
 
 def test_short_circuit_off_has_no_host_socket_dir() -> None:

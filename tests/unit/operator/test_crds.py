@@ -226,11 +226,58 @@ def test_ssd_only_and_mount_update_of_mutable_fields_are_accepted() -> None:
         ({"worker": {"replicas": -1}}, "minimum"),
         ({"blockSize": "0"}, "greater than 0"),
         ({"locality": "Sometimes"}, "is not one of"),
+        ({"master": {"journal": {"volume": {}}}}, "exactly one of persistentVolumeClaim, hostPath or emptyDir"),
+        ({"master": {"journal": {"volume": {"emptyDir": {}, "hostPath": {"path": "/j"}}}}}, "exactly one of"),
+        ({"master": {"journal": {}}}, "volume"),
+        ({"master": {"journal": {"volume": {"hostPath": {"path": "j"}}}}}, "does not match"),
+        ({"master": {"journal": {"volume": {"persistentVolumeClaim": {"size": "0Gi"}}}}}, "greater than 0"),
+        ({"master": {"journal": {"volume": {"persistentVolumeClaim": {"storageClassName": ""}}}}}, "non-empty"),
     ],
 )
 def test_bad_cluster_is_refused(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(Invalid, match=message):
         admit(CLUSTER, cluster(spec))
+
+
+JOURNALS = {
+    "claim": {"persistentVolumeClaim": {}},
+    "fast-claim": {"persistentVolumeClaim": {"storageClassName": "fast", "size": "2Gi"}},
+    "node": {"hostPath": {"path": "/var/lib/j"}},
+    "other-node-folder": {"hostPath": {"path": "/var/lib/k"}},
+    "scratch": {"emptyDir": {}},
+}
+
+
+def _with_journal(volume: dict[str, Any] | None) -> dict[str, Any]:
+    return cluster({"master": {"journal": {"volume": volume}}} if volume is not None else {})
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ("claim", "node"), ("claim", "scratch"), ("scratch", "claim"), ("node", "other-node-folder"), ("node", None),
+])
+def test_a_journal_once_set_keeps_its_volume(before: str, after: str | None) -> None:
+    """A change would start the master on a new, empty journal: it forgets the files not in
+    the store yet."""
+    with pytest.raises(Invalid, match="spec.master.journal: once set"):
+        admit(CLUSTER, _with_journal(JOURNALS[after] if after else None), old=_with_journal(JOURNALS[before]))
+
+
+@pytest.mark.parametrize(("before", "after"), [(None, "scratch"), (None, "fast-claim"), ("claim", "fast-claim"),
+                                                ("node", "node")])
+def test_a_journal_may_be_set_once_and_its_claim_named(before: str | None, after: str) -> None:
+    """A cluster made without it may set it (e.g. a StorageClass, when there is no default);
+    the claim's fields are the API server's to refuse (a bound claim's class cannot change)."""
+    stored = admit(CLUSTER, _with_journal(JOURNALS[after]), old=_with_journal(JOURNALS[before] if before else None))
+    CacheClusterSpec.model_validate(stored["spec"])
+
+
+def test_the_default_journal_is_left_unset_and_parses_to_a_claim() -> None:
+    stored = admit(CLUSTER, cluster({}))
+    assert "journal" not in stored["spec"]["master"]
+    claim = CacheClusterSpec.model_validate(stored["spec"]).master.journal.volume.persistent_volume_claim
+    assert claim is not None and claim.storage_class_name is None and claim.size == 1 << 30
+    stored = admit(CLUSTER, _with_journal({"persistentVolumeClaim": {}}))
+    assert stored["spec"]["master"]["journal"]["volume"]["persistentVolumeClaim"] == {"size": "1Gi"}
 
 
 def test_long_cluster_name_is_refused() -> None:

@@ -16,12 +16,68 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == kind)
 
 
+def bind_journal(world: World, storage_class: str = "standard") -> None:
+    """The journal claim as the API server and the volume controller leave it: the default
+    StorageClass named, bound."""
+    claim = world.kube.obj("PersistentVolumeClaim", "demo-journal")
+    claim["spec"]["storageClassName"] = storage_class
+    claim["status"] = {"phase": "Bound"}
+
+
+async def test_a_master_waiting_for_its_journal_claim_says_why(world: World) -> None:
+    """No default StorageClass: the claim names none and stays Pending, and so does the
+    master's pod; the cluster says so and what to do. Named later, the claim waits for its
+    volume; bound, the cluster waits for the master pod as usual."""
+    world.kube.put(cluster_body())
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    claim = world.kube.obj("PersistentVolumeClaim", "demo-journal")
+    claim["metadata"]["namespace"] = "ns"
+    claim["status"] = {"phase": "Pending"}
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert not out.done and not out.stalled
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    master = condition(status, "MasterReady")
+    assert master["status"] == "False" and master["reason"] == "JournalClaimPending"
+    assert "demo-journal is Pending: it names no StorageClass and the cluster has no default one" in master["message"]
+    assert "spec.master.journal.volume.persistentVolumeClaim.storageClassName" in master["message"]
+    assert condition(status, "Ready")["message"] == master["message"]
+    assert status["phase"] == "Provisioning"
+
+    world.kube.obj("CacheCluster", "demo")["spec"] = {
+        "master": {"journal": {"volume": {"persistentVolumeClaim": {"storageClassName": "local"}}}}}
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert world.kube.obj("PersistentVolumeClaim", "demo-journal")["spec"]["storageClassName"] == "local"
+    message = condition(world.kube.obj("CacheCluster", "demo")["status"], "MasterReady")["message"]
+    assert "demo-journal (StorageClass local) is Pending" in message
+    assert "kubectl describe pvc demo-journal -n ns" in message
+
+    world.kube.obj("PersistentVolumeClaim", "demo-journal")["status"] = {"phase": "Lost"}
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    message = condition(world.kube.obj("CacheCluster", "demo")["status"], "MasterReady")["message"]
+    assert "lost its volume (phase Lost)" in message and "kubectl delete pvc demo-journal -n ns" in message
+
+    bind_journal(world, "local")
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert condition(world.kube.obj("CacheCluster", "demo")["status"], "MasterReady")["reason"] == "WaitingForMaster"
+
+
+async def test_a_journal_off_a_claim_makes_none(world: World) -> None:
+    world.kube.put(cluster_body(spec={"master": {"journal": {"volume": {"emptyDir": {}}}}}))
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert "PersistentVolumeClaim" not in world.kube.applied_kinds()
+    status = world.kube.obj("CacheCluster", "demo")["status"]
+    assert condition(status, "MasterReady")["reason"] == "WaitingForMaster"
+
+
 async def test_master_first_then_workers_then_ready(world: World) -> None:
     world.kube.put(cluster_body())
     out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert not out.done and not out.stalled
     # The operator's copy of the tokens and the CSI tokens first, then the master's children.
-    assert world.kube.applied_kinds() == ["Secret", "Secret", "ConfigMap", "Secret", "Service", "StatefulSet"]
+    assert world.kube.applied_kinds() == ["Secret", "Secret", "ConfigMap", "Secret", "Service",
+                                          "PersistentVolumeClaim", "StatefulSet"]
+    bind_journal(world)
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     status = world.kube.obj("CacheCluster", "demo")["status"]
     assert status["phase"] == "Provisioning"
     assert condition(status, "MasterReady")["reason"] == "WaitingForMaster"
@@ -35,8 +91,9 @@ async def test_master_first_then_workers_then_ready(world: World) -> None:
     set_ready(world, "demo-master", 1)
     out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
     assert not out.done
-    assert world.kube.applied_kinds()[6:] == ["Secret", "Secret", "ConfigMap", "Secret", "Service", "StatefulSet",
-                                              "Service", "StatefulSet", "PodDisruptionBudget"]
+    assert world.kube.applied_kinds()[14:] == ["Secret", "Secret", "ConfigMap", "Secret", "Service",
+                                               "PersistentVolumeClaim", "StatefulSet",
+                                               "Service", "StatefulSet", "PodDisruptionBudget"]
     assert world.masters.endpoints[-1] == "demo-master-0.demo-master.ns.svc:19998"
     status = world.kube.obj("CacheCluster", "demo")["status"]
     assert condition(status, "MasterReady")["status"] == "True"

@@ -74,6 +74,20 @@ def test_same_path_needs_replace_and_gets_a_new_id() -> None:
     assert table.list() == [second]
 
 
+def test_a_new_journal_never_gives_an_id_an_earlier_journal_gave(tmp_path: Path) -> None:
+    """A master whose journal is lost (its pod replaced on an emptyDir, a disk lost) starts
+    with an empty table, while workers keep blocks keyed by the old mount ids: the same path
+    and source mounted again must get an id no earlier mount had, or old blocks would match."""
+    old = MountTable(tmp_path / "old")
+    given = {old.add(f"/m{i}", f"memory://m{i}").mount_id for i in range(5)}
+    given.add(old.add("/m0", "memory://other", replace=True).mount_id)
+    lost = MountTable(tmp_path / "new")  # the journal is gone: a new, empty one
+    again = [lost.add(f"/m{i}", f"memory://m{i}").mount_id for i in range(5)]
+    assert min(again) > max(given)
+    assert MountTable(None).add("/m0", "memory://m0").mount_id > max(again)  # no journal at all
+    assert MountTable(tmp_path / "new").add("/n", "memory://n").mount_id > max(again)  # a kept one goes on
+
+
 def test_unknown_scheme_and_bad_options_are_refused() -> None:
     table = MountTable(None)
     with pytest.raises(InvalidArgument, match="unknown store scheme 'nope'"):
@@ -162,7 +176,7 @@ async def test_one_store_per_mount_replaced_on_remount() -> None:
     assert table.store(first) is store and store.source == "memory://one"
     second = table.add("/a", "memory://two", replace=True)
     assert table.store(second) is not store and table.store(second).source == "memory://two"
-    with pytest.raises(NotFound, match="mount /a \\(id 1\\) was unmounted or replaced"):
+    with pytest.raises(NotFound, match=f"mount /a \\(id {first.mount_id}\\) was unmounted or replaced"):
         table.store(first)
     await table.aclose()
 
@@ -178,7 +192,7 @@ def test_a_reloaded_table_makes_stores_lazily(tmp_path: Path) -> None:
 def test_state_file_holds_what_a_restart_needs(tmp_path: Path) -> None:
     MountTable(tmp_path).add("/a", "memory://a", MountOptions(metadata_sync_interval=5))
     data = json.loads((tmp_path / "mounts.json").read_text())
-    assert data["next_id"] == 2 and data["version"] == 1
+    assert data["next_id"] == data["mounts"][0]["mount_id"] + 1 and data["version"] == 1
     assert data["mounts"][0]["options"]["metadata_sync_interval"] == 5
 
 
@@ -210,7 +224,7 @@ async def test_a_mount_whose_credentials_cannot_be_opened_stays_unusable_with_it
     kept = other.get("/a")
     assert kept is not None and kept.mount_id == a.mount_id and not kept.options.credentials
     namespace = Namespace(other, tmp_path, block_size=4096)
-    problem = r"mount /a \(from memory://a\) cannot be used: sealed credentials of /a#1 cannot be opened"
+    problem = rf"mount /a \(from memory://a\) cannot be used: sealed credentials of /a#{a.mount_id} cannot be opened"
     for access in (lambda: other.resolve("/a/x"), lambda: other.store(kept)):
         with pytest.raises(FailedPrecondition, match=problem):
             access()
@@ -246,5 +260,5 @@ def test_a_change_the_journal_cannot_hold_is_not_made(tmp_path: Path) -> None:
                 table.add("/a", "memory://other", replace=True)
             assert table.list() == [a] and table.version == 1
         b = table.add("/b", "memory://b")  # the retry, once there is room
-        assert b.mount_id == a.mount_id + 1
+        assert b.mount_id > a.mount_id
         assert MountTable(disk, cluster_key="cluster-key").list() == [a, b]

@@ -10,12 +10,23 @@ import time
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import ClientError
 from storeproxy import StoreProxy
 
 from strata.cacheserver.uploads import oldest_age_seconds, sum_pending
 from strata.cacheserver.worker.mounts import WorkerMounts
-from strata.cacheserver.worker.uploads import UploadRecord, Uploads, record_file, remove_stale_staging, staged_files
+from strata.cacheserver.worker.uploads import (
+    UploadRecord,
+    Uploads,
+    record_file,
+    remove_stale_staging,
+    staged_file,
+    staged_files,
+)
 from strata.contract.proto import strata_pb2 as pb
+
+from strata.cacheserver.blockrefs import key_of
+from strata.cacheserver.worker.server import WorkerParts
 
 from .conftest import Cluster, chunks, eventually, ref_for
 
@@ -28,9 +39,14 @@ async def _release(refs: list[pb.BlockRef], keep_pinned: bool) -> None:
     return None
 
 
+async def _no_block(ref: pb.BlockRef) -> bytes | None:
+    return None
+
+
 def uploads_in(folder: Path) -> Uploads:
     # No master call is expected: none to call (a call would fail on None).
-    return Uploads(folder, master=None, mounts=WorkerMounts(_no_table), release=_release)  # type: ignore[arg-type]
+    return Uploads(folder, master=None, mounts=WorkerMounts(_no_table), release=_release,  # type: ignore[arg-type]
+                   read_block=_no_block)
 
 
 def stage(folder: Path, name: str, record: dict[str, object] | None, data: bytes = b"abc") -> Path:
@@ -43,15 +59,20 @@ def stage(folder: Path, name: str, record: dict[str, object] | None, data: bytes
 
 
 def test_a_restart_keeps_staged_writes_with_a_record_and_drops_the_rest(tmp_path: Path) -> None:
-    kept = stage(tmp_path, "a" * 32, {"path": "/m/f", "mount_id": 1, "version": "w-1", "length": 3, "block_size": 4})
+    record = {"path": "/m/f", "mount_id": 1, "version": "w-1", "length": 3, "block_size": 4}
+    kept = stage(tmp_path, "a" * 32, record)
     orphan = stage(tmp_path, "b" * 32, None)
-    lone_record = tmp_path / f"{'c' * 32}.upload.json"
-    lone_record.write_text("{}")
+    unreadable = tmp_path / f"{'c' * 32}.upload.json"
+    unreadable.write_text("{}")
     partial = tmp_path / f".{'d' * 32}.upload.json.0a1b2c3d.tmp"
     partial.write_text("{")
+    # A record whose staged copy is gone: its write is staged again from its blocks.
+    lone = record_file(stage(tmp_path, "e" * 32, {**record, "path": "/m/g"}))
+    staged_file(lone).unlink()
     remove_stale_staging(tmp_path)
-    assert kept.exists() and record_file(kept).exists()
-    assert not orphan.exists() and not lone_record.exists() and not partial.exists()
+    assert kept.exists() and record_file(kept).exists() and lone.exists()
+    assert not orphan.exists() and not unreadable.exists() and not partial.exists()
+    assert sorted(p.record.path for p in uploads_in(tmp_path)._uploads.values()) == ["/m/f", "/m/g"]
 
 
 def test_a_record_of_the_first_format_is_an_acknowledged_pending_upload(tmp_path: Path) -> None:
@@ -79,35 +100,96 @@ def test_pending_uploads_sum_counts_bytes_and_the_oldest() -> None:
     assert oldest_age_seconds(pb.PendingUploads()) == 0.0
 
 
-async def test_a_staged_copy_of_another_length_than_its_write_is_never_put_in_place(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+async def _acknowledged_while_the_store_refuses(cluster: Cluster, proxy: StoreProxy, path: str,
+                                                data: bytes) -> tuple[WorkerParts, pb.FileInfo, Path]:
+    """An ASYNC_THROUGH write acknowledged through a worker whose store is behind `proxy`
+    (the caller has it refuse, so the upload waits): the worker's parts, the file, its
+    staged copy."""
+    await cluster.mount(endpoint_url=proxy.endpoint_url)
+    parts = await cluster.worker()
+    info = await parts.writes.write_file(chunks(path, data, write_type=pb.ASYNC_THROUGH, overwrite=True))
+    [staged] = staged_files(parts.uploads.staging_dir)
+    return parts, info, staged
+
+
+async def test_a_staged_copy_cut_short_is_staged_again_from_the_blocks(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """The staged copy of an acknowledged ASYNC_THROUGH write lost its end before its upload
-    (damaged on disk): it must not become the file in the store, for its blocks, the whole
-    write, would then be let go. The store is down (a proxy refuses it) while the write is
-    acknowledged, so the upload waits."""
+    (damaged on disk): it must never become the file in the store (its blocks, the whole
+    write, would then be let go), and the upload must not loop on it forever: the copy is
+    made again from the write's blocks and the whole write lands."""
     monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
     monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
     proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
     try:
-        await cluster.mount(endpoint_url=proxy.endpoint_url)
-        parts = await cluster.worker()
         data = bytes(range(256)) * 40
         with proxy.refusing():
-            info = await parts.writes.write_file(chunks("/m/cut.bin", data, write_type=pb.ASYNC_THROUGH,
-                                                                overwrite=True))
-            [staged] = staged_files(parts.uploads.staging_dir)
+            parts, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/cut.bin", data)
             os.truncate(staged, len(data) - 100)
-        with caplog.at_level(logging.INFO, logger="strata.cacheserver"):
-            async def refused() -> bool:
-                return "not moved into place" in caplog.text
 
-            await eventually(refused, "the upload of a cut staged copy refused")
-        assert not (await cluster.status("/m/cut.bin")).persisted
-        assert all(b.pinned for b in parts.store.blocks())
-        # The acknowledged bytes are still there, in the cache.
-        for index in range(3):
-            source = await parts.reads.read_source(ref_for(info, index), 0, offset=0, length=0, readahead=0,
-                                                   as_file=False)
-            assert source.data == data[index * 4096:(index + 1) * 4096]
+        async def persisted() -> bool:
+            return (await cluster.status("/m/cut.bin")).persisted
+
+        await eventually(persisted, "the cut write uploaded whole")
+        assert cluster.get("m/cut.bin") == data
+        assert not staged.exists() and parts.uploads.pending() == []
+        assert info.version.startswith("w-")
+    finally:
+        proxy.stop()
+
+
+async def test_a_write_whose_staged_copy_is_gone_after_a_restart_is_uploaded_from_its_blocks(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker stops with an acknowledged ASYNC_THROUGH write not in the store (the store is
+    down); its next process finds the record and the write's pinned blocks, but not the
+    staged copy (the folder it was in was lost, the record kept): the write is staged again
+    from its blocks and uploaded, never dropped."""
+    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
+    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
+    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
+    try:
+        data = os.urandom(3 * 4096 + 17)
+        with proxy.refusing():
+            first, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/kept.bin", data)
+            await first.close()
+            await first.close_channels()
+            cluster.built.remove(first)
+            staged.unlink()
+            again = await cluster.worker()  # the same folder: its blocks and the record
+            assert [p.count for p in again.uploads.pending()] == [1]
+
+        async def persisted() -> bool:
+            return (await cluster.status("/m/kept.bin")).persisted
+
+        await eventually(persisted, "the write uploaded from its blocks")
+        assert cluster.get("m/kept.bin") == data
+        assert again.uploads.pending() == []
+        assert info.length == len(data)
+    finally:
+        proxy.stop()
+
+
+async def test_an_upload_whose_bytes_are_gone_stays_pending_and_puts_nothing_in_the_store(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Neither the staged copy nor a block of the write: the write is not given up (it stays
+    pending, a person sees it) and nothing is put in the store in its name."""
+    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
+    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
+    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
+    try:
+        data = os.urandom(2 * 4096)
+        with proxy.refusing():
+            parts, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/gone.bin", data)
+            staged.unlink()
+            parts.store.remove(key_of(ref_for(info, 1)))
+        with caplog.at_level(logging.INFO, logger="strata.cacheserver"):
+            async def tried() -> bool:
+                return "block 1 of it is not cached on this worker" in caplog.text
+
+            await eventually(tried, "the upload tried and waiting for its bytes")
+        assert [p.count for p in parts.uploads.pending()] == [1]
+        assert not (await cluster.status("/m/gone.bin")).persisted
+        with pytest.raises(ClientError, match="NoSuchKey"):
+            cluster.get("m/gone.bin")
     finally:
         proxy.stop()
