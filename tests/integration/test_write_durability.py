@@ -461,6 +461,7 @@ def test_a_failed_write_never_removes_another_writers_acknowledged_object(start_
     # path) lands and is acknowledged; then the master goes away, so ours cannot be committed
     # and its worker undoes it. What it may undo is its own object (alone, it does), never theirs.
     monkeypatch.setenv("STRATA_STORE_READ_TIMEOUT", "60")  # the held answer is not given up on
+    monkeypatch.setenv("STRATA_WORKER_MASTER_WAIT", "2")  # ours fails 2 s after the master left, not 15
     cluster = start_cluster(workers=1)
     mount_via(cluster, proxy, "/w", bucket)
     ours, theirs = payload(200_000), payload(300_000)

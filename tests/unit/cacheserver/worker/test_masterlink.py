@@ -14,7 +14,7 @@ import grpc.aio
 import pytest
 
 from strata.cacheserver.worker import masterlink
-from strata.cacheserver.worker.masterlink import MasterLink
+from strata.cacheserver.worker.masterlink import MasterLink, MasterLinkSettings
 from strata.contract.errors import AlreadyExists, NotFound, Unavailable, Unreachable
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
@@ -44,9 +44,19 @@ async def test_a_write_is_prepared_and_committed_with_the_workers_credential(clu
         await link.file_status("/m/missing")
 
 
-async def test_an_absent_master_is_unreachable_naming_what_was_asked(cluster: Cluster, link: MasterLink,
+async def test_an_absent_master_is_unreachable_naming_what_was_asked(cluster: Cluster,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    # A write's calls wait `master_wait` for a master coming back; 0.5 s here, not 15.
+    link = MasterLink(cluster.address, CREDENTIALS.internal, worker_id="w1", block_size=BLOCK,
+                      settings=MasterLinkSettings(master_wait=0.5))
     await cluster.master.server.stop(0)
+    try:
+        await _absent_master_calls(link, caplog)
+    finally:
+        await link.close()
+
+
+async def _absent_master_calls(link: MasterLink, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(Unreachable, match="^status of /m/a from the master: "):
         await link.file_status("/m/a")
     with pytest.raises(Unreachable, match="^locating the blocks of /m/a: "):
