@@ -284,6 +284,8 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self.cache.fetcher = _weak_fetcher(self)
             self._blocks: OrderedDict[int, Future[Block]] = OrderedDict()
             self._last_index = -2
+            # readline's last window of a block file: (the block, its offset in it, its bytes)
+            self._window: tuple[LocalBlock, int, bytes] | None = None
             self._lock = threading.Lock()
         else:
             existing = self._existing_length(path) if mode in ("xb", "ab") else None
@@ -332,6 +334,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 future.cancel()
             self._blocks.clear()
             self._last_index = -2
+            self._window = None
             self._adopt(fresh, holders)
             self.blocksize = fresh.block_size or 1
             self.size = self.cache.size = fresh.length
@@ -508,7 +511,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             start = self.loc - index * block
             stop = min(len(data), start + (limit - taken))
             if isinstance(data, LocalBlock):  # read a window of the block file at a time
-                window = bytes(data.read(start, min(stop, start + LINE_WINDOW)))
+                window = self._line_window(data, start, stop)
                 newline = window.find(b"\n")
                 piece = window[:newline + 1] if newline >= 0 else window
             else:
@@ -521,6 +524,16 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             if newline >= 0:
                 break
         return b"".join(parts)
+
+    def _line_window(self, block: LocalBlock, start: int, stop: int) -> bytes:
+        """Bytes [start, at most stop) of a block file held open, from the checked window the
+        last readline read when it covers `start` (the lines of one window cost one read and
+        one check, not one each), else from a new window of up to LINE_WINDOW bytes."""
+        held = self._window
+        if held is None or held[0] is not block or not held[1] <= start < held[1] + len(held[2]):
+            held = self._window = (block, start, bytes(block.read(start, min(stop, start + LINE_WINDOW))))
+        _, at, window = held
+        return window[start - at:stop - at]
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -548,4 +561,5 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 for future in self._blocks.values():
                     future.cancel()
                 self._blocks.clear()
+                self._window = None
         super().close()
