@@ -154,6 +154,12 @@ def _holds(staged: Path, length: int) -> bool:
         return False
 
 
+def _read_at(path: Path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
 def write_durably(path: Path, data: bytes) -> None:
     """Write `data` under `path` atomically and fsynced (file and folder): it survives a
     crash of the process and of the machine."""
@@ -194,6 +200,9 @@ class _Upload:
     staged: Path
     record: UploadRecord
     task: asyncio.Task[None] | None = field(default=None)
+    # The staged copy was compared with the write's blocks (once: an upload retried through
+    # a store outage does not read it all again at every attempt).
+    compared: bool = False
 
 
 class Uploads:
@@ -352,8 +361,9 @@ class Uploads:
             mount = await self._mounts.get(record.mount_id)
         except NotFound as exc:
             raise Superseded(str(exc)) from None
-        if not await asyncio.to_thread(_holds, upload.staged, record.length):
+        if not await self._staged_matches(upload):
             await self._restage(upload)
+        upload.compared = True
         made = await asyncio.wait_for(mount.store.write_file(upload_rel(record.version), upload.staged),
                                       self.settings.timeout_for(record.length))
         if made.length != record.length:
@@ -368,6 +378,27 @@ class Uploads:
                                                     timeout=PERSIST_CALL_TIMEOUT)
         if response.superseded:
             raise Superseded(f"{record.path} was removed or replaced while it was uploaded")
+
+    async def _staged_matches(self, upload: _Upload) -> bool:
+        """Does the staged copy hold the write's bytes? Its length, and the first time it is
+        uploaded, the bytes of every block of the write this worker holds (read with their
+        checksums verified): a copy damaged on disk with its length intact would otherwise be
+        uploaded as the acknowledged file, and the blocks, its only good copy, let go."""
+        record = upload.record
+        if not await asyncio.to_thread(_holds, upload.staged, record.length):
+            return False
+        if upload.compared:
+            return True
+        for ref in record.refs():
+            block = await self._read_block(ref)
+            if block is None:
+                continue  # not here to compare with: the length stands for it
+            staged = await asyncio.to_thread(_read_at, upload.staged, ref.index * ref.block_size, len(block))
+            if staged != block:
+                log.error("the staged copy of %s (version %s) differs from block %d of the write: made again "
+                          "from the write's blocks", record.path, record.version, ref.index)
+                return False
+        return True
 
     async def _restage(self, upload: _Upload) -> None:
         """Make the staged copy of an acknowledged write again from its blocks here (pinned;

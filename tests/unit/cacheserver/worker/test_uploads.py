@@ -169,6 +169,32 @@ async def test_a_write_whose_staged_copy_is_gone_after_a_restart_is_uploaded_fro
         proxy.stop()
 
 
+async def test_a_staged_copy_damaged_with_its_length_intact_is_made_again_from_the_blocks(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The staged copy of an acknowledged ASYNC_THROUGH write has a byte changed on disk
+    while the store is down (same length): the upload puts the write's bytes into the store,
+    staged again from its pinned blocks, never the damaged copy."""
+    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
+    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
+    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
+    try:
+        data = os.urandom(3 * 4096 + 17)
+        with proxy.refusing():
+            parts, _, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/flipped.bin", data)
+            damaged = bytearray(staged.read_bytes())
+            damaged[4096 + 5] ^= 0x01
+            staged.write_bytes(bytes(damaged))
+
+        async def persisted() -> bool:
+            return (await cluster.status("/m/flipped.bin")).persisted
+
+        await eventually(persisted, "the write uploaded")
+        assert cluster.get("m/flipped.bin") == data
+        assert parts.uploads.pending() == []
+    finally:
+        proxy.stop()
+
+
 async def test_an_upload_whose_bytes_are_gone_stays_pending_and_puts_nothing_in_the_store(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Neither the staged copy nor a block of the write: the write is not given up (it stays
