@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,16 @@ def test_pending_uploads_sum_counts_bytes_and_the_oldest() -> None:
     assert oldest_age_seconds(pb.PendingUploads()) == 0.0
 
 
+@pytest.fixture
+def proxy(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[StoreProxy]:
+    """A proxy in front of the store, for a test to have refuse; uploads retry at once."""
+    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
+    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
+    store_proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
+    yield store_proxy
+    store_proxy.stop()
+
+
 async def _acknowledged_while_the_store_refuses(cluster: Cluster, proxy: StoreProxy, path: str,
                                                 data: bytes) -> tuple[WorkerParts, pb.FileInfo, Path]:
     """An ASYNC_THROUGH write acknowledged through a worker whose store is behind `proxy`
@@ -113,109 +124,85 @@ async def _acknowledged_while_the_store_refuses(cluster: Cluster, proxy: StorePr
 
 
 async def test_a_staged_copy_cut_short_is_staged_again_from_the_blocks(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: Cluster, proxy: StoreProxy) -> None:
     """The staged copy of an acknowledged ASYNC_THROUGH write lost its end before its upload
     (damaged on disk): it must never become the file in the store (its blocks, the whole
     write, would then be let go), and the upload must not loop on it forever: the copy is
     made again from the write's blocks and the whole write lands."""
-    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
-    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
-    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
-    try:
-        data = bytes(range(256)) * 40
-        with proxy.refusing():
-            parts, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/cut.bin", data)
-            os.truncate(staged, len(data) - 100)
+    data = bytes(range(256)) * 40
+    with proxy.refusing():
+        parts, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/cut.bin", data)
+        os.truncate(staged, len(data) - 100)
 
-        async def persisted() -> bool:
-            return (await cluster.status("/m/cut.bin")).persisted
+    async def persisted() -> bool:
+        return (await cluster.status("/m/cut.bin")).persisted
 
-        await eventually(persisted, "the cut write uploaded whole")
-        assert cluster.get("m/cut.bin") == data
-        assert not staged.exists() and parts.uploads.pending() == []
-        assert info.version.startswith("w-")
-    finally:
-        proxy.stop()
+    await eventually(persisted, "the cut write uploaded whole")
+    assert cluster.get("m/cut.bin") == data
+    assert not staged.exists() and parts.uploads.pending() == []
+    assert info.version.startswith("w-")
 
 
 async def test_a_write_whose_staged_copy_is_gone_after_a_restart_is_uploaded_from_its_blocks(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: Cluster, proxy: StoreProxy) -> None:
     """A worker stops with an acknowledged ASYNC_THROUGH write not in the store (the store is
     down); its next process finds the record and the write's pinned blocks, but not the
     staged copy (the folder it was in was lost, the record kept): the write is staged again
     from its blocks and uploaded, never dropped."""
-    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
-    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
-    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
-    try:
-        data = os.urandom(3 * 4096 + 17)
-        with proxy.refusing():
-            first, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/kept.bin", data)
-            await first.close()
-            await first.close_channels()
-            cluster.built.remove(first)
-            staged.unlink()
-            again = await cluster.worker()  # the same folder: its blocks and the record
-            assert [p.count for p in again.uploads.pending()] == [1]
+    data = os.urandom(3 * 4096 + 17)
+    with proxy.refusing():
+        first, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/kept.bin", data)
+        await first.close()
+        await first.close_channels()
+        cluster.built.remove(first)
+        staged.unlink()
+        again = await cluster.worker()  # the same folder: its blocks and the record
+        assert [p.count for p in again.uploads.pending()] == [1]
 
-        async def persisted() -> bool:
-            return (await cluster.status("/m/kept.bin")).persisted
+    async def persisted() -> bool:
+        return (await cluster.status("/m/kept.bin")).persisted
 
-        await eventually(persisted, "the write uploaded from its blocks")
-        assert cluster.get("m/kept.bin") == data
-        assert again.uploads.pending() == []
-        assert info.length == len(data)
-    finally:
-        proxy.stop()
+    await eventually(persisted, "the write uploaded from its blocks")
+    assert cluster.get("m/kept.bin") == data
+    assert again.uploads.pending() == []
+    assert info.length == len(data)
 
 
 async def test_a_staged_copy_damaged_with_its_length_intact_is_made_again_from_the_blocks(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: Cluster, proxy: StoreProxy) -> None:
     """The staged copy of an acknowledged ASYNC_THROUGH write has a byte changed on disk
     while the store is down (same length): the upload puts the write's bytes into the store,
     staged again from its pinned blocks, never the damaged copy."""
-    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
-    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
-    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
-    try:
-        data = os.urandom(3 * 4096 + 17)
-        with proxy.refusing():
-            parts, _, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/flipped.bin", data)
-            damaged = bytearray(staged.read_bytes())
-            damaged[4096 + 5] ^= 0x01
-            staged.write_bytes(bytes(damaged))
+    data = os.urandom(3 * 4096 + 17)
+    with proxy.refusing():
+        parts, _, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/flipped.bin", data)
+        damaged = bytearray(staged.read_bytes())
+        damaged[4096 + 5] ^= 0x01
+        staged.write_bytes(bytes(damaged))
 
-        async def persisted() -> bool:
-            return (await cluster.status("/m/flipped.bin")).persisted
+    async def persisted() -> bool:
+        return (await cluster.status("/m/flipped.bin")).persisted
 
-        await eventually(persisted, "the write uploaded")
-        assert cluster.get("m/flipped.bin") == data
-        assert parts.uploads.pending() == []
-    finally:
-        proxy.stop()
+    await eventually(persisted, "the write uploaded")
+    assert cluster.get("m/flipped.bin") == data
+    assert parts.uploads.pending() == []
 
 
 async def test_an_upload_whose_bytes_are_gone_stays_pending_and_puts_nothing_in_the_store(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        cluster: Cluster, proxy: StoreProxy, caplog: pytest.LogCaptureFixture) -> None:
     """Neither the staged copy nor a block of the write: the write is not given up (it stays
     pending, a person sees it) and nothing is put in the store in its name."""
-    monkeypatch.setenv("STRATA_UPLOAD_BASE_DELAY", "0.01")
-    monkeypatch.setenv("STRATA_UPLOAD_MAX_DELAY", "0.05")
-    proxy = StoreProxy(target_port=int(cluster.s3.endpoint_url.rsplit(":", 1)[1]))
-    try:
-        data = os.urandom(2 * 4096)
-        with proxy.refusing():
-            parts, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/gone.bin", data)
-            staged.unlink()
-            parts.store.remove(key_of(ref_for(info, 1)))
-        with caplog.at_level(logging.INFO, logger="strata.cacheserver"):
-            async def tried() -> bool:
-                return "block 1 of it is not cached on this worker" in caplog.text
+    data = os.urandom(2 * 4096)
+    with proxy.refusing():
+        parts, info, staged = await _acknowledged_while_the_store_refuses(cluster, proxy, "/m/gone.bin", data)
+        staged.unlink()
+        parts.store.remove(key_of(ref_for(info, 1)))
+    with caplog.at_level(logging.INFO, logger="strata.cacheserver"):
+        async def tried() -> bool:
+            return "block 1 of it is not cached on this worker" in caplog.text
 
-            await eventually(tried, "the upload tried and waiting for its bytes")
-        assert [p.count for p in parts.uploads.pending()] == [1]
-        assert not (await cluster.status("/m/gone.bin")).persisted
-        with pytest.raises(ClientError, match="NoSuchKey"):
-            cluster.get("m/gone.bin")
-    finally:
-        proxy.stop()
+        await eventually(tried, "the upload tried and waiting for its bytes")
+    assert [p.count for p in parts.uploads.pending()] == [1]
+    assert not (await cluster.status("/m/gone.bin")).persisted
+    with pytest.raises(ClientError, match="NoSuchKey"):
+        cluster.get("m/gone.bin")
