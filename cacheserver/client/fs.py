@@ -269,8 +269,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         self.client = fs.client
         if mode == "rb":
             reused = False
+            first: Block | None = None  # the whole file, when it came with its status
             if file_info is None:
-                file_info, reused = self.client.stat_reused(path)
+                file_info, reused, first = self.client.open_status(path)
             self._adopt(file_info, self._holders_of(file_info, path))
             # Reopened once at most: while nothing is returned, a held status may be replaced.
             self._reopenable = reused
@@ -283,6 +284,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             # its blocks, at once instead of at the next garbage collection.
             self.cache.fetcher = _weak_fetcher(self)
             self._blocks: OrderedDict[int, Future[Block]] = OrderedDict()
+            if first is not None:
+                self._blocks[0] = Future()
+                self._blocks[0].set_result(first)
             self._last_index = -2
             # readline's last window of a block file: (the block, its offset in it, its bytes)
             self._window: tuple[LocalBlock, int, bytes] | None = None

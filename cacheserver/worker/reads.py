@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from strata.contract.config import ServerConfig
@@ -18,6 +19,7 @@ from strata.contract.errors import (
     NotFound,
     ResourceExhausted,
     StrataError,
+    Unavailable,
 )
 from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
@@ -27,7 +29,8 @@ from ..cache.metadata import CHUNK_SIZE, compute_checksums
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..namespace.metadata import is_upload_path
 from ..ufs import VersionChanged
-from .geometry import FileStatuses
+from .geometry import STATUS_PATIENCE, FileStatuses
+from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
 
@@ -115,7 +118,10 @@ class BlockReads:
         self.mounts = mounts
         self._link = link
         self.counters = counters
-        self.statuses = FileStatuses(link.file_status, store_status=self._store_status)
+        # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
+        self.kept = KeptStatuses()
+        self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
+                                     on_answer=self.kept.put, kept=self.kept.get)
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._tasks = BackgroundTasks()
@@ -168,6 +174,7 @@ class BlockReads:
             data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version, exact=True)
         except VersionChanged:
             self.statuses.forget(ref.path)
+            self.kept.forget(ref.path)
             try:
                 await self._link.file_status(ref.path, refresh=True)
             except StrataError as exc:
@@ -323,6 +330,44 @@ class BlockReads:
         self.counters.short_circuit_reads += 1
         self.counters.bytes_served += source.length
         return source
+
+    async def file_status(self, path: str) -> pb.FileInfo:
+        """The master's status of `path` for a reader of this node: the answer kept while it
+        is valid (see worker/kept.py), else the master's now; Unavailable if it does not
+        answer within STATUS_PATIENCE (the reader then asks it itself, with its own deadline)."""
+        info = self.kept.get(path)
+        if info is None:
+            sent = time.monotonic()
+            try:
+                info = await asyncio.wait_for(self._link.file_status(path), timeout=STATUS_PATIENCE)
+            except TimeoutError:
+                raise Unavailable(f"the master did not tell the status of {path} within {STATUS_PATIENCE:g}s") from None
+            self.kept.put(info, sent)
+        return info
+
+    async def open_path(self, path: str, read_type: int, *, whole_below: int, fetch: bool,
+                        as_file: bool) -> tuple[pb.FileInfo, BlockSource | None]:
+        """The status of the file at `path` and, when it is one block of fewer than
+        `whole_below` bytes that this worker holds (or, with `fetch`, may fetch from the
+        store), the block: its file (`as_file`, for the short-circuit socket) or what the
+        data port sends of it. A block that cannot be had now is left out, not an error: the
+        reader reads it as any other, and sees the error there."""
+        info = await self.file_status(path)
+        if info.is_dir or not 0 < info.length <= min(whole_below, info.block_size):
+            return info, None
+        ref = pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=0,
+                          block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+        if self.store.lookup(key_of(ref)) is None and not (fetch and ref.in_store):
+            return info, None
+        try:
+            if as_file:
+                return info, await self.short_circuit(ref, read_type, verify=False)
+            source = await self.read_source(ref, read_type, offset=0, length=0, readahead=0)
+            self.counters.data_port_reads += 1
+            return info, source
+        except StrataError as exc:
+            log.debug("open of %s: its block left to the reader: %s", path, exc)
+            return info, None
 
     # -- readahead ---------------------------------------------------------------------------
 
