@@ -444,6 +444,41 @@ class LocalBlock:
                         "worker to check it", self._ref.index, self._ref.path, self._reader.where)
         return self._reader.read(self._ref, start, end - start, self._read_type)
 
+    def read_into(self, start: int, end: int, out: memoryview) -> None:
+        """Bytes [start, end) of the block into `out` (of that length), checked there: the
+        whole chunks among them are read straight into `out` (one copy, by the kernel) and
+        checked in place; the partial chunks at either end, and any range whose check fails
+        (read again through the worker, see `read`), come through `read`."""
+        chunk = self._block.chunk_size
+        end = min(end, self._block.length)
+        first = -(-start // chunk) * chunk  # the whole chunks: [first, last)
+        last = end if end == self._block.length else end // chunk * chunk
+        if self._damaged or first >= last:
+            out[:end - start] = self.read(start, end)
+            return
+        if start < first:
+            out[:first - start] = self.read(start, first)
+        middle = out[first - start:last - start]
+        if not (_preadv_exactly(self._block.fd, middle, first)
+                and first_bad_chunk(middle, first, self._block.checksums, chunk) is None):
+            self._damaged = True
+            log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
+                        "worker to check it", self._ref.index, self._ref.path, self._reader.where)
+            middle[:] = self.read(first, last)
+        if last < end:
+            out[last - start:end - start] = self.read(last, end)
+
+
+def _preadv_exactly(fd: int, out: memoryview, offset: int) -> bool:
+    """Fill `out` from the file at `offset`; False if the file ends first."""
+    got = 0
+    while got < len(out):
+        n = os.preadv(fd, [out[got:]], offset + got)
+        if n == 0:
+            return False
+        got += n
+    return True
+
 
 def _pread_exactly(fd: int, offset: int, length: int) -> bytes | None:
     """`length` bytes of the file at `offset`; None if it ends first."""
