@@ -120,6 +120,7 @@ class BlockReads:
         self.counters = counters
         # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
         self.kept = KeptStatuses()
+        self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self.kept.put, kept=self.kept.get)
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
@@ -336,13 +337,22 @@ class BlockReads:
         is valid (see worker/kept.py), else the master's now; Unavailable if it does not
         answer within STATUS_PATIENCE (the reader then asks it itself, with its own deadline)."""
         info = self.kept.get(path)
-        if info is None:
-            sent = time.monotonic()
-            try:
-                info = await asyncio.wait_for(self._link.file_status(path), timeout=STATUS_PATIENCE)
-            except TimeoutError:
-                raise Unavailable(f"the master did not tell the status of {path} within {STATUS_PATIENCE:g}s") from None
-            self.kept.put(info, sent)
+        if info is not None:
+            return info
+        flight = self._asking.get(path)
+        if flight is None:  # the node's processes asking at once share one question
+            flight = self._asking[path] = asyncio.ensure_future(self._ask_status(path))
+            flight.add_done_callback(lambda _: self._asking.pop(path, None))
+        try:
+            # The question goes on (shielded): its answer is kept for the next open.
+            return await asyncio.wait_for(asyncio.shield(flight), timeout=STATUS_PATIENCE)
+        except TimeoutError:
+            raise Unavailable(f"the master did not tell the status of {path} within {STATUS_PATIENCE:g}s") from None
+
+    async def _ask_status(self, path: str) -> pb.FileInfo:
+        sent = time.monotonic()
+        info = await self._link.file_status(path)
+        self.kept.put(info, sent)
         return info
 
     async def open_path(self, path: str, read_type: int, *, whole_below: int, fetch: bool,
