@@ -5,6 +5,7 @@ heard of the workers (`WorkerRecord`)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -92,14 +93,15 @@ class WorkerRecord:
             tmp.write_text(body)
             tmp.replace(self.path)
         except OSError:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def load(self, max_age: float) -> tuple[float, list[pb.WorkerInfo]] | None:
         """(seconds since it was written, the workers), if at most `max_age` old."""
         try:
             data = json.loads(self.path.read_text())
             age = time.time() - float(data["at"])
-            workers = [pb.WorkerInfo.FromString(base64.b64decode(w)) for w in data["workers"]]
+            workers = [pb.WorkerInfo.FromString(base64.b64decode(w, validate=True)) for w in data["workers"]]
         except (OSError, ValueError, KeyError, TypeError, DecodeError):
             return None
         return (age, workers) if 0 <= age <= max_age else None
