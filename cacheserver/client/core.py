@@ -403,10 +403,12 @@ class StrataClient:
             workers = [w for w in self.workers() if not w.decommissioning]
         except StrataError:
             return None
-        for worker in workers:
+        now = time.monotonic()
+        live = [w for w in workers if self._stalled.get(w.worker_id, 0.0) <= now]  # stalled: skipped a while
+        for worker in live:
             if worker.host == self.host and self._sc_reader(worker) is not None:
                 return worker, True
-        if len(workers) == 1 and workers[0].data_port:
+        if len(workers) == 1 and live and workers[0].data_port:
             return workers[0], True
         return None
 
@@ -433,8 +435,11 @@ class StrataClient:
                 info, block = data_reader.open_path(path, pb.READ_TYPE_UNSPECIFIED, whole_below=whole_below,
                                                     fetch=fetch)
         except StrataError as exc:
-            # Unreachable, stalled, the master away from it too, or a worker that does not
-            # know opens by path: the master answers (its own errors, a missing file's too).
+            # Unreachable, stalled (asked last for a while, as for blocks), the master away
+            # from it too, or a worker that does not know opens by path: the master answers
+            # (its own errors, a missing file's too).
+            if isinstance(exc, WorkerStalled):
+                self._stalled[worker.worker_id] = time.monotonic() + self.settings.skip_stalled_for
             log.debug("worker %s did not answer the status of %s (%s); asking the master", worker.worker_id, path, exc)
             return None
         if not info.valid_for_ms:
