@@ -286,6 +286,9 @@ class StrataClient:
     def _sc_reader(self, info: pb.WorkerInfo) -> ShortCircuitReader | None:
         if not (self.short_circuit and info.domain_socket and info.host == self.host):
             return None
+        reader = self._sc_readers.get(info.domain_socket)
+        if reader is not None:  # a socket gone since fails its connect: the network serves
+            return reader
         if not os.path.exists(info.domain_socket):
             return None
         with self._lock:
