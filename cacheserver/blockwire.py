@@ -6,6 +6,18 @@
   reply    {"ok": true, "length": N, "hit": true}
   or       {"ok": false, "code": "NOT_FOUND", "message": "..."}
 
+A reader that does not know a file's status yet opens it by path instead (one round trip for
+status and bytes, see worker/kept.py):
+
+  request  {"token": "...", "open": "/path", "read_type": 1, "whole_below": 1048576, "fetch": 1}
+  reply    {"ok": true, "file": "<FileInfo, serialized, base64>", "block": true, "length": N, ...}
+
+`file` is the file's status as the master gave it, its valid_for_ms what is left of the time
+the master would answer the same. When `block` is true the reply is a block's ok reply for
+the file's only block (the whole file: it has fewer than `whole_below` bytes), followed by
+what follows one; the worker includes it when it holds the block, or when `fetch` says to
+fetch it from the store on a miss. Otherwise nothing follows.
+
 What follows an ok reply depends on the socket: on the data port, exactly N bytes of the block
 from `offset`; on the short-circuit socket, the block file's descriptor (SCM_RIGHTS), and N
 is the whole block's length. `offset`, `length` and `readahead` matter on the data port only
@@ -29,6 +41,7 @@ that name, but a miss is fetched only when the namespace agrees (see worker/geom
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import mmap
@@ -36,6 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from crc32c import crc32c
+from google.protobuf.message import DecodeError
 
 from strata.contract.errors import DataLoss, InvalidArgument, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
@@ -55,12 +69,42 @@ def request_line(token: str, ref: pb.BlockRef, read_type: int, **extra: int) -> 
     return (json.dumps({"token": token, "block": block, "read_type": read_type, **extra}) + "\n").encode()
 
 
-def parse_request(line: bytes) -> tuple[dict[str, Any], pb.BlockRef]:
-    """The request and its block; ValueError, KeyError or TypeError when malformed."""
+def open_line(token: str, path: str, read_type: int, *, whole_below: int, fetch: bool) -> bytes:
+    """A request for the status of the file at `path` and, if small, its bytes."""
+    request = {"token": token, "open": path, "read_type": read_type, "whole_below": whole_below, "fetch": int(fetch)}
+    return (json.dumps(request) + "\n").encode()
+
+
+def parse_line(line: bytes) -> dict[str, Any]:
+    """The request of a line; ValueError when it is not a JSON object."""
     request = json.loads(line)
     if not isinstance(request, dict):
         raise ValueError("a request is a JSON object")
-    return request, pb.BlockRef(**request["block"])
+    return request
+
+
+def block_of(request: dict[str, Any]) -> pb.BlockRef:
+    """The block a request names; KeyError or TypeError when malformed."""
+    return pb.BlockRef(**request["block"])
+
+
+def parse_request(line: bytes) -> tuple[dict[str, Any], pb.BlockRef]:
+    """The request and its block; ValueError, KeyError or TypeError when malformed."""
+    request = parse_line(line)
+    return request, block_of(request)
+
+
+def with_file(reply: dict[str, Any], info: pb.FileInfo, *, block: bool) -> dict[str, Any]:
+    """An open's reply: `reply` (a block's ok reply, or a bare ok) with the file's status."""
+    return {**reply, "file": base64.b64encode(info.SerializeToString()).decode(), "block": block}
+
+
+def file_of(reply: dict[str, Any]) -> pb.FileInfo:
+    """The status an open's reply carries; ValueError if it carries none that parses."""
+    try:
+        return pb.FileInfo.FromString(base64.b64decode(reply["file"], validate=True))
+    except (KeyError, TypeError, ValueError, DecodeError) as exc:
+        raise ValueError(f"an open's reply without a readable file status: {exc}") from exc
 
 
 def reply_line(reply: dict[str, Any]) -> bytes:

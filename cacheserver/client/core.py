@@ -14,8 +14,19 @@ changed in the store drops the held status of that path (the reader's file objec
 again with the master's status, see fs.StrataFile), and changes made through this client
 drop what it holds at and below the paths they touch.
 
+A status this client does not hold is asked of a worker of this host first (else, with a
+single worker in the cluster, of that one): the worker keeps the master's reusable answers
+for the processes of its node within their validity (worker/kept.py) and answers an open
+with the status and, for a small file, its whole block (the block file's descriptor by
+short-circuit, its checked bytes over the data port) in one round trip. A new process (a
+training loader of each epoch) then opens a file the node has seen without asking the
+master, and goes on opening such files while the master is away. Statuses the master does
+not mark reusable (writable mounts) go to the master directly once a worker's answer showed
+their folder's are not.
+
 While the master cannot be reached the client goes on, for a bounded time, with what the
-master last told it: the workers it listed, and the metadata of files already looked at, so
+master last told it: the workers it listed (a new process: those another process of this
+host was told, `localstate.WorkerRecord`), and the metadata of files already looked at, so
 open reads continue and such files can be opened again.
 """
 
@@ -54,11 +65,12 @@ from .. import rpcutil
 from ..auth import load_token
 from ..blockrefs import key_of
 from ..blockwire import joined_block, write_chunk
+from ..namespace.paths import parent
 from ..placement import rank_workers
 from . import localstate
 from .held import HeldAnswer, HeldAnswers, held_key
 from .settings import ClientSettings
-from .transfer import BufferPool, DataReader, LocalBlock, Patience, ShortCircuitReader, WorkerStalled
+from .transfer import BufferPool, DataReader, LocalBlock, Patience, ShortCircuitReader, WorkerStalled, block_ref
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +99,12 @@ _MASTER_AWAY = (Unreachable,)
 # and its slots in the table and its folder's index), so 200,000 entries take ~160 MiB at
 # most; only files looked at are held.
 HELD_METADATA_ENTRIES = 200_000
+# A file this small is fetched whole with its status when a worker answers its open (one
+# request; larger files are read block by block, as their readers ask).
+WHOLE_FILE_BELOW = 1 << 20
+# Folders whose files' statuses the master does not mark reusable (writable mounts), asked
+# of the master directly, not of a worker: at most this many are remembered.
+DIRECT_FOLDERS = 10_000
 
 
 def resolve_master(master: str | None) -> str:
@@ -157,6 +175,8 @@ class StrataClient:
         self._data_readers: dict[str, DataReader] = {}
         self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
         self._held = HeldAnswers(HELD_METADATA_ENTRIES)
+        self._direct: set[str] = set()  # folders whose statuses are asked of the master directly
+        self._record = localstate.WorkerRecord(self.master_address)
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
         # time.monotonic() of the last failed call to the master (down, stopped); None once
         # it answers again.
@@ -204,6 +224,7 @@ class StrataClient:
     def _took_workers(self, response: pb.ListWorkersResponse) -> _Workers:
         self._master_failed_at = None
         self._workers = _Workers(time.monotonic(), list(response.workers))
+        self._record.save(self._workers.all)
         return self._workers
 
     def _list_workers(self, timeout: float | None) -> _Workers:
@@ -211,8 +232,21 @@ class StrataClient:
             response = self.call("ListWorkers", pb.ListWorkersRequest(), what="listing workers", timeout=timeout)
         except _MASTER_AWAY:
             self._master_failed_at = time.monotonic()
+            if self._workers is None and (recorded := self._recorded_workers()) is not None:
+                return recorded
             raise
         return self._took_workers(response)
+
+    def _recorded_workers(self) -> _Workers | None:
+        """The workers another process of this host was told of, while that is within
+        `master_outage_grace` (a new process started while the master is away)."""
+        recorded = self._record.load(self.settings.master_outage_grace)
+        if recorded is None:
+            return None
+        age, infos = recorded
+        log.warning("master away; reading with the %d workers it listed to this host %.0fs ago", len(infos), age)
+        self._workers = _Workers(time.monotonic() - age, infos)
+        return self._workers
 
     def workers(self, refresh: bool = False) -> list[pb.WorkerInfo]:
         """The live workers, as the master listed them at most WORKERS_TTL ago; while the
@@ -221,7 +255,9 @@ class StrataClient:
         if not (refresh or cached is None or time.monotonic() - cached.at > WORKERS_TTL):
             return cached.all
         if cached is None:
-            return self._list_workers(None).all
+            # With a record of this host's to fall back on, a stopped master costs the quick wait.
+            recorded = self._record.load(self.settings.master_outage_grace) is not None
+            return self._list_workers(self.settings.master_quick_timeout if recorded else None).all
         if self._within_grace(cached.at) and self._master_away():
             return cached.all
         try:
@@ -250,6 +286,9 @@ class StrataClient:
     def _sc_reader(self, info: pb.WorkerInfo) -> ShortCircuitReader | None:
         if not (self.short_circuit and info.domain_socket and info.host == self.host):
             return None
+        reader = self._sc_readers.get(info.domain_socket)
+        if reader is not None:  # a socket gone since fails its connect: the network serves
+            return reader
         if not os.path.exists(info.domain_socket):
             return None
         with self._lock:
@@ -323,6 +362,10 @@ class StrataClient:
                 return held.info, True
         if held is not None and not self._within_grace(held.at):
             held = None
+        if not fresh:
+            answered = self._node_status(key, 0, sent)
+            if answered is not None:
+                return answered[0], bool(answered[0].valid_for_ms)
         request = pb.GetStatusRequest(path=path)
         what = f"stat {path}"
         if held is None:
@@ -338,6 +381,81 @@ class StrataClient:
                 return held.info, False
         self._hold([info], sent)
         return info, False
+
+    def open_status(self, path: str) -> tuple[pb.FileInfo, bool, Block | None]:
+        """As stat_reused, for a file opened to be read: with its whole block when a worker
+        answered the open and the file is small (see the module docstring), else None."""
+        sent = time.monotonic()
+        key = held_key(path)
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and sent < held.until:
+                self._held.touch(key)
+                return held.info, True, None
+        answered = self._node_status(key, WHOLE_FILE_BELOW, sent)
+        if answered is not None:
+            return answered[0], bool(answered[0].valid_for_ms), answered[1]
+        info, reused = self.stat_reused(path)
+        return info, reused, None
+
+    def _node_worker(self) -> tuple[pb.WorkerInfo, bool] | None:
+        """The worker to ask for statuses, and whether it may fetch a small file's block
+        with one: a worker of this host (by short-circuit), else the only worker of the
+        cluster (its data port); None for none (or while the worker list cannot be had)."""
+        try:
+            workers = [w for w in self.workers() if not w.decommissioning]
+        except StrataError:
+            return None
+        now = time.monotonic()
+        live = [w for w in workers if self._stalled.get(w.worker_id, 0.0) <= now]  # stalled: skipped a while
+        for worker in live:
+            if worker.host == self.host and self._sc_reader(worker) is not None:
+                return worker, True
+        if len(workers) == 1 and live and workers[0].data_port:
+            return workers[0], True
+        return None
+
+    def _node_status(self, path: str, whole_below: int, sent: float) -> tuple[pb.FileInfo, Block | None] | None:
+        """The status of `path` (a held key) from the node's worker, held as the master's
+        answer is, and its block when it came with it (whole files below `whole_below`
+        bytes); None when there is no such worker, its answers for the folder are not
+        reusable, or it did not answer (the master is asked then)."""
+        if parent(path) in self._direct:
+            return None
+        chosen = self._node_worker()
+        if chosen is None:
+            return None
+        worker, fetch = chosen
+        block: Block | None
+        try:
+            sc = self._sc_reader(worker)
+            if sc is not None:
+                info, block = sc.open_path(path, pb.READ_TYPE_UNSPECIFIED, whole_below=whole_below, fetch=fetch)
+            else:
+                data_reader = self._data_reader(worker)
+                if data_reader is None:
+                    return None
+                info, block = data_reader.open_path(path, pb.READ_TYPE_UNSPECIFIED, whole_below=whole_below,
+                                                    fetch=fetch)
+        except StrataError as exc:
+            # Unreachable, stalled (asked last for a while, as for blocks), the master away
+            # from it too, or a worker that does not know opens by path: the master answers
+            # (its own errors, a missing file's too).
+            if isinstance(exc, WorkerStalled):
+                self._stalled[worker.worker_id] = time.monotonic() + self.settings.skip_stalled_for
+            log.debug("worker %s did not answer the status of %s (%s); asking the master", worker.worker_id, path, exc)
+            return None
+        if not info.valid_for_ms:
+            with self._lock:
+                if len(self._direct) >= DIRECT_FOLDERS:
+                    self._direct.clear()
+                self._direct.add(parent(path))
+        if block is not None and len(block) != info.length:
+            log.warning("worker %s sent %d bytes with %s of %d; reading its blocks anew", worker.worker_id,
+                        len(block), path, info.length)
+            block = None
+        self._hold([info], sent)
+        return info, block
 
     def _hedged_call(self, method: str, request: Any, *, what: str) -> Any:
         """A master call that has an answer to fall back on. A slow answer may be a master
@@ -429,8 +547,7 @@ class StrataClient:
     # -- blocks ------------------------------------------------------------------------------
 
     def block_ref(self, info: pb.FileInfo, index: int) -> pb.BlockRef:
-        return pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=index,
-                           block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+        return block_ref(info, index)
 
     def candidates(self, ref: pb.BlockRef, holders: Iterable[str] = ()) -> list[pb.WorkerInfo]:
         """Workers to try for a block, best first."""

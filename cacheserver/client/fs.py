@@ -269,8 +269,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         self.client = fs.client
         if mode == "rb":
             reused = False
+            first: Block | None = None  # the whole file, when it came with its status
             if file_info is None:
-                file_info, reused = self.client.stat_reused(path)
+                file_info, reused, first = self.client.open_status(path)
             self._adopt(file_info, self._holders_of(file_info, path))
             # Reopened once at most: while nothing is returned, a held status may be replaced.
             self._reopenable = reused
@@ -283,6 +284,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             # its blocks, at once instead of at the next garbage collection.
             self.cache.fetcher = _weak_fetcher(self)
             self._blocks: OrderedDict[int, Future[Block]] = OrderedDict()
+            if first is not None:
+                self._blocks[0] = Future()
+                self._blocks[0].set_result(first)
             self._last_index = -2
             # readline's last window of a block file: (the block, its offset in it, its bytes)
             self._window: tuple[LocalBlock, int, bytes] | None = None
@@ -340,15 +344,16 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self.size = self.cache.size = fresh.length
         return True
 
-    def _read_pieces(self, start: int, end: int, *, to_end: bool = False) -> list[bytes | memoryview]:
-        """`_pieces(start, end)`, through a reopen (see the class) while one may happen;
+    def _read_pieces(self, start: int, end: int, *, to_end: bool = False,
+                     joined: bool = False) -> list[bytes | memoryview]:
+        """`_pieces(start, end, joined)`, through a reopen (see the class) while one may happen;
         `to_end`: `end` is the length opened, and stands for the end of the version read."""
         if not self._reopenable:
-            return self._pieces(start, end)
+            return self._pieces(start, end, joined=joined)
         opened = self.file_info
         whole = to_end and start == 0
         try:
-            parts = self._pieces(start, end)
+            parts = self._pieces(start, end, joined=joined)
         except FailedPrecondition:
             with self._reopen_lock:
                 if not self._reopen(opened, whole):
@@ -363,7 +368,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                         f"{self.path} changed in the store as it was opened ({opened.length} bytes, now "
                         f"{self.file_info.length}): open it again")
         # Opened again (here or by another thread meanwhile): the bytes of the new version.
-        return self._pieces(start, self.file_info.length if to_end else end)
+        return self._pieces(start, self.file_info.length if to_end else end, joined=joined)
 
     def _existing_length(self, path: str) -> int | None:
         """The length of the file at `path`; None if there is none."""
@@ -394,9 +399,11 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             fut.cancel()
         return future
 
-    def _pieces(self, start: int, end: int) -> list[bytes | memoryview]:
+    def _pieces(self, start: int, end: int, *, joined: bool = False) -> list[bytes | memoryview]:
         """Bytes [start, end) of the file as pieces in order: views of the blocks held (no
-        copy), or bytes."""
+        copy), or bytes; `joined`: a range across blocks as one piece, put together in one
+        buffer as it is read (block files are read straight into it and checked there: one
+        copy, where pieces and their join make two)."""
         info = self.file_info
         size = info.block_size
         end = min(end, info.length)
@@ -412,6 +419,8 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self._last_index = first
             return [piece if isinstance(piece, bytes) else memoryview(piece)]
         parts: list[bytes | memoryview] = []
+        whole = memoryview(bytearray(end - start)) if joined and last > first else None
+        at = 0
         blocks = (info.length + size - 1) // size
         for i in range(first, last + 1):
             with self._lock:
@@ -429,14 +438,23 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 raise
             lo = max(start - i * size, 0)
             hi = min(end - i * size, len(data))
-            if isinstance(data, LocalBlock):
+            if whole is not None:
+                if hi - lo != min(end, (i + 1) * size) - max(start, i * size):
+                    raise StrataError(f"block {i} of {self.path} holds {len(data)} bytes, fewer than the "
+                                      f"{info.block_size} of a block of a {info.length}-byte file")
+                if isinstance(data, LocalBlock):
+                    data.read_into(lo, hi, whole[at:at + hi - lo])
+                else:
+                    whole[at:at + hi - lo] = memoryview(data)[lo:hi]
+                at += hi - lo
+            elif isinstance(data, LocalBlock):
                 parts.append(data.read(lo, hi))
             elif isinstance(data, bytes) and (lo, hi) == (0, len(data)):
                 parts.append(data)
             else:
                 parts.append(memoryview(data)[lo:hi])
         self._last_index = last
-        return parts
+        return parts if whole is None else [whole]
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         # The result is copied out of the blocks once, whatever the number of blocks (a
@@ -446,8 +464,9 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             return parts[0] if isinstance(parts[0], bytes) else parts[0].tobytes()
         return b"".join(parts)
 
-    def _take(self, length: int) -> list[bytes | memoryview]:
-        """The pieces of the next `length` bytes (< 0: to the end); moves the position."""
+    def _take(self, length: int, *, joined: bool = False) -> list[bytes | memoryview]:
+        """The pieces of the next `length` bytes (< 0: to the end; `joined`: see `_pieces`);
+        moves the position."""
         if self.mode != "rb":
             raise ValueError("File not in read mode")
         if self.closed:
@@ -455,7 +474,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         to_end = length < 0
         if to_end:
             length = self.size - self.loc
-        parts = self._read_pieces(self.loc, self.loc + length, to_end=to_end)
+        parts = self._read_pieces(self.loc, self.loc + length, to_end=to_end, joined=joined)
         self.loc += sum(len(p) for p in parts)
         return parts
 
@@ -468,10 +487,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
 
     def read_buffer(self, length: int = -1) -> bytes | memoryview:
         """As read(), but what lies in one block comes as a read-only view of the block's
-        memory, not a copy. pyarrow reads a file object through this when it has it (its
+        memory, not a copy (a range across blocks: a view of one buffer it was read into). pyarrow reads a file object through this when it has it (its
         Parquet and IPC readers then decode straight from the block); the view keeps the
         block's memory alive, however long it is held."""
-        parts = self._take(-1 if length is None else int(length))
+        parts = self._take(-1 if length is None else int(length), joined=True)
         if len(parts) == 1:
             return parts[0] if isinstance(parts[0], bytes) else parts[0].toreadonly()
         return b"".join(parts)

@@ -28,12 +28,26 @@ from typing import Any, TypeVar
 
 from strata.contract.errors import DataLoss, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
-from ..blockwire import DamagedInTransit, check_pieces, check_reply, request_line
+from ..blockwire import DamagedInTransit, check_pieces, check_reply, file_of, open_line, request_line
 from ..cache.metadata import chunk_span, first_bad_chunk
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+
+def block_ref(info: pb.FileInfo, index: int) -> pb.BlockRef:
+    """The name of block `index` of the file as `info` describes it."""
+    return pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=index,
+                       block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+
+
+def opened_file(reply: dict[str, Any], where: str) -> pb.FileInfo:
+    """The status an open's reply carries (Unavailable if none that parses)."""
+    try:
+        return file_of(reply)
+    except ValueError as exc:
+        raise Unavailable(f"the worker at {where} answered an open without a file status: {exc}") from exc
 
 
 class WorkerStalled(Unavailable):
@@ -237,6 +251,23 @@ class DataReader(_BlockSocketClient):
         reply, pending, _ = self._exchange(
             request_line(self._token, ref, read_type, offset=offset, length=length, readahead=readahead)
         )
+        return self._payload(reply, pending, since, f"block {ref.index} of {ref.path}")
+
+    def open_path(self, path: str, read_type: int, *, whole_below: int,
+                  fetch: bool) -> tuple[pb.FileInfo, mmap.mmap | bytes | None]:
+        """The status of the file at `path` as the worker answers it (`blockwire`) and, when
+        it came with it, the whole file's bytes, checked."""
+        since = time.monotonic()
+        reply, pending, _ = self._exchange(open_line(self._token, path, read_type, whole_below=whole_below,
+                                                     fetch=fetch))
+        info = opened_file(reply, self.where)
+        if not reply.get("block"):
+            return info, None
+        return info, self._payload(reply, pending, since, f"{path}")
+
+    def _payload(self, reply: dict[str, Any], pending: bytearray, since: float, what: str) -> mmap.mmap | bytes:
+        """The bytes that follow an ok reply (received into a map of the pool), checked
+        against the reply's checksums."""
         size = int(reply["length"])
         if size == 0:
             return b""
@@ -257,12 +288,11 @@ class DataReader(_BlockSocketClient):
             raise
         except OSError as exc:
             self._drop()
-            raise Unavailable(f"reading block {ref.index} of {ref.path} from {self.where}: {exc}") from exc
+            raise Unavailable(f"reading {what} from {self.where}: {exc}") from exc
         finally:
             view.release()
         try:
-            check_pieces(out, reply.get("checksums", ()),
-                         int(reply.get("chunk_size", 0)), f"block {ref.index} of {ref.path} from {self.where}")
+            check_pieces(out, reply.get("checksums", ()), int(reply.get("chunk_size", 0)), f"{what} from {self.where}")
         except DamagedInTransit:
             self._drop()
             raise
@@ -296,6 +326,10 @@ class ShortCircuitReader(_BlockSocketClient):
         descriptor. `verify` has the worker check the whole block first."""
         extra = {"verify": 1} if verify else {}
         reply, _, fds = self._exchange(request_line(self._token, ref, read_type, **extra))
+        return self._block_of(reply, fds, ref)
+
+    def _block_of(self, reply: dict[str, Any], fds: list[int], ref: pb.BlockRef) -> _OpenBlock:
+        """The block file an ok reply handed over (the first descriptor; others are closed)."""
         if not fds:
             raise Unavailable(f"the worker at {self.where} answered without a file descriptor")
         for extra_fd in fds[1:]:
@@ -333,6 +367,28 @@ class ShortCircuitReader(_BlockSocketClient):
             os.close(block.fd)
             return b""
         return LocalBlock(self, ref, read_type, block)
+
+    def open_path(self, path: str, read_type: int, *, whole_below: int,
+                  fetch: bool) -> tuple[pb.FileInfo, LocalBlock | bytes | None]:
+        """The status of the file at `path` as the worker answers it (`blockwire`) and, when
+        it came with it, its only block's file, held open as `hold` holds one."""
+        reply, _, fds = self._exchange(open_line(self._token, path, read_type, whole_below=whole_below, fetch=fetch))
+        try:
+            info = opened_file(reply, self.where)
+        except Unavailable:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if not reply.get("block"):
+            for fd in fds:
+                os.close(fd)
+            return info, None
+        ref = block_ref(info, 0)
+        block = self._block_of(reply, fds, ref)
+        if block.length == 0:
+            os.close(block.fd)
+            return info, b""
+        return info, LocalBlock(self, ref, read_type, block)
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
         """Bytes [offset, offset+length) of the block, from the worker's block file; the
@@ -387,6 +443,41 @@ class LocalBlock:
             log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
                         "worker to check it", self._ref.index, self._ref.path, self._reader.where)
         return self._reader.read(self._ref, start, end - start, self._read_type)
+
+    def read_into(self, start: int, end: int, out: memoryview) -> None:
+        """Bytes [start, end) of the block into `out` (of that length), checked there: the
+        whole chunks among them are read straight into `out` (one copy, by the kernel) and
+        checked in place; the partial chunks at either end, and any range whose check fails
+        (read again through the worker, see `read`), come through `read`."""
+        chunk = self._block.chunk_size
+        end = min(end, self._block.length)
+        first = -(-start // chunk) * chunk  # the whole chunks: [first, last)
+        last = end if end == self._block.length else end // chunk * chunk
+        if self._damaged or first >= last:
+            out[:end - start] = self.read(start, end)
+            return
+        if start < first:
+            out[:first - start] = self.read(start, first)
+        middle = out[first - start:last - start]
+        if not (_preadv_exactly(self._block.fd, middle, first)
+                and first_bad_chunk(middle, first, self._block.checksums, chunk) is None):
+            self._damaged = True
+            log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
+                        "worker to check it", self._ref.index, self._ref.path, self._reader.where)
+            middle[:] = self.read(first, last)
+        if last < end:
+            out[last - start:end - start] = self.read(last, end)
+
+
+def _preadv_exactly(fd: int, out: memoryview, offset: int) -> bool:
+    """Fill `out` from the file at `offset`; False if the file ends first."""
+    got = 0
+    while got < len(out):
+        n = os.preadv(fd, [out[got:]], offset + got)
+        if n == 0:
+            return False
+        got += n
+    return True
 
 
 def _pread_exactly(fd: int, offset: int, length: int) -> bytes | None:

@@ -62,8 +62,15 @@ class FileStatuses:
     def __init__(self, get_status: Callable[[str], Awaitable[pb.FileInfo]], *,
                  store_status: Callable[[pb.BlockRef], Awaitable[pb.FileInfo | None]] | None = None,
                  ttl: float = STATUS_TTL, kept_in_outage: float = STATUS_KEPT_IN_OUTAGE,
-                 patience: float = STATUS_PATIENCE, clock: Callable[[], float] = time.monotonic) -> None:
+                 patience: float = STATUS_PATIENCE, clock: Callable[[], float] = time.monotonic,
+                 on_answer: Callable[[pb.FileInfo, float], None] | None = None,
+                 kept: Callable[[str], pb.FileInfo | None] | None = None) -> None:
+        """`on_answer(status, asked)`: told each answer of the master and when it was asked;
+        `kept(path)`: a status the master gave that it would still give (worker/kept.py),
+        used before asking it."""
         self._get_status = get_status
+        self._on_answer = on_answer
+        self._kept = kept
         self._store_status = store_status
         self._ttl = ttl
         self._kept_in_outage = kept_in_outage
@@ -84,6 +91,8 @@ class FileStatuses:
         known = self._known.get(path)
         if known is not None and not fresh and self._clock() - known[0] <= self._ttl:
             return known[1]
+        if not fresh and self._kept is not None and (kept := self._kept(path)) is not None:
+            return kept
         if path not in self._flights:
             task = asyncio.ensure_future(self._ask(path))
             self._flights[path] = (self._clock(), task)
@@ -131,6 +140,8 @@ class FileStatuses:
             raise
         self._silent = False
         self._known[path] = (asked, info)
+        if self._on_answer is not None:
+            self._on_answer(info, asked)
         return info
 
     def forget(self, path: str) -> None:

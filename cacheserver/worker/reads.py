@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from strata.contract.config import ServerConfig
@@ -18,6 +19,7 @@ from strata.contract.errors import (
     NotFound,
     ResourceExhausted,
     StrataError,
+    Unavailable,
 )
 from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
@@ -27,7 +29,8 @@ from ..cache.metadata import CHUNK_SIZE, compute_checksums
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..namespace.metadata import is_upload_path
 from ..ufs import VersionChanged
-from .geometry import FileStatuses
+from .geometry import STATUS_PATIENCE, FileStatuses
+from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
 
@@ -115,7 +118,11 @@ class BlockReads:
         self.mounts = mounts
         self._link = link
         self.counters = counters
-        self.statuses = FileStatuses(link.file_status, store_status=self._store_status)
+        # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
+        self.kept = KeptStatuses()
+        self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
+        self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
+                                     on_answer=self.kept.put, kept=self.kept.get)
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._tasks = BackgroundTasks()
@@ -168,6 +175,7 @@ class BlockReads:
             data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version, exact=True)
         except VersionChanged:
             self.statuses.forget(ref.path)
+            self.kept.forget(ref.path)
             try:
                 await self._link.file_status(ref.path, refresh=True)
             except StrataError as exc:
@@ -323,6 +331,78 @@ class BlockReads:
         self.counters.short_circuit_reads += 1
         self.counters.bytes_served += source.length
         return source
+
+    async def file_status(self, path: str) -> pb.FileInfo:
+        """The master's status of `path` for a reader of this node: the answer kept while it
+        is valid (see worker/kept.py), else the master's now; Unavailable if it does not
+        answer within STATUS_PATIENCE (the reader then asks it itself, with its own deadline)."""
+        info = self.kept.get(path)
+        if info is not None:
+            return info
+        flight = self._asking.get(path)
+        if flight is None:  # the node's processes asking at once share one question
+            flight = self._asking[path] = asyncio.ensure_future(self._ask_status(path))
+            flight.add_done_callback(lambda _: self._asking.pop(path, None))
+        try:
+            # The question goes on (shielded): its answer is kept for the next open.
+            return await asyncio.wait_for(asyncio.shield(flight), timeout=STATUS_PATIENCE)
+        except TimeoutError:
+            raise Unavailable(f"the master did not tell the status of {path} within {STATUS_PATIENCE:g}s") from None
+
+    async def _ask_status(self, path: str) -> pb.FileInfo:
+        sent = time.monotonic()
+        info = await self._link.file_status(path)
+        self.kept.put(info, sent)
+        return info
+
+    async def open_path(self, path: str, read_type: int, *, whole_below: int, fetch: bool,
+                        as_file: bool) -> tuple[pb.FileInfo, BlockSource | None]:
+        """The status of the file at `path` and, when it is one block of fewer than
+        `whole_below` bytes that this worker holds (or, with `fetch`, may fetch from the
+        store), the block: its file (`as_file`, for the short-circuit socket) or what the
+        data port sends of it. A block that cannot be had now is left out, not an error: the
+        reader reads it as any other, and sees the error there."""
+        info = await self.file_status(path)
+        if info.is_dir or not 0 < info.length <= min(whole_below, info.block_size):
+            return info, None
+        ref = pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=0,
+                          block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+        try:
+            source = await self._held_source(ref, read_type, as_file=as_file)
+            if source is None:
+                if not (fetch and ref.in_store):
+                    return info, None
+                if as_file:
+                    return info, await self.short_circuit(ref, read_type, verify=False)
+                source = await self.read_source(ref, read_type, offset=0, length=0, readahead=0)
+        except StrataError as exc:
+            log.debug("open of %s: its block left to the reader: %s", path, exc)
+            return info, None
+        if not as_file:
+            self.counters.data_port_reads += 1
+        return info, source
+
+    async def _held_source(self, ref: pb.BlockRef, read_type: int, *, as_file: bool) -> BlockSource | None:
+        """The whole block's open file when this worker holds it and its hit needs nothing
+        more (no promotion between tiers): an open's hit, found with one look in the store;
+        None otherwise (the reads above serve it). Its checksums go with it, and the reader
+        checks the bytes against them (`blockwire`)."""
+        mount = await self.mounts.get(ref.mount_id)
+        if effective_read_type(ReadType.from_wire(read_type), mount, self.config) == pb.CACHE_PROMOTE:
+            return None
+        try:
+            fd, block = self.store.open_fd(key_of(ref))
+        except (NotFound, BlockCorrupt):
+            return None
+        if not as_file and block.chunk_size != CHUNK_SIZE:  # the data port sends whole chunks' checksums
+            os.close(fd)
+            return None
+        self.counters.hits += 1
+        self.counters.bytes_served += block.length
+        if as_file:
+            self.counters.short_circuit_reads += 1
+        return BlockSource(hit=True, length=block.length, fd=fd, checksums=block.checksums,
+                           chunk_size=block.chunk_size, block_length=block.length)
 
     # -- readahead ---------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from strata.contract.config import DataPortSettings
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..auth import BLOCK_SOCKET, Credentials, check_access
-from ..blockwire import MAX_REQUEST_BYTES, error_reply, ok_reply, parse_request, reply_line
+from ..blockwire import MAX_REQUEST_BYTES, block_of, error_reply, ok_reply, parse_line, reply_line, with_file
 from ..cache.metadata import CHUNK_SIZE
 from .reads import BlockReads, BlockSource
 
@@ -79,6 +79,8 @@ class BlockSocketServer(ABC):
     find (or fetch) the block."""
 
     name = "block-socket"
+    # Whether a block goes out as its file's descriptor (a reader on this host), not its bytes.
+    sends_descriptors = False
 
     def __init__(self, reads: BlockReads, credentials: Credentials, loop: asyncio.AbstractEventLoop,
                  settings: DataPortSettings) -> None:
@@ -194,14 +196,23 @@ class BlockSocketServer(ABC):
             self._send_reply(conn, reply)
 
     def _serve_one(self, conn: socket.socket, line: bytes) -> None:
+        file: pb.FileInfo | None = None
         try:
-            request, ref = parse_request(line)
+            request = parse_line(line)
             refusal = check_access(self._credentials, BLOCK_SOCKET, str(request.get("token", "")))
             if refusal is not None:
                 self._send_reply(conn, error_reply(refusal[0].name, refusal[1]))
                 return
-            future = asyncio.run_coroutine_threadsafe(self._open(ref, request), self._loop)
-            source = future.result()
+            if "open" in request:  # a file by path: its status, and its block if small
+                opened = asyncio.run_coroutine_threadsafe(self._open_path(str(request["open"]), request), self._loop)
+                file, found = opened.result()
+                if found is None:
+                    self._send_reply(conn, with_file({"ok": True}, file, block=False))
+                    return
+                source = found
+            else:
+                future = asyncio.run_coroutine_threadsafe(self._open(block_of(request), request), self._loop)
+                source = future.result()
         except StrataError as exc:
             self._send_reply(conn, error_reply(exc.code.name, str(exc)))
             return
@@ -213,9 +224,21 @@ class BlockSocketServer(ABC):
             self._send_reply(conn, error_reply("INTERNAL", str(exc)))
             return
         try:
-            self._deliver(conn, source)
+            self._deliver(conn, source, file)
         finally:
             source.close()
+
+    async def _open_path(self, path: str, request: dict[str, Any]) -> tuple[pb.FileInfo, BlockSource | None]:
+        """The status of the file at `path` and its block when it is small (`blockwire`)."""
+        return await self._reads.open_path(path, int(request.get("read_type", 0)),
+                                           whole_below=int(request.get("whole_below", 0)),
+                                           fetch=bool(request.get("fetch", False)),
+                                           as_file=self.sends_descriptors)
+
+    @staticmethod
+    def _reply_of(reply: dict[str, Any], file: pb.FileInfo | None) -> dict[str, Any]:
+        """A block's ok reply, with the file's status when it answers an open."""
+        return reply if file is None else with_file(reply, file, block=True)
 
     @staticmethod
     def _send_reply(conn: socket.socket, reply: dict[str, Any], fd: int = -1) -> None:
@@ -230,14 +253,15 @@ class BlockSocketServer(ABC):
         """Find (or fetch) what the request asks for, on the worker's loop."""
 
     @abstractmethod
-    def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
-        """Send the ok reply and what follows it."""
+    def _deliver(self, conn: socket.socket, source: BlockSource, file: pb.FileInfo | None) -> None:
+        """Send the ok reply (with `file`, the status an open asked for) and what follows it."""
 
 
 class ShortCircuitServer(BlockSocketServer):
     """Readers on the worker's host get block files' descriptors over a Unix socket."""
 
     name = "short-circuit"
+    sends_descriptors = True
 
     def __init__(self, reads: BlockReads, socket_path: Path, credentials: Credentials,
                  loop: asyncio.AbstractEventLoop, settings: DataPortSettings,
@@ -266,9 +290,9 @@ class ShortCircuitServer(BlockSocketServer):
         return await self._reads.short_circuit(ref, int(request.get("read_type", 0)),
                                                verify=bool(request.get("verify", False)))
 
-    def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
+    def _deliver(self, conn: socket.socket, source: BlockSource, file: pb.FileInfo | None) -> None:
         reply = ok_reply(source.length, source.hit, checksums=source.checksums, chunk_size=source.chunk_size)
-        self._send_reply(conn, reply, source.fd)
+        self._send_reply(conn, self._reply_of(reply, file), source.fd)
 
 
 class DataServer(BlockSocketServer):
@@ -289,9 +313,9 @@ class DataServer(BlockSocketServer):
         self._reads.counters.data_port_reads += 1
         return source
 
-    def _deliver(self, conn: socket.socket, source: BlockSource) -> None:
-        self._send_reply(conn, ok_reply(source.length, source.hit, checksums=source.sent_checksums(),
-                                        chunk_size=CHUNK_SIZE))
+    def _deliver(self, conn: socket.socket, source: BlockSource, file: pb.FileInfo | None) -> None:
+        self._send_reply(conn, self._reply_of(ok_reply(source.length, source.hit, checksums=source.sent_checksums(),
+                                                       chunk_size=CHUNK_SIZE), file))
         if source.fd < 0:
             conn.sendall(source.data)
             return

@@ -161,7 +161,7 @@ def test_a_reader_keeps_using_the_data_port_after_the_worker_restarts(start_clus
 
 def test_pyarrow_and_readinto_take_the_blocks_bytes_without_extra_copies(cluster: Cluster, bucket: str) -> None:
     """read_buffer (what pyarrow reads a Python file through) hands over a read-only view of
-    a block's memory when the range lies in one block, bytes when it spans blocks; readinto
+    a block's memory when the range lies in one block, of one buffer read into when it spans blocks; readinto
     fills the caller's buffer straight from the blocks. Same bytes as read() either way."""
     import io
 
@@ -185,7 +185,8 @@ def test_pyarrow_and_readinto_take_the_blocks_bytes_without_extra_copies(cluster
         assert isinstance(whole, memoryview) and whole.readonly and whole == data[:BLOCK_SIZE]
         assert f.read_buffer(BLOCK_SIZE - 5) == data[BLOCK_SIZE:2 * BLOCK_SIZE - 5]
         across = f.read_buffer(10)
-        assert isinstance(across, bytes) and across == data[2 * BLOCK_SIZE - 5:2 * BLOCK_SIZE + 5]
+        assert isinstance(across, memoryview) and across.readonly
+        assert across == data[2 * BLOCK_SIZE - 5:2 * BLOCK_SIZE + 5]
         f.seek(BLOCK_SIZE - 3)
         out = bytearray(BLOCK_SIZE + 100)
         assert f.readinto(out) == BLOCK_SIZE + 10 and out[:BLOCK_SIZE + 10] == data[BLOCK_SIZE - 3:]

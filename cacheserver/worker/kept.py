@@ -1,0 +1,76 @@
+"""The master's answers a worker keeps for the readers of its node, within their validity.
+
+The master marks a file's status reusable for a while (FileInfo.valid_for_ms: files of
+read-only mounts, for what is left of their mount's freshness interval; 0 elsewhere). A
+worker that asked keeps the answer until the time it sent the question plus that long, and
+answers the processes of its node with it (the short-circuit socket's and the data port's
+opens, see `blockwire`), with what is left of the validity: a new loader process then opens a
+file with one round trip to its node's worker instead of one to the master and one for the
+block, and goes on opening while the master is away, for as long as the answers it would
+have given stand. Nothing is kept past its validity; an answer found out of date early (the
+store holds another version) is dropped (`forget`).
+
+Read from the socket threads and written from the event loop: a lock guards the table.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from strata.contract.proto import strata_pb2 as pb
+
+# Statuses kept at most (the least recently used go first): a file's entry takes about
+# 0.5 KiB, so a dataset of 200,000 files read by the node's loaders costs ~100 MiB at most.
+KEPT_STATUSES = 200_000
+
+
+class KeptStatuses:
+    """Reusable statuses by path, each until its validity ends."""
+
+    def __init__(self, limit: int = KEPT_STATUSES, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._answers: OrderedDict[str, tuple[float, pb.FileInfo]] = OrderedDict()  # path -> (until, status)
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def put(self, info: pb.FileInfo, sent: float) -> None:
+        """Keep the master's answer to a question sent at `sent` (the clock's time); an
+        answer not marked reusable replaces (drops) what was kept of its path."""
+        with self._lock:
+            if not info.valid_for_ms or info.is_dir:
+                self._answers.pop(info.path, None)
+                return
+            self._answers[info.path] = (sent + info.valid_for_ms / 1000, info)
+            self._answers.move_to_end(info.path)
+            while len(self._answers) > self.limit:
+                self._answers.popitem(last=False)
+
+    def get(self, path: str) -> pb.FileInfo | None:
+        """The status kept of `path` while it is valid, its valid_for_ms cut to what is left
+        of its validity now; None if none is."""
+        now = self._clock()
+        with self._lock:
+            kept = self._answers.get(path)
+            if kept is None:
+                return None
+            until, info = kept
+            if now >= until:
+                del self._answers[path]
+                return None
+            self._answers.move_to_end(path)
+        left = pb.FileInfo()
+        left.CopyFrom(info)
+        left.valid_for_ms = int((until - now) * 1000)
+        return left if left.valid_for_ms else None
+
+    def forget(self, path: str) -> None:
+        """The status of `path` is out of date (the store holds another version): the next
+        question goes to the master."""
+        with self._lock:
+            self._answers.pop(path, None)

@@ -1,0 +1,144 @@
+"""New processes on a node open files with what the node already knows.
+
+A training loader of each epoch is a new process: it holds nothing. The worker of its node
+keeps the master's reusable answers (read-only mounts, within their freshness) and answers an
+open with the status and the small file's block in one round trip, by short-circuit on the
+worker's host and over the data port elsewhere. Real processes throughout: moto's S3 server,
+a master and a worker as users start them, and each loader a new Python process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import TOKEN, Cluster, metric
+
+pytestmark = pytest.mark.timeout(240)
+
+# One loader process: reads each path whole, prints per path the CRC-32 of its bytes or the
+# name of the error it raised, and the seconds each took.
+LOADER = """
+import json, sys, time, zlib
+from strata.cacheserver.client.fs import StrataFileSystem
+job = json.loads(sys.argv[1])
+fs = StrataFileSystem(master=job["master"], token=job["token"], host=job["host"], skip_instance_cache=True)
+out = {}
+for path in job["paths"]:
+    started = time.monotonic()
+    try:
+        with fs.open(path, "rb") as f:
+            out[path] = [zlib.crc32(f.read()), time.monotonic() - started]
+    except Exception as exc:
+        out[path] = [type(exc).__name__, time.monotonic() - started]
+fs.client.close()
+print(json.dumps(out))
+"""
+
+SHORT_CIRCUIT, REMOTE = "node-0", "elsewhere"  # worker-0's host / a host without a worker
+
+
+def load(cluster: Cluster, host: str, paths: list[str], home: Path, **env: str) -> dict[str, list[Any]]:
+    """Run a new loader process on `host`; what it read, by path."""
+    job = {"master": cluster.master_address, "token": TOKEN, "host": host, "paths": paths}
+    done = subprocess.run([sys.executable, "-P", "-c", LOADER, json.dumps(job)], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "STRATA_HOME": str(home), **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def get_status_requests(cluster: Cluster) -> float:
+    return metric(cluster.master.metrics(), "strata_master_metadata_requests", '{method="GetStatus"}')
+
+
+def dataset(cluster: Cluster, bucket: str, count: int) -> dict[str, bytes]:
+    files = {f"/ds/train/s-{i}.bin": os.urandom(50_000 + i) for i in range(count)}
+    for path, data in files.items():
+        cluster.s3.put_object(bucket, path.removeprefix("/ds/"), data)
+    return files
+
+
+@pytest.mark.parametrize("host", [SHORT_CIRCUIT, REMOTE], ids=["short-circuit", "remote"])
+def test_new_processes_open_what_the_node_knows_without_the_master(
+        start_cluster: Any, bucket: str, tmp_path: Path, host: str) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    files = dataset(cluster, bucket, 12)
+    seen, unseen = sorted(files)[:10], sorted(files)[10:]
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
+    expected = {path: zlib.crc32(data) for path, data in files.items()}
+    first = load(cluster, host, seen, tmp_path)  # epoch 1: the worker asks the master
+    assert {p: r[0] for p, r in first.items()} == {p: expected[p] for p in seen}
+    asked = get_status_requests(cluster)
+    second = load(cluster, host, seen, tmp_path)  # epoch 2, a new process: the node answers
+    assert {p: r[0] for p, r in second.items()} == {p: expected[p] for p in seen}
+    assert get_status_requests(cluster) == asked
+
+    master = cluster.master
+    assert master.process is not None
+    os.killpg(master.process.pid, signal.SIGSTOP)  # the master stops answering
+    try:
+        # Epoch 3 during the outage: files the node saw open and read right; a file it never
+        # saw fails with an error (no master to vouch for it), within the client's deadlines.
+        third = load(cluster, host, seen + unseen, tmp_path, STRATA_CLIENT_MASTER_TIMEOUT="3")
+    finally:
+        os.killpg(master.process.pid, signal.SIGCONT)
+    assert {p: third[p][0] for p in seen} == {p: expected[p] for p in seen}
+    for path in unseen:
+        assert isinstance(third[path][0], str), f"{path} was read with no one to vouch for its status"
+        assert third[path][0] in ("Unavailable", "DeadlineExceeded", "Unreachable"), third[path]
+    after = load(cluster, host, unseen, tmp_path)
+    assert {p: r[0] for p, r in after.items()} == {p: expected[p] for p in unseen}
+
+
+def test_a_file_changed_in_the_store_is_seen_new_after_the_freshness_interval(
+        start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "f.bin", b"the first version")
+    interval = 2.0
+    cluster.mount_bucket("/ro", bucket, read_only=True, metadata_sync_interval=int(interval))
+    first = load(cluster, SHORT_CIRCUIT, ["/ro/f.bin"], tmp_path)
+    assert first["/ro/f.bin"][0] == zlib.crc32(b"the first version")
+    read_at = time.monotonic()
+    cluster.s3.put_object(bucket, "f.bin", b"the second, longer version")
+    time.sleep(max(0.0, read_at + interval + 0.5 - time.monotonic()))
+    for host in (SHORT_CIRCUIT, REMOTE):  # past the interval: every new process sees the new version
+        again = load(cluster, host, ["/ro/f.bin"], tmp_path)
+        assert again["/ro/f.bin"][0] == zlib.crc32(b"the second, longer version"), host
+
+
+@pytest.mark.parametrize("host", [SHORT_CIRCUIT, REMOTE], ids=["short-circuit", "remote"])
+def test_a_damaged_block_the_node_answers_with_is_never_returned(
+        start_cluster: Any, bucket: str, tmp_path: Path, host: str) -> None:
+    ssd = tmp_path / "ssd"
+    cluster: Cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "64Mi", "dirs": [str(ssd)]}])
+    files = dataset(cluster, bucket, 3)
+    paths = sorted(files)
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
+    expected = {path: zlib.crc32(data) for path, data in files.items()}
+    assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # cached
+
+    def damage() -> None:
+        for block in sorted(ssd.glob("*.blk")):
+            with open(block, "r+b") as f:
+                f.seek(block.stat().st_size // 2)
+                byte = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([byte[0] ^ 0xFF]))
+
+    damage()  # the store still has the files: the damaged copies are fetched again
+    assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected
+    assert cluster.worker_metric(0, "strata_worker_corrupt_blocks") >= len(paths)
+    damage()  # and now the store has lost them: an error, never the damaged bytes
+    for path in paths:
+        cluster.s3.client().delete_object(Bucket=bucket, Key=path.removeprefix("/ds/"))
+    for path, (got, _) in load(cluster, host, paths, tmp_path).items():
+        assert isinstance(got, str), f"{path}: bytes returned from a damaged copy whose object is gone"

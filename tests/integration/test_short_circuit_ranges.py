@@ -1,0 +1,57 @@
+"""Ranges across blocks read by short-circuit: put together in one buffer, every byte checked.
+
+A real master, worker and S3 server; the reader is on the worker's host, so it reads the
+worker's block files by descriptor. pyarrow reads a file through read_buffer, in ranges that
+start and end anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import BLOCK_SIZE, Cluster, metric
+
+pytestmark = pytest.mark.timeout(240)
+
+CHUNK = 64 * 1024  # the block files' checksum chunks
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_ranges_across_blocks_are_the_file_s_bytes_even_when_a_block_file_is_damaged(
+        start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    ssd = tmp_path / "ssd"
+    cluster: Cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "256Mi", "dirs": [str(ssd)]}])
+    data = os.urandom(3 * BLOCK_SIZE + 12345)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/m", bucket)
+    local = cluster.fs(host="node-0", readahead=3)  # worker-0's host: block files by descriptor
+    assert local.cat_file("/m/f.bin") == data  # every block cached
+    ranges = [(BLOCK_SIZE - 7, 2 * BLOCK_SIZE + 9),  # partial chunks at both ends
+              (CHUNK, 3 * BLOCK_SIZE),  # whole chunks only
+              (5, len(data)),  # to the end of the file, its last chunk short
+              (2 * BLOCK_SIZE - 1, 2 * BLOCK_SIZE + 1)]  # two bytes, one from each block
+    with local.open("/m/f.bin", "rb") as f:
+        for start, end in ranges:
+            f.seek(start)
+            got = f.read_buffer(end - start)
+            assert bytes(got) == data[start:end], (start, end)
+        # Damage the middle of every block file under the reader that holds them: the
+        # damaged chunks are read again through the worker, never returned.
+        for block in sorted(ssd.glob("*.blk")):
+            flip_byte(block, block.stat().st_size // 2)
+        for start, end in ranges:
+            f.seek(start)
+            assert bytes(f.read_buffer(end - start)) == data[start:end], (start, end)
+    assert metric(cluster.workers[0].metrics(), "strata_worker_short_circuit_rechecks") >= 1
+    assert metric(cluster.workers[0].metrics(), "strata_worker_data_port_reads") == 0
