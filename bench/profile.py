@@ -132,7 +132,7 @@ def main() -> int:
                 run_op(op, fs, paths)
         spies: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
         servers = {child.name: child for child in stack.children}
-        watched = ["worker"] + (["master"] if args.workload in ("metadata", "training") else []) + (["fuse"] if c.id == "strata-fuse" else [])
+        watched = ["worker"] + (["master"] if args.workload in ("metadata", "training") else []) + (["fuse-dataset"] if c.id == "strata-fuse" else [])
         for name in watched:
             if name in servers:
                 raw = raws / f"{tag}-{name}.raw"
