@@ -277,7 +277,9 @@ class Session:
 
     def _pinned(self, nodeid: int, path: str) -> pb.FileInfo:
         """The status the reads of `nodeid` read: its pin, or (a node the kernel was told of by
-        a predecessor process) the file's status now, pinned."""
+        a predecessor process) the file's status now, pinned. The predecessor's version is not
+        known: the kernel's pages are dropped once this read is answered (a file changed in
+        the store while the mount was taken over may be read mixed until then)."""
         with self._lock:
             info = self._pins.get(nodeid)
         if info is None:
@@ -285,7 +287,10 @@ class Session:
             if info is None:
                 raise FuseError(errno.EISDIR)
             with self._lock:
-                info = self._pins.setdefault(nodeid, info)
+                pinned = self._pins.setdefault(nodeid, info)
+            if pinned is info:
+                self._changed(nodeid, info, info)
+            info = pinned
         return info
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -124,3 +124,4 @@ def test_many_files_held_open_on_a_read_only_mount_take_no_memory_of_the_fuse_pr
     # A client file object per open file: a few KiB each (and a record of it on disk).
     assert grown < 3 * 2**20, f"the FUSE process grew {grown / 2**20:.1f} MiB for {count} open files"
     assert not list(fuse.path.parent.glob("state/*/handles/*")), "a record per open file"
+
