@@ -139,10 +139,12 @@ def main() -> int:
                 spies.append((name, raw, spy(servers[name].process.pid, raw, args.rate)))
         time.sleep(0.5)  # let py-spy attach
         job = {"access": access.to_json(), "op": op, "full_paths": paths, "repeat": args.repeat}
+        job_file = raws / f"{tag}-job.json"
+        job_file.write_text(json.dumps(job))
         client_raw = raws / f"{tag}-client.raw"
         reader = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--threads", "-r", str(args.rate),
                                    "-f", "raw", "-o", str(client_raw), "--", sys.executable, "-P", str(BENCH / "reader.py"),
-                                   json.dumps(job)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                   f"@{job_file}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert reader.stdin is not None and reader.stdout is not None
         while not reader.stdout.readline().startswith("READY"):  # py-spy prints to stdout too
             pass
