@@ -10,7 +10,8 @@ read cold. Every contestant reads the same bytes: the dataset's files under its 
 | simplecache   | fsspec simplecache over s3fs: whole files copied to a local dir   |
 | blockcache    | fsspec blockcache over s3fs: blocks kept in local sparse files    |
 | strata-remote | Strata's fsspec client on another host: blocks from the data port |
-| strata-fuse   | `strata fuse` on the worker's node, read with open()              |
+| strata-fuse   | `strata fuse --read-only` of the dataset's mount on the worker's  |
+|               | node (a read-only CSI volume), read with open()                   |
 | strata-sc     | Strata's fsspec client on the worker's node: short-circuit reads  |
 | local         | the same files on local disk (page cache when warm)               |
 """
@@ -188,8 +189,9 @@ def build(stack: Any, local_root: Path, scratch: Path, *, bucket: str, mount: st
         Contestant("strata-remote", "Strata, fsspec client, remote worker (data port)",
                    Access("strata", mount, {**strata, "host": other_host}), cached=True, cold=free, reuse_fs=True),
     ]
-    mountpoint = stack.start_fuse()
-    fuse_root = str(mountpoint) + mount if mountpoint is not None else ""
+    stack.start_fuse()  # the whole namespace, read-write: the metadata workload lists through it
+    mountpoint = stack.start_dataset_fuse(mount)
+    fuse_root = str(mountpoint) if mountpoint is not None else ""
 
     def fuse_cold(folders: Sequence[str]) -> None:
         free(folders)

@@ -132,17 +132,19 @@ def main() -> int:
                 run_op(op, fs, paths)
         spies: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
         servers = {child.name: child for child in stack.children}
-        watched = ["worker"] + (["master"] if args.workload in ("metadata", "training") else []) + (["fuse"] if c.id == "strata-fuse" else [])
+        watched = ["worker"] + (["master"] if args.workload in ("metadata", "training") else []) + (["fuse-dataset"] if c.id == "strata-fuse" else [])
         for name in watched:
             if name in servers:
                 raw = raws / f"{tag}-{name}.raw"
                 spies.append((name, raw, spy(servers[name].process.pid, raw, args.rate)))
         time.sleep(0.5)  # let py-spy attach
         job = {"access": access.to_json(), "op": op, "full_paths": paths, "repeat": args.repeat}
+        job_file = raws / f"{tag}-job.json"
+        job_file.write_text(json.dumps(job))
         client_raw = raws / f"{tag}-client.raw"
         reader = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--threads", "-r", str(args.rate),
                                    "-f", "raw", "-o", str(client_raw), "--", sys.executable, "-P", str(BENCH / "reader.py"),
-                                   json.dumps(job)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                   f"@{job_file}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert reader.stdin is not None and reader.stdout is not None
         while not reader.stdout.readline().startswith("READY"):  # py-spy prints to stdout too
             pass

@@ -6,7 +6,8 @@ It builds its filesystem, prints READY, waits for a line on stdin (so several re
 together and their import time is not measured), runs the operation and prints one JSON
 line: {"seconds": ..., "cpu": ..., "result": ...} (one per run with "repeat": N; "full_paths"
 instead of "paths" gives paths not under the access's root; "cpu" is the CPU seconds of this
-process, all threads, during the run).
+process, all threads, during the run). `@FILE` in place of the JSON reads it from FILE (a
+job naming thousands of files is longer than an argument may be).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from ops import run_op  # noqa: E402
 
 
 def main() -> None:
-    job = json.loads(sys.argv[1])
+    given = sys.argv[1]
+    job = json.loads(Path(given[1:]).read_text() if given.startswith("@") else given)
     access = Access.from_json(job["access"])
     fs = open_filesystem(access)
     print("READY", flush=True)

@@ -89,6 +89,7 @@ class Stack:
     master_address: str = ""
     worker_http: int = 0
     fuse_mountpoint: Path | None = None
+    dataset_fuse_mountpoint: Path | None = None  # the dataset's Strata mount alone, read-only
     fuse_unavailable: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
@@ -240,8 +241,18 @@ class Stack:
     def start_fuse(self) -> Path | None:
         """Mount the namespace with `strata fuse`; None (and `fuse_unavailable` says why)
         when this checkout has no FUSE command or it cannot mount."""
-        if self.fuse_mountpoint is not None:
-            return self.fuse_mountpoint
+        if self.fuse_mountpoint is None:
+            self.fuse_mountpoint = self._start_fuse("fuse", [])
+        return self.fuse_mountpoint
+
+    def start_dataset_fuse(self, mount: str) -> Path | None:
+        """Mount the Strata mount `mount` alone, read-only, as a pod's read-only CSI volume of
+        it is mounted; None as start_fuse."""
+        if self.dataset_fuse_mountpoint is None:
+            self.dataset_fuse_mountpoint = self._start_fuse("fuse-dataset", ["--read-only", "--root", mount])
+        return self.dataset_fuse_mountpoint
+
+    def _start_fuse(self, name: str, options: list[str]) -> Path | None:
         if self.fuse_unavailable:
             return None
         strata = [*self._python(), "-m", "strata.cacheserver"]
@@ -252,30 +263,30 @@ class Stack:
         if not os.path.exists("/dev/fuse"):
             self.fuse_unavailable = "not available: /dev/fuse is missing"
             return None
-        mountpoint = self.workdir / "fuse"
+        mountpoint = self.workdir / name
         mountpoint.mkdir(parents=True, exist_ok=True)
         # The FUSE process runs on the worker's node, as the CSI node plugin would.
         env = {**self.env, "STRATA_HOSTNAME": NODE}
-        child, _ = spawn("fuse", [*strata, "--master", self.master_address, "--token", TOKEN, "fuse", str(mountpoint)],
-                         self.workdir / "logs" / "fuse.log", env)
+        child, _ = spawn(name, [*strata, "--master", self.master_address, "--token", TOKEN, "fuse", str(mountpoint),
+                                *options], self.workdir / "logs" / f"{name}.log", env)
         try:
             child.wait_ready(lambda: _is_mounted(mountpoint), f"{mountpoint} is mounted", 60)
         except launcher.LaunchError as exc:
             self.fuse_unavailable = f"not available: `strata fuse` did not mount: {exc}"
             return None
         self.children.append(child)
-        self.fuse_mountpoint = mountpoint
         return mountpoint
 
     def stop_fuse(self) -> None:
-        if self.fuse_mountpoint is None:
-            return
-        for child in [c for c in self.children if c.name == "fuse"]:
-            child.stop(grace=STOP_GRACE)
-            self.children.remove(child)
-        if _is_mounted(self.fuse_mountpoint):
-            subprocess.run(["fusermount3", "-uz", str(self.fuse_mountpoint)], capture_output=True)
-        self.fuse_mountpoint = None
+        for name, mountpoint in (("fuse", self.fuse_mountpoint), ("fuse-dataset", self.dataset_fuse_mountpoint)):
+            if mountpoint is None:
+                continue
+            for child in [c for c in self.children if c.name == name]:
+                child.stop(grace=STOP_GRACE)
+                self.children.remove(child)
+            if _is_mounted(mountpoint):
+                subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
+        self.fuse_mountpoint = self.dataset_fuse_mountpoint = None
 
 
 def _is_mounted(path: Path) -> bool:

@@ -41,7 +41,7 @@ from ..namespace.paths import normalize
 from . import holder, kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully
 from .nodes import NodeTable
-from .operations import MAX_IO, FuseSettings, StrataOperations, attr_timeout_for
+from .operations import DEFAULT_READERS, MAX_IO, FuseSettings, StrataOperations, attr_timeout_for
 from .session import Session
 from .wire import InitReply
 
@@ -64,6 +64,7 @@ class FuseOptions:
     attr_timeout: float | None = None  # None: from the Strata mounts' metadata sync intervals
     readahead: int | None = None     # blocks fetched ahead of a sequential reader; None: the cluster's policy
     spool_dir: str | None = None     # where files being written are buffered
+    readers: int | None = None       # files of a read-only mount kept ready to read; None: DEFAULT_READERS
     resume_timeout: float = keeper.DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
 
 
@@ -177,11 +178,14 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         info = fs.client.stat(root)  # the master answers, the token is right, the root exists
         if not info.is_dir:
             raise InvalidArgument(f"--root {root} is a file; give a directory")
+        if options.readers is not None and options.readers < 1:
+            raise InvalidArgument(f"--readers {options.readers}: give 1 or more")
         timeout = options.attr_timeout
         if timeout is None:
             timeout = attr_timeout_for(fs.client.mounts(), root)
         settings = FuseSettings(root=root, read_only=options.read_only, write_type=write_type,
-                                attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / keeper.HANDLES)
+                                attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / keeper.HANDLES,
+                                readers=DEFAULT_READERS if options.readers is None else options.readers)
         ops = StrataOperations(fs, settings)
         resumed = attachment is not None
         if attachment is None:

@@ -80,6 +80,11 @@ MAX_IO = 1024 * 1024
 # Metadata is reused at most this long, whatever the mounts' sync intervals say: changes made
 # through other Strata clients show up in the master at once, but not in this kernel's cache.
 MAX_ATTR_TIMEOUT = 60.0
+# The same for read-only Strata mounts: no Strata client changes them, and the master itself
+# sees a change in the store only at its next metadata sync (the mount's interval).
+MAX_READ_ONLY_ATTR_TIMEOUT = 3600.0
+# Files of a read-only mount read at once whose client file objects are kept (see read_at).
+DEFAULT_READERS = 256
 # A mount point over no Strata mount (yet): check again after this long.
 DEFAULT_ATTR_TIMEOUT = 1.0
 # Capacity and use shown by statfs (df) are refreshed at most this often.
@@ -128,12 +133,19 @@ def errno_of(exc: StrataError) -> int:
 
 def attr_timeout_for(mounts: Iterable[pb.MountInfo], root: str) -> float:
     """How long metadata of a FUSE mount of `root` may be reused: the shortest metadata sync
-    interval of the Strata mounts it shows (0: never reuse), never more than MAX_ATTR_TIMEOUT
-    (-1, "never sync", counts as that)."""
-    intervals = [m.options.metadata_sync_interval for m in mounts if is_under(m.path, root) or is_under(root, m.path)]
-    if not intervals:
+    interval of the Strata mounts it shows (0: never reuse), never more than MAX_ATTR_TIMEOUT,
+    or MAX_READ_ONLY_ATTR_TIMEOUT for a read-only Strata mount (-1, "never sync", counts as
+    that)."""
+    shown = [m for m in mounts if is_under(m.path, root) or is_under(root, m.path)]
+    if not shown:
         return DEFAULT_ATTR_TIMEOUT
-    return min(MAX_ATTR_TIMEOUT if i < 0 else min(float(i), MAX_ATTR_TIMEOUT) for i in intervals)
+
+    def longest(mount: pb.MountInfo) -> float:
+        most = MAX_READ_ONLY_ATTR_TIMEOUT if mount.options.read_only else MAX_ATTR_TIMEOUT
+        interval = mount.options.metadata_sync_interval
+        return most if interval < 0 else min(float(interval), most)
+
+    return min(longest(m) for m in shown)
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,7 @@ class FuseSettings:
     attr_timeout: float = DEFAULT_ATTR_TIMEOUT  # seconds metadata is reused (kernel and here)
     spool_dir: str | None = None  # where written files are buffered; None: the temp directory
     handles_dir: Path | None = None  # what each read handle reads, for a successor (handles.ReadRecords)
+    readers: int = DEFAULT_READERS  # client file objects kept for files the kernel opened without asking
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -301,6 +314,7 @@ class StrataOperations:
         # Handle numbers of this process start above any its predecessor used (one per microsecond at most).
         self._ids = itertools.count(time.time_ns() // 1000)
         self._versions: OrderedDict[str, str] = OrderedDict()
+        self._readers: OrderedDict[tuple[str, str], ReadHandle] = OrderedDict()  # by (path, version), see read_at
         self._new_dirs: set[str] = set()  # made by mkdir, not (yet) known to the master
         self._lock = threading.Lock()
         self._statfs: tuple[float, dict[str, int]] | None = None
@@ -511,6 +525,62 @@ class StrataOperations:
             if ns in self._new_dirs:
                 return self._stat(ns, is_dir=True, mtime_ns=time.time_ns())
             raise
+
+    @_errors
+    def status(self, path: str) -> pb.FileInfo | None:
+        """The status of the file at `path` (None: a directory, or a file being written here)."""
+        ns = self._ns(path)
+        if self._writers(ns):
+            return None
+        try:
+            info = self._info(ns)
+        except NotFound:
+            if ns in self._new_dirs:
+                return None
+            raise
+        return None if info.is_dir else info
+
+    @_errors
+    def read_at(self, info: pb.FileInfo, size: int, offset: int, changed: Callable[[pb.FileInfo], None]) -> bytes:
+        """Bytes of the file as status `info` names it, for a read that comes with no open file
+        (a read-only mount whose kernel opens files without asking, see session.py). A client
+        file object per file and version is kept for the reads that follow, at most
+        `settings.readers` (the least recently read go first): what this process holds stays
+        bounded however many files are open. A version no longer in the store fails (EIO),
+        and `changed` is told the status the master has now."""
+        key = (info.path, info.version)
+        with self._lock:
+            reader = self._readers.get(key)
+            if reader is not None:
+                self._readers.move_to_end(key)
+        if reader is None:
+            file = self.fs.open(info.path, "rb", file_info=info)
+            file.may_reopen = lambda old, new: False  # the kernel may hold pages of `info`'s version
+            reader = ReadHandle(file)
+            with self._lock:
+                reader = self._readers.setdefault(key, reader)
+                self._readers.move_to_end(key)
+                while len(self._readers) > self.settings.readers:
+                    self._readers.popitem(last=False)  # closed when its last read ends
+        try:
+            return reader.read(size, offset)
+        except FailedPrecondition:  # the file changed in the store
+            fresh = self.client.stat(info.path, fresh=True)
+            if fresh.version != info.version:
+                changed(fresh)
+            raise
+
+    def drop_reader(self, old: pb.FileInfo, new: pb.FileInfo | None = None) -> None:
+        """The file object read_at keeps for `old`, if any, is no longer needed; `new`: the
+        file's status now (what getattr and status answer from now on)."""
+        with self._lock:
+            self._readers.pop((old.path, old.version), None)
+        if new is not None:
+            self._attrs.put(new)
+
+    def readers(self) -> int:
+        with self._lock:
+            return len(self._readers)
 
     @_errors
     def readdir(self, path: str, fh: Any) -> list[Any]:

@@ -10,6 +10,14 @@
   not know a handle can tell a read (opened again from the node's path) from a write (its
   buffered bytes died with the process: that call fails with EIO and the file keeps its
   last committed content).
+- A read-only mount whose metadata may be reused (a timeout above 0) lets the kernel open and
+  close its files without asking: the first OPEN and FLUSH are answered ENOSYS, after which
+  the kernel sends neither (nor RELEASE) and keeps each file's page cache across opens. Its
+  reads come with no file handle and read the version the kernel was last told of the file
+  (its pin): each reply that gives the kernel a file's attributes (LOOKUP, GETATTR) first
+  has it drop the pages it holds of the file when the version differs from the pin's, so
+  the kernel's timeouts, not opens, decide when a change is seen, as the mount's metadata
+  sync interval allows. Nothing is held per open file then (see StrataOperations.read_at).
 - `resume()` asks the kernel to queue again every request the previous process read and did
   not answer (FUSE_NOTIFY_RESEND, kernel 6.9+).
 - The kernel acts on the size of a file it was last told: an open of a file that changed
@@ -20,14 +28,17 @@
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
+import queue
 import stat
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from strata.contract.proto import strata_pb2 as pb
 from . import wire
 from .nodes import NodeTable
 from .operations import MAX_IO, UTIME_NOW, UTIME_OMIT, FuseError, StrataOperations
@@ -42,6 +53,9 @@ BUFFER = MAX_IO + 4096
 # 1 MiB requests, the page cache dropped when a file's size or time changes.
 WANT = (wire.ASYNC_READ | wire.ATOMIC_O_TRUNC | wire.BIG_WRITES | wire.AUTO_INVAL_DATA | wire.ASYNC_DIO
         | wire.PARALLEL_DIROPS | wire.MAX_PAGES)
+
+# Nodes whose reads were refused waiting to be pinned at their new version, at most.
+REPINS = 1024
 
 Payload = Sequence[bytes | memoryview]
 
@@ -96,6 +110,10 @@ class Session:
         self.timeout = ops.settings.attr_timeout
         self._on_init = on_init
         self.shown = ShownAttrs()
+        # The kernel opens files without asking (see the module docstring).
+        self.kernel_opens = ops.settings.read_only and self.timeout > 0
+        self._pins: dict[int, pb.FileInfo] = {}
+        self._repins: queue.Queue[tuple[int, pb.FileInfo, pb.FileInfo]] = queue.Queue(REPINS)
         self._dirs: dict[int, list[tuple[str, int, int]]] = {}
         self._dir_ids = iter(range(1, 1 << 62))
         self._lock = threading.Lock()
@@ -117,6 +135,8 @@ class Session:
     # -- the loop --------------------------------------------------------------------------------
 
     def start(self, threads: int = THREADS) -> None:
+        if self.kernel_opens:
+            threading.Thread(target=self._repin_changed, name="strata-fuse-repin", daemon=True).start()
         for i in range(threads):
             thread = threading.Thread(target=self._serve, name=f"strata-fuse-{i}", daemon=True)
             thread.start()
@@ -200,6 +220,79 @@ class Session:
                 log.error("strata fuse: the kernel cannot forget the size of %s it holds: %s", path, exc)
                 raise FuseError(errno.EIO) from exc
 
+    def _invalidate_data(self, nodeid: int, path: str) -> None:
+        """Have the kernel drop the pages and attributes it holds of `nodeid`."""
+        try:
+            os.write(self.fd, wire.inval_data_notification(nodeid))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):  # see _invalidate
+                log.error("strata fuse: the kernel cannot drop the pages of %s it holds: %s", path, exc)
+                raise FuseError(errno.EIO) from exc
+
+    def _pin(self, nodeid: int, path: str) -> None:
+        """Before the kernel is told the attributes of `nodeid` (the kernel opens files without
+        asking): its reads are of this status's version from now on, and the pages the kernel
+        holds of another version are dropped first (a read in flight holds its pages locked:
+        they are dropped once it is answered), then the node is pinned at the new one."""
+        info = self.ops.status(path)
+        if info is None:
+            return
+        with self._lock:
+            old = self._pins.get(nodeid)
+            if old is not None and old.version == info.version:
+                self._pins[nodeid] = info
+                return
+        if old is not None:
+            self.ops.drop_reader(old)
+        self._invalidate_data(nodeid, path)
+        with self._lock:
+            self._pins[nodeid] = info
+
+    def _changed(self, nodeid: int, old: pb.FileInfo, new: pb.FileInfo) -> None:
+        """A read of `nodeid` pinned at `old` was refused: the file is `new` in the store now.
+        The kernel's pages of `old` are dropped and the node pinned at `new`, by another thread
+        (the refused read holds a page locked until it is answered)."""
+        try:
+            self._repins.put_nowait((nodeid, old, new))
+        except queue.Full:
+            log.warning("strata fuse: %s changed; the kernel sees it when its metadata timeout ends", new.path)
+
+    def _repin_changed(self) -> None:
+        """Pin each node whose reads were refused (see _changed) at its new version: its reader
+        and the kernel's pages of the old one dropped first, so no page of the old version is
+        kept once reads of the new one are answered (meanwhile reads of the old one fail)."""
+        while True:
+            nodeid, old, new = self._repins.get()
+            with self._lock:
+                if self._pins.get(nodeid) is not old:
+                    continue  # forgotten, or pinned again since
+            self.ops.drop_reader(old, new)
+            try:
+                self._invalidate_data(nodeid, new.path)
+            except FuseError:
+                continue  # logged; the kernel asks again when its timeout ends
+            with self._lock:
+                if self._pins.get(nodeid) is old:
+                    self._pins[nodeid] = new
+
+    def _pinned(self, nodeid: int, path: str) -> pb.FileInfo:
+        """The status the reads of `nodeid` read: its pin, or (a node the kernel was told of by
+        a predecessor process) the file's status now, pinned. The predecessor's version is not
+        known: the kernel's pages are dropped once this read is answered (a file changed in
+        the store while the mount was taken over may be read mixed until then)."""
+        with self._lock:
+            info = self._pins.get(nodeid)
+        if info is None:
+            info = self.ops.status(path)
+            if info is None:
+                raise FuseError(errno.EISDIR)
+            with self._lock:
+                pinned = self._pins.setdefault(nodeid, info)
+            if pinned is info:
+                self._changed(nodeid, info, info)
+            info = pinned
+        return info
+
     # -- helpers ---------------------------------------------------------------------------------
 
     def _path(self, header: wire.InHeader) -> str:
@@ -212,10 +305,14 @@ class Session:
         """An entry reply for `path` (followed by `then`), counted as a lookup of its node."""
         attr = attr_of(self.ops.getattr(path, fi))
         nodeid = self.nodes.lookup(path)
+        if self.kernel_opens:
+            self._pin(nodeid, path)
         return Showing([wire.entry_out(nodeid, attr, self.timeout), *then], nodeid, attr)
 
     def _attr(self, header: wire.InHeader, path: str, fi: FileInfo | None) -> Showing:
         attr = attr_of(self.ops.getattr(path, fi))
+        if self.kernel_opens:
+            self._pin(header.nodeid, path)
         return Showing([wire.attr_out(attr, self.timeout)], header.nodeid, attr)
 
     def _ok(self, header: wire.InHeader, body: memoryview) -> Payload:
@@ -257,6 +354,8 @@ class Session:
         for nodeid in nodeids:
             if nodeid not in self.nodes:
                 self.shown.forget(nodeid)
+                with self._lock:
+                    self._pins.pop(nodeid, None)
 
     def _getattr(self, header: wire.InHeader, body: memoryview) -> Showing:
         flags, _, fh = wire.GETATTR_IN.unpack_from(body)
@@ -299,6 +398,8 @@ class Session:
 
     def _open(self, header: wire.InHeader, body: memoryview) -> Payload:
         flags, _ = wire.OPEN_IN.unpack_from(body)
+        if self.kernel_opens:
+            raise FuseError(errno.ENOSYS)  # the kernel opens files without asking from now on
         fi = FileInfo(flags=flags)
         path = self._path(header)
         self.ops.open(path, fi)
@@ -312,8 +413,12 @@ class Session:
             except BaseException:
                 self.ops.release(path, fi)  # nothing written yet: nothing is uploaded
                 raise
+        # A file opened for reading has nothing to flush: its close(2) need not wait for an
+        # answer from this process.
+        reading = flags & os.O_ACCMODE == os.O_RDONLY
         return [wire.open_out(fi.fh, (wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
-                              | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0))]
+                              | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0)
+                              | (wire.FOPEN_NOFLUSH if reading else 0))]
 
     def _create(self, header: wire.InHeader, body: memoryview) -> Showing:
         flags, mode, _umask, _ = wire.CREATE_IN.unpack_from(body)
@@ -335,7 +440,11 @@ class Session:
     def _read(self, header: wire.InHeader, body: memoryview) -> Payload:
         fh, offset, size, *_ = wire.READ_IN.unpack_from(body)
         path = self.nodes.path(header.nodeid)
-        data = self.ops.read(path or "", size, offset, self._known(fh, path))
+        if fh == 0 and self.kernel_opens:  # opened by the kernel without asking
+            pin = self._pinned(header.nodeid, self._path(header))
+            data = self.ops.read_at(pin, size, offset, functools.partial(self._changed, header.nodeid, pin))
+        else:
+            data = self.ops.read(path or "", size, offset, self._known(fh, path))
         if len(data) < size:
             self.shown.read_short(header.nodeid, offset + len(data))
         return [data]
@@ -356,6 +465,8 @@ class Session:
 
     def _flush(self, header: wire.InHeader, body: memoryview) -> Payload:
         fh = wire.FLUSH_IN.unpack_from(body)[0]
+        if self.ops.settings.read_only:
+            raise FuseError(errno.ENOSYS)  # nothing is written: the kernel sends no FLUSH from now on
         if not self.ops.has_handle(fh):
             if StrataOperations.is_write_handle(fh):
                 raise FuseError(errno.EIO)  # see _known: the buffered bytes are lost, close(2) says so

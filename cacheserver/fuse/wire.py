@@ -74,6 +74,7 @@ WRITE_CACHE = 1 << 0
 # fuse_open_out.open_flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_NOFLUSH = 1 << 5  # close(2) sends no FLUSH (the kernel's own FUSE_WRITEBACK_CACHE aside)
 # fuse_getattr_in.getattr_flags
 GETATTR_FH = 1 << 0
 # fuse_setattr_in.valid
@@ -156,6 +157,14 @@ def inval_attributes_notification(nodeid: int) -> bytes:
     """FUSE_NOTIFY_INVAL_INODE of the attributes only (a negative offset: no page of the page
     cache is touched, so it waits on nothing)."""
     body = NOTIFY_INVAL_INODE_OUT.pack(nodeid, -1, 0)
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
+
+
+def inval_data_notification(nodeid: int) -> bytes:
+    """FUSE_NOTIFY_INVAL_INODE of the attributes and every page the kernel caches of the file
+    (offset 0, length 0: to its end). It waits for reads of those pages in flight: never sent
+    while answering a READ of the same file."""
+    body = NOTIFY_INVAL_INODE_OUT.pack(nodeid, 0, 0)
     return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
 
 

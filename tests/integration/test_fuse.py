@@ -654,11 +654,20 @@ def test_every_read_of_a_read_only_mount_gets_the_new_length(
         start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], tmp_path: Path, change: str) -> None:
     """On a read-only FUSE mount a read does not make the kernel ask for the file's attributes
     again (it keeps no access time): without a word from Strata every open of that minute
-    would read the file cut at its old size."""
+    would read the file cut at its old size. (The kernel opens the files of a read-only mount
+    without asking, see test_fuse_kernel_reads.py: the first read of the old version, which
+    the store no longer has, fails; the kernel is told of the new one then.)"""
     cluster = start_cluster(workers=1)
     old = payload(BLOCK_SIZE + 100_000)
     new = payload(len(old) + 300_000 if change == "longer" else len(old) - 300_000)
     path = change_behind_the_kernel(cluster, bucket, tmp_path, "s3", old, new, mount_fuse, "--read-only")
+    try:
+        first = path.read_bytes()
+    except OSError as exc:
+        assert exc.errno == errno.EIO, exc
+    else:
+        assert differs(first, new) == ""
+    wait_until(lambda: differs(path.read_bytes(), new) == "", 10, "the kernel to be told of the new version")
     for _ in range(3):
         assert differs(path.read_bytes(), new) == ""
         assert differs(read_as("mmap", path, tmp_path), new) == ""
@@ -686,13 +695,15 @@ def test_a_file_changed_while_open_reads_whole_at_each_version(
     """A file open at its old version while it changes length in the store: an open of the
     new version reads around the page cache (direct I/O) to the new end, and the file opened
     before goes on reading the old version through the page cache, to the old end (the
-    kernel holds one size of the file, and cuts reads through the page cache there)."""
+    kernel holds one size of the file, and cuts reads through the page cache there). A
+    read-only mount whose metadata is reused lets the kernel open files without asking, one
+    version of a file at a time (see test_fuse_kernel_reads.py): here it asks, timeout 0."""
     cluster = start_cluster(workers=1)
     old = payload(8 * BLOCK_SIZE + 100_000)
     new = payload(len(old) + 300_000 if change == "longer" else BLOCK_SIZE + 100)
     cluster.s3.put_object(bucket, "f.bin", old)
     cluster.mount_bucket("/m", bucket, metadata_sync_interval=60)
-    path = mount_fuse(cluster, *(["--read-only"] if read_only else [])).path / "m" / "f.bin"
+    path = mount_fuse(cluster, *(["--read-only", "--attr-timeout", "0"] if read_only else [])).path / "m" / "f.bin"
     with open(path, "rb", buffering=0) as before:
         seen = 3 * BLOCK_SIZE  # these blocks cached (and the next ones read ahead)
         assert differs(b"".join(os.pread(before.fileno(), MIB, at) for at in range(0, seen, MIB)), old[:seen]) == ""

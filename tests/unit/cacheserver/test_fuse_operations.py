@@ -18,6 +18,7 @@ from strata.cacheserver.client.fs import StrataFileSystem
 from strata.cacheserver.fuse.operations import (
     DEFAULT_ATTR_TIMEOUT,
     MAX_ATTR_TIMEOUT,
+    MAX_READ_ONLY_ATTR_TIMEOUT,
     FuseSettings,
     StrataOperations,
     attr_timeout_for,
@@ -50,6 +51,17 @@ def test_metadata_timeout_follows_the_mounts_sync_intervals(root: str, expected:
 
 def test_long_intervals_are_capped() -> None:
     assert attr_timeout_for([mount("/x", 3600)], "/x") == MAX_ATTR_TIMEOUT
+
+
+def test_read_only_mounts_are_reused_for_their_interval_up_to_an_hour() -> None:
+    """No Strata client changes a read-only mount: only the master's sync sees a change."""
+    def read_only(path: str, interval: float) -> pb.MountInfo:
+        return pb.MountInfo(path=path, options=pb.MountOptions(metadata_sync_interval=interval, read_only=True))
+
+    assert attr_timeout_for([read_only("/x", 300)], "/x") == 300
+    assert attr_timeout_for([read_only("/x", -1)], "/x") == MAX_READ_ONLY_ATTR_TIMEOUT
+    assert attr_timeout_for([read_only("/x", 86400)], "/x") == MAX_READ_ONLY_ATTR_TIMEOUT
+    assert attr_timeout_for([read_only("/x/a", 300), mount("/x/b", 300)], "/x") == MAX_ATTR_TIMEOUT
 
 
 @pytest.mark.parametrize(("error", "code"), [
