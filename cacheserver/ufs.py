@@ -131,6 +131,18 @@ _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
 
+@dataclass(frozen=True)
+class StoreTotals:
+    """How many files a store holds (below some folder), and their bytes."""
+
+    files: int
+    total_bytes: int
+
+
+# The share of its time a walk that totals a store works (`Store.totals`): it rests the rest.
+TOTALS_DUTY = 0.5
+
+
 class StoreTimeouts(BaseSettings):
     """How long a store may take; `STRATA_STORE_CONNECT_TIMEOUT` etc. override the defaults.
     A store that accepts connections but never answers costs a reader at most `deadline`
@@ -468,6 +480,12 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
 _UPLOAD_TEMP_PREFIX, _UPLOAD_TEMP_SUFFIX = ".", ".tmp"
 _TEMP_ELSEWHERE_PREFIX = ".strata-upload-"
 _ELSEWHERE_NOTE_SUFFIX = ".elsewhere"
+
+
+def _upload_rel(rel: str) -> bool:
+    """Is `rel` (relative to a mount's root) in Strata's upload folder, or an upload's
+    temporary file: not one of the store's files."""
+    return rel == UPLOAD_DIR or rel.startswith(UPLOAD_DIR + "/") or is_upload_temp(posixpath.basename(rel))
 
 
 def is_upload_temp(name: str) -> bool:
@@ -1023,6 +1041,91 @@ class Store:
         if not out and top:
             await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
         return sorted(out, key=lambda s: s.path)
+
+    async def totals(self, rel: str = "") -> StoreTotals:
+        """How many files, and bytes, lie at or below `rel` (not counting Strata's upload
+        folder and uploads' temporary files): a walk that holds one folder (file://) or one
+        listing page (S3) at a time, paced to work at most TOTALS_DUTY of its time, for
+        reports that may wait. Other stores are listed whole (`walk`)."""
+        path = self._path(rel)
+        if self._local:
+            return await self._watched("walk", rel, self._total_local, rel, path)
+        if self._is_s3:
+            return await self._total_s3(rel)
+        files = [s for s in await self.walk(rel) if not _upload_rel(s.path)]
+        return StoreTotals(len(files), sum(s.length for s in files))
+
+    def _total_local(self, rel: str, path: str, *, progress: Progress) -> StoreTotals:
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return StoreTotals(1, st.st_size)
+            return self._total_folder(fd, rel.strip("/"), frozenset(), progress)
+        finally:
+            os.close(fd)
+
+    def _total_folder(self, fd: int, rel: str, ancestors: frozenset[tuple[int, int]], progress: Progress) -> StoreTotals:
+        """`_walk_folder`, counting instead of collecting; after each folder it sleeps for as
+        long as the folder took (times the pace), so a walk of millions of files leaves the
+        processor (and the interpreter's lock) to the master's requests."""
+        started = time.monotonic()
+        progress.step()
+        st = os.fstat(fd)
+        here = (st.st_dev, st.st_ino)
+        if here in ancestors:
+            return StoreTotals(0, 0)
+        files = size = 0
+        folders = []
+        for name, info in self._entries(fd, rel, progress):
+            child = posixpath.join(rel, name)
+            if _upload_rel(child):
+                continue
+            if info["type"] == "directory":
+                folders.append((name, child))
+            else:
+                files += 1
+                size += int(info.get("size") or 0)
+        time.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
+        for name, child in folders:
+            try:
+                inner = self._open_at(fd, name, child, _FOLDER)
+            except (PermissionDenied, FileNotFoundError, NotADirectoryError):
+                continue  # changed since it was listed
+            try:
+                below = self._total_folder(inner, child, ancestors | {here}, progress)
+            finally:
+                os.close(inner)
+            files, size = files + below.files, size + below.total_bytes
+        return StoreTotals(files, size)
+
+    async def _total_s3(self, rel: str) -> StoreTotals:
+        """`totals` on S3: the bucket's listing of the prefix, page by page (each page a
+        bounded "list" call, retried as one), paced like the file:// walk."""
+        bucket, _, root = self._root.partition("/")
+        prefix = "/".join(p for p in (root.strip("/"), rel.strip("/")) if p)
+        prefix = prefix + "/" if prefix else ""
+        top = len(root.strip("/") + "/") if root.strip("/") else 0
+        files = size = 0
+        token: str | None = None
+        while True:
+            fs = await self._filesystem()
+            more = {"ContinuationToken": token} if token else {}
+
+            async def page(more: dict[str, str] = more) -> Any:
+                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
+
+            started = time.monotonic()
+            answer = await self._call("list", rel, page)
+            for item in answer.get("Contents", ()):
+                key = str(item["Key"])
+                if not key.endswith("/") and not _upload_rel(key[top:]):
+                    files += 1
+                    size += int(item.get("Size") or 0)
+            token = answer.get("NextContinuationToken")
+            if not answer.get("IsTruncated") or not token:
+                return StoreTotals(files, size)
+            await asyncio.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
 
     async def read_range(self, rel: str, start: int, end: int, *, version: str | None = None,
                          exact: bool = False) -> bytes:
