@@ -37,7 +37,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 import aiohttp
 import botocore.exceptions
@@ -176,18 +176,25 @@ class StoreTimeouts(BaseSettings):
     stale_after: float = Field(default=3.0, gt=0)
 
 
-@dataclass(frozen=True)
-class UfsStatus:
-    """What a store says about one file or directory."""
+class UfsStatus(NamedTuple):
+    """What a store says about one file or directory. A tuple of plain values: the master
+    keeps one for every file of a listed tree, and the garbage collector stops looking at
+    tuples of plain values (a collection over millions of objects would hold the master
+    up for seconds)."""
 
     path: str  # relative to the mount's root: "" is the root, never a leading slash
-    name: str
     is_dir: bool
     length: int
     mtime_unix_ms: int
     # Changes whenever the content may have changed: the store's etag if it has one, else
     # f"{size}-{mtime_ns}". Empty for directories.
     version: str
+
+    @property
+    def name(self) -> str:
+        """The last part of the path ("" for the root): made when asked, not kept (the master
+        keeps a status of every file of a listed tree)."""
+        return self.path.rpartition("/")[2]
 
 
 def supported_protocols() -> list[str]:
@@ -852,8 +859,7 @@ class Store:
         else:
             etag = info.get("ETag") or info.get("etag") or ""
             version = str(etag).strip('"') or _size_mtime_version(length, mtime)
-        name = posixpath.basename(rel) if rel else posixpath.basename(self._root.rstrip("/"))
-        return UfsStatus(path=rel, name=name, is_dir=is_dir, length=length,
+        return UfsStatus(path=rel, is_dir=is_dir, length=length,
                          mtime_unix_ms=int(mtime * 1000), version=version)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -1024,22 +1030,32 @@ class Store:
 
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
         """All files at or below `rel` (and, with `with_dirs`, the directories below it),
-        sorted by path. One paginated listing on object stores."""
+        sorted by path. One paginated listing on object stores. The answer is made off the
+        event loop (in the walk's thread, or one of its own): a tree of a million files
+        takes seconds to sort."""
         path = self._path(rel)
         if self._local:
-            found = await self._watched("walk", rel, self._find_local, rel, path, with_dirs)
+            def walked(*, progress: Progress) -> list[UfsStatus]:
+                return self._walked(rel, self._find_local(rel, path, with_dirs, progress=progress), with_dirs)
+
+            out = await self._watched("walk", rel, walked)
         else:
             found = await self._call(
                 "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
             )
+            out = await asyncio.to_thread(self._walked, rel, found, with_dirs)
+        if not out and rel.strip("/"):
+            await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
+        return out
+
+    def _walked(self, rel: str, found: Mapping[str, Mapping[str, Any]], with_dirs: bool) -> list[UfsStatus]:
+        """`walk`'s answer from what the store found, sorted by path."""
         top = rel.strip("/")
         out = [
             status
             for status in (self._status(info) for info in found.values())
             if (with_dirs or not status.is_dir) and not (status.is_dir and status.path == top)
         ]
-        if not out and top:
-            await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
         return sorted(out, key=lambda s: s.path)
 
     async def totals(self, rel: str = "") -> StoreTotals:
@@ -1286,14 +1302,14 @@ class Store:
                 self._path(rel)  # names first: a link out by name gets the clear message
             st = await self._watched("move", src, self._rename_local, src, dst, file_only=True)
             if st is not None:
-                return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst.strip("/")), is_dir=False,
+                return UfsStatus(path=dst.strip("/"), is_dir=False,
                                  length=st.st_size, mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
         status = await self.copy(src, dst)
         await self.rm(src)
         return status
 
     def _made(self, rel: str, length: int, version: str) -> UfsStatus:
-        return UfsStatus(path=rel.strip("/"), name=posixpath.basename(rel.strip("/")), is_dir=False, length=length,
+        return UfsStatus(path=rel.strip("/"), is_dir=False, length=length,
                          mtime_unix_ms=int(time.time() * 1000), version=version)
 
     async def _put_s3(self, path: str, local_path: Path) -> str:
@@ -1383,7 +1399,7 @@ class Store:
             os.fsync(folder_fd)
         finally:
             os.close(folder_fd)
-        return UfsStatus(path=rel.strip("/"), name=name, is_dir=False, length=st.st_size,
+        return UfsStatus(path=rel.strip("/"), is_dir=False, length=st.st_size,
                          mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
     def _rename_local(self, src: str, dst: str, *, file_only: bool, progress: Progress) -> os.stat_result | None:

@@ -39,11 +39,10 @@ The overlay and the pins are saved in the state directory, like the mount table.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import heapq
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from strata.contract.errors import (
 from ..ufs import StoreTimeouts, UfsStatus, is_upload_temp
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
+from .statuses import Statuses, find_listed
 from .statefile import StateFile
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ LIST_PAGE_ENTRIES = 1000
 MAX_ANSWER_REUSE = 300.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     path: str  # namespace path
     name: str
@@ -115,18 +115,14 @@ class OverlayEntry:
     landed: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Fetched:
     value: Any
     started: float  # time.monotonic() when the store request began
-    _by_path: dict[str, UfsStatus] | None = None
 
     def listed(self, rel: str) -> UfsStatus | None:
-        """The entry for `rel` in this listing (a list or walk answer), by an index made at the
-        first look (a folder of 100,000 files is not scanned for each stat it answers)."""
-        if self._by_path is None:
-            self._by_path = {s.path: s for s in self.value or ()}
-        return self._by_path.get(rel)
+        """The entry for `rel` in this listing (a list or walk answer)."""
+        return None if self.value is None else find_listed(self.value, rel)
 
 
 def _fresh(started: float, now: float, interval: float) -> bool:
@@ -216,20 +212,28 @@ class _MountCache:
         self.flights.clear()
         self.epoch += 1
 
-    def remember(self, kind: str, rel: str, value: Any, started: float) -> None:
+    def remember(self, kind: str, rel: str, value: Any, started: float,
+                 listings: dict[str, Statuses] | None = None) -> None:
+        """Keep a store's answer; a walk's with the listings of the folders it found
+        (`walk_listings`)."""
         self.entries[(kind, rel)] = _Fetched(value, started)
-        if kind != "walk" or value is None or any(s.path == rel for s in value):
-            return  # not a walk of a directory (a walk of a file finds the file itself)
-        # A walk is a complete snapshot of the tree: it answers listings and stats below it.
-        children: dict[str, list[UfsStatus]] = {rel: []}
-        for status in value:
-            children.setdefault(_rel_parent(status.path), []).append(status)
-            if status.is_dir:
-                children.setdefault(status.path, [])
-            self.entries[("info", status.path)] = _Fetched(status, started)
-        for directory, listed in children.items():
-            if _rel_under(directory, rel):
-                self.entries[("list", directory)] = _Fetched(listed, started)
+        for directory, listed in (listings or {}).items():
+            self.entries[("list", directory)] = _Fetched(listed, started)
+
+
+def walk_listings(rel: str, walked: Statuses | None) -> dict[str, Statuses]:
+    """The listing of every folder a walk of `rel` found, by folder: a walk is a complete
+    snapshot of the tree, so it answers listings below it, and stats from those
+    (Namespace._known_status) with no entry of each file's own. Nothing for a walk of a
+    file (which finds the file itself). Pure: made off the event loop."""
+    if walked is None or walked.find(rel) is not None:
+        return {}
+    children: dict[str, Statuses] = {rel: Statuses()}
+    for status in walked:
+        children.setdefault(_rel_parent(status.path), Statuses()).append(status)
+        if status.is_dir:
+            children.setdefault(status.path, Statuses())
+    return {directory: listed for directory, listed in children.items() if _rel_under(directory, rel)}
 
 
 class Namespace:
@@ -432,9 +436,10 @@ class Namespace:
         now = time.monotonic()
         flight = cache.flights.get(key)
         if flight is not None and _fresh(flight[0], now, interval):
-            return await asyncio.shield(flight[1])
+            joined, _ = await asyncio.shield(flight[1])
+            return joined
         epoch = cache.epoch
-        task = asyncio.ensure_future(self._ask_store(mount, kind, rel))
+        task = asyncio.ensure_future(self._asked(mount, kind, rel))
         entry = (now, task)
         cache.flights[key] = entry
 
@@ -444,10 +449,20 @@ class Namespace:
             if done.cancelled() or done.exception() is not None:
                 return
             if cache.epoch == epoch and interval != 0:
-                cache.remember(kind, rel, done.result(), now)
+                answer, listings = done.result()
+                cache.remember(kind, rel, answer, now, listings)
 
         task.add_done_callback(landed)
-        return await asyncio.shield(task)
+        answer, _ = await asyncio.shield(task)
+        return answer
+
+    async def _asked(self, mount: Mount, kind: str, rel: str) -> tuple[Any, dict[str, Statuses] | None]:
+        """The store's answer for (kind, rel), and a walk's listings (made in a thread: a walk
+        of a million files takes seconds to sort out)."""
+        answer = await self._ask_store(mount, kind, rel)
+        if kind != "walk":
+            return answer, None
+        return answer, await asyncio.to_thread(walk_listings, rel, answer)
 
     async def _ask_store(self, mount: Mount, kind: str, rel: str) -> Any:
         store = self._mounts.store(mount)
@@ -464,7 +479,12 @@ class Namespace:
             return None
         if kind == "info":
             return answer
-        return [status for status in _nameable(mount, store.url(rel), answer) if not is_upload_path(status.path)]
+
+        def kept() -> Statuses:
+            return Statuses(status for status in _nameable(mount, store.url(rel), answer)
+                            if not is_upload_path(status.path))
+
+        return kept() if kind == "list" else await asyncio.to_thread(kept)
 
     def _known_status(self, mount: Mount, rel: str) -> _Fetched | None:
         """What the cache can say is at `rel` (its value the status, None: nothing) and when
@@ -560,7 +580,7 @@ class Namespace:
                 if file_entry is not None:
                     yield [file_entry]
                     return
-        statuses: list[UfsStatus] | None = await self._fetch(mount, "walk" if recursive else "list", rel)
+        statuses: Sequence[UfsStatus] | None = await self._fetch(mount, "walk" if recursive else "list", rel)
         if statuses is None:
             if rel == "":
                 statuses = []  # an empty mount (e.g. a bucket prefix with no objects yet)
@@ -586,21 +606,20 @@ class Namespace:
         if taken:
             yield taken
 
-    def _merged(self, mount: Mount, statuses: list[UfsStatus]) -> Iterator[FileEntry]:
+    def _merged(self, mount: Mount, statuses: Sequence[UfsStatus]) -> Iterator[FileEntry]:
         """The store's entries of a listing, with the overlay applied, one at a time."""
         for status in statuses:
             merged = self._merge(mount, status.path, status)
             if merged is not None:
                 yield merged
 
-    def _written_extra(self, mount: Mount, rel: str, statuses: list[UfsStatus], recursive: bool) -> list[FileEntry]:
+    def _written_extra(self, mount: Mount, rel: str, statuses: Sequence[UfsStatus], recursive: bool) -> list[FileEntry]:
         """What a listing of `rel` shows beyond the store's `statuses` (sorted by path): files
         written through Strata and not in the store yet, and their folders; sorted by path.
         A persisted written file the listing lacks was deleted outside Strata: forgotten."""
 
         def listed(file_rel: str) -> bool:
-            at = bisect.bisect_left(statuses, file_rel, key=lambda s: s.path)
-            return at < len(statuses) and statuses[at].path == file_rel
+            return find_listed(statuses, file_rel) is not None
 
         out: dict[str, FileEntry] = {}
         base = join(mount.path, rel)
