@@ -13,11 +13,19 @@ from dataclasses import dataclass, field
 import grpc
 
 from strata.contract.config import ServerConfig
-from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError, Unavailable
+from strata.contract.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    StrataError,
+    Unavailable,
+)
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from strata.contract.rpc import aio_channel, error_of
+from strata.contract.rpc import MAX_MESSAGE_BYTES, aio_channel, error_of
 from strata.contract.urls import shown_url
 from .. import rpcutil
 from ..background import BackgroundTasks
@@ -397,7 +405,14 @@ class MasterService(pb_grpc.MasterServicer):
     async def ListStatus(self, request: pb.ListStatusRequest, context: grpc.aio.ServicerContext) -> pb.ListStatusResponse:
         self.metadata_requests["ListStatus"] += 1
         response = pb.ListStatusResponse()
+        size = 0
         async for page in self._listing_pages(request, LIST_PAGE_ENTRIES):
+            size += page.ByteSize()
+            if size > MAX_MESSAGE_BYTES:
+                raise ResourceExhausted(
+                    f"the listing of {request.path} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
+                    "list it in pages (ListStatusPages, which clients of this version use)"
+                )
             response.files.extend(page.files)
         return response
 
