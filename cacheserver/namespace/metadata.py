@@ -60,7 +60,7 @@ from strata.contract.errors import (
 from ..ufs import StoreTimeouts, UfsStatus, is_upload_temp
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
-from .statuses import Statuses, find_listed
+from .statuses import Folder, Statuses, find_listed
 from .statefile import StateFile
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class _MountCache:
         self.epoch += 1
 
     def remember(self, kind: str, rel: str, value: Any, started: float,
-                 listings: dict[str, Statuses] | None = None) -> None:
+                 listings: dict[str, Folder] | None = None) -> None:
         """Keep a store's answer; a walk's with the listings of the folders it found
         (`walk_listings`)."""
         self.entries[(kind, rel)] = _Fetched(value, started)
@@ -221,18 +221,22 @@ class _MountCache:
             self.entries[("list", directory)] = _Fetched(listed, started)
 
 
-def walk_listings(rel: str, walked: Statuses | None) -> dict[str, Statuses]:
+def walk_listings(rel: str, walked: Statuses | None) -> dict[str, Folder]:
     """The listing of every folder a walk of `rel` found, by folder: a walk is a complete
     snapshot of the tree, so it answers listings below it, and stats from those
     (Namespace._known_status) with no entry of each file's own. Nothing for a walk of a
     file (which finds the file itself). Pure: made off the event loop."""
     if walked is None or walked.find(rel) is not None:
         return {}
-    children: dict[str, Statuses] = {rel: Statuses()}
-    for status in walked:
-        children.setdefault(_rel_parent(status.path), Statuses()).append(status)
-        if status.is_dir:
-            children.setdefault(status.path, Statuses())
+    children: dict[str, Folder] = {rel: Folder(walked)}
+    for position, status in enumerate(walked):
+        parent = _rel_parent(status.path)
+        folder = children.get(parent)
+        if folder is None:
+            folder = children[parent] = Folder(walked)
+        folder.append(position)
+        if status.is_dir and status.path not in children:
+            children[status.path] = Folder(walked)
     return {directory: listed for directory, listed in children.items() if _rel_under(directory, rel)}
 
 
@@ -456,7 +460,7 @@ class Namespace:
         answer, _ = await asyncio.shield(task)
         return answer
 
-    async def _asked(self, mount: Mount, kind: str, rel: str) -> tuple[Any, dict[str, Statuses] | None]:
+    async def _asked(self, mount: Mount, kind: str, rel: str) -> tuple[Any, dict[str, Folder] | None]:
         """The store's answer for (kind, rel), and a walk's listings (made in a thread: a walk
         of a million files takes seconds to sort out)."""
         answer = await self._ask_store(mount, kind, rel)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import gc
 
-from strata.cacheserver.namespace.statuses import Statuses, find_listed
+from strata.cacheserver.namespace.statuses import Folder, Statuses, find_listed
 from strata.cacheserver.ufs import UfsStatus
 
 
@@ -28,3 +28,13 @@ def test_statuses_leave_the_garbage_collector_nothing_to_look_at_per_file() -> N
     gc.collect()
     assert len(gc.get_objects()) - before < 100  # the columns, not an object a file
     assert kept.find("d/004242") == status("d/004242")
+
+
+def test_a_folder_of_a_walk_is_the_walks_entries_at_its_positions() -> None:
+    walk = Statuses([status("a", is_dir=True), status("a/1"), status("a/2"), status("b")])
+    folder = Folder(walk)
+    for position in (1, 2):
+        folder.append(position)
+    assert list(folder) == [walk[1], walk[2]] and len(folder) == 2 and folder[-1] == walk[2]
+    assert folder.find("a/2") == walk[2] and folder.find("b") is None and folder.find("a") is None
+    assert find_listed(folder, "a/1") == walk[1] and folder[0:1] == [walk[1]]
