@@ -57,7 +57,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     **{f"/{constants.GRPC_PACKAGE}.Master/{name}": roles for name, roles in {
         "Mount": _ADMIN, "Unmount": _ADMIN, "Load": _ADMIN, "Free": _ADMIN, "SetPinned": _ADMIN,
         "DecommissionWorkers": _ADMIN, "Report": _ADMIN,
-        "ListMounts": _DATA, "GetStatus": _DATA, "ListStatus": _DATA, "Delete": _DATA,
+        "ListMounts": _DATA, "GetStatus": _DATA, "ListStatus": _DATA, "ListStatusPages": _DATA, "Delete": _DATA,
         "Rename": _DATA, "GetBlockLocations": _DATA, "ListWorkers": _DATA, "GetCapacity": _DATA,
         "SetTimes": _DATA,
         "CommitFile": _INTERNAL, "RegisterWorker": _INTERNAL, "Heartbeat": _INTERNAL,

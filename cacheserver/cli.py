@@ -365,7 +365,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print()
         mrows = [("MOUNT", "SOURCE", "CACHED", "STORE", "PENDING UPLOADS")]
         for m in report.mounts:
-            store = f"{format_size(m.ufs_total_bytes)} in {m.ufs_files} files" if m.ufs_files else "-"
+            unknown = m.ufs_totals_age_ms < 0 or not (m.ufs_files or m.ufs_totals_age_ms)  # or from an older master
+            store = "-" if unknown else (
+                f"{format_size(m.ufs_total_bytes)} in {m.ufs_files} files, {m.ufs_totals_age_ms // 1000}s ago")
             mrows.append((m.mount.path, m.mount.source, format_size(m.cached_bytes), store, _pending(m.pending_uploads)))
         _table(mrows)
         _unusable([m.mount for m in report.mounts])

@@ -37,7 +37,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 import aiohttp
 import botocore.exceptions
@@ -131,6 +131,18 @@ _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
 
+@dataclass(frozen=True)
+class StoreTotals:
+    """How many files a store holds (below some folder), and their bytes."""
+
+    files: int
+    total_bytes: int
+
+
+# The share of its time a walk that totals a store works (`Store.totals`): it rests the rest.
+TOTALS_DUTY = 0.5
+
+
 class StoreTimeouts(BaseSettings):
     """How long a store may take; `STRATA_STORE_CONNECT_TIMEOUT` etc. override the defaults.
     A store that accepts connections but never answers costs a reader at most `deadline`
@@ -164,18 +176,25 @@ class StoreTimeouts(BaseSettings):
     stale_after: float = Field(default=3.0, gt=0)
 
 
-@dataclass(frozen=True)
-class UfsStatus:
-    """What a store says about one file or directory."""
+class UfsStatus(NamedTuple):
+    """What a store says about one file or directory. A tuple of plain values: the master
+    keeps one for every file of a listed tree, and the garbage collector stops looking at
+    tuples of plain values (a collection over millions of objects would hold the master
+    up for seconds)."""
 
     path: str  # relative to the mount's root: "" is the root, never a leading slash
-    name: str
     is_dir: bool
     length: int
     mtime_unix_ms: int
     # Changes whenever the content may have changed: the store's etag if it has one, else
     # f"{size}-{mtime_ns}". Empty for directories.
     version: str
+
+    @property
+    def name(self) -> str:
+        """The last part of the path ("" for the root): made when asked, not kept (the master
+        keeps a status of every file of a listed tree)."""
+        return self.path.rpartition("/")[2]
 
 
 def supported_protocols() -> list[str]:
@@ -468,6 +487,12 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
 _UPLOAD_TEMP_PREFIX, _UPLOAD_TEMP_SUFFIX = ".", ".tmp"
 _TEMP_ELSEWHERE_PREFIX = ".strata-upload-"
 _ELSEWHERE_NOTE_SUFFIX = ".elsewhere"
+
+
+def _upload_rel(rel: str) -> bool:
+    """Is `rel` (relative to a mount's root) in Strata's upload folder, or an upload's
+    temporary file: not one of the store's files."""
+    return rel == UPLOAD_DIR or rel.startswith(UPLOAD_DIR + "/") or is_upload_temp(posixpath.basename(rel))
 
 
 def is_upload_temp(name: str) -> bool:
@@ -834,8 +859,7 @@ class Store:
         else:
             etag = info.get("ETag") or info.get("etag") or ""
             version = str(etag).strip('"') or _size_mtime_version(length, mtime)
-        name = posixpath.basename(rel) if rel else posixpath.basename(self._root.rstrip("/"))
-        return UfsStatus(path=rel, name=name, is_dir=is_dir, length=length,
+        return UfsStatus(path=rel, is_dir=is_dir, length=length,
                          mtime_unix_ms=int(mtime * 1000), version=version)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -1006,23 +1030,123 @@ class Store:
 
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
         """All files at or below `rel` (and, with `with_dirs`, the directories below it),
-        sorted by path. One paginated listing on object stores."""
+        sorted by path. One paginated listing on object stores. The answer is made off the
+        event loop (in the walk's thread, or one of its own): a tree of a million files
+        takes seconds to sort."""
         path = self._path(rel)
         if self._local:
-            found = await self._watched("walk", rel, self._find_local, rel, path, with_dirs)
+            def walked(*, progress: Progress) -> list[UfsStatus]:
+                found = self._find_local(rel, path, with_dirs, progress=progress)
+                return self._walked(rel, found, with_dirs, progress)
+
+            out = await self._watched("walk", rel, walked)
         else:
             found = await self._call(
                 "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
             )
-        top = rel.strip("/")
-        out = [
-            status
-            for status in (self._status(info) for info in found.values())
-            if (with_dirs or not status.is_dir) and not (status.is_dir and status.path == top)
-        ]
-        if not out and top:
+            out = await asyncio.to_thread(self._walked, rel, found, with_dirs)
+        if not out and rel.strip("/"):
             await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
+        return out
+
+    def _walked(self, rel: str, found: Mapping[str, Mapping[str, Any]], with_dirs: bool,
+                progress: Progress | None = None) -> list[UfsStatus]:
+        """`walk`'s answer from what the store found, sorted by path (each thousand entries
+        a step of `progress`: a million take seconds)."""
+        top = rel.strip("/")
+        out = []
+        for count, info in enumerate(found.values()):
+            status = self._status(info)
+            if (with_dirs or not status.is_dir) and not (status.is_dir and status.path == top):
+                out.append(status)
+            if progress is not None and count % 1000 == 0:
+                progress.step()
         return sorted(out, key=lambda s: s.path)
+
+    async def totals(self, rel: str = "") -> StoreTotals:
+        """How many files, and bytes, lie at or below `rel` (not counting Strata's upload
+        folder and uploads' temporary files): a walk that holds one folder (file://) or one
+        listing page (S3) at a time, paced to work at most TOTALS_DUTY of its time, for
+        reports that may wait. Other stores are listed whole (`walk`)."""
+        path = self._path(rel)
+        if self._local:
+            return await self._watched("walk", rel, self._total_local, rel, path)
+        if self._is_s3:
+            return await self._total_s3(rel)
+        files = [s for s in await self.walk(rel) if not _upload_rel(s.path)]
+        return StoreTotals(len(files), sum(s.length for s in files))
+
+    def _total_local(self, rel: str, path: str, *, progress: Progress) -> StoreTotals:
+        fd = self._open_inside(rel, os.O_PATH)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                return StoreTotals(1, st.st_size)
+            return self._total_folder(fd, rel.strip("/"), frozenset(), progress)
+        finally:
+            os.close(fd)
+
+    def _total_folder(self, fd: int, rel: str, ancestors: frozenset[tuple[int, int]], progress: Progress) -> StoreTotals:
+        """`_walk_folder`, counting instead of collecting; after each folder it sleeps for as
+        long as the folder took (times the pace), so a walk of millions of files leaves the
+        processor (and the interpreter's lock) to the master's requests."""
+        started = time.monotonic()
+        progress.step()
+        st = os.fstat(fd)
+        here = (st.st_dev, st.st_ino)
+        if here in ancestors:
+            return StoreTotals(0, 0)
+        files = size = 0
+        folders = []
+        for name, info in self._entries(fd, rel, progress):
+            child = posixpath.join(rel, name)
+            if _upload_rel(child):
+                continue
+            if info["type"] == "directory":
+                folders.append((name, child))
+            else:
+                files += 1
+                size += int(info.get("size") or 0)
+        time.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
+        for name, child in folders:
+            try:
+                inner = self._open_at(fd, name, child, _FOLDER)
+            except (PermissionDenied, FileNotFoundError, NotADirectoryError):
+                continue  # changed since it was listed
+            try:
+                below = self._total_folder(inner, child, ancestors | {here}, progress)
+            finally:
+                os.close(inner)
+            files, size = files + below.files, size + below.total_bytes
+        return StoreTotals(files, size)
+
+    async def _total_s3(self, rel: str) -> StoreTotals:
+        """`totals` on S3: the bucket's listing of the prefix, page by page (each page a
+        bounded "list" call, retried as one), paced like the file:// walk."""
+        bucket, _, root = self._root.partition("/")
+        prefix = "/".join(p for p in (root.strip("/"), rel.strip("/")) if p)
+        prefix = prefix + "/" if prefix else ""
+        top = len(root.strip("/") + "/") if root.strip("/") else 0
+        files = size = 0
+        token: str | None = None
+        while True:
+            fs = await self._filesystem()
+            more = {"ContinuationToken": token} if token else {}
+
+            async def page(more: dict[str, str] = more) -> Any:
+                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
+
+            started = time.monotonic()
+            answer = await self._call("list", rel, page)
+            for item in answer.get("Contents", ()):
+                key = str(item["Key"])
+                if not key.endswith("/") and not _upload_rel(key[top:]):
+                    files += 1
+                    size += int(item.get("Size") or 0)
+            token = answer.get("NextContinuationToken")
+            if not answer.get("IsTruncated") or not token:
+                return StoreTotals(files, size)
+            await asyncio.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
 
     async def read_range(self, rel: str, start: int, end: int, *, version: str | None = None,
                          exact: bool = False) -> bytes:
@@ -1183,14 +1307,14 @@ class Store:
                 self._path(rel)  # names first: a link out by name gets the clear message
             st = await self._watched("move", src, self._rename_local, src, dst, file_only=True)
             if st is not None:
-                return UfsStatus(path=dst.strip("/"), name=posixpath.basename(dst.strip("/")), is_dir=False,
+                return UfsStatus(path=dst.strip("/"), is_dir=False,
                                  length=st.st_size, mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
         status = await self.copy(src, dst)
         await self.rm(src)
         return status
 
     def _made(self, rel: str, length: int, version: str) -> UfsStatus:
-        return UfsStatus(path=rel.strip("/"), name=posixpath.basename(rel.strip("/")), is_dir=False, length=length,
+        return UfsStatus(path=rel.strip("/"), is_dir=False, length=length,
                          mtime_unix_ms=int(time.time() * 1000), version=version)
 
     async def _put_s3(self, path: str, local_path: Path) -> str:
@@ -1280,7 +1404,7 @@ class Store:
             os.fsync(folder_fd)
         finally:
             os.close(folder_fd)
-        return UfsStatus(path=rel.strip("/"), name=name, is_dir=False, length=st.st_size,
+        return UfsStatus(path=rel.strip("/"), is_dir=False, length=st.st_size,
                          mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
 
     def _rename_local(self, src: str, dst: str, *, file_only: bool, progress: Progress) -> os.stat_result | None:

@@ -50,6 +50,7 @@ import grpc
 from strata.contract import constants
 from strata.contract.errors import (
     DataLoss,
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
@@ -484,11 +485,49 @@ class StrataClient:
 
     def ls(self, path: str, recursive: bool = False) -> list[pb.FileInfo]:
         """The entries of a folder (a file: itself); each is held as a stat's answer is."""
+        return [info for page in self.ls_pages(path, recursive) for info in page]
+
+    def ls_pages(self, path: str, recursive: bool = False) -> Iterator[list[pb.FileInfo]]:
+        """`ls` page by page, as the master sends them (ListStatusPages): a tree of any size,
+        held one page at a time. Each page must come within master_timeout of the one
+        before (the first may wait on the store's walk); the stream has no limit in all."""
         sent = time.monotonic()
-        response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive), what=f"ls {path}")
-        files = list(response.files)
-        self._hold(files, sent)
-        return files
+        what = f"ls {path} (master {self.master_address})"
+        stream = self.master.ListStatusPages(pb.ListStatusRequest(path=path, recursive=recursive))
+        timeout = self.settings.master_timeout
+        stalled = threading.Event()
+
+        def give_up() -> None:
+            stalled.set()
+            stream.cancel()
+
+        try:
+            while True:
+                watchdog = threading.Timer(timeout, give_up)
+                watchdog.daemon = True
+                watchdog.start()
+                try:
+                    page = next(stream)
+                except StopIteration:
+                    return
+                except grpc.RpcError as exc:
+                    if stalled.is_set():
+                        raise DeadlineExceeded(f"{what}: no page of the listing within {timeout:g}s") from exc
+                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a master older than ListStatusPages
+                        response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive),
+                                             what=f"ls {path}")
+                        files = list(response.files)
+                        self._hold(files, sent)
+                        yield files
+                        return
+                    raise error_of(exc, what) from exc
+                finally:
+                    watchdog.cancel()
+                files = list(page.files)
+                self._hold(files, sent)
+                yield files
+        finally:
+            stream.cancel()
 
     def _changing(self, method: str, request: Any, *, what: str, paths: Iterable[str], below: bool = True) -> Any:
         """A call that changes the namespace at `paths`: what this client holds at (and, with

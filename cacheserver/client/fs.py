@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from datetime import datetime, timezone
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
+from fsspec.dircache import DirCache
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
@@ -35,6 +37,9 @@ SMALL_READ = 1024 * 1024
 # `listings_expiry_time`; `use_listings_cache=False` turns it off). Changes made through this
 # filesystem object drop the listings they touch at once; others show after this long.
 LISTINGS_EXPIRY = 10.0
+# Entries of folders' listings this process keeps at most (for info() of listed files):
+# ~100 MiB of them; a walk of a larger tree lets the oldest listings go.
+LISTINGS_MAX_ENTRIES = 200_000
 # readline() looks for the end of a line in a block file held open this many bytes at a time.
 LINE_WINDOW = 64 * 1024
 
@@ -63,6 +68,40 @@ class _Listing(list[dict[str, Any]]):
         self.by_name = {e["name"]: e for e in entries}
 
 
+class _Listings(DirCache):  # type: ignore[misc]
+    """fsspec's listings cache, holding at most `max_entries` entries in all: the oldest
+    listings go first (fsspec's own keeps every folder a walk of millions of files listed)."""
+
+    def __init__(self, max_entries: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._max_entries = max_entries
+        self._entries = 0
+
+    def __setitem__(self, key: str, value: list[dict[str, Any]]) -> None:
+        self.pop(key, None)
+        super().__setitem__(key, value)
+        if key in self._cache:
+            self._entries += len(value)
+        while self._entries > self._max_entries and len(self._cache) > 1:
+            self.pop(next(iter(self._cache)))
+
+    def __getitem__(self, key: str) -> list[dict[str, Any]]:
+        expiry = self.listings_expiry_time
+        if expiry is not None and key in self._cache and time.time() - self._times.get(key, 0) > expiry:
+            del self[key]
+        return self._cache[key]  # type: ignore[no-any-return]
+
+    def __delitem__(self, key: str) -> None:
+        value = self._cache.pop(key)
+        self._times.pop(key, None)
+        self._entries -= len(value)
+
+    def clear(self) -> None:
+        super().clear()
+        self._times.clear()
+        self._entries = 0
+
+
 class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     protocol = "strata"
     root_marker = "/"
@@ -72,6 +111,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
                  **kwargs: Any) -> None:
         kwargs.setdefault("listings_expiry_time", LISTINGS_EXPIRY)
         super().__init__(**kwargs)
+        self.dircache = _Listings(LISTINGS_MAX_ENTRIES, **kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit)
         if readahead is not None and readahead < 0:
             raise InvalidArgument(f"readahead must be a number of blocks >= 0, got {readahead}")
@@ -152,9 +192,11 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
             info = self.client.stat(path)
         except NotFound:
             return {} if detail else []  # as every fsspec filesystem: nothing found
-        entries = [info] if not info.is_dir else self.client.ls(path, recursive=True)
-        found = {e.path: _info_dict(e) for e in entries if withdirs or not e.is_dir}
-        return found if detail else sorted(found)
+        # Page by page: the answer is all that is held of a tree of millions of files.
+        pages = [[info]] if not info.is_dir else self.client.ls_pages(path, recursive=True)
+        if not detail:
+            return sorted(e.path for page in pages for e in page if withdirs or not e.is_dir)
+        return {e.path: _info_dict(e) for page in pages for e in page if withdirs or not e.is_dir}
 
     def ukey(self, path: str) -> str:
         return str(self.info(path)["version"])

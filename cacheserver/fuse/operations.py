@@ -585,18 +585,17 @@ class StrataOperations:
     @_errors
     def readdir(self, path: str, fh: Any) -> list[Any]:
         ns = self._ns(path)
+        names: dict[str, int] = {}
         try:
-            entries = self.client.ls(ns)
+            for entries in self.client.ls_pages(ns):  # a folder of any size, a page at a time
+                if len(entries) == 1 and entries[0].path == ns and not entries[0].is_dir:
+                    raise FuseError(errno.ENOTDIR)
+                for entry in entries:
+                    self._attrs.put(entry)
+                    names[entry.name] = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
         except NotFound:
             if ns not in self._new_dirs:
                 raise
-            entries = []
-        if len(entries) == 1 and entries[0].path == ns and not entries[0].is_dir:
-            raise FuseError(errno.ENOTDIR)
-        names: dict[str, int] = {}
-        for entry in entries:
-            self._attrs.put(entry)
-            names[entry.name] = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
         with self._lock:
             for d in self._new_dirs:
                 if parent(d) == ns:

@@ -13,17 +13,25 @@ from dataclasses import dataclass, field
 import grpc
 
 from strata.contract.config import ServerConfig
-from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError, Unavailable
+from strata.contract.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    StrataError,
+    Unavailable,
+)
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from strata.contract.rpc import aio_channel, error_of
+from strata.contract.rpc import MAX_MESSAGE_BYTES, aio_channel, error_of
 from strata.contract.urls import shown_url
 from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
-from ..namespace.metadata import FileEntry, Namespace, upload_rel
+from ..namespace.metadata import LIST_PAGE_ENTRIES, FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, normalize
@@ -38,6 +46,9 @@ log = logging.getLogger(__name__)
 # How many CacheBlocks calls a load keeps in flight, and how many blocks each carries.
 LOAD_CONCURRENCY = 4
 LOAD_BATCH_BLOCKS = 2
+# Entries a page of ListStatusPages may hold at most: ~5,000 * 4 KiB paths stays well below
+# the 64 MiB message limit.
+MAX_LIST_PAGE_ENTRIES = 5000
 # How long store totals of a mount (bytes, files) are reused before walking the store again.
 UFS_TOTALS_MAX_AGE = 60.0
 # Seconds the master gives the store to move an uploaded file into place (a server-side copy
@@ -171,6 +182,7 @@ class MasterService(pb_grpc.MasterServicer):
         self.blocks = BlockIndex()
         self.loads: dict[str, LoadJob] = {}
         self.ufs_totals: dict[int, UfsTotals] = {}
+        self._totalling: dict[int, asyncio.Task[object]] = {}  # by mount id: the walk under way
         self._table_version = 1
         self._background = BackgroundTasks()
         self._worker_channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
@@ -346,7 +358,7 @@ class MasterService(pb_grpc.MasterServicer):
         if existing is not None and existing.mount_id != mount.mount_id:
             self._background.spawn(self._free_blocks(existing.mount_id, ""), f"free-replaced-{existing.mount_id}")
         self._bump_table()
-        self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+        self._total_store(mount)
         log.info("mounted %s -> %s (mount id %d)", mount.path, shown_url(mount.source), mount.mount_id)
         return pb.MountResponse(mount=mount_to_proto(mount, with_credentials=False, pinned=self._pinned_prefixes(mount)),
                                 changed=True)
@@ -356,6 +368,9 @@ class MasterService(pb_grpc.MasterServicer):
         mount = self.mounts.remove(normalize(request.path))
         self._bump_table()
         self.ufs_totals.pop(mount.mount_id, None)
+        totalling = self._totalling.pop(mount.mount_id, None)
+        if totalling is not None:
+            totalling.cancel()
         for path in [p for p in self.loads if is_under(p, mount.path)]:
             self.loads.pop(path).cancel()
         if request.free:
@@ -389,8 +404,34 @@ class MasterService(pb_grpc.MasterServicer):
     @rpcutil.unary
     async def ListStatus(self, request: pb.ListStatusRequest, context: grpc.aio.ServicerContext) -> pb.ListStatusResponse:
         self.metadata_requests["ListStatus"] += 1
-        entries = await self.namespace.list_status(normalize(request.path), recursive=request.recursive)
-        return pb.ListStatusResponse(files=[self._file_info(e, reusable=True) for e in entries])
+        response = pb.ListStatusResponse()
+        size = 0
+        async for page in self._listing_pages(request, LIST_PAGE_ENTRIES):
+            size += page.ByteSize()
+            if size > MAX_MESSAGE_BYTES:
+                raise ResourceExhausted(
+                    f"the listing of {request.path} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
+                    "list it in pages (ListStatusPages, which clients of this version use)"
+                )
+            response.files.extend(page.files)
+        return response
+
+    @rpcutil.streaming
+    async def ListStatusPages(self, request: pb.ListStatusRequest,
+                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListStatusResponse]:
+        self.metadata_requests["ListStatus"] += 1
+        if request.page_size > MAX_LIST_PAGE_ENTRIES:
+            raise InvalidArgument(f"a listing's page holds at most {MAX_LIST_PAGE_ENTRIES} entries, "
+                                  f"asked for {request.page_size}")
+        async for page in self._listing_pages(request, request.page_size or LIST_PAGE_ENTRIES):
+            yield page
+
+    async def _listing_pages(self, request: pb.ListStatusRequest, size: int) -> AsyncIterator[pb.ListStatusResponse]:
+        """A listing as messages of at most `size` entries, each made once the one before
+        was taken (gRPC's flow control paces a slow reader; between pages the master serves
+        other requests)."""
+        async for entries in self.namespace.list_pages(normalize(request.path), recursive=request.recursive, page=size):
+            yield pb.ListStatusResponse(files=[self._file_info(e, reusable=True) for e in entries])
 
     @rpcutil.unary
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
@@ -722,14 +763,23 @@ class MasterService(pb_grpc.MasterServicer):
 
     # -- report ------------------------------------------------------------------------------
 
+    def _total_store(self, mount: NsMount) -> None:
+        """Total the store of `mount` in the background, unless a walk of it is under way:
+        reports answer from the last totals meanwhile (a walk of millions of files takes
+        minutes, paced by `Store.totals`; one at a time however often reports ask)."""
+        running = self._totalling.get(mount.mount_id)
+        if running is None or running.done():
+            self._totalling[mount.mount_id] = self._background.spawn(self._refresh_ufs_totals(mount),
+                                                                     f"ufs-totals-{mount.mount_id}")
+
     async def _refresh_ufs_totals(self, mount: NsMount) -> None:
         try:
-            entries = await self.namespace.list_status(mount.path, recursive=True)
+            totals = await self.mounts.store(mount).totals()
         except StrataError as exc:
             log.warning("cannot total the store of %s: %s", mount.path, exc)
             return
-        files = [e for e in entries if not e.is_dir]
-        self.ufs_totals[mount.mount_id] = UfsTotals(sum(f.length for f in files), len(files), time.monotonic())
+        if self.mounts.by_id(mount.mount_id) is not None:  # not unmounted meanwhile
+            self.ufs_totals[mount.mount_id] = UfsTotals(totals.total_bytes, totals.files, time.monotonic())
 
     @rpcutil.unary
     async def GetCapacity(self, request: pb.GetCapacityRequest, context: grpc.aio.ServicerContext) -> pb.GetCapacityResponse:
@@ -758,7 +808,7 @@ class MasterService(pb_grpc.MasterServicer):
         for mount in self.mounts.list():
             totals = self.ufs_totals.get(mount.mount_id)
             if not mount.unusable and (totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE):
-                self._background.spawn(self._refresh_ufs_totals(mount), f"ufs-totals-{mount.mount_id}")
+                self._total_store(mount)
             by_host: dict[str, int] = {}
             for worker_id, n in self.blocks.cached_bytes_by_worker(mount.mount_id).items():
                 host = self._host_of(worker_id) or worker_id
@@ -769,6 +819,7 @@ class MasterService(pb_grpc.MasterServicer):
                 cached_bytes_by_host=by_host,
                 ufs_total_bytes=totals.total_bytes if totals else 0,
                 ufs_files=totals.files if totals else 0,
+                ufs_totals_age_ms=int((time.monotonic() - totals.at) * 1000) if totals else -1,
                 loads=[job.report(self.blocks, settle) for p, job in sorted(self.loads.items()) if is_under(p, mount.path)],
                 pending_uploads=pending.get(mount.mount_id, pb.PendingUploads(mount_id=mount.mount_id)),
             ))

@@ -39,9 +39,10 @@ The overlay and the pins are saved in the state directory, like the mount table.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -59,14 +60,15 @@ from strata.contract.errors import (
 from ..ufs import StoreTimeouts, UfsStatus, is_upload_temp
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
+from .statuses import Folder, Statuses, find_listed
 from .statefile import StateFile
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "namespace.json"
-# Directory listings (recursive ones especially) are spread over at most this many
-# concurrent store requests when a listing spans several mounts.
-LIST_CONCURRENCY = 8
+# Entries a listing makes at a time (`Namespace.list_pages`); the master sends each page as one
+# message (~135 bytes an entry, more with long paths: ~1 MiB at 4,096-byte paths a page of 250).
+LIST_PAGE_ENTRIES = 1000
 # The longest a client may reuse an answer (`Namespace.valid_for`), whatever the mount's
 # interval ("never" included): a client misses an early invalidation of its answer until its
 # next block read of the file, and a remount or pin made through another client, for at
@@ -76,7 +78,7 @@ LIST_CONCURRENCY = 8
 MAX_ANSWER_REUSE = 300.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     path: str  # namespace path
     name: str
@@ -113,18 +115,14 @@ class OverlayEntry:
     landed: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Fetched:
     value: Any
     started: float  # time.monotonic() when the store request began
-    _by_path: dict[str, UfsStatus] | None = None
 
     def listed(self, rel: str) -> UfsStatus | None:
-        """The entry for `rel` in this listing (a list or walk answer), by an index made at the
-        first look (a folder of 100,000 files is not scanned for each stat it answers)."""
-        if self._by_path is None:
-            self._by_path = {s.path: s for s in self.value or ()}
-        return self._by_path.get(rel)
+        """The entry for `rel` in this listing (a list or walk answer)."""
+        return None if self.value is None else find_listed(self.value, rel)
 
 
 def _fresh(started: float, now: float, interval: float) -> bool:
@@ -214,20 +212,32 @@ class _MountCache:
         self.flights.clear()
         self.epoch += 1
 
-    def remember(self, kind: str, rel: str, value: Any, started: float) -> None:
+    def remember(self, kind: str, rel: str, value: Any, started: float,
+                 listings: dict[str, Folder] | None = None) -> None:
+        """Keep a store's answer; a walk's with the listings of the folders it found
+        (`walk_listings`)."""
         self.entries[(kind, rel)] = _Fetched(value, started)
-        if kind != "walk" or value is None or any(s.path == rel for s in value):
-            return  # not a walk of a directory (a walk of a file finds the file itself)
-        # A walk is a complete snapshot of the tree: it answers listings and stats below it.
-        children: dict[str, list[UfsStatus]] = {rel: []}
-        for status in value:
-            children.setdefault(_rel_parent(status.path), []).append(status)
-            if status.is_dir:
-                children.setdefault(status.path, [])
-            self.entries[("info", status.path)] = _Fetched(status, started)
-        for directory, listed in children.items():
-            if _rel_under(directory, rel):
-                self.entries[("list", directory)] = _Fetched(listed, started)
+        for directory, listed in (listings or {}).items():
+            self.entries[("list", directory)] = _Fetched(listed, started)
+
+
+def walk_listings(rel: str, walked: Statuses | None) -> dict[str, Folder]:
+    """The listing of every folder a walk of `rel` found, by folder: a walk is a complete
+    snapshot of the tree, so it answers listings below it, and stats from those
+    (Namespace._known_status) with no entry of each file's own. Nothing for a walk of a
+    file (which finds the file itself). Pure: made off the event loop."""
+    if walked is None or walked.find(rel) is not None:
+        return {}
+    children: dict[str, Folder] = {rel: Folder(walked)}
+    for position, status in enumerate(walked):
+        parent = _rel_parent(status.path)
+        folder = children.get(parent)
+        if folder is None:
+            folder = children[parent] = Folder(walked)
+        folder.append(position)
+        if status.is_dir and status.path not in children:
+            children[status.path] = Folder(walked)
+    return {directory: listed for directory, listed in children.items() if _rel_under(directory, rel)}
 
 
 class Namespace:
@@ -394,10 +404,14 @@ class Namespace:
         stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
         if stale is None:
             return await self._fetch_from_store(mount, kind, rel)
+        # A walk of a large tree takes as long as the tree is large: only its error (a store
+        # that cannot be reached, or a walk that made no progress for the stall timeout)
+        # tells an outage. A status or a folder's listing past `stale_after` does.
+        patience = None if kind == "walk" else self._stale_after
         try:
             # The store request goes on (shielded) when this wait ends: its answer, if it
             # comes, refreshes the cache for the next caller.
-            return await asyncio.wait_for(self._fetch_from_store(mount, kind, rel), self._stale_after)
+            return await asyncio.wait_for(self._fetch_from_store(mount, kind, rel), patience)
         except (Unavailable, DeadlineExceeded) as exc:  # before TimeoutError: a subclass of it
             reason = str(exc)
         except TimeoutError:
@@ -426,9 +440,10 @@ class Namespace:
         now = time.monotonic()
         flight = cache.flights.get(key)
         if flight is not None and _fresh(flight[0], now, interval):
-            return await asyncio.shield(flight[1])
+            joined, _ = await asyncio.shield(flight[1])
+            return joined
         epoch = cache.epoch
-        task = asyncio.ensure_future(self._ask_store(mount, kind, rel))
+        task = asyncio.ensure_future(self._asked(mount, kind, rel))
         entry = (now, task)
         cache.flights[key] = entry
 
@@ -438,10 +453,20 @@ class Namespace:
             if done.cancelled() or done.exception() is not None:
                 return
             if cache.epoch == epoch and interval != 0:
-                cache.remember(kind, rel, done.result(), now)
+                answer, listings = done.result()
+                cache.remember(kind, rel, answer, now, listings)
 
         task.add_done_callback(landed)
-        return await asyncio.shield(task)
+        answer, _ = await asyncio.shield(task)
+        return answer
+
+    async def _asked(self, mount: Mount, kind: str, rel: str) -> tuple[Any, dict[str, Folder] | None]:
+        """The store's answer for (kind, rel), and a walk's listings (made in a thread: a walk
+        of a million files takes seconds to sort out)."""
+        answer = await self._ask_store(mount, kind, rel)
+        if kind != "walk":
+            return answer, None
+        return answer, await asyncio.to_thread(walk_listings, rel, answer)
 
     async def _ask_store(self, mount: Mount, kind: str, rel: str) -> Any:
         store = self._mounts.store(mount)
@@ -458,7 +483,12 @@ class Namespace:
             return None
         if kind == "info":
             return answer
-        return [status for status in _nameable(mount, store.url(rel), answer) if not is_upload_path(status.path)]
+
+        def kept() -> Statuses:
+            return Statuses(status for status in _nameable(mount, store.url(rel), answer)
+                            if not is_upload_path(status.path))
+
+        return kept() if kind == "list" else await asyncio.to_thread(kept)
 
     def _known_status(self, mount: Mount, rel: str) -> _Fetched | None:
         """What the cache can say is at `rel` (its value the status, None: nothing) and when
@@ -524,11 +554,26 @@ class Namespace:
     async def list_status(self, path: str, recursive: bool = False) -> list[FileEntry]:
         """The entries in directory `path` (with `recursive`, everything below it), sorted
         by path; a file lists as itself."""
+        entries = [entry async for page in self.list_pages(path, recursive) for entry in page]
+        if self._mounts.find(normalize(path)) is None:
+            entries.sort(key=lambda e: e.path)  # mounts' trees side by side
+        return entries
+
+    async def list_pages(self, path: str, recursive: bool = False, *,
+                         page: int = LIST_PAGE_ENTRIES) -> AsyncIterator[list[FileEntry]]:
+        """`list_status` in pages of at most `page` entries, each made when the one before
+        was taken (a listing of millions of files is never held as entries at once, and the
+        event loop serves other requests between pages). Sorted by path within each mount;
+        a recursive listing above mount points gives each mount's tree after its root."""
+        if page <= 0:
+            raise InvalidArgument(f"a listing's page must hold at least one entry, got {page}")
         path = normalize(path)
         self._sync_mounts()
         mount = self._mounts.find(path)
         if mount is None:
-            return await self._list_above_mounts(path, recursive)
+            async for chunk in self._pages_above_mounts(path, recursive, page):
+                yield chunk
+            return
         mount.check_usable()
         rel = relative(path, mount.path)
         if rel:
@@ -537,34 +582,55 @@ class Namespace:
             if status is not None and not status.is_dir:
                 file_entry = self._merge(mount, rel, status)
                 if file_entry is not None:
-                    return [file_entry]
-        statuses: list[UfsStatus] | None = await self._fetch(mount, "walk" if recursive else "list", rel)
+                    yield [file_entry]
+                    return
+        statuses: Sequence[UfsStatus] | None = await self._fetch(mount, "walk" if recursive else "list", rel)
         if statuses is None:
             if rel == "":
                 statuses = []  # an empty mount (e.g. a bucket prefix with no objects yet)
             else:
                 entry = await self.get_status(path)  # NotFound, or a file/dir only Strata knows
                 if not entry.is_dir:
-                    return [entry]
+                    yield [entry]
+                    return
                 statuses = []
         elif rel and len(statuses) == 1 and statuses[0].path == rel and not statuses[0].is_dir:
             file_entry = self._merge(mount, rel, statuses[0])
-            return [file_entry] if file_entry is not None else []
-        return self._merge_dir(mount, rel, statuses, recursive)
+            if file_entry is not None:
+                yield [file_entry]
+            return
+        taken: list[FileEntry] = []
+        for entry in heapq.merge(self._merged(mount, statuses), self._written_extra(mount, rel, statuses, recursive),
+                                 key=lambda e: e.path):
+            taken.append(entry)
+            if len(taken) >= page:
+                yield taken
+                taken = []
+                await asyncio.sleep(0)
+        if taken:
+            yield taken
 
-    def _merge_dir(self, mount: Mount, rel: str, statuses: list[UfsStatus], recursive: bool) -> list[FileEntry]:
-        """A directory's entries: the store's, with written files and their parents added."""
-        listed = {s.path: s for s in statuses}
-        out: dict[str, FileEntry] = {}
+    def _merged(self, mount: Mount, statuses: Sequence[UfsStatus]) -> Iterator[FileEntry]:
+        """The store's entries of a listing, with the overlay applied, one at a time."""
         for status in statuses:
             merged = self._merge(mount, status.path, status)
             if merged is not None:
-                out[merged.path] = merged
+                yield merged
+
+    def _written_extra(self, mount: Mount, rel: str, statuses: Sequence[UfsStatus], recursive: bool) -> list[FileEntry]:
+        """What a listing of `rel` shows beyond the store's `statuses` (sorted by path): files
+        written through Strata and not in the store yet, and their folders; sorted by path.
+        A persisted written file the listing lacks was deleted outside Strata: forgotten."""
+
+        def listed(file_rel: str) -> bool:
+            return find_listed(statuses, file_rel) is not None
+
+        out: dict[str, FileEntry] = {}
         base = join(mount.path, rel)
         for path, written in self._written_below(mount, base):
             file_rel = relative(path, mount.path)
             if recursive or _rel_parent(file_rel) == rel:
-                if file_rel not in listed:
+                if not listed(file_rel):
                     if written.persisted:
                         # The store listing is fresh and lacks it: deleted outside Strata.
                         del self._overlay[path]
@@ -581,12 +647,13 @@ class Namespace:
                 parents = [join(rel, below.split("/", 1)[0]) if rel else below.split("/", 1)[0]]
             for parent_rel in parents:
                 parent_path = join(mount.path, parent_rel)
-                if parent_rel not in listed and parent_path not in out:
+                if not listed(parent_rel) and parent_path not in out:
                     out[parent_path] = self._dir_entry(parent_path, mount)
         return sorted(out.values(), key=lambda e: e.path)
 
-    async def _list_above_mounts(self, path: str, recursive: bool) -> list[FileEntry]:
-        """Listing "/" or a directory that only holds mount points."""
+    async def _pages_above_mounts(self, path: str, recursive: bool, page: int) -> AsyncIterator[list[FileEntry]]:
+        """Listing "/" or a directory that only holds mount points: its children, then
+        (recursive) each child's tree in turn."""
         if not self._holds_mounts(path):
             self._mounts.resolve(path)  # raises NotFound naming the mounts
         children: dict[str, FileEntry] = {}
@@ -596,17 +663,13 @@ class Namespace:
             below = mount.path[len(path):].lstrip("/")
             child = join(path, below.split("/", 1)[0])
             children[child] = self._mount_root(mount) if child == mount.path else self._dir_entry(child, None)
-        out = list(children.values())
+        out = sorted(children.values(), key=lambda e: e.path)
+        for at in range(0, len(out), page):
+            yield out[at:at + page]
         if recursive:
-            limit = asyncio.Semaphore(LIST_CONCURRENCY)
-
-            async def below_child(child: str) -> list[FileEntry]:
-                async with limit:
-                    return await self.list_status(child, recursive=True)
-
-            for more in await asyncio.gather(*(below_child(e.path) for e in out)):
-                out.extend(more)
-        return sorted(out, key=lambda e: e.path)
+            for entry in out:
+                async for chunk in self.list_pages(entry.path, recursive=True, page=page):
+                    yield chunk
 
     # -- changes ------------------------------------------------------------------------------------
 

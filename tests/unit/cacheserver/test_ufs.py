@@ -25,6 +25,7 @@ from strata.cacheserver.master.service import mount_to_proto
 from strata.cacheserver.namespace.metadata import Namespace, check_writable
 from strata.cacheserver.namespace.mounts import MountTable
 from strata.cacheserver.retry import RetrySettings
+from strata.contract.constants import UPLOAD_DIR
 from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
 from strata.contract.errors import (
     DataLoss,
@@ -121,6 +122,16 @@ async def test_walk_finds_every_file_below(backend: Backend) -> None:
         ("a/b/c/3", False), ("z", False),
     ]
     assert [s.path for s in await backend.store.walk("z")] == ["z"]
+
+
+async def test_totals_count_the_files_and_bytes_below_a_folder_without_uploads(backend: Backend) -> None:
+    for rel, size in (("a/1", 1), ("a/b/2", 20), ("a/b/c/3", 300), ("z", 4000),
+                      (f"{UPLOAD_DIR}/pending", 50000), ("a/.strata-upload-1.tmp", 7)):
+        backend.put_outside(rel, b"x" * size)
+    totals = await backend.store.totals()
+    assert (totals.files, totals.total_bytes) == (4, 4321)
+    below = await backend.store.totals("a/b")
+    assert (below.files, below.total_bytes) == (2, 320)
 
 
 async def test_read_range_returns_exactly_the_bytes_asked_for(backend: Backend) -> None:
@@ -837,6 +848,7 @@ async def test_links_out_of_a_file_root_are_refused_and_left_out_of_listings(lin
     assert [(s.path, s.is_dir) for s in await store.ls("")] == [("alias", True), ("ok.txt", False), ("sub", True)]
     # A linked folder inside the root lists as a folder; a loop is walked once round.
     assert [s.path for s in await store.walk("")] == ["alias/deep.txt", "ok.txt", "sub/deep.txt"]
+    assert (await store.totals()).files == 3
     assert [(s.path, s.is_dir) for s in await store.ls("alias")] == [("alias/deep.txt", False), ("alias/loop", True)]
     assert await store.read_range("alias/deep.txt", 0, 4) == b"deep"
 

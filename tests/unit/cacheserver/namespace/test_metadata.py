@@ -17,6 +17,7 @@ from tinydisk import filled, tiny_disk
 
 from strata.cacheserver.namespace.metadata import MAX_ANSWER_REUSE, FileEntry, Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+from strata.cacheserver.ufs import StoreTimeouts
 from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -241,6 +242,27 @@ async def test_an_unreachable_store_is_answered_from_expired_metadata() -> None:
         await env.ns.get_status("/m/d/never-seen")
 
 
+async def test_a_slow_walk_of_a_healthy_store_is_waited_for_not_served_stale() -> None:
+    """A walk of a large tree takes long; only an error of the store (or a folder's listing
+    past stale_after) is an outage."""
+    env = Env(None, metadata_sync_interval=STALE_INTERVAL)
+    ns = Namespace(env.mounts, None, block_size=BLOCK, timeouts=StoreTimeouts(stale_after=0.2))
+    env.put("d/f", b"one")
+    await ns.list_status("/m", recursive=True)
+    await ns.list_status("/m/d")
+    env.put("d/g", b"new")
+    await asyncio.sleep(STALE_INTERVAL * 1.5)
+    GatedMemoryFileSystem.gate.clear()  # each store call takes a while
+    walk = asyncio.ensure_future(ns.list_status("/m", recursive=True))
+    listing = asyncio.ensure_future(ns.list_status("/m/d"))
+    await asyncio.sleep(0.6)
+    assert listing.done() and paths(listing.result()) == ["/m/d/f"]  # a listing past stale_after: stale
+    assert not walk.done()
+    GatedMemoryFileSystem.gate.set()
+    assert paths(await walk) == ["/m/d", "/m/d/f", "/m/d/g"]
+    assert ns.stale_served == {"/m": 1}
+
+
 async def test_stale_if_error_off_fails_with_the_outage() -> None:
     env = await expired_warm_env(stale_if_error=False)
     GatedMemoryFileSystem.failure = ConnectionRefusedError(111, "Connection refused")
@@ -283,6 +305,21 @@ async def test_a_recursive_listing_answers_later_stats_and_listings() -> None:
     assert (await env.ns.get_status("/m/a/b/c")).length == 1
     assert await env.ns.list_status("/m/a/b/c") == [await env.ns.get_status("/m/a/b/c")]
     assert env.calls == Counter({"find": 1})
+
+
+async def test_a_listing_comes_in_pages_of_the_size_asked_with_written_files_in_place() -> None:
+    env = Env(None, metadata_sync_interval=-1)
+    for name in ("a/1", "a/3", "b/1", "c"):
+        env.put(name, b"x")
+    env.ns.commit_file("/m/a/2", length=1, version="w1", persisted=False)
+    env.ns.commit_file("/m/bb/new", length=1, version="w2", persisted=False)
+    pages = [paths(page) async for page in env.ns.list_pages("/m", recursive=True, page=2)]
+    assert pages == [["/m/a", "/m/a/1"], ["/m/a/2", "/m/a/3"], ["/m/b", "/m/b/1"], ["/m/bb", "/m/bb/new"], ["/m/c"]]
+    assert paths(await env.ns.list_status("/m", recursive=True)) == [p for page in pages for p in page]
+    assert [paths(page) async for page in env.ns.list_pages("/m", page=3)] == [["/m/a", "/m/b", "/m/bb"], ["/m/c"]]
+    assert [paths(page) async for page in env.ns.list_pages("/m/a/1")] == [["/m/a/1"]]
+    with pytest.raises(InvalidArgument, match="at least one entry, got 0"):
+        [page async for page in env.ns.list_pages("/m", page=0)]
 
 
 async def test_concurrent_misses_make_one_store_listing() -> None:

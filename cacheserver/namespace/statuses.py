@@ -1,0 +1,126 @@
+"""A store's listing as the master keeps it: columns of plain values, not an object a file.
+
+The master keeps what a store listed for as long as the mount's metadata sync interval (an
+hour, say) and a walk of a tree lists every file in it. As `UfsStatus` objects, a file cost
+~320 bytes and one object the garbage collector looks at in each full collection (seconds of
+the master's time at a million files). Here a file is its path and version strings (often
+shared with the walk that listed it), two 8-byte numbers and a byte, and its position in its
+folder's listing (`Folder`): ~180 bytes, and nothing the collector looks at. `UfsStatus` objects are made again when an entry is read.
+"""
+
+from __future__ import annotations
+
+import bisect
+from abc import abstractmethod
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
+
+from ..ufs import UfsStatus
+
+
+class _Listing(Sequence[UfsStatus]):
+    """A listing's entries, made as they are read."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def _entry(self, index: int) -> UfsStatus:
+        """The entry at `index` (negative: from the end)."""
+
+    @overload
+    def __getitem__(self, index: int) -> UfsStatus: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[UfsStatus]: ...
+
+    def __getitem__(self, index: int | slice) -> UfsStatus | Sequence[UfsStatus]:
+        if isinstance(index, slice):
+            return [self._entry(i) for i in range(*index.indices(len(self)))]
+        return self._entry(index)
+
+
+class Statuses(_Listing):
+    """Statuses sorted by path (as stores' listings and walks come), kept as columns."""
+
+    __slots__ = ("_paths", "_versions", "_lengths", "_mtimes", "_dirs")
+
+    def __init__(self, statuses: Iterable[UfsStatus] = ()) -> None:
+        self._paths: list[str] = []
+        self._versions: list[str] = []
+        self._lengths = array("q")
+        self._mtimes = array("q")
+        self._dirs = bytearray()
+        for status in statuses:
+            self.append(status)
+
+    def append(self, status: UfsStatus) -> None:
+        """Add a status after the others (its path sorts after theirs)."""
+        self._paths.append(status.path)
+        self._versions.append(status.version)
+        self._lengths.append(status.length)
+        self._mtimes.append(status.mtime_unix_ms)
+        self._dirs.append(status.is_dir)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def _entry(self, index: int) -> UfsStatus:
+        return UfsStatus(self._paths[index], bool(self._dirs[index]), self._lengths[index], self._mtimes[index],
+                         self._versions[index])
+
+    def __iter__(self) -> Iterator[UfsStatus]:
+        for path, is_dir, length, mtime, version in zip(self._paths, self._dirs, self._lengths, self._mtimes,
+                                                         self._versions):
+            yield UfsStatus(path, bool(is_dir), length, mtime, version)
+
+    @property
+    def paths(self) -> Sequence[str]:
+        return self._paths
+
+    def find(self, rel: str) -> UfsStatus | None:
+        """The status of `rel`, by bisection of the paths; None if it is not listed."""
+        at = bisect.bisect_left(self._paths, rel)
+        return self[at] if at < len(self._paths) and self._paths[at] == rel else None
+
+
+class Folder(_Listing):
+    """One folder's listing out of a walk's statuses: the positions of its entries in the
+    walk's columns (8 bytes an entry, where a copy of the columns took ~33)."""
+
+    __slots__ = ("_walk", "_at")
+
+    def __init__(self, walk: Statuses) -> None:
+        self._walk = walk
+        self._at = array("q")
+
+    def append(self, position: int) -> None:
+        """Add the walk's entry at `position` (after the others: the walk is sorted)."""
+        self._at.append(position)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def _entry(self, index: int) -> UfsStatus:
+        return self._walk[self._at[index]]
+
+    def __iter__(self) -> Iterator[UfsStatus]:
+        walk = self._walk
+        for position in self._at:
+            yield walk[position]
+
+    def find(self, rel: str) -> UfsStatus | None:
+        """The status of `rel`, by bisection; None if it is not in this folder."""
+        paths = self._walk.paths
+        at = bisect.bisect_left(self._at, rel, key=lambda position: paths[position])
+        return self[at] if at < len(self._at) and paths[self._at[at]] == rel else None
+
+
+def find_listed(statuses: Sequence[UfsStatus], rel: str) -> UfsStatus | None:
+    """The entry for `rel` in a listing sorted by path (as every store answer and cached
+    listing is), by bisection: a folder of 100,000 files is neither scanned for each stat
+    it answers nor indexed (an index would hold another ~100 bytes a file)."""
+    if isinstance(statuses, (Statuses, Folder)):
+        return statuses.find(rel)
+    at = bisect.bisect_left(statuses, rel, key=lambda s: s.path)
+    return statuses[at] if at < len(statuses) and statuses[at].path == rel else None
