@@ -31,6 +31,10 @@ PEER_REFRESH_SECONDS = 5.0
 # Seconds one peer may take to send one block of a copy of a file not in the store yet (no
 # other source of its bytes: the copy waits for a slow holder).
 PEER_READ_TIMEOUT = 120.0
+# Seconds the master may take to say where a missed block is (within the peer wait). It
+# answers from memory, in milliseconds; one that takes a second is stopped or cut off, and
+# the reader is better served by the store than by waiting out the whole peer wait.
+LOCATE_TIMEOUT = 1.0
 # Seconds a worker fetches its misses from the store without asking the master where they
 # are after the master did not answer (a master outage costs one wait, not one a block).
 LOCATE_BACKOFF_SECONDS = 5.0
@@ -139,7 +143,7 @@ class Peers:
         deadline = time.monotonic() + wait
         try:
             (location,) = await self._link.client.locate_blocks(
-                [ref], timeout=wait, what=f"the holders of block {ref.index} of {ref.path}")
+                [ref], timeout=min(wait, LOCATE_TIMEOUT), what=f"the holders of block {ref.index} of {ref.path}")
         except (StrataError, ValueError) as exc:
             self._locate_after = time.monotonic() + LOCATE_BACKOFF_SECONDS
             log.warning("could not ask the master where block %d of %s is (%s); fetching from the store "
