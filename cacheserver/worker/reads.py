@@ -171,17 +171,18 @@ class BlockReads:
             "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
         )
 
-    async def _read_store(self, ref: pb.BlockRef, start: int, end: int) -> bytes:
+    async def _read_store(self, ref: pb.BlockRef, start: int, end: int,
+                          version: asyncio.Future[str] | None = None) -> bytes:
         """Bytes [start, end) of the file `ref` names, from the store, of the version the
         namespace gives it. If the store holds another version now, the master is told to
         look again (so that the reader's next open names the new version) before the reader
         gets the error. The block lies within the file the namespace describes, so the store
         must send every byte asked for (DataLoss otherwise): a short answer served as is would
         leave a reader waiting for bytes promised and never sent, or a copy with bytes missing."""
-        version = await self._store_version(ref)
+        wanted = await (version if version is not None else self._store_version(ref))
         mount = await self.mounts.get(ref.mount_id)
         try:
-            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version, exact=True)
+            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=wanted, exact=True)
         except VersionChanged:
             self.statuses.forget(ref.path)
             try:
@@ -228,14 +229,24 @@ class BlockReads:
 
     async def _read_missed(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes [offset, offset+length) of a block this worker misses: from a live worker
-        that holds it (checked in transit), else from the store."""
-        data = await self._held_elsewhere(ref, offset, length)
+        that holds it (checked in transit), else from the store. The namespace is asked for
+        the version a store fetch needs while the holders are: a master that does not answer
+        costs the reader one wait, not two in a row."""
+        version = asyncio.ensure_future(self._store_version(ref))
+        # Its refusal matters only to a store fetch (which awaits it and gets it then).
+        version.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            data = await self._held_elsewhere(ref, offset, length)
+        except BaseException:
+            version.cancel()
+            raise
         if data is not None:
+            version.cancel()
             self.counters.peer_reads += 1
             self.counters.peer_bytes_read += len(data)
             return data
         start = key_of(ref).offset + offset
-        return await self._read_store(ref, start, start + length)
+        return await self._read_store(ref, start, start + length, version)
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes of a block not cached here, when the cache cannot take the block: from the
