@@ -9,15 +9,16 @@ import grpc
 import pytest
 
 from strata.cacheserver import rpcutil
+from strata.cacheserver.master.blocks import MAX_LOCATE_BLOCKS
 from strata.cacheserver.worker.membership import Endpoints
 from strata.cacheserver.worker.server import WorkerParts
 from strata.cacheserver.worker.service import WorkerService
 from strata.contract import rpc
-from strata.contract.errors import FailedPrecondition
+from strata.contract.errors import FailedPrecondition, InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
-from .conftest import BLOCK, CREDENTIALS, Cluster, chunks
+from .conftest import BLOCK, CREDENTIALS, Cluster, chunks, ref_for
 
 DATA = bytes(range(251)) * 50  # three blocks and a part
 
@@ -101,3 +102,18 @@ async def test_a_held_only_read_answers_from_the_cache_alone(
                                                 timeout=30)]
         assert b"".join(c.data for c in read) == DATA[BLOCK + 10:BLOCK + 110]
         assert holder.reads.counters.peer_bytes_served == 100
+
+
+async def test_the_master_says_where_blocks_are_from_its_index_and_bounds_the_question(cluster: Cluster) -> None:
+    await cluster.mount()
+    cluster.put("m/located", DATA)
+    parts = await cluster.worker("w1")
+    info = await cluster.status("/m/located")
+    refs = [ref_for(info, i) for i in range(4)]
+    await parts.reads.cache_blocks(refs[:2])
+    await parts.membership.heartbeat_once()
+    located = await parts.link.client.locate_blocks(refs)
+    assert [(b.index, list(b.worker_ids), list(b.hosts)) for b in located] == [
+        (0, ["w1"], ["host-w1"]), (1, ["w1"], ["host-w1"]), (2, [], []), (3, [], [])]
+    with pytest.raises(InvalidArgument, match=f"at most {MAX_LOCATE_BLOCKS}"):
+        await parts.link.client.locate_blocks([refs[0]] * (MAX_LOCATE_BLOCKS + 1))
