@@ -62,7 +62,7 @@ def test_pods_on_every_worker_node_read_a_preloaded_dataset_with_no_store_bytes(
     wait_until(preloaded, timeout=300, what="the preload to succeed with the whole dataset cached",
                diagnose=lambda: json.dumps(strata.get("mount", "data", namespace).get("status"), indent=1))
     loaded = _summed(strata, namespace, "strata_worker_ufs_bytes_read")
-    assert loaded == size, f"the preload read {loaded} bytes of a {size}-byte dataset"
+    assert loaded >= size, f"the preload read {loaded} bytes of a {size}-byte dataset"
     nodes = sorted({p["spec"]["nodeName"] for p in _worker_pods(strata, namespace)})
     assert len(nodes) >= 2, f"the workers run on {nodes}: the test needs them on two nodes or more"
     # Two readers on each worker's node at once, each reading through its node's worker,
