@@ -127,6 +127,18 @@ def judge_issue6(workloads: list[Workload]) -> list[Target]:
                               f"fifth: {max(fetched) if fetched else '?':,} bytes from the store (max over reps), median "
                               f"{fifth.median:.3f} s; the four together fetched {_mib(four_bytes)} per rep "
                               f"(dataset {sharing.bytes / 2**20:.0f} MiB)"))
+    nodes = _largest(workloads, "nodes-sharing-")
+    text = "sharing across workers: readers on every worker's node read a preloaded dataset with 0 bytes from the store"
+    series = nodes.series[0] if nodes and nodes.series else None
+    if nodes is None or series is None or not series.ok:
+        targets.append(_na("sharing-nodes/strata-sc", text, "not run" if series is None else series.skipped or "failed"))
+    else:
+        fetched, copied = series.extra.get("store_bytes", []), series.extra.get("peer_bytes", [])
+        targets.append(Target("sharing-nodes/strata-sc", text, _verdict(bool(fetched) and max(fetched) == 0, series),
+                              float(max(fetched) if fetched else -1), "0 bytes from the store",
+                              f"{series.phase}: {max(fetched) if fetched else '?':,.0f} bytes from the store (max over "
+                              f"reps), {_mib(copied)} copied between workers per rep (dataset "
+                              f"{nodes.bytes / 2**20:.0f} MiB), median {series.median:.3f} s"))
     return targets
 
 

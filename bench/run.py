@@ -41,6 +41,9 @@ FULL: dict[str, str | int] = {"agg": "256Mi,1Gi", "text": "1Gi", "write": "256Mi
 # The spill workload's own stack: MEM as given, an SSD tier this many times larger, and a
 # dataset twice the MEM tier.
 SPILL_SSD_FACTOR = 4
+# The sharing workload's multi-node case: workers on as many (named) nodes, the dataset
+# preloaded across them, readers on every one of those nodes.
+SHARING_WORKERS = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -204,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     workloads: list[Workload] = []
     if only - {"spill"}:
         checked, network, found = on_stack(settings, args, local, reps, list(needed.values()), meta, main_workloads)
+        workloads += found
+    if "sharing" in only:  # its multi-node case: a stack of SHARING_WORKERS workers
+        nodes_settings = replace(settings, workers=SHARING_WORKERS)
+        checked_nodes, network, found = on_stack(nodes_settings, args, local, reps, [share], None,
+                                                 lambda runner: [runner.sharing_nodes(share)])
+        checked = checked or checked_nodes
         workloads += found
     if spill is not None:
         spill_settings = replace(settings, mem_quota=str(spill_mem), ssd_quota=str(SPILL_SSD_FACTOR * spill_mem))

@@ -4,8 +4,9 @@
   inside the link's network namespace; the proxy listens on the namespace's veth address and
   forwards to moto on the namespace's loopback, so every byte between a reader and the store
   crosses the shaped veth pair and every request waits the proxy's time to first byte;
-- Strata: one master and one worker as processes on this host (`python -P -m
-  strata.cacheserver master|worker`, as tests/integration/conftest.py starts them), the
+- Strata: one master and one worker (`workers` of them for the multi-node sharing case, each
+  named as on a node of its own) as processes on this host (`python -P -m
+  strata.cacheserver master|worker`, as tests/integration/conftest.py starts them), each
   worker's MEM tier in /dev/shm, the bucket mounted at /bench;
 - `strata fuse` at a mount point, when this checkout has it.
 
@@ -57,6 +58,7 @@ class StackSettings:
     ssd_quota: str = ""          # an SSD tier under the run's folder, below MEM ("" = none)
     block_size: str = "16Mi"
     readahead_blocks: int = 2
+    workers: int = 1             # more: worker i > 0 on host `{NODE}-{i}` (`Stack.nodes`)
 
 
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -88,6 +90,7 @@ class Stack:
     endpoint_url: str = ""
     master_address: str = ""
     worker_http: int = 0
+    worker_https: list[int] = field(default_factory=list)
     fuse_mountpoint: Path | None = None
     dataset_fuse_mountpoint: Path | None = None  # the dataset's Strata mount alone, read-only
     fuse_unavailable: str = ""
@@ -115,9 +118,13 @@ class Stack:
             child.stop(grace=STOP_GRACE)
         self.children.clear()
         self.link.close()
-        shm = Path(f"/dev/shm/strata-bench-{os.getpid()}")
-        if shm.exists():
+        for shm in Path("/dev/shm").glob(f"strata-bench-{os.getpid()}*"):
             shutil.rmtree(shm, ignore_errors=True)
+
+    @property
+    def nodes(self) -> list[str]:
+        """The host of each worker: a client that says it is on one reads short-circuit there."""
+        return [NODE] + [f"{NODE}-{i}" for i in range(1, self.settings.workers)]
 
     def _python(self) -> list[str]:
         return [sys.executable, "-P"]
@@ -155,29 +162,38 @@ class Stack:
         self.children.append(master)
         self.master_address = f"127.0.0.1:{port}"
         wait_healthy(master, http)
-        wport, self.worker_http, wdata = free_port(), free_port(), free_port()
-        shm = Path(f"/dev/shm/strata-bench-{os.getpid()}")
+        for index, node in enumerate(self.nodes):
+            self.worker_https.append(self._start_worker(root, env, index, node))
+        self.worker_http = self.worker_https[0]
+        fs = self.strata_fs()
+        wait_until(lambda: len(fs.client.workers(refresh=True)) == self.settings.workers, STARTUP_TIMEOUT,
+                   "the workers to register")
+        fs.client.close()
+
+    def _start_worker(self, root: Path, env: dict[str, str], index: int, node: str) -> int:
+        """Start worker `index` on host `node`; its HTTP port."""
+        suffix = f"-{index}" if index else ""
+        wport, http, wdata = free_port(), free_port(), free_port()
+        shm = Path(f"/dev/shm/strata-bench-{os.getpid()}{suffix}")
         config = {
             "blockSize": self.settings.block_size,
             "masterAddress": self.master_address,
             "tiers": [{"medium": "MEM", "quota": self.settings.mem_quota, "dirs": [str(shm)]}]
-            + ([{"medium": "SSD", "quota": self.settings.ssd_quota, "dirs": [str(root / "ssd")]}]
+            + ([{"medium": "SSD", "quota": self.settings.ssd_quota, "dirs": [str(root / f"ssd{suffix}")]}]
                if self.settings.ssd_quota else []),
             "cachePolicy": {"readaheadBlocks": self.settings.readahead_blocks},
         }
-        (root / "worker.yaml").write_text(yaml.safe_dump(config))
-        worker_env = {**env, "STRATA_WORKER_ID": "bench-worker", "STRATA_HOSTNAME": NODE,
+        (root / f"worker{suffix}.yaml").write_text(yaml.safe_dump(config))
+        worker_env = {**env, "STRATA_WORKER_ID": f"bench-worker{suffix}", "STRATA_HOSTNAME": node,
                       "STRATA_ADVERTISE_HOST": "127.0.0.1"}
-        worker, _ = spawn("worker", [*self._python(), "-m", "strata.cacheserver", "worker",
-                                     "--config", str(root / "worker.yaml"), "--data-dir", str(root / "worker"),
-                                     "--bind", "127.0.0.1", "--port", str(wport), "--http-port", str(self.worker_http),
-                                     "--data-port", str(wdata)],
-                          self.workdir / "logs" / "worker.log", worker_env)
+        worker, _ = spawn(f"worker{suffix}", [*self._python(), "-m", "strata.cacheserver", "worker",
+                                              "--config", str(root / f"worker{suffix}.yaml"),
+                                              "--data-dir", str(root / f"worker{suffix}"), "--bind", "127.0.0.1",
+                                              "--port", str(wport), "--http-port", str(http), "--data-port", str(wdata)],
+                          self.workdir / "logs" / f"worker{suffix}.log", worker_env)
         self.children.append(worker)
-        wait_healthy(worker, self.worker_http)
-        fs = self.strata_fs()
-        wait_until(lambda: len(fs.client.workers(refresh=True)) == 1, STARTUP_TIMEOUT, "the worker to register")
-        fs.client.close()
+        wait_healthy(worker, http)
+        return http
 
     # -- the store ---------------------------------------------------------------------------
 
@@ -228,12 +244,13 @@ class Stack:
             fs.client.close()
 
     def worker_counters(self) -> dict[str, float]:
-        """The worker's counters from /metrics (hits, misses, ufs_bytes_read, ...)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.worker_http}/metrics", timeout=10) as r:
-            text = r.read().decode()
+        """The workers' counters from /metrics (hits, misses, ufs_bytes_read, ...), summed."""
         found: dict[str, float] = {}
-        for m in re.finditer(r"^strata_worker_(\w+?)(?:_total)?\s+([0-9.e+-]+)$", text, re.M):
-            found[m.group(1)] = found.get(m.group(1), 0.0) + float(m.group(2))
+        for http in self.worker_https:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            for m in re.finditer(r"^strata_worker_(\w+?)(?:_total)?\s+([0-9.e+-]+)$", text, re.M):
+                found[m.group(1)] = found.get(m.group(1), 0.0) + float(m.group(2))
         return found
 
     # -- FUSE --------------------------------------------------------------------------------

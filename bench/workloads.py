@@ -22,7 +22,7 @@ from contestants import Access, Contestant, LoopbackSender, close_filesystem, op
 from datasets import Dataset, human, size_label
 from ops import READ_CHUNK, aggregate, check, count_lines, list_and_stat
 from results import Series, Workload
-from stack import WRITE_MOUNT
+from stack import TOKEN, WRITE_MOUNT, wait_until
 
 BENCH = Path(__file__).resolve().parent
 READER_TIMEOUT = 600.0
@@ -271,6 +271,59 @@ class Runner:
                     w.series_for(c.id, c.label, phase).note = "each process has its own cache folder"
             if c.cached and not c.unavailable:
                 c.cold([dataset.name])
+        w.load = (w.load[0], load1())
+        return w
+
+    def sharing_nodes(self, dataset: Dataset, readers_per_node: int = 2) -> Workload:
+        """The dataset preloaded across the stack's workers (each block on one of them), then
+        `readers_per_node` processes on every worker's node aggregate it at once, each through
+        its own node's worker (short-circuit): what a warm cache costs the store when readers
+        run beside workers that hold only part of it."""
+        nodes = list(self.stack.nodes)
+        readers = readers_per_node * len(nodes)
+        w = Workload(f"nodes-sharing-{size_label(dataset.nominal)}",
+                     f"Sharing across {len(nodes)} workers: {readers} processes on their nodes at once, "
+                     f"{human(dataset.nominal)} preloaded",
+                     f"the dataset is preloaded (Load: each block on one of {len(nodes)} workers), then {readers_per_node} "
+                     f"new processes on each worker's node run the aggregation at the same moment, each reading through its "
+                     "own node's worker (time until the last one is done); store bytes and bytes copied between workers "
+                     "are the workers' counters, summed", dataset.bytes)
+        phase, label = f"{readers} on {len(nodes)} nodes, preloaded", "Strata, fsspec client, short-circuit on each node"
+        series = w.series_for("strata-sc", label, phase)
+        w.load = (load1(), 0.0)
+        folder = f"{self.mount}/{dataset.name}"
+        for rep in range(self.reps):
+            fs = self.stack.strata_fs()
+            try:
+                fs.client.free(folder)
+                list(fs.client.load(folder))
+                paths = [f"{self.mount}/{name}" for name in dataset.files]
+                wait_until(lambda: all(all(b.worker_ids for b in fs.client.block_locations(p).blocks) for p in paths),
+                           30, "the master to know where every preloaded block is")
+            finally:
+                close_filesystem(fs)
+            before = self.stack.worker_counters()
+            access = {"master": self.stack.master_address, "token": TOKEN}
+            jobs = [{"access": Access("strata", self.mount, {**access, "host": node}).to_json(), "op": "aggregate",
+                     "paths": list(dataset.files)} for node in nodes for _ in range(readers_per_node)]
+
+            def together() -> float:
+                seconds, outputs = self._processes(jobs)
+                for out in outputs:
+                    check("aggregate", float(out["result"]), dataset.expected, "a reader on a worker's node")
+                return seconds
+
+            took = self.attempt(series, rep, together)
+            after = self.stack.worker_counters()
+            if took is None:
+                continue
+            store = after["ufs_bytes_read"] - before["ufs_bytes_read"]
+            copied = after.get("peer_bytes_read", 0.0) - before.get("peer_bytes_read", 0.0)
+            series.extra.setdefault("store_bytes", []).append(store)
+            series.extra.setdefault("peer_bytes", []).append(copied)
+            self.log(f"[{w.id}] rep {rep + 1}/{self.reps} {readers} readers on {len(nodes)} nodes {took:7.3f} s  "
+                     f"store {store / 2**20:.1f} MiB  between workers {copied / 2**20:.1f} MiB "
+                     f"(dataset {dataset.bytes / 2**20:.0f} MiB)")
         w.load = (w.load[0], load1())
         return w
 

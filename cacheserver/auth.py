@@ -62,6 +62,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
         "SetTimes": _DATA,
         "CommitFile": _INTERNAL, "RegisterWorker": _INTERNAL, "Heartbeat": _INTERNAL,
         "GetMountTable": _INTERNAL, "PrepareWrite": _INTERNAL, "PersistFile": _INTERNAL, "AbortWrite": _INTERNAL,
+        "LocateBlocks": _INTERNAL,
     }.items()},
     **{f"/{constants.GRPC_PACKAGE}.Worker/{name}": roles for name, roles in {
         "ReadBlock": _DATA, "WriteFile": _DATA, "AppendFile": _DATA, "CopyFile": _DATA,

@@ -159,6 +159,13 @@ class MasterClient:
 
     # -- what workers ask (internal) ---------------------------------------------------------
 
+    async def locate_blocks(self, refs: list[pb.BlockRef], *, timeout: float | None = None,
+                            what: str = "") -> list[pb.BlockLocation]:
+        """The workers holding each block of `refs`, in their order (from the master's block
+        index; no store call)."""
+        call = self.stub.LocateBlocks(pb.LocateBlocksRequest(blocks=refs), timeout=self._deadline(timeout))
+        return list(cast(pb.LocateBlocksResponse, await self._answer(call, what)).blocks)
+
     async def mount_table(self, *, timeout: float | None = None, what: str = "") -> pb.GetMountTableResponse:
         """The mount table with the stores' credentials (only workers may ask for it)."""
         call = self.stub.GetMountTable(pb.GetMountTableRequest(), timeout=self._deadline(timeout))

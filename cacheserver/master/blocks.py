@@ -10,6 +10,9 @@ from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import reported_key
 from ..cache.keys import BlockKey
 
+# Blocks one LocateBlocks request may ask about (a worker asks for the one it misses).
+MAX_LOCATE_BLOCKS = 256
+
 
 @dataclass(frozen=True)
 class BlockRecord:

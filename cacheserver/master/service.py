@@ -38,7 +38,7 @@ from ..namespace.paths import is_under, normalize
 from ..placement import rank_workers
 from ..ufs import check_source_allowed
 from ..uploads import sum_pending
-from .blocks import BlockIndex
+from .blocks import MAX_LOCATE_BLOCKS, BlockIndex
 from .membership import Membership, WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -459,6 +459,20 @@ class MasterService(pb_grpc.MasterServicer):
     @rpcutil.unary
     async def SetTimes(self, request: pb.SetTimesRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
         return self._file_info(await self.namespace.set_mtime(normalize(request.path), request.mtime_unix_ms))
+
+    @rpcutil.unary
+    async def LocateBlocks(self, request: pb.LocateBlocksRequest, context: grpc.aio.ServicerContext) -> pb.LocateBlocksResponse:
+        """The holders of each block asked for, from the block index alone: answered from
+        memory whatever the store does, bounded by MAX_LOCATE_BLOCKS."""
+        if len(request.blocks) > MAX_LOCATE_BLOCKS:
+            raise InvalidArgument(f"LocateBlocks asks for {len(request.blocks)} blocks; at most "
+                                  f"{MAX_LOCATE_BLOCKS} a request")
+        response = pb.LocateBlocksResponse()
+        for ref in request.blocks:
+            holders = sorted(self.blocks.holders(key_of(ref)))
+            response.blocks.append(pb.BlockLocation(
+                index=ref.index, worker_ids=holders, hosts=sorted({self._host_of(w) for w in holders} - {""})))
+        return response
 
     @rpcutil.unary
     async def GetBlockLocations(

@@ -1,13 +1,18 @@
-"""The other workers of the cluster, as the master lists them: where a copy of a file not
-in the store yet finds its blocks."""
+"""The other workers of the cluster, as the master lists them: where a worker finds a block
+it misses that another worker holds (a read, a load, a copy of a file not in the store yet).
+A block any live worker holds is copied from it, not fetched from the store again; the
+store is asked only when no live worker holds the block or none sends it in time."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 
 import grpc
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata.contract.errors import FailedPrecondition, StrataError
 from strata.contract.proto import strata_pb2 as pb
@@ -23,20 +28,54 @@ log = logging.getLogger(__name__)
 
 # How often the worker refreshes its list of peers.
 PEER_REFRESH_SECONDS = 5.0
-# Seconds one peer may take to send one block.
+# Seconds one peer may take to send one block of a copy of a file not in the store yet (no
+# other source of its bytes: the copy waits for a slow holder).
 PEER_READ_TIMEOUT = 120.0
+# Seconds the master may take to say where a missed block is (within the peer wait). It
+# answers from memory, in milliseconds; one that takes a second is stopped or cut off, and
+# the reader is better served by the store than by waiting out the whole peer wait.
+LOCATE_TIMEOUT = 1.0
+# Seconds a worker fetches its misses from the store without asking the master where they
+# are after the master did not answer (a master outage costs one wait, not one a block).
+LOCATE_BACKOFF_SECONDS = 5.0
+
+
+class PeerSettings(BaseSettings):
+    """How long a miss waits for the workers holding the block; `STRATA_WORKER_PEER_WAIT`
+    overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_", frozen=True, extra="forbid")
+
+    # Seconds a worker that misses a block cached on another worker waits for it (the
+    # master's answer where it is, then the whole block from a holder) before it fetches the
+    # block from the store instead. A live holder sends a 16 MiB block from its memory or disk
+    # in well under 0.5 s even on a busy node; a holder that takes longer is stopped, partitioned
+    # or dying, and the store's answer is the faster one. Short, because the reader waits.
+    peer_wait: float = Field(default=2.0, gt=0)
+
+
+PEER_WAIT_SETTING = "STRATA_WORKER_PEER_WAIT"
+
+
+class PeerFailed(Exception):
+    """A holder did not send the block: its error, a deadline, bytes that failed their check."""
 
 
 class Peers:
     """The live workers other than this one, and a channel to each."""
 
-    def __init__(self, link: MasterLink, *, worker_id: str, token: str) -> None:
+    def __init__(self, link: MasterLink, *, worker_id: str, token: str, settings: PeerSettings | None = None) -> None:
         self._link = link
         self.worker_id = worker_id
+        self.settings = settings or PeerSettings()
         self._workers: dict[str, pb.WorkerInfo] = {}
         self._tasks = BackgroundTasks()
         self._channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
             lambda address: aio_channel(address, token), retire=self._close_channel)
+        self._locate_after = 0.0
+        # Holders asked for a block that did not send it (error, deadline, failed check):
+        # the block came from the store instead.
+        self.failed = 0
 
     def _close_channel(self, worker_id: str, channel: grpc.aio.Channel) -> None:
         self._tasks.spawn(channel.close(), f"close-channel-{worker_id}")
@@ -57,30 +96,74 @@ class Peers:
     def stub(self, info: pb.WorkerInfo) -> pb_grpc.WorkerStub:
         return pb_grpc.WorkerStub(self._channels.get(info.worker_id, info.address))
 
+    def _others(self, holders: list[str]) -> list[str]:
+        return [h for h in holders if h in self._workers and h != self.worker_id]
+
+    async def _read_from(self, worker_id: str, ref: pb.BlockRef, offset: int, length: int, *,
+                         held_only: bool, timeout: float) -> bytes:
+        """Bytes [offset, offset+length) of the block from one worker, checked against the
+        CRC-32C the worker sent with them, within `timeout` seconds; PeerFailed otherwise."""
+        request = pb.ReadBlockRequest(block=ref, offset=offset, length=length, held_only=held_only)
+        what = f"block {ref.index} of {ref.path} from worker {worker_id}"
+        try:
+            chunks = [c async for c in self.stub(self._workers[worker_id]).ReadBlock(request, timeout=timeout)]
+            data = joined_block(chunks, what)
+        except grpc.RpcError as exc:
+            raise PeerFailed(f"{worker_id}: {exc.details() if hasattr(exc, 'details') else exc}") from None
+        except DamagedInTransit as exc:
+            raise PeerFailed(str(exc)) from None
+        if len(data) != length:
+            raise PeerFailed(f"{worker_id}: sent {len(data)} of {length} bytes")
+        return data
+
     async def read_block(self, ref: pb.BlockRef, holders: list[str]) -> bytes:
         """The whole block `ref` from the first of its `holders` (worker ids) that sends it.
         FailedPrecondition when none does."""
         length = key_of(ref).length
         errors = []
-        for worker_id in [h for h in holders if h in self._workers and h != self.worker_id]:
-            request = pb.ReadBlockRequest(block=ref, length=length)
+        for worker_id in self._others(holders):
             try:
-                chunks = [c async for c in self.stub(self._workers[worker_id]).ReadBlock(
-                    request, timeout=PEER_READ_TIMEOUT)]
-                data = joined_block(chunks, f"block {ref.index} of {ref.path} from worker {worker_id}")
-            except grpc.RpcError as exc:
-                errors.append(f"{worker_id}: {exc.details() if hasattr(exc, 'details') else exc}")
-                continue
-            except DamagedInTransit as exc:
+                return await self._read_from(worker_id, ref, 0, length, held_only=False, timeout=PEER_READ_TIMEOUT)
+            except PeerFailed as exc:
                 errors.append(str(exc))
-                continue
-            if len(data) == length:
-                return data
-            errors.append(f"{worker_id}: sent {len(data)} of {length} bytes")
         raise FailedPrecondition(
             f"block {ref.index} of {ref.path} is not in the store and no worker holding it answered "
             f"({'; '.join(errors) or 'no holders'}); the file cannot be copied now"
         )
+
+    async def held_elsewhere(self, ref: pb.BlockRef, offset: int = 0, length: int = 0) -> bytes | None:
+        """Bytes [offset, offset+length) (length 0: to the end) of a block this worker
+        misses, from a live worker that holds it; None when no live worker holds it (as the
+        master's block index says), or none sent it whole and checked within `peer_wait`
+        seconds: the caller fetches it from the store. Never waits longer, never raises."""
+        length = length or key_of(ref).length - offset
+        if time.monotonic() < self._locate_after:
+            return None
+        wait = self.settings.peer_wait
+        deadline = time.monotonic() + wait
+        try:
+            (location,) = await self._link.client.locate_blocks(
+                [ref], timeout=min(wait, LOCATE_TIMEOUT), what=f"the holders of block {ref.index} of {ref.path}")
+        except (StrataError, ValueError) as exc:
+            self._locate_after = time.monotonic() + LOCATE_BACKOFF_SECONDS
+            log.warning("could not ask the master where block %d of %s is (%s); fetching from the store "
+                        "for the next %gs", ref.index, ref.path, exc, LOCATE_BACKOFF_SECONDS)
+            return None
+        holders = [w for w in location.worker_ids if w != self.worker_id]
+        if any(w not in self._workers for w in holders):  # joined since the list was refreshed
+            with contextlib.suppress(StrataError, TimeoutError):
+                await asyncio.wait_for(self.refresh(), max(0.0, deadline - time.monotonic()))
+        for worker_id in self._others(holders):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                return await self._read_from(worker_id, ref, offset, length, held_only=True, timeout=remaining)
+            except PeerFailed as exc:
+                self.failed += 1
+                log.info("block %d of %s not copied from a holder (%s): fetching it from the store "
+                         "(%s is %gs)", ref.index, ref.path, exc, PEER_WAIT_SETTING, wait)
+        return None
 
     async def close(self) -> None:
         await self._tasks.close()

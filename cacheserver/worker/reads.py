@@ -1,6 +1,6 @@
-"""The worker's reads: serve blocks from the tiered store, fetch misses from the store (one
-request per block however many readers wait) under the namespace's name for them, read
-ahead of sequential readers. Every transport (gRPC, the data port, the short-circuit
+"""The worker's reads: serve blocks from the tiered store, fetch misses (one request per
+block however many readers wait) from a live worker that holds them, else from the store
+under the namespace's name for them, read ahead of sequential readers. Every transport (gRPC, the data port, the short-circuit
 socket) reads through `BlockReads`."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from strata.contract.config import ServerConfig
@@ -54,6 +55,11 @@ class Counters:
     data_port_reads: int = 0
     # Short-circuit readers that found a bad checksum in a block file and asked for a check.
     short_circuit_rechecks: int = 0
+    # Misses served by a copy from the worker holding the block (not fetched from the store).
+    peer_reads: int = 0
+    peer_bytes_read: int = 0
+    # Bytes of this worker's blocks sent to workers that missed them.
+    peer_bytes_served: int = 0
 
 
 def on_chunks(offset: int, length: int, block_length: int) -> bool:
@@ -107,12 +113,22 @@ def effective_read_type(request_type: pb.ReadType.ValueType, mount: MountView, c
     return config.cache_policy.read_type.to_proto()
 
 
+# Bytes [offset, offset+length) (length 0: to its end) of a block this worker misses, from a
+# live worker holding it; None: fetch it from the store (`Peers.held_elsewhere`).
+HeldElsewhere = Callable[[pb.BlockRef, int, int], Awaitable["bytes | None"]]
+
+
+async def held_nowhere(ref: pb.BlockRef, offset: int, length: int) -> bytes | None:
+    return None
+
+
 class BlockReads:
-    """Blocks for readers, from the cache or the store."""
+    """Blocks for readers, from the cache, another worker's cache or the store."""
 
     def __init__(self, *, config: ServerConfig, worker_id: str, store: BlockStore, mounts: WorkerMounts,
-                 link: MasterLink, counters: Counters) -> None:
+                 link: MasterLink, counters: Counters, held_elsewhere: HeldElsewhere = held_nowhere) -> None:
         self.config = config
+        self._held_elsewhere = held_elsewhere
         self.worker_id = worker_id
         self.store = store
         self.mounts = mounts
@@ -162,17 +178,18 @@ class BlockReads:
             "the file is not in the store yet (written with MUST_CACHE or not yet persisted)"
         )
 
-    async def _read_store(self, ref: pb.BlockRef, start: int, end: int) -> bytes:
+    async def _read_store(self, ref: pb.BlockRef, start: int, end: int,
+                          version: asyncio.Future[str] | None = None) -> bytes:
         """Bytes [start, end) of the file `ref` names, from the store, of the version the
         namespace gives it. If the store holds another version now, the master is told to
         look again (so that the reader's next open names the new version) before the reader
         gets the error. The block lies within the file the namespace describes, so the store
         must send every byte asked for (DataLoss otherwise): a short answer served as is would
         leave a reader waiting for bytes promised and never sent, or a copy with bytes missing."""
-        version = await self._store_version(ref)
+        wanted = await (version if version is not None else self._store_version(ref))
         mount = await self.mounts.get(ref.mount_id)
         try:
-            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=version, exact=True)
+            data = await mount.store.read_range(mount.rel(ref.path), start, end, version=wanted, exact=True)
         except VersionChanged:
             self.statuses.forget(ref.path)
             self.kept.forget(ref.path)
@@ -193,7 +210,7 @@ class BlockReads:
         mount = await self.mounts.get(ref.mount_id)
 
         async def fetch() -> bytes:
-            return await self._read_store(ref, key.offset, key.offset + key.length)
+            return await self._read_missed(ref, 0, key.length)
 
         block, hit = await self.store.get_or_fetch(
             key, fetch, promote=promote, pin=mount.is_pinned(ref.path)
@@ -218,10 +235,31 @@ class BlockReads:
         await asyncio.gather(*(one(ref) for ref in refs))
         return cached, fetched
 
-    async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
-        """Bytes straight from the store, when the cache cannot take the block."""
+    async def _read_missed(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset+length) of a block this worker misses: from a live worker
+        that holds it (checked in transit), else from the store. The namespace is asked for
+        the version a store fetch needs while the holders are: a master that does not answer
+        costs the reader one wait, not two in a row."""
+        version = asyncio.ensure_future(self._store_version(ref))
+        # Its refusal matters only to a store fetch (which awaits it and gets it then).
+        version.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            data = await self._held_elsewhere(ref, offset, length)
+        except BaseException:
+            version.cancel()
+            raise
+        if data is not None:
+            version.cancel()
+            self.counters.peer_reads += 1
+            self.counters.peer_bytes_read += len(data)
+            return data
         start = key_of(ref).offset + offset
-        return await self._read_store(ref, start, start + length)
+        return await self._read_store(ref, start, start + length, version)
+
+    async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
+        """Bytes of a block not cached here, when the cache cannot take the block: from the
+        worker holding it, else straight from the store."""
+        return await self._read_missed(ref, offset, length)
 
     async def read_cached(self, ref: pb.BlockRef, offset: int, length: int, *, promote: bool) -> tuple[bytes, bool]:
         """Bytes [offset, offset+length) of a block, refetching once if the cached copy is bad."""
@@ -248,6 +286,26 @@ class BlockReads:
         except (BlockCorrupt, NotFound) as exc:  # bad or evicted since: look elsewhere
             log.debug("block %d of %s: %s", ref.index, ref.path, exc)
             return None
+
+    async def held_source(self, ref: pb.BlockRef, offset: int, length: int) -> BlockSource:
+        """Bytes [offset, offset+length) (length 0: to its end) of a block this worker holds,
+        checked against its checksums, for a worker that misses it. NotFound when it is not
+        held here (or its copy is bad): never fetched for the asker, who goes to the store."""
+        total = key_of(ref).length
+        if offset < 0 or length < 0 or offset > total:
+            raise InvalidArgument(f"offset {offset} and length {length} do not lie in block {ref.index} "
+                                  f"({total} bytes)")
+        length = min(length or total - offset, total - offset)
+        key = key_of(ref)
+        try:
+            if self.store.lookup(key) is None:
+                raise NotFound("not held")
+            data = await self.store.read(key, offset, length)
+        except (BlockCorrupt, NotFound) as exc:
+            raise NotFound(f"worker {self.worker_id} does not hold block {ref.index} of {ref.path} "
+                           f"version {ref.version} ({exc})") from None
+        self.counters.peer_bytes_served += len(data)
+        return BlockSource(hit=True, length=len(data), data=data)
 
     # -- what a transport serves -------------------------------------------------------------
 

@@ -61,8 +61,10 @@ def tier_configs(config: ServerConfig, data_dir: Path, worker_id: str) -> list[T
 
 
 class WorkerCollector(Collector):
-    def __init__(self, counters: Counters, store: BlockStore, uploads: Uploads, mounts: WorkerMounts) -> None:
+    def __init__(self, counters: Counters, store: BlockStore, uploads: Uploads, mounts: WorkerMounts,
+                 peers: Peers) -> None:
         self._counters = counters
+        self._peers = peers
         self._store = store
         self._uploads = uploads
         self._mounts = mounts
@@ -80,6 +82,12 @@ class WorkerCollector(Collector):
              "Cached blocks found damaged (checksum or size) and dropped; readers got the store's bytes"),
             ("strata_worker_short_circuit_rechecks", c.short_circuit_rechecks,
              "Short-circuit reads whose reader found a bad checksum and had the worker check the block"),
+            ("strata_worker_peer_reads", c.peer_reads,
+             "Missed blocks copied from the worker holding them instead of fetched from the store"),
+            ("strata_worker_peer_bytes_read", c.peer_bytes_read, "Bytes copied from other workers' caches"),
+            ("strata_worker_peer_bytes_served", c.peer_bytes_served, "Bytes of cached blocks sent to other workers"),
+            ("strata_worker_peer_failures", self._peers.failed,
+             "Holders that did not send a missed block in time (or sent it damaged): the store's bytes were used"),
         ):
             yield CounterMetricFamily(name, text, value=value)
         capacity = GaugeMetricFamily("strata_worker_tier_capacity_bytes", "Tier quota", labels=["medium"])
@@ -156,12 +164,12 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
     mounts = WorkerMounts(link.mount_table, allowed_roots=config.local_sources.allowed_roots)
     counters = Counters()
     retention = Retention(store, mounts)
+    peers = Peers(link, worker_id=identity.worker_id, token=token)
     reads = BlockReads(config=config, worker_id=identity.worker_id, store=store, mounts=mounts, link=link,
-                       counters=counters)
+                       counters=counters, held_elsewhere=peers.held_elsewhere)
     # A staged copy lost while its write's blocks were kept is staged again from them.
     uploads = Uploads(staging, master=link.stub, mounts=mounts, release=retention.release,
                       read_block=reads.whole_block)
-    peers = Peers(link, worker_id=identity.worker_id, token=token)
     writes = Writes(config=config, store=store, mounts=mounts, link=link, uploads=uploads, retention=retention,
                     reads=reads, peers=peers)
     membership = Membership(identity=identity, link=link, store=store, mounts=mounts, uploads=uploads,
@@ -261,7 +269,7 @@ async def start_worker(
         port=bound, http_port=http_bound, data_port=data_bound,
         domain_socket=str(short_circuit.advertised_path) if short_circuit else "",
     ))
-    registry.register(WorkerCollector(parts.counters, parts.store, parts.uploads, parts.mounts))
+    registry.register(WorkerCollector(parts.counters, parts.store, parts.uploads, parts.mounts, parts.peers))
     handle = WorkerHandle(parts=parts, server=server, port=bound, http=http, http_port=http_bound, data=data,
                           data_port=data_bound, short_circuit=short_circuit, tasks=parts.loops())
     log.info("worker %s serving gRPC on %s:%d (host %s), HTTP on %d, block data on %d",

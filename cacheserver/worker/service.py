@@ -26,9 +26,12 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     @rpcutil.streaming
     async def ReadBlock(self, request: pb.ReadBlockRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadBlockChunk]:
-        source = await self._reads.read_source(request.block, request.read_type, offset=request.offset,
-                                               length=request.length, readahead=request.readahead_blocks,
-                                               as_file=False)
+        if request.held_only:  # a worker that misses the block: only what is cached here
+            source = await self._reads.held_source(request.block, request.offset, request.length)
+        else:
+            source = await self._reads.read_source(request.block, request.read_type, offset=request.offset,
+                                                   length=request.length, readahead=request.readahead_blocks,
+                                                   as_file=False)
         data = source.data
         view = memoryview(data)
         step = constants.STREAM_CHUNK_SIZE

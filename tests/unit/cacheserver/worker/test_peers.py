@@ -9,15 +9,16 @@ import grpc
 import pytest
 
 from strata.cacheserver import rpcutil
+from strata.cacheserver.master.blocks import MAX_LOCATE_BLOCKS
 from strata.cacheserver.worker.membership import Endpoints
 from strata.cacheserver.worker.server import WorkerParts
 from strata.cacheserver.worker.service import WorkerService
 from strata.contract import rpc
-from strata.contract.errors import FailedPrecondition
+from strata.contract.errors import FailedPrecondition, InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 
-from .conftest import BLOCK, CREDENTIALS, Cluster, chunks
+from .conftest import BLOCK, CREDENTIALS, Cluster, chunks, ref_for
 
 DATA = bytes(range(251)) * 50  # three blocks and a part
 
@@ -78,3 +79,41 @@ async def test_the_adapter_turns_errors_into_statuses(
                           index=3, block_size=BLOCK, file_length=len(DATA), in_store=True)
         read = [c async for c in stub.ReadBlock(pb.ReadBlockRequest(block=ref), timeout=30)]
         assert b"".join(c.data for c in read) == DATA[3 * BLOCK:] and read[0].cache_hit
+
+
+async def test_a_held_only_read_answers_from_the_cache_alone(
+        cluster: Cluster, served: tuple[WorkerParts, grpc.aio.Server]) -> None:
+    """What a worker that misses a block asks its holder: the cached bytes, or NOT_FOUND at
+    once, never a store fetch made for it."""
+    holder, _ = served
+    master = await cluster.admin.ListWorkers(pb.ListWorkersRequest(), timeout=30)
+    [w1] = master.workers
+    response = await holder.writes.write_file(chunks("/m/held", DATA, write_type=pb.THROUGH))  # in the store only
+    ref = pb.BlockRef(mount_id=response.mount_id, path="/m/held", version=response.version, index=1,
+                      block_size=BLOCK, file_length=len(DATA), in_store=True)
+    async with rpc.aio_channel(w1.address, CREDENTIALS.internal) as channel:
+        stub = pb_grpc.WorkerStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            [c async for c in stub.ReadBlock(pb.ReadBlockRequest(block=ref, held_only=True), timeout=30)]
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND and "does not hold block 1" in caught.value.details()
+        assert holder.reads.counters.ufs_bytes_read == 0
+        await holder.reads.ensure_cached(ref)
+        read = [c async for c in stub.ReadBlock(pb.ReadBlockRequest(block=ref, offset=10, length=100, held_only=True),
+                                                timeout=30)]
+        assert b"".join(c.data for c in read) == DATA[BLOCK + 10:BLOCK + 110]
+        assert holder.reads.counters.peer_bytes_served == 100
+
+
+async def test_the_master_says_where_blocks_are_from_its_index_and_bounds_the_question(cluster: Cluster) -> None:
+    await cluster.mount()
+    cluster.put("m/located", DATA)
+    parts = await cluster.worker("w1")
+    info = await cluster.status("/m/located")
+    refs = [ref_for(info, i) for i in range(4)]
+    await parts.reads.cache_blocks(refs[:2])
+    await parts.membership.heartbeat_once()
+    located = await parts.link.client.locate_blocks(refs)
+    assert [(b.index, list(b.worker_ids), list(b.hosts)) for b in located] == [
+        (0, ["w1"], ["host-w1"]), (1, ["w1"], ["host-w1"]), (2, [], []), (3, [], [])]
+    with pytest.raises(InvalidArgument, match=f"at most {MAX_LOCATE_BLOCKS}"):
+        await parts.link.client.locate_blocks([refs[0]] * (MAX_LOCATE_BLOCKS + 1))
