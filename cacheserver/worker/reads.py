@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from strata.contract.config import ServerConfig
 from strata.contract.constants import MAX_READAHEAD_BLOCKS
@@ -51,6 +52,13 @@ class Counters:
     data_port_reads: int = 0
     # Short-circuit readers that found a bad checksum in a block file and asked for a check.
     short_circuit_rechecks: int = 0
+    # Bytes handed out over each path (the rest of bytes_served went over gRPC).
+    short_circuit_bytes: int = 0
+    data_port_bytes: int = 0
+    # Hits and misses by mount id, and bytes of the blocks hit by the tier holding them.
+    hits_by_mount: Counter[int] = field(default_factory=Counter)
+    misses_by_mount: Counter[int] = field(default_factory=Counter)
+    hit_bytes_by_medium: Counter[str] = field(default_factory=Counter)
 
 
 def on_chunks(offset: int, length: int, block_length: int) -> bool:
@@ -174,6 +182,7 @@ class BlockReads:
                 log.warning("could not have the master look at %s again: %s", ref.path, exc)
             raise
         self.counters.misses += 1
+        self.counters.misses_by_mount[ref.mount_id] += 1
         self.counters.ufs_bytes_read += len(data)
         return data
 
@@ -192,6 +201,8 @@ class BlockReads:
         )
         if hit:
             self.counters.hits += 1
+            self.counters.hits_by_mount[ref.mount_id] += 1
+            self.counters.hit_bytes_by_medium[block.medium] += block.length
         return block, hit
 
     async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int]:
@@ -321,6 +332,7 @@ class BlockReads:
             self.counters.short_circuit_rechecks += 1
         source = await self.open_block(ref, read_type, check=(0, key_of(ref).length) if verify else None)
         self.counters.short_circuit_reads += 1
+        self.counters.short_circuit_bytes += source.length
         self.counters.bytes_served += source.length
         return source
 
