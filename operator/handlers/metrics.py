@@ -31,7 +31,8 @@ class MetricsSettings(BaseSettings):
 
 class MountPhases(Collector):
     """The phase each Mount's last reconcile left it in, as `strata_operator_mount_phase`
-    (1 for its phase, 0 for the others: alerts ask for `phase="Failed"`).
+    (1 for its phase, 0 for the others: alerts ask for `phase="Failed"`). The Mount's
+    namespace is `mount_namespace`: `namespace` is the scraped operator pod's.
 
     Only the replica that reconciles (the peering's leader) sees reconciles: a Mount it has
     not reconciled for `expiry` seconds (every Mount is reconciled at least each
@@ -62,7 +63,7 @@ class MountPhases(Collector):
             phases = dict(self._phases)
         family = GaugeMetricFamily("strata_operator_mount_phase",
                                    "1 for the phase of each Mount this replica reconciles, 0 for the others",
-                                   labels=["namespace", "mount", "phase"])
+                                   labels=["mount_namespace", "mount", "phase"])
         for (namespace, name), (phase, _) in sorted(phases.items()):
             for each in self.PHASES:
                 family.add_metric([namespace, name, each], 1.0 if each == phase else 0.0)

@@ -14,7 +14,7 @@ from tests.support.promtool import metrics_problems
 
 def phases_shown(collector: metrics.MountPhases) -> dict[tuple[str, str], str]:
     (family,) = collector.collect()
-    return {(s.labels["namespace"], s.labels["mount"]): s.labels["phase"] for s in family.samples if s.value == 1}
+    return {(s.labels["mount_namespace"], s.labels["mount"]): s.labels["phase"] for s in family.samples if s.value == 1}
 
 
 def test_a_mount_s_phase_follows_its_reconciles_and_ends_with_it() -> None:
@@ -46,6 +46,6 @@ def test_the_operator_exposition_is_clean() -> None:
     AdmissionMetrics(registry)
     phases.record("ns", "data", "Mounted")
     text = generate_latest(registry).decode()
-    assert 'strata_operator_mount_phase{mount="data",namespace="ns",phase="Mounted"} 1.0' in text
+    assert 'strata_operator_mount_phase{mount="data",mount_namespace="ns",phase="Mounted"} 1.0' in text
     assert metrics_problems(text) == ""
 
