@@ -4,15 +4,43 @@ made, and `promtool check metrics` finds nothing to complain about."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from prometheus_client import generate_latest
 
+from strata.operator.handlers.metrics import MountPhases, metrics_registry
 from tests.support.promtool import metrics_problems
 
 from .conftest import BLOCK_SIZE, Cluster, http_get, metric
 
 pytestmark = pytest.mark.timeout(120)
+
+CHART_FILES = Path(__file__).parents[2] / "charts" / "strata" / "files"
+
+
+def exported_names(exposition: str) -> set[str]:
+    """The sample names an exposition's families give (histograms with `_bucket`, `_sum`
+    and `_count`)."""
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", exposition, re.M):
+        suffixes = {"histogram": ("_bucket", "_sum", "_count")}.get(kind, ("",))
+        names.update(name + suffix for suffix in suffixes)
+    return names
+
+
+def used_names() -> set[str]:
+    """The strata_* metric names the alert rules and the dashboard's panels query."""
+    rules = yaml.safe_load((CHART_FILES / "alerts.yaml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((CHART_FILES / "dashboard.json").read_text())
+    exprs += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    labels = {"strata_cluster", "strata_component"}  # the scrape's target labels
+    return {name for expr in exprs for name in re.findall(r"\bstrata_[a-z_]+", expr)} - labels
 
 
 def test_servers_export_what_the_rules_and_dashboard_use(start_cluster: Any, bucket: str) -> None:
@@ -48,3 +76,10 @@ def test_servers_export_what_the_rules_and_dashboard_use(start_cluster: Any, buc
     assert metric(worker, "strata_worker_tier_evicted_blocks", '{medium="MEM"}') == 0
     assert metric(worker, "strata_store_request_seconds_count", '{operation="read"}') == blocks
     assert "strata_store_errors" in worker
+
+
+    # Every metric the alerts and the dashboard use is one the servers (and the operator) export.
+    operator = metrics_registry()
+    operator.register(MountPhases(expiry=60))
+    exported = exported_names(master) | exported_names(worker) | exported_names(generate_latest(operator).decode())
+    assert used_names() - exported == set()
