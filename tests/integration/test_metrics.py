@@ -14,9 +14,10 @@ import yaml
 from prometheus_client import generate_latest
 
 from strata.operator.handlers.metrics import MountPhases, metrics_registry
-from tests.support.promtool import metrics_problems
+import prometheus
+from promtool import metrics_problems
 
-from .conftest import BLOCK_SIZE, Cluster, http_get, metric
+from .conftest import BLOCK_SIZE, Cluster, http_get, metric, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,3 +84,33 @@ def test_servers_export_what_the_rules_and_dashboard_use(start_cluster: Any, buc
     operator.register(MountPhases(expiry=60))
     exported = exported_names(master) | exported_names(worker) | exported_names(generate_latest(operator).decode())
     assert used_names() - exported == set()
+
+
+def test_a_real_prometheus_has_data_for_every_dashboard_panel(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    if not prometheus.available():
+        pytest.fail("prometheus is missing: run scripts/install-system-deps.sh (Debian package prometheus)")
+    cluster: Cluster = start_cluster(workers=2)
+    data = bytes(range(256)) * (2 * BLOCK_SIZE // 256)
+    for i in range(3):
+        cluster.s3.put_object(bucket, f"f{i}.bin", data)
+    cluster.mount_bucket("/d", bucket)
+    labels = {"namespace": "local", "strata_cluster": "local"}
+    server = prometheus.Prometheus(tmp_path)
+    try:
+        server.scrape(
+            [{"targets": [f"127.0.0.1:{cluster.master.http_port}"],
+              "labels": {**labels, "pod": "master", "strata_component": "master"}}]
+            + [{"targets": [f"127.0.0.1:{w.http_port}"], "labels": {**labels, "pod": f"worker-{i}", "strata_component": "worker"}}
+               for i, w in enumerate(cluster.workers)])
+        wait_until(lambda: (t := server.api("targets")["activeTargets"]) and len(t) == 3
+                   and all(x["health"] == "up" for x in t), 30, "Prometheus to scrape the master and both workers")
+        rules = [r for group in server.api("rules")["groups"] for r in group["rules"]]
+        assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), rules
+        fs = cluster.fs()
+        for _ in range(2):  # misses, then hits
+            for i in range(3):
+                assert fs.cat_file(f"/d/f{i}.bin") == data
+        wait_until(lambda: not prometheus.empty_panels(server, "local", "local"), 30,
+                   "every dashboard panel to have data")
+    finally:
+        server.stop()

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import promtool
+import promtool
 from tests.unit.chart.conftest import CHART, Obj, Render, one
 
 ALERTS = CHART / "files" / "alerts.yaml"

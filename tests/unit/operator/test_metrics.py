@@ -9,7 +9,7 @@ from strata.operator.handlers import metrics
 from strata.operator.handlers.admission import AdmissionMetrics
 from strata.operator.handlers.mount import phase_of
 from strata.operator.reconcile import Outcome
-from tests.support.promtool import metrics_problems
+from promtool import metrics_problems
 
 
 def phases_shown(collector: metrics.MountPhases) -> dict[tuple[str, str], str]:
