@@ -92,7 +92,7 @@ def draw(data: list[dict[str, Any]], out: Path) -> None:
     for ax in list(axes.flat)[len(data):]:
         ax.axis("off")
     fig.suptitle("Strata (charts/strata/files/dashboard.json)", fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(out, dpi=80)
 
 

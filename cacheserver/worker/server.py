@@ -95,8 +95,8 @@ class WorkerCollector(Collector):
             ("strata_worker_mount_cache_misses", c.misses_by_mount, "Blocks fetched from the store, by mount"),
         ):
             family = CounterMetricFamily(name, text, labels=["mount"])
-            for mount_id, count in sorted(by_mount.items()):
-                family.add_metric([names.get(mount_id, str(mount_id))], count)
+            for mount_id in sorted(set(names) | set(by_mount)):  # a mount never hit shows 0
+                family.add_metric([names.get(mount_id, str(mount_id))], by_mount[mount_id])
             yield family
         hit_bytes = CounterMetricFamily("strata_worker_cache_hit_bytes",
                                         "Bytes of the blocks found cached, by the tier holding them", labels=["medium"])

@@ -106,10 +106,15 @@ def test_prometheus_scrapes_every_server_and_every_panel_has_data(
     rules = [r for g in server.api("rules")["groups"] for r in g["rules"]]
     assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), rules
 
-    # A read workload: twice, so there are misses and then hits.
-    for name in ("first-read", "second-read"):
-        strata.apply(_reader_pod(name, sorted(dataset), {"strata.dev/locality": "disabled"}), namespace)
-        _finished(strata, namespace, name)
+    # A read workload: misses, then hits from a pod on another node (the first node's FUSE
+    # mount may answer a second reader there from the page cache, asking no worker).
+    first = _reader_pod("first-read", sorted(dataset), {"strata.dev/locality": "disabled"})
+    strata.apply(first, namespace)
+    node = _finished(strata, namespace, "first-read")["spec"]["nodeName"]
+    second = _reader_pod("second-read", sorted(dataset), {"strata.dev/locality": "disabled"})
+    second["spec"]["nodeName"] = next(n["metadata"]["name"] for n in strata.items("nodes") if n["metadata"]["name"] != node)
+    strata.apply(second, namespace)
+    _finished(strata, namespace, "second-read")
 
     # Every panel answers once the workload's counters were scraped twice (rates need two).
     wait_until(lambda: not prometheus.empty_panels(server, namespace, "demo"), timeout=60,
