@@ -10,7 +10,7 @@ import logging
 import resource
 import socket
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -87,12 +87,14 @@ def split_batch(refs: list[pb.BlockRef]) -> tuple[list[pb.BlockRef], list[pb.Blo
     return refs, []
 
 
-def server(credentials: auth.Credentials, *, max_receive_bytes: int) -> grpc.aio.Server:
+def server(credentials: auth.Credentials, *, max_receive_bytes: int,
+           interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
     """A gRPC server that checks every call's token and role before reading its message,
     and bounds what one message and one connection may hold, and how many connections it
-    holds (`connection_limit` of the process's open file limit, raised first)."""
+    holds (`connection_limit` of the process's open file limit, raised first); the calls
+    let in then pass `interceptors` (e.g. `rpcmetrics.RequestMetrics`)."""
     return grpc.aio.server(
-        interceptors=[auth.TokenInterceptor(credentials)],
+        interceptors=[auth.TokenInterceptor(credentials), *interceptors],
         options=[
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -68,6 +68,7 @@ from strata.contract.errors import (
 )
 from strata.contract.urls import shown_url, url_userinfo
 from .retry import RetrySettings, call_with_backoff
+from .storemetrics import STORE_METRICS
 
 log = logging.getLogger(__name__)
 
@@ -941,6 +942,20 @@ class Store:
                     raise
                 raise mapped from exc
 
+        started = time.monotonic()
+        try:
+            result = await self._retried(attempt, what, rel, progress)
+        except BaseException as exc:
+            error = type(exc).__name__ if isinstance(exc, StrataError) else "Cancelled" if isinstance(
+                exc, asyncio.CancelledError) else "Internal"
+            STORE_METRICS.observe(what, time.monotonic() - started, error)
+            raise
+        STORE_METRICS.observe(what, time.monotonic() - started)
+        return result
+
+    async def _retried(self, attempt: Callable[[], Awaitable[T]], what: str, rel: str,
+                       progress: Progress | None) -> T:
+        """`attempt` with retries, within the deadline or the stall timeout (see `_call`)."""
         retried = call_with_backoff(
             attempt,
             what=f"{what} {self.url(rel)}",

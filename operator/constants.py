@@ -26,6 +26,11 @@ FIELD_MANAGER: Final = "strata-operator"
 ANNOTATION_PREFIX: Final = GROUP
 # Pod template annotation: a hash of strata.yaml, so a config change rolls the pods.
 CONFIG_HASH_ANNOTATION: Final = f"{GROUP}/config-hash"
+# Where a Prometheus without the Prometheus Operator finds a pod's metrics.
+SCRAPE_ANNOTATION: Final = "prometheus.io/scrape"
+SCRAPE_PORT_ANNOTATION: Final = "prometheus.io/port"
+SCRAPE_PATH_ANNOTATION: Final = "prometheus.io/path"
+METRICS_PATH: Final = "/metrics"
 
 # Recommended labels (app.kubernetes.io/*) on every child.
 LABEL_NAME: Final = "app.kubernetes.io/name"

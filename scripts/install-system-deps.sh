@@ -9,6 +9,8 @@
 #   podman, buildah, mmdebstrap, uidmap
 #                            the e2e images: a Debian base made with mmdebstrap, both
 #                            Dockerfiles built with podman (no Docker engine, no registry)
+#   prometheus               promtool (the alert rules' unit tests, `promtool check metrics`)
+#                            and the Prometheus the e2e suite scrapes the cluster with
 set -euo pipefail
 need=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -17,6 +19,7 @@ have_cmd fusermount3 || need+=(fuse3)
 have_cmd ip || need+=(iproute2)
 have_cmd getfattr || need+=(attr)
 have_cmd rsync || need+=(rsync)
+have_cmd promtool || need+=(prometheus)
 for pkg in runc containernetworking-plugins nftables conntrack iptables podman buildah mmdebstrap uidmap; do
   have_pkg "$pkg" || need+=("$pkg")
 done

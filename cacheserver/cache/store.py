@@ -199,6 +199,8 @@ class BlockStore:
         self._state: Literal["new", "open", "closed"] = "new"
         # Blocks found damaged (bad checksum, wrong size, file gone) and dropped.
         self.corrupt_blocks = 0
+        # Blocks evicted from each tier (moved one tier down, or out of the cache), by medium.
+        self.evicted: dict[str, int] = {}
 
     @property
     def eviction(self) -> str:
@@ -725,6 +727,7 @@ class BlockStore:
         """Move a block one tier down (or further if the next cannot take it); drop it from
         the last tier or when no lower tier can take it."""
         lower = self._tiers[self._tiers.index(entry.tier) + 1 :]
+        self.evicted[entry.tier.medium] = self.evicted.get(entry.tier.medium, 0) + 1
         entry.moving = True
         try:
             placed = await self._place(entry.meta.length, lower)

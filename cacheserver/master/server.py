@@ -20,6 +20,8 @@ from ..auth import Credentials
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..namespace.statefile import check_state_dir
+from ..rpcmetrics import RequestMetrics
+from ..storemetrics import STORE_METRICS
 from ..uploads import pending_upload_metrics
 from .service import MasterService
 
@@ -112,12 +114,15 @@ async def start_master(
     mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots, cluster_key=credentials.internal)
     namespace = Namespace(mounts, journal_dir, block_size=config.block_size)
     service = MasterService(config, mounts, namespace, credentials.internal)
-    server = rpcutil.server(credentials, max_receive_bytes=rpcutil.MASTER_MAX_RECEIVE_BYTES)
+    requests = RequestMetrics("strata_master")
+    server = rpcutil.server(credentials, max_receive_bytes=rpcutil.MASTER_MAX_RECEIVE_BYTES, interceptors=[requests])
     pb_grpc.add_MasterServicer_to_server(service, server)
     bound = rpcutil.add_port(server, "master", bind, port)
     await server.start()
     registry = CollectorRegistry()
     registry.register(MasterCollector(service))
+    registry.register(requests)
+    registry.register(STORE_METRICS)
     http = HttpServer(registry, healthy=lambda: True)
     try:
         http_bound = await http.start(bind, http_port)

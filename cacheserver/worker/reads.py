@@ -9,8 +9,9 @@ import asyncio
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from strata.contract.config import ServerConfig
 from strata.contract.constants import MAX_READAHEAD_BLOCKS
@@ -60,6 +61,13 @@ class Counters:
     peer_bytes_read: int = 0
     # Bytes of this worker's blocks sent to workers that missed them.
     peer_bytes_served: int = 0
+    # Bytes handed out over each path (the rest of bytes_served went over gRPC).
+    short_circuit_bytes: int = 0
+    data_port_bytes: int = 0
+    # Hits and misses by mount id, and bytes of the blocks hit by the tier holding them.
+    hits_by_mount: Counter[int] = field(default_factory=Counter)
+    misses_by_mount: Counter[int] = field(default_factory=Counter)
+    hit_bytes_by_medium: Counter[str] = field(default_factory=Counter)
 
 
 def on_chunks(offset: int, length: int, block_length: int) -> bool:
@@ -199,6 +207,7 @@ class BlockReads:
                 log.warning("could not have the master look at %s again: %s", ref.path, exc)
             raise
         self.counters.misses += 1
+        self.counters.misses_by_mount[ref.mount_id] += 1
         self.counters.ufs_bytes_read += len(data)
         return data
 
@@ -217,6 +226,8 @@ class BlockReads:
         )
         if hit:
             self.counters.hits += 1
+            self.counters.hits_by_mount[ref.mount_id] += 1
+            self.counters.hit_bytes_by_medium[block.medium] += block.length
         return block, hit
 
     async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int]:
@@ -387,6 +398,7 @@ class BlockReads:
             self.counters.short_circuit_rechecks += 1
         source = await self.open_block(ref, read_type, check=(0, key_of(ref).length) if verify else None)
         self.counters.short_circuit_reads += 1
+        self.counters.short_circuit_bytes += source.length
         self.counters.bytes_served += source.length
         return source
 

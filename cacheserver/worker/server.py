@@ -31,6 +31,7 @@ from ..auth import Credentials
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
 from ..config import ServerEnvironment
+from ..storemetrics import STORE_METRICS
 from ..uploads import pending_upload_metrics
 from .masterlink import MasterLink
 from .membership import BlockReports, Endpoints, Membership, WorkerIdentity, identity_from_env
@@ -90,6 +91,31 @@ class WorkerCollector(Collector):
              "Holders that did not send a missed block in time (or sent it damaged): the store's bytes were used"),
         ):
             yield CounterMetricFamily(name, text, value=value)
+        served = CounterMetricFamily("strata_worker_served_bytes", "Bytes served to readers, by the path they took",
+                                     labels=["path"])
+        served.add_metric(["short_circuit"], c.short_circuit_bytes)
+        served.add_metric(["data_port"], c.data_port_bytes)
+        served.add_metric(["grpc"], max(0, c.bytes_served - c.short_circuit_bytes - c.data_port_bytes))
+        yield served
+        names = {v.mount_id: v.path for v in self._mounts.views()}
+        for name, by_mount, text in (
+            ("strata_worker_mount_cache_hits", c.hits_by_mount, "Block reads served from the cache, by mount"),
+            ("strata_worker_mount_cache_misses", c.misses_by_mount, "Blocks fetched from the store, by mount"),
+        ):
+            family = CounterMetricFamily(name, text, labels=["mount"])
+            for mount_id in sorted(set(names) | set(by_mount)):  # a mount never hit shows 0
+                family.add_metric([names.get(mount_id, str(mount_id))], by_mount[mount_id])
+            yield family
+        hit_bytes = CounterMetricFamily("strata_worker_cache_hit_bytes",
+                                        "Bytes of the blocks found cached, by the tier holding them", labels=["medium"])
+        evicted = CounterMetricFamily("strata_worker_tier_evicted_blocks",
+                                      "Blocks evicted from a tier (moved a tier down or out of the cache)",
+                                      labels=["medium"])
+        for tier in self._store.stats():
+            hit_bytes.add_metric([tier.medium], c.hit_bytes_by_medium[tier.medium])
+            evicted.add_metric([tier.medium], self._store.evicted.get(tier.medium, 0))
+        yield hit_bytes
+        yield evicted
         capacity = GaugeMetricFamily("strata_worker_tier_capacity_bytes", "Tier quota", labels=["medium"])
         used = GaugeMetricFamily("strata_worker_tier_used_bytes", "Bytes held in a tier", labels=["medium"])
         blocks = GaugeMetricFamily("strata_worker_tier_blocks", "Blocks held in a tier", labels=["medium"])
@@ -102,7 +128,7 @@ class WorkerCollector(Collector):
         yield blocks
         yield from pending_upload_metrics(
             "strata_worker", {p.mount_id: p for p in self._uploads.pending()},
-            {v.mount_id: v.path for v in self._mounts.views()},
+            names,
         )
 
 
@@ -270,6 +296,7 @@ async def start_worker(
         domain_socket=str(short_circuit.advertised_path) if short_circuit else "",
     ))
     registry.register(WorkerCollector(parts.counters, parts.store, parts.uploads, parts.mounts, parts.peers))
+    registry.register(STORE_METRICS)
     handle = WorkerHandle(parts=parts, server=server, port=bound, http=http, http_port=http_bound, data=data,
                           data_port=data_bound, short_circuit=short_circuit, tasks=parts.loops())
     log.info("worker %s serving gRPC on %s:%d (host %s), HTTP on %d, block data on %d",

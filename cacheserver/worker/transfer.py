@@ -311,6 +311,7 @@ class DataServer(BlockSocketServer):
             length=int(request.get("length", 0)), readahead=int(request.get("readahead", 0)),
         )
         self._reads.counters.data_port_reads += 1
+        self._reads.counters.data_port_bytes += source.length
         return source
 
     def _deliver(self, conn: socket.socket, source: BlockSource, file: pb.FileInfo | None) -> None:

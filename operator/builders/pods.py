@@ -139,6 +139,13 @@ def headless_service(cluster: Cluster, name: str, component: str, **by_name: int
     }
 
 
+def scrape_annotations(container: dict[str, Any]) -> dict[str, str]:
+    """`prometheus.io/*` annotations naming the container's HTTP port (named `http`), where
+    /metrics is, for a Prometheus that finds pods by their annotations."""
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
+    return {c.SCRAPE_ANNOTATION: "true", c.SCRAPE_PORT_ANNOTATION: str(port), c.SCRAPE_PATH_ANNOTATION: c.METRICS_PATH}
+
+
 def server_statefulset(
     cluster: Cluster,
     settings: OperatorSettings,
@@ -198,7 +205,8 @@ def server_statefulset(
                 "metadata": {
                     "labels": labels(cluster.ref.name, component),
                     "annotations": {
-                        c.CONFIG_HASH_ANNOTATION: config_hash(cluster, settings, tokens)
+                        c.CONFIG_HASH_ANNOTATION: config_hash(cluster, settings, tokens),
+                        **scrape_annotations(container),
                     },
                 },
                 "spec": pod_spec,

@@ -24,7 +24,11 @@ def register(
     collectors = metrics.metrics_registry()
     lifecycle.register(registry, settings)
     cluster.register(registry, settings)
-    mount.register(registry, settings)
+    # A Mount is reconciled at least every reconcile interval; a retry's call to the master
+    # takes at most the RPC timeout.
+    phases = metrics.MountPhases(expiry=3 * settings.reconcile_interval + settings.rpc_timeout)
+    collectors.register(phases)
+    mount.register(registry, settings, phases)
     admission.register(registry, webhook or admission.WebhookSettings(), admission.AdmissionMetrics(collectors),
                        settings.namespace)
     metrics.register(registry, metrics_settings or metrics.MetricsSettings(), collectors)
