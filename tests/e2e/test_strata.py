@@ -290,22 +290,70 @@ def test_a_pod_lands_on_a_node_holding_its_data(
     assert "strata.dev/locality-applied" not in (untouched["metadata"].get("annotations") or {})
 
 
+def _master_report(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """`strata report --json`, as a person would run it in the master's container."""
+    out: dict[str, Any] = json.loads(cluster.kubectl("exec", "demo-master-0", "-n", namespace, "--", "strata",
+                                                     "--master", "127.0.0.1:19998", "report", "--json"))
+    return out
+
+
+def _workers_in_report(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    return {w["worker"]["workerId"]: w for w in _master_report(cluster, namespace).get("workers", [])}
+
+
+def _wait_workers(cluster: Cluster, namespace: str, replicas: int) -> None:
+    """Wait until the cluster is Ready with `replicas` ready workers."""
+    wait_until(
+        lambda: (cc := cluster.get("cachecluster", "demo", namespace)["status"])
+        and cc.get("workers", {}).get("ready") == replicas and cc.get("workers", {}).get("desired") == replicas
+        and cc.get("phase") == "Ready",
+        timeout=READY_TIMEOUT, what=f"{replicas} ready workers", diagnose=lambda: cluster.describe_pods(namespace))
+
+
 @pytest.mark.disruptive
 def test_scale_up_and_down(strata: Cluster, namespace: str) -> None:
     ready_cluster(strata, namespace)
     for replicas in (3, 1):
         strata.kubectl("scale", "cachecluster", "demo", "-n", namespace, f"--replicas={replicas}")
-        wait_until(
-            lambda: (cc := strata.get("cachecluster", "demo", namespace)["status"])
-            and cc.get("workers", {}).get("ready") == replicas and cc.get("workers", {}).get("desired") == replicas
-            and cc.get("phase") == "Ready",
-            timeout=READY_TIMEOUT, what=f"{replicas} ready workers", diagnose=lambda: strata.describe_pods(namespace))
+        _wait_workers(strata, namespace, replicas)
         sts = strata.get("statefulset", "demo-worker", namespace)
         assert sts["spec"]["replicas"] == replicas
         assert strata.kubectl("get", "cachecluster", "demo", "-n", namespace, "--no-headers").split()[2] == f"{replicas}/{replicas}"
         # Ready once a scale-in is done: no worker pod still terminating.
         selector = strata.get("cachecluster", "demo", namespace)["status"]["workers"]["selector"]
         assert len(strata.items("pods", namespace, selector=selector)) == replicas
+
+
+@pytest.mark.disruptive
+@pytest.mark.timeout(1200)
+def test_scaled_in_and_out_again_every_worker_serves(strata: Cluster, namespace: str, s3: dict[str, str]) -> None:
+    """3 -> 2 -> 3 workers: once the cluster says Ready again, the master knows all three
+    live and none leaving, and the returning demo-worker-2 takes blocks and serves reads.
+    Before: the master kept demo-worker-2 decommissioned for good (no block placed on it,
+    no read sent to it) while the cluster said Ready."""
+    files = {f"scale/part-{i:02}.bin": _big_file(1 << 20, f"scale{i}") for i in range(24)}
+    _bucket(s3, "e2e-scale", files)
+    ready_cluster(strata, namespace, workers=3)
+    strata.apply(s3_mount(s3, bucket="e2e-scale"), namespace)
+    for replicas in (2, 3):
+        strata.kubectl("scale", "cachecluster", "demo", "-n", namespace, f"--replicas={replicas}")
+        _wait_workers(strata, namespace, replicas)
+    workers = _workers_in_report(strata, namespace)
+    shown = {name: (w.get("live", False), w["worker"].get("decommissioning", False)) for name, w in workers.items()}
+    assert shown == {f"demo-worker-{i}": (True, False) for i in range(3)}, shown
+    # A reader next to the returning worker reads through it: its blocks go there, then are read there.
+    node = strata.get("pod", "demo-worker-2", namespace)["spec"]["nodeName"]
+    _read_all(strata, namespace, "first", files, node=node)
+    _read_all(strata, namespace, "second", files, node=node)
+
+    def returned() -> dict[str, Any] | None:
+        stats = _workers_in_report(strata, namespace)["demo-worker-2"].get("stats", {})
+        blocks = sum(int(t.get("blocks", 0)) for t in stats.get("tiers", []))
+        served = int(stats.get("hits", 0)) + int(stats.get("shortCircuitReads", 0))
+        return stats if blocks >= len(files) and served > 0 else None
+
+    wait_until(returned, timeout=60, what="demo-worker-2 to hold the blocks read next to it and to serve them",
+               diagnose=lambda: json.dumps(_workers_in_report(strata, namespace), indent=1))
 
 
 def _rolled_out(cluster: Cluster, namespace: str) -> bool:
