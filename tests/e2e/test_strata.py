@@ -60,13 +60,20 @@ OPERATOR_PACE = ("--set", "operator.reconcileInterval=10",
                  "--set-string", "operator.extraEnv[0].value=2")
 
 
+# On the harness every node is a kubelet of this one machine: the disk tiers' node folders go
+# to /run/strata, a folder of each node's own (the default, /var/lib/strata/cache, would be
+# the machine's, shared by the three nodes and kept after the run).
+HARNESS_NODE_CACHE = ("--set", "operator.extraEnv[1].name=STRATA_OPERATOR_NODE_CACHE_ROOT",
+                      "--set-string", "operator.extraEnv[1].value=/run/strata/cache")
+
+
 def chart_args(cluster: Cluster) -> list[str]:
     """The values this suite installs the chart with: STRATA_E2E_HELM_ARGS, else the images
     the harness built; and the operator's pace."""
     extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", ""))
     if not extra and cluster.harness:
         extra = list(cluster.harness.get("helm_args", []))
-    return [*extra, *OPERATOR_PACE]
+    return [*extra, *OPERATOR_PACE, *(HARNESS_NODE_CACHE if cluster.harness else ())]
 
 
 # -- fixtures ---------------------------------------------------------------------
@@ -695,6 +702,39 @@ def test_restarted_worker_serves_its_ssd_blocks_without_store_reads(
     metrics = _worker_metrics(strata, namespace, again)
     assert metrics.get("strata_worker_ufs_bytes_read", -1) == 0, f"the restarted worker read the store: {metrics}"
     assert metrics.get("strata_worker_cache_hits", 0) > 0, metrics
+
+
+@pytest.mark.disruptive
+@pytest.mark.timeout(900)
+def test_a_rolling_update_keeps_the_disk_tier_by_default(strata: Cluster, namespace: str, s3: dict[str, str]) -> None:
+    """An SSD tier with no volume is a node folder: after a rolling update of the worker (a
+    spec edit), the new pod on the same node finds its blocks and the next full read takes
+    nothing from the store. Before: the tier was an emptyDir and the new pod read it all
+    again."""
+    files = {f"kept/part-{i}.bin": _big_file(4 << 20, f"kept{i}") for i in range(3)}
+    _bucket(s3, "e2e-kept", files)
+    node = sorted(n["metadata"]["name"] for n in strata.items("nodes"))[-1]
+    cc = cache_cluster(workers=1)
+    cc["spec"]["tiers"] = [{"medium": "SSD", "quota": "256Mi"}]
+    cc["spec"]["worker"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    strata.apply(cc, namespace)
+    wait_ready(strata, namespace)
+    strata.apply(s3_mount(s3, bucket="e2e-kept"), namespace)
+    _read_all(strata, namespace, "first", files)
+    (worker,) = _worker_pods(strata, namespace)
+    assert _worker_metrics(strata, namespace, worker).get("strata_worker_ufs_bytes_read", 0) >= sum(map(len, files.values()))
+    strata.kubectl("patch", "cachecluster", "demo", "-n", namespace, "--type=merge",
+                   "-p", json.dumps({"spec": {"cachePolicy": {"readaheadBlocks": 1}}}))
+    wait_until(lambda: (ws := _worker_pods(strata, namespace)) and ws[0]["metadata"]["uid"] != worker["metadata"]["uid"]
+               and pod_ready(ws[0]), timeout=READY_TIMEOUT, what="the worker pod of the new spec to be Ready",
+               diagnose=lambda: strata.describe_pods(namespace))
+    wait_until(lambda: _rolled_out(strata, namespace), timeout=READY_TIMEOUT, what="the rolling update to end")
+    wait_ready(strata, namespace)
+    _read_all(strata, namespace, "second", files)
+    (again,) = _worker_pods(strata, namespace)
+    metrics = _worker_metrics(strata, namespace, again)
+    assert metrics.get("strata_worker_ufs_bytes_read", -1) == 0, f"the updated worker read the store: {metrics}"
+    assert metrics.get("strata_worker_cache_hits", 0) + metrics.get("strata_worker_short_circuit_reads", 0) > 0, metrics
 
 
 def _steady_reader(name: str, dataset: dict[str, bytes], seconds: float) -> Obj:
