@@ -110,8 +110,10 @@ class MasterClient:
         return cast(pb.ReportResponse, await self._answer(self.stub.Report(pb.ReportRequest(), timeout=self.timeout),
                                                           what))
 
-    async def decommission(self, worker_ids: Sequence[str], *, what: str = "") -> None:
-        request = pb.DecommissionWorkersRequest(worker_ids=list(worker_ids))
+    async def decommission(self, worker_ids: Sequence[str], *, serving: Sequence[str] = (), what: str = "") -> None:
+        """Tell the master that `worker_ids` leave (no new placements) and that `serving`
+        are wanted in service (out of decommissioning)."""
+        request = pb.DecommissionWorkersRequest(worker_ids=list(worker_ids), serving=list(serving))
         await self._answer(self.stub.DecommissionWorkers(request, timeout=self.timeout), what)
 
     async def free(self, path: str, *, what: str = "") -> int:

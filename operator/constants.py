@@ -112,6 +112,7 @@ class Reason:
     JOURNAL_CLAIM_PENDING: Final = "JournalClaimPending"
     WAITING_FOR_WORKERS: Final = "WaitingForWorkers"
     WORKERS_NOT_REGISTERED: Final = "WorkersNotRegistered"
+    WORKERS_DECOMMISSIONED: Final = "WorkersDecommissioned"
     SCALING_IN: Final = "ScalingIn"
     ROLLING_OUT: Final = "RollingOut"
     DECOMMISSION_FAILED: Final = "DecommissionFailed"

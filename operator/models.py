@@ -120,13 +120,17 @@ class EphemeralVolume(_Spec):
 
 
 class TierVolume(_Spec):
+    """Where an SSD or HDD tier keeps its blocks. Unset: a folder of the node
+    (OperatorSettings.node_cache_root), which outlives the worker's pod."""
+
     host_path: HostPathVolume | None = Field(None, alias="hostPath")
     ephemeral: EphemeralVolume | None = None
+    empty_dir: EmptyDirVolume | None = Field(None, alias="emptyDir")
 
     @model_validator(mode="after")
     def _one(self) -> TierVolume:
-        if (self.host_path is None) == (self.ephemeral is None):
-            raise ValueError("tier volume: set exactly one of hostPath or ephemeral")
+        if sum(v is not None for v in (self.host_path, self.ephemeral, self.empty_dir)) != 1:
+            raise ValueError("tier volume: set exactly one of hostPath, ephemeral or emptyDir")
         return self
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import posixpath
 from importlib.metadata import PackageNotFoundError, version
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -58,6 +59,10 @@ class OperatorSettings(BaseSettings):
     # credentials there; named in the message of a cluster the operator may not serve.
     tenant_role: str = ""
     service_account: str = ""
+    # The node folder under which an SSD or HDD tier with no volume keeps its blocks:
+    # <node_cache_root>/<ssd|hdd>/<namespace>/<worker pod>. It outlives the worker's pod, so a
+    # rolling update or a restarted pod finds its blocks again (checked before use).
+    node_cache_root: str = "/var/lib/strata/cache"
 
     @model_validator(mode="after")
     def _tokens_secret_has_a_namespace(self) -> OperatorSettings:
@@ -66,3 +71,10 @@ class OperatorSettings(BaseSettings):
                 raise ValueError(f"STRATA_OPERATOR_{env} is set but STRATA_OPERATOR_NAMESPACE (the operator's "
                                  "own namespace, where that Secret lives) is not: set both")
         return self
+
+    @field_validator("node_cache_root")
+    @classmethod
+    def _node_folder(cls, v: str) -> str:
+        if not v.startswith("/") or posixpath.normpath(v) != v:
+            raise ValueError(f"STRATA_OPERATOR_NODE_CACHE_ROOT must be an absolute, normalised path, got {v!r}")
+        return v

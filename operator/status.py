@@ -7,7 +7,7 @@ the caller writes status only when the computed one differs from the stored one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -114,6 +114,15 @@ def _registered(obs: ClusterObservation) -> int | None:
     return sum(1 for w in obs.report.workers if w.live and w.worker.worker_id in obs.worker_ids)
 
 
+def decommissioned_workers(report: pb.ReportResponse | None, worker_ids: Collection[str]) -> list[str]:
+    """Of `worker_ids`, those the master's report shows live and decommissioned (taking no
+    new blocks), by name."""
+    if report is None:
+        return []
+    return sorted(w.worker.worker_id for w in report.workers
+                  if w.live and w.worker.decommissioning and w.worker.worker_id in worker_ids)
+
+
 def _master_condition(obs: ClusterObservation) -> tuple[Condition, bool]:
     if obs.master_pods_ready and obs.report is not None:
         return Condition(c.MASTER_READY, True, Reason.AS_EXPECTED, "The master is ready."), True
@@ -167,6 +176,11 @@ def _workers_condition(obs: ClusterObservation) -> tuple[Condition, bool]:
     if registered is None:
         message = f"{ready}/{desired} worker pods are ready; the master cannot be asked about them."
         return Condition(c.WORKERS_READY, False, Reason.MASTER_UNREACHABLE, message), False
+    held = decommissioned_workers(obs.report, obs.worker_ids)
+    if held:
+        message = (f"{ready}/{desired} worker pods are ready; the master holds {', '.join(held)} decommissioned "
+                   "(no new blocks go there): the operator tells it they serve again.")
+        return Condition(c.WORKERS_READY, False, Reason.WORKERS_DECOMMISSIONED, message), False
     return Condition(c.WORKERS_READY, True, Reason.AS_EXPECTED, f"{ready}/{desired} workers are ready."), True
 
 

@@ -1,9 +1,14 @@
-"""Worker membership: registration, heartbeats, expiry, decommissioning."""
+"""Worker membership: registration, heartbeats, expiry, decommissioning.
+
+Decommissioning is the operator's word, by worker name: `decommission` before a scale-in
+(the names leave), `serve` when the names are wanted again (a scale-out to the same
+ordinals). The run of a worker that was told to leave and is stopping (it reports so) stays
+out of placement even once its name is wanted again: the run after it takes blocks."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from strata.contract.proto import strata_pb2 as pb
@@ -14,6 +19,8 @@ class WorkerRecord:
     info: pb.WorkerInfo
     stats: pb.WorkerStats
     last_heartbeat: float
+    incarnation: str = ""   # names this run of the worker process
+    stopping: bool = False  # this run got its stop signal and drains
     decommissioning: bool = False
     registered_at: float = field(default_factory=time.monotonic)
 
@@ -25,26 +32,40 @@ class Membership:
         self._timeout = timeout
         self._clock = clock
         self._workers: dict[str, WorkerRecord] = {}
-        self._decommissioned: set[str] = set()
+        # Names the operator said leave and has not wanted back since.
+        self._leaving: set[str] = set()
+        # By name, the runs (incarnations) that were registered while their name was leaving:
+        # a stopping one of them stays out of placement after its name is wanted back.
+        self._told: dict[str, set[str]] = {}
 
-    def register(self, info: pb.WorkerInfo, stats: pb.WorkerStats) -> WorkerRecord:
-        record = WorkerRecord(
-            info=info,
-            stats=stats,
-            last_heartbeat=self._clock(),
-            decommissioning=info.worker_id in self._decommissioned,
-        )
+    def register(self, info: pb.WorkerInfo, stats: pb.WorkerStats, *, incarnation: str = "",
+                 stopping: bool = False) -> WorkerRecord:
+        record = WorkerRecord(info=info, stats=stats, last_heartbeat=self._clock(), incarnation=incarnation,
+                              stopping=stopping)
         self._workers[info.worker_id] = record
+        told = self._told.get(info.worker_id, set())
+        if info.worker_id in self._leaving:
+            self._told[info.worker_id] = told | {incarnation}
+        elif incarnation not in told:
+            self._told.pop(info.worker_id, None)  # a run after the leaving ones: they are over
+        self._decide(record)
         return record
 
-    def heartbeat(self, worker_id: str, stats: pb.WorkerStats) -> bool:
+    def heartbeat(self, worker_id: str, stats: pb.WorkerStats, *, stopping: bool = False) -> bool:
         """Record a heartbeat; False when the worker is unknown (it must register again)."""
         record = self._workers.get(worker_id)
         if record is None:
             return False
         record.last_heartbeat = self._clock()
         record.stats = stats
+        record.stopping = stopping
+        self._decide(record)
         return True
+
+    def _decide(self, record: WorkerRecord) -> None:
+        worker_id = record.info.worker_id
+        record.decommissioning = worker_id in self._leaving or (
+            record.stopping and record.incarnation in self._told.get(worker_id, ()))
 
     def is_live(self, record: WorkerRecord) -> bool:
         return self._clock() - record.last_heartbeat <= self._timeout
@@ -56,11 +77,29 @@ class Membership:
             del self._workers[worker_id]
         return gone
 
-    def decommission(self, worker_ids: list[str]) -> None:
-        self._decommissioned.update(worker_ids)
-        for worker_id in worker_ids:
-            if worker_id in self._workers:
-                self._workers[worker_id].decommissioning = True
+    def decommission(self, worker_ids: Iterable[str]) -> list[str]:
+        """The operator's word that these names leave: no new placements on them from now
+        on, whichever run registers. Returns the names that were not leaving before."""
+        changed = [w for w in dict.fromkeys(worker_ids) if w not in self._leaving]
+        self._leaving.update(changed)
+        for worker_id in changed:
+            record = self._workers.get(worker_id)
+            if record is not None:
+                self._told.setdefault(worker_id, set()).add(record.incarnation)
+                self._decide(record)
+        return changed
+
+    def serve(self, worker_ids: Iterable[str]) -> list[str]:
+        """The operator's word that these names are wanted in service again: each leaves
+        decommissioning, except a run of it that was told to leave and is stopping (the run
+        after it takes blocks). Returns the names that were leaving before."""
+        changed = [w for w in dict.fromkeys(worker_ids) if w in self._leaving]
+        self._leaving.difference_update(changed)
+        for worker_id in changed:
+            record = self._workers.get(worker_id)
+            if record is not None:
+                self._decide(record)
+        return changed
 
     def get(self, worker_id: str) -> WorkerRecord | None:
         return self._workers.get(worker_id)

@@ -743,7 +743,7 @@ class MasterService(pb_grpc.MasterServicer):
         self._incarnations[info.worker_id] = request.incarnation
         if previous is not None and previous != request.incarnation:
             self._end_writes_of(info.worker_id)
-        self.membership.register(info, request.stats)
+        self.membership.register(info, request.stats, incarnation=request.incarnation, stopping=request.stopping)
         self.blocks.drop_worker(info.worker_id)
         self.blocks.add(info.worker_id, request.blocks)
         log.info("worker %s registered at %s (host %s, %d blocks)", info.worker_id, info.address, info.host, len(request.blocks))
@@ -751,7 +751,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
-        if not self.membership.heartbeat(request.worker_id, request.stats):
+        if not self.membership.heartbeat(request.worker_id, request.stats, stopping=request.stopping):
             return pb.HeartbeatResponse(reregister=True, mount_table_version=self._table_version)
         self.blocks.add(request.worker_id, request.added)
         self.blocks.remove(request.worker_id, request.removed)
@@ -765,8 +765,13 @@ class MasterService(pb_grpc.MasterServicer):
     async def DecommissionWorkers(
         self, request: pb.DecommissionWorkersRequest, context: grpc.aio.ServicerContext
     ) -> pb.DecommissionWorkersResponse:
-        self.membership.decommission(list(request.worker_ids))
-        log.info("decommissioning workers %s", ", ".join(request.worker_ids))
+        serving = self.membership.serve(w for w in request.serving if w not in request.worker_ids)
+        if serving:
+            log.info("workers %s are wanted again: out of decommissioning (a run of them still stopping "
+                     "stays out of placement)", ", ".join(serving))
+        leaving = self.membership.decommission(request.worker_ids)
+        if leaving:
+            log.info("decommissioning workers %s", ", ".join(leaving))
         return pb.DecommissionWorkersResponse()
 
     def expire_workers(self) -> None:

@@ -98,6 +98,8 @@ class Membership:
         # Names this run of the process for the master: the writes a previous run left open
         # end when this one registers.
         self.incarnation = uuid.uuid4().hex
+        # Set on the stop signal: registrations and heartbeats tell the master this run drains.
+        self.stopping = False
 
     def listening(self, endpoints: Endpoints) -> None:
         """The servers are bound: registrations from now on advertise these endpoints."""
@@ -133,7 +135,8 @@ class Membership:
         blocks, rest = rpcutil.split_batch(blocks)
         self.reports.requeue(rest, [])
         response = await self._link.register(pb.RegisterWorkerRequest(worker=self.info(), stats=self.stats(),
-                                                                      blocks=blocks, incarnation=self.incarnation))
+                                                                      blocks=blocks, incarnation=self.incarnation,
+                                                                      stopping=self.stopping))
         self.registered = True
         if response.mount_table_version != self._mounts.version:
             await self._mounts.refresh()
@@ -153,7 +156,7 @@ class Membership:
         try:
             response = await self._link.heartbeat(pb.HeartbeatRequest(
                 worker_id=self.identity.worker_id, stats=self.stats(), added=added, removed=removed,
-                mount_table_version=self._mounts.version,
+                mount_table_version=self._mounts.version, stopping=self.stopping,
             ))
         except StrataError:
             self.reports.requeue(added, removed)  # keep the deltas for the next try
@@ -162,6 +165,16 @@ class Membership:
             await self.register()
         elif response.mount_table_version != self._mounts.version:
             await self._mounts.refresh()
+
+    async def stop(self, timeout: float) -> None:
+        """The stop signal came: tell the master at once (within `timeout` seconds; the
+        heartbeats that follow repeat it) that this run drains, so a master told that this
+        worker leaves places nothing more on it."""
+        self.stopping = True
+        try:
+            await asyncio.wait_for(self.heartbeat_once(), timeout)
+        except (StrataError, TimeoutError) as exc:
+            log.warning("could not tell the master %s that this worker stops: %s", self._link.address, exc)
 
     async def heartbeat_loop(self) -> None:
         failures = 0

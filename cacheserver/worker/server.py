@@ -46,6 +46,10 @@ from .writes import Writes
 
 log = logging.getLogger(__name__)
 
+# Seconds a stopping worker waits for the master to hear that it stops before it drains
+# (the heartbeats during the drain repeat it).
+STOP_NOTICE_TIMEOUT = 2.0
+
 
 def tier_configs(config: ServerConfig, data_dir: Path, worker_id: str) -> list[TierConfig]:
     """Tiers from the config; a tier without dirs gets one under data_dir (MEM: in /dev/shm,
@@ -221,7 +225,9 @@ class WorkerHandle:
 
     async def drain_and_stop(self) -> None:
         """A signalled stop: uploads of acknowledged writes get their drain time first
-        (reads and heartbeats go on meanwhile), then the servers stop."""
+        (reads and heartbeats go on meanwhile), then the servers stop. The master hears
+        first that this run stops."""
+        await self.parts.membership.stop(timeout=STOP_NOTICE_TIMEOUT)
         await self.parts.uploads.drain()
         await self.stop()
 

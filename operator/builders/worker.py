@@ -34,16 +34,30 @@ def tier_volume_name(tier: TierSpec) -> str:
     return f"tier-{tier.medium.lower()}"
 
 
-def tier_volume(tier: TierSpec) -> dict[str, Any]:
-    """MEM: emptyDir in memory; SSD/HDD: the given hostPath or generic ephemeral volume,
-    else a disk-backed emptyDir. Sizes equal the tier quota."""
+def node_folder(tier: TierSpec, settings: OperatorSettings) -> str | None:
+    """The node folder holding a tier's workers' sub-folders (<namespace>/<pod>), or None
+    for a tier kept on a volume of the pod's own (MEM, emptyDir, ephemeral). An SSD or
+    HDD tier with no volume is on `settings.node_cache_root`: its blocks outlive the pod."""
+    if tier.medium == "MEM":
+        return None
+    volume = tier.volume
+    if volume is None:
+        return f"{settings.node_cache_root}/{tier.medium.lower()}"
+    return volume.host_path.path if volume.host_path is not None else None
+
+
+def tier_volume(tier: TierSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """MEM: emptyDir in memory; SSD/HDD: a node folder (the given hostPath, or one under
+    `settings.node_cache_root` when no volume is given), a generic ephemeral volume or a
+    disk-backed emptyDir. Sizes equal the tier quota."""
     name = tier_volume_name(tier)
     quota = format_quantity(tier.quota)
     if tier.medium == "MEM":
         return {"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": quota}}
+    folder = node_folder(tier, settings)
+    if folder is not None:
+        return {"name": name, "hostPath": {"path": folder, "type": "DirectoryOrCreate"}}
     volume = tier.volume
-    if volume is not None and volume.host_path is not None:
-        return {"name": name, "hostPath": {"path": volume.host_path.path, "type": "DirectoryOrCreate"}}
     if volume is not None and volume.ephemeral is not None:
         claim: dict[str, Any] = {
             "accessModes": ["ReadWriteOnce"],
@@ -55,23 +69,23 @@ def tier_volume(tier: TierSpec) -> dict[str, Any]:
     return {"name": name, "emptyDir": {"sizeLimit": quota}}
 
 
-def tier_mount(tier: TierSpec) -> dict[str, Any]:
+def tier_mount(tier: TierSpec, settings: OperatorSettings) -> dict[str, Any]:
     mount: dict[str, Any] = {"name": tier_volume_name(tier), "mountPath": tier_dir(tier)}
-    if tier.volume is not None and tier.volume.host_path is not None:
+    if node_folder(tier, settings) is not None:
         mount["subPathExpr"] = HOST_SUBPATH
     return mount
 
 
-def staging_volume(cluster: Cluster) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def staging_volume(cluster: Cluster, settings: OperatorSettings) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The worker's staging folder (staged writes, records of ASYNC_THROUGH uploads): the
     volumes it needs and its mount. Its copies must outlive what the blocks of their writes
-    outlive. A hostPath disk tier outlives the pod: the folder is a sibling of that tier's
-    folder on the node. Otherwise (emptyDir or ephemeral disk tiers, MEM alone) the blocks
-    live as long as the pod, and so does an emptyDir of its own, which also survives a
-    restart of the container (its writable layer does not); not on the tier's volume,
+    outlive. A disk tier on a node folder outlives the pod: the folder is a sibling of that
+    tier's folder on the node. Otherwise (emptyDir or ephemeral disk tiers, MEM alone) the
+    blocks live as long as the pod, and so does an emptyDir of its own, which also survives
+    a restart of the container (its writable layer does not); not on the tier's volume,
     whose size limit is the tier's quota."""
     for tier in cluster.spec.tiers:
-        if tier.volume is not None and tier.volume.host_path is not None:
+        if node_folder(tier, settings) is not None:
             return [], {"name": tier_volume_name(tier), "mountPath": c.STAGING_DIR, "subPathExpr": _STAGING_SUBPATH}
     return [{"name": STAGING_VOLUME, "emptyDir": {}}], {"name": STAGING_VOLUME, "mountPath": c.STAGING_DIR}
 
@@ -111,9 +125,9 @@ def build_worker_service(cluster: Cluster) -> Manifest:
 
 def build_worker_statefulset(cluster: Cluster, settings: OperatorSettings, tokens: ClusterTokens) -> Manifest:
     spec = cluster.spec
-    staging, staging_mount = staging_volume(cluster)
-    volumes = [*(tier_volume(t) for t in spec.tiers), *staging]
-    mounts = [*(tier_mount(t) for t in spec.tiers), staging_mount]
+    staging, staging_mount = staging_volume(cluster, settings)
+    volumes = [*(tier_volume(t, settings) for t in spec.tiers), *staging]
+    mounts = [*(tier_mount(t, settings) for t in spec.tiers), staging_mount]
     if spec.short_circuit:
         volumes.append(
             {

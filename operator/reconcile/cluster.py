@@ -14,6 +14,7 @@ from typing import Any
 
 from strata.contract.constants import data_token_key
 from strata.contract.errors import InvalidArgument, StrataError
+from strata.contract.proto import strata_pb2 as pb
 from strata.operator import constants as c
 from strata.operator.builders import build_master_children, build_worker_children
 from strata.operator.builders.common import (
@@ -43,6 +44,7 @@ from strata.operator.status import (
     Problem,
     cluster_notes,
     cluster_status,
+    decommissioned_workers,
     journal_claim_problem,
 )
 
@@ -153,22 +155,39 @@ async def _share_tokens(deps: Deps, namespace: str, name: str, tokens: ClusterTo
         await deps.kube.apply(shared.entry(namespace, name, data), manager=shared.manager(namespace, name))
 
 
-async def _scale_in(deps: Deps, cluster: Cluster, endpoint: str, token: str) -> tuple[Cluster, Problem | None]:
-    """Before the worker StatefulSet shrinks, tell the master which workers leave, so it
-    places no new blocks there. If the master cannot be told, keep the current size."""
-    current = _replicas(await deps.kube.get("apps/v1", "StatefulSet", cluster.ref.namespace,
-                                            worker_name(cluster.ref.name)))
+async def _tell_master(deps: Deps, cluster: Cluster, endpoint: str, token: str,
+                       report: pb.ReportResponse | None) -> tuple[Cluster, Problem | None]:
+    """Tell the master which workers leave and which serve, before the worker StatefulSet
+    changes size. A scale-in names the leaving workers first, so the master places no new
+    blocks there; if it cannot be told, the current size stays. A scale-out, and any worker
+    the master still holds decommissioned, names the workers wanted (the same names come
+    back after a scale-in). Told again while pods of a scale-in still stop: a master that
+    restarted meanwhile knows it too."""
+    statefulset = await deps.kube.get("apps/v1", "StatefulSet", cluster.ref.namespace, worker_name(cluster.ref.name))
+    current = _replicas(statefulset)
+    pods = int(((statefulset or {}).get("status") or {}).get("replicas") or 0)
     desired = cluster.spec.worker.replicas
-    if desired >= current:
+    leaving = worker_pod_names(cluster.ref.name, range(desired, max(current, pods)))
+    serving = worker_pod_names(cluster.ref.name, range(desired))
+    held = decommissioned_workers(report, serving)
+    growing = statefulset is not None and desired > current
+    if not (leaving or growing or held):
         return cluster, None
-    leaving = worker_pod_names(cluster.ref.name, range(desired, current))
     try:
-        await deps.masters.client(endpoint, token).decommission(leaving)
+        await deps.masters.client(endpoint, token).decommission(leaving, serving=serving)
     except StrataError as exc:
-        message = (f"Cannot tell the master at {endpoint} that workers {', '.join(leaving)} leave ({exc}); "
-                   f"keeping {current} workers until it answers.")
-        return _with_workers(cluster, current), Problem(Reason.DECOMMISSION_FAILED, message)
-    log.info("decommissioned workers %s of %s/%s", leaving, cluster.ref.namespace, cluster.ref.name)
+        if desired < current:
+            message = (f"Cannot tell the master at {endpoint} that workers {', '.join(leaving)} leave ({exc}); "
+                       f"keeping {current} workers until it answers.")
+            return _with_workers(cluster, current), Problem(Reason.DECOMMISSION_FAILED, message)
+        message = (f"Cannot tell the master at {endpoint} that workers {', '.join(held or serving)} serve "
+                   f"({exc}); telling it again until it answers.")
+        return cluster, Problem(Reason.DECOMMISSION_FAILED, message)
+    if desired < current:
+        log.info("decommissioned workers %s of %s/%s", leaving, cluster.ref.namespace, cluster.ref.name)
+    if held:
+        log.info("workers %s of %s/%s are wanted again: told the master", held, cluster.ref.namespace,
+                 cluster.ref.name)
     return cluster, None
 
 
@@ -210,7 +229,7 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
             report = await deps.masters.report(endpoint, token, fresh=True)
         except StrataError as exc:
             master_error = str(exc)
-        sized, scaling = await _scale_in(deps, cluster, endpoint, token)
+        sized, scaling = await _tell_master(deps, cluster, endpoint, token, report)
         for manifest in build_worker_children(sized, deps.settings, tokens):
             await deps.kube.apply(manifest)
         workers = await deps.kube.get("apps/v1", "StatefulSet", ns, worker_name(name))

@@ -60,13 +60,20 @@ OPERATOR_PACE = ("--set", "operator.reconcileInterval=10",
                  "--set-string", "operator.extraEnv[0].value=2")
 
 
+# On the harness every node is a kubelet of this one machine: the disk tiers' node folders go
+# to /run/strata, a folder of each node's own (the default, /var/lib/strata/cache, would be
+# the machine's, shared by the three nodes and kept after the run).
+HARNESS_NODE_CACHE = ("--set", "operator.extraEnv[1].name=STRATA_OPERATOR_NODE_CACHE_ROOT",
+                      "--set-string", "operator.extraEnv[1].value=/run/strata/cache")
+
+
 def chart_args(cluster: Cluster) -> list[str]:
     """The values this suite installs the chart with: STRATA_E2E_HELM_ARGS, else the images
     the harness built; and the operator's pace."""
     extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", ""))
     if not extra and cluster.harness:
         extra = list(cluster.harness.get("helm_args", []))
-    return [*extra, *OPERATOR_PACE]
+    return [*extra, *OPERATOR_PACE, *(HARNESS_NODE_CACHE if cluster.harness else ())]
 
 
 # -- fixtures ---------------------------------------------------------------------
@@ -290,22 +297,70 @@ def test_a_pod_lands_on_a_node_holding_its_data(
     assert "strata.dev/locality-applied" not in (untouched["metadata"].get("annotations") or {})
 
 
+def _master_report(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """`strata report --json`, as a person would run it in the master's container."""
+    out: dict[str, Any] = json.loads(cluster.kubectl("exec", "demo-master-0", "-n", namespace, "--", "strata",
+                                                     "--master", "127.0.0.1:19998", "report", "--json"))
+    return out
+
+
+def _workers_in_report(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    return {w["worker"]["workerId"]: w for w in _master_report(cluster, namespace).get("workers", [])}
+
+
+def _wait_workers(cluster: Cluster, namespace: str, replicas: int) -> None:
+    """Wait until the cluster is Ready with `replicas` ready workers."""
+    wait_until(
+        lambda: (cc := cluster.get("cachecluster", "demo", namespace)["status"])
+        and cc.get("workers", {}).get("ready") == replicas and cc.get("workers", {}).get("desired") == replicas
+        and cc.get("phase") == "Ready",
+        timeout=READY_TIMEOUT, what=f"{replicas} ready workers", diagnose=lambda: cluster.describe_pods(namespace))
+
+
 @pytest.mark.disruptive
 def test_scale_up_and_down(strata: Cluster, namespace: str) -> None:
     ready_cluster(strata, namespace)
     for replicas in (3, 1):
         strata.kubectl("scale", "cachecluster", "demo", "-n", namespace, f"--replicas={replicas}")
-        wait_until(
-            lambda: (cc := strata.get("cachecluster", "demo", namespace)["status"])
-            and cc.get("workers", {}).get("ready") == replicas and cc.get("workers", {}).get("desired") == replicas
-            and cc.get("phase") == "Ready",
-            timeout=READY_TIMEOUT, what=f"{replicas} ready workers", diagnose=lambda: strata.describe_pods(namespace))
+        _wait_workers(strata, namespace, replicas)
         sts = strata.get("statefulset", "demo-worker", namespace)
         assert sts["spec"]["replicas"] == replicas
         assert strata.kubectl("get", "cachecluster", "demo", "-n", namespace, "--no-headers").split()[2] == f"{replicas}/{replicas}"
         # Ready once a scale-in is done: no worker pod still terminating.
         selector = strata.get("cachecluster", "demo", namespace)["status"]["workers"]["selector"]
         assert len(strata.items("pods", namespace, selector=selector)) == replicas
+
+
+@pytest.mark.disruptive
+@pytest.mark.timeout(1200)
+def test_scaled_in_and_out_again_every_worker_serves(strata: Cluster, namespace: str, s3: dict[str, str]) -> None:
+    """3 -> 2 -> 3 workers: once the cluster says Ready again, the master knows all three
+    live and none leaving, and the returning demo-worker-2 takes blocks and serves reads.
+    Before: the master kept demo-worker-2 decommissioned for good (no block placed on it,
+    no read sent to it) while the cluster said Ready."""
+    files = {f"scale/part-{i:02}.bin": _big_file(1 << 20, f"scale{i}") for i in range(24)}
+    _bucket(s3, "e2e-scale", files)
+    ready_cluster(strata, namespace, workers=3)
+    strata.apply(s3_mount(s3, bucket="e2e-scale"), namespace)
+    for replicas in (2, 3):
+        strata.kubectl("scale", "cachecluster", "demo", "-n", namespace, f"--replicas={replicas}")
+        _wait_workers(strata, namespace, replicas)
+    workers = _workers_in_report(strata, namespace)
+    shown = {name: (w.get("live", False), w["worker"].get("decommissioning", False)) for name, w in workers.items()}
+    assert shown == {f"demo-worker-{i}": (True, False) for i in range(3)}, shown
+    # A reader next to the returning worker reads through it: its blocks go there, then are read there.
+    node = strata.get("pod", "demo-worker-2", namespace)["spec"]["nodeName"]
+    _read_all(strata, namespace, "first", files, node=node)
+    _read_all(strata, namespace, "second", files, node=node)
+
+    def returned() -> dict[str, Any] | None:
+        stats = _workers_in_report(strata, namespace)["demo-worker-2"].get("stats", {})
+        blocks = sum(int(t.get("blocks", 0)) for t in stats.get("tiers", []))
+        served = int(stats.get("hits", 0)) + int(stats.get("shortCircuitReads", 0))
+        return stats if blocks >= len(files) and served > 0 else None
+
+    wait_until(returned, timeout=60, what="demo-worker-2 to hold the blocks read next to it and to serve them",
+               diagnose=lambda: json.dumps(_workers_in_report(strata, namespace), indent=1))
 
 
 def _rolled_out(cluster: Cluster, namespace: str) -> bool:
@@ -647,6 +702,39 @@ def test_restarted_worker_serves_its_ssd_blocks_without_store_reads(
     metrics = _worker_metrics(strata, namespace, again)
     assert metrics.get("strata_worker_ufs_bytes_read", -1) == 0, f"the restarted worker read the store: {metrics}"
     assert metrics.get("strata_worker_cache_hits", 0) > 0, metrics
+
+
+@pytest.mark.disruptive
+@pytest.mark.timeout(900)
+def test_a_rolling_update_keeps_the_disk_tier_by_default(strata: Cluster, namespace: str, s3: dict[str, str]) -> None:
+    """An SSD tier with no volume is a node folder: after a rolling update of the worker (a
+    spec edit), the new pod on the same node finds its blocks and the next full read takes
+    nothing from the store. Before: the tier was an emptyDir and the new pod read it all
+    again."""
+    files = {f"kept/part-{i}.bin": _big_file(4 << 20, f"kept{i}") for i in range(3)}
+    _bucket(s3, "e2e-kept", files)
+    node = sorted(n["metadata"]["name"] for n in strata.items("nodes"))[-1]
+    cc = cache_cluster(workers=1)
+    cc["spec"]["tiers"] = [{"medium": "SSD", "quota": "256Mi"}]
+    cc["spec"]["worker"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    strata.apply(cc, namespace)
+    wait_ready(strata, namespace)
+    strata.apply(s3_mount(s3, bucket="e2e-kept"), namespace)
+    _read_all(strata, namespace, "first", files)
+    (worker,) = _worker_pods(strata, namespace)
+    assert _worker_metrics(strata, namespace, worker).get("strata_worker_ufs_bytes_read", 0) >= sum(map(len, files.values()))
+    strata.kubectl("patch", "cachecluster", "demo", "-n", namespace, "--type=merge",
+                   "-p", json.dumps({"spec": {"cachePolicy": {"readaheadBlocks": 1}}}))
+    wait_until(lambda: (ws := _worker_pods(strata, namespace)) and ws[0]["metadata"]["uid"] != worker["metadata"]["uid"]
+               and pod_ready(ws[0]), timeout=READY_TIMEOUT, what="the worker pod of the new spec to be Ready",
+               diagnose=lambda: strata.describe_pods(namespace))
+    wait_until(lambda: _rolled_out(strata, namespace), timeout=READY_TIMEOUT, what="the rolling update to end")
+    wait_ready(strata, namespace)
+    _read_all(strata, namespace, "second", files)
+    (again,) = _worker_pods(strata, namespace)
+    metrics = _worker_metrics(strata, namespace, again)
+    assert metrics.get("strata_worker_ufs_bytes_read", -1) == 0, f"the updated worker read the store: {metrics}"
+    assert metrics.get("strata_worker_cache_hits", 0) + metrics.get("strata_worker_short_circuit_reads", 0) > 0, metrics
 
 
 def _steady_reader(name: str, dataset: dict[str, bytes], seconds: float) -> Obj:

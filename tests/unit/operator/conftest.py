@@ -5,8 +5,10 @@ the e2e suite runs against a real one)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -252,6 +254,21 @@ async def world(master: RunningMaster) -> AsyncIterator[World]:
     kube, clock = FakeKube(), Clock()
     yield World(kube, master, masters, clock, Deps(kube=kube, masters=masters, settings=settings, clock=clock))
     await masters.close()
+
+
+@asynccontextmanager
+async def operator_at(address: str, token: str) -> AsyncIterator[Deps]:
+    """The operator's parts against the (real) master at `address`, on an in-memory API
+    server holding the Secret of cluster demo with its admin `token`."""
+    settings = OperatorSettings(server_image="strata-server:test", rpc_timeout=5.0, report_ttl=0, unmount_timeout=0)
+    masters = LocalMasters(address, timeout=5.0, report_ttl=0)
+    kube = FakeKube()
+    kube.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-auth"},
+              "data": {"token": base64.b64encode(token.encode()).decode()}})
+    try:
+        yield Deps(kube=kube, masters=masters, settings=settings, clock=Clock())
+    finally:
+        await masters.close()
 
 
 def set_ready(world: World, name: str, ready: int, *, revision: str = "r1", updated: int | None = None,

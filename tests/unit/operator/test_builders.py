@@ -129,10 +129,26 @@ def test_tier_volumes_match_their_media() -> None:
     assert claim["storageClassName"] == "local-hdd"
     assert claim["resources"]["requests"]["storage"] == "1Ti"
     assert volumes["short-circuit"]["hostPath"]["path"] == "/var/run/strata/team-a/demo"
-    default_ssd = make_cluster({"tiers": [{"medium": "SSD", "quota": "10G"}]})
+    scratch = make_cluster({"tiers": [{"medium": "SSD", "quota": "10G", "volume": {"emptyDir": {}}}]})
+    volume, mount = _mounted(builders.build_worker_statefulset(scratch, SETTINGS, TOKEN), "/var/lib/strata/tiers/ssd")
+    assert volume == {"name": "tier-ssd", "emptyDir": {"sizeLimit": "10G"}} and "subPathExpr" not in mount
+
+
+def test_a_disk_tier_with_no_volume_is_a_node_folder_of_each_worker_that_outlives_its_pod() -> None:
+    """A rolling update or a replaced worker pod finds its blocks again on the node."""
+    default_ssd = make_cluster({"tiers": [{"medium": "SSD", "quota": "10G"}, {"medium": "HDD", "quota": "1Ti"}]})
     sts = builders.build_worker_statefulset(default_ssd, SETTINGS, TOKEN)
-    (tier,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tier-ssd"]
-    assert tier == {"name": "tier-ssd", "emptyDir": {"sizeLimit": "10G"}}
+    for medium in ("ssd", "hdd"):
+        volume, mount = _mounted(sts, f"/var/lib/strata/tiers/{medium}")
+        assert volume == {"name": f"tier-{medium}",
+                          "hostPath": {"path": f"/var/lib/strata/cache/{medium}", "type": "DirectoryOrCreate"}}
+        assert mount["subPathExpr"] == "$(STRATA_POD_NAMESPACE)/$(STRATA_POD_NAME)"
+    assert {"/var/lib/strata/tiers/ssd", "/var/lib/strata/tiers/hdd", c.STAGING_DIR} <= set(_chowned(sts))
+    moved = OperatorSettings(server_image="strata-server:test", node_cache_root="/mnt/nvme/strata-cache")
+    volume, _ = _mounted(builders.build_worker_statefulset(default_ssd, moved, TOKEN), "/var/lib/strata/tiers/ssd")
+    assert volume["hostPath"]["path"] == "/mnt/nvme/strata-cache/ssd"
+    with pytest.raises(ValueError, match="STRATA_OPERATOR_NODE_CACHE_ROOT must be an absolute"):
+        OperatorSettings(server_image="strata-server:test", node_cache_root="cache/../x")
 
 
 def _pod(sts: dict[str, Any]) -> dict[str, Any]:
@@ -193,12 +209,14 @@ def test_the_worker_staging_folder_outlives_what_the_blocks_of_its_writes_outliv
     # MEM alone, or disk tiers that live as long as the pod: an emptyDir of its own, which
     # survives a restart of the container.
     for tiers in ([{"medium": "MEM", "quota": "1Gi"}],
-                  [{"medium": "SSD", "quota": "1Gi"}, {"medium": "HDD", "quota": "1Ti", "volume": {"ephemeral": {}}}]):
+                  [{"medium": "SSD", "quota": "1Gi", "volume": {"emptyDir": {}}},
+                   {"medium": "HDD", "quota": "1Ti", "volume": {"ephemeral": {}}}]):
         sts = builders.build_worker_statefulset(make_cluster({"tiers": tiers}), SETTINGS, TOKEN)
         volume, mount = _mounted(sts, c.STAGING_DIR)
         assert volume == {"name": "staging", "emptyDir": {}} and "subPathExpr" not in mount
     # A hostPath disk tier outlives the pod: the staging folder is beside its folder on the node.
-    tiers = [{"medium": "SSD", "quota": "1Gi"}, {"medium": "HDD", "quota": "1Ti", "volume": {"hostPath": {"path": "/hdd"}}}]
+    tiers = [{"medium": "SSD", "quota": "1Gi", "volume": {"emptyDir": {}}},
+             {"medium": "HDD", "quota": "1Ti", "volume": {"hostPath": {"path": "/hdd"}}}]
     sts = builders.build_worker_statefulset(make_cluster({"tiers": tiers}), SETTINGS, TOKEN)
     volume, mount = _mounted(sts, c.STAGING_DIR)
     assert volume["name"] == "tier-hdd" and volume["hostPath"]["path"] == "/hdd"

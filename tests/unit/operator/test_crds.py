@@ -218,7 +218,7 @@ def test_ssd_only_and_mount_update_of_mutable_fields_are_accepted() -> None:
         ({"tiers": [{"medium": "HDD", "quota": "1Gi"}, {"medium": "SSD", "quota": "2Gi"}]}, "fastest first"),
         ({"tiers": [{"medium": "MEM", "quota": "0Gi"}]}, "greater than 0"),
         ({"tiers": [{"medium": "MEM", "quota": "lots"}]}, "does not match"),
-        ({"tiers": [{"medium": "SSD", "quota": "1Gi", "volume": {}}]}, "exactly one of hostPath or ephemeral"),
+        ({"tiers": [{"medium": "SSD", "quota": "1Gi", "volume": {}}]}, "exactly one of hostPath, ephemeral or emptyDir"),
         ({"tiers": [{"medium": "MEM", "quota": "1Gi", "volume": {"ephemeral": {}}}]}, "remove its volume"),
         ({"tiers": []}, "non-empty"),
         ({"cachePolicy": {"highWatermark": 0.5, "lowWatermark": 0.6}}, "must be below"),

@@ -26,7 +26,7 @@ def test_cluster_errors_name_the_field_and_value() -> None:
     text = str(info.value)
     assert text.startswith("CacheCluster ns/demo: invalid spec: ")
     assert "blockSize" in text and "'big' is not a size" in text
-    assert "tiers.0.volume: tier volume: set exactly one of hostPath or ephemeral" in text
+    assert "tiers.0.volume: tier volume: set exactly one of hostPath, ephemeral or emptyDir" in text
     assert "Value error" not in text
 
 

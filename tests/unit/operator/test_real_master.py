@@ -18,8 +18,7 @@ from strata.cacheserver.namespace.mounts import MountOptions
 from strata.contract.config import ServerConfig
 from strata.contract.master import MasterClient
 from strata.operator.reconcile import Deps, ObjectState, reconcile_cluster, reconcile_mount, remove_mount
-from strata.operator.settings import OperatorSettings
-from tests.unit.operator.conftest import Clock, FakeKube, LocalMasters, cluster_body, mount_body
+from tests.unit.operator.conftest import FakeKube, LocalMasters, cluster_body, mount_body, operator_at
 
 TOKEN = "real-master-token"
 
@@ -37,15 +36,11 @@ async def real_master(tmp_path: Path) -> AsyncIterator[MasterHandle]:
 
 @pytest.fixture
 async def deps(real_master: MasterHandle) -> AsyncIterator[Deps]:
-    settings = OperatorSettings(server_image="strata-server:test", rpc_timeout=5.0, report_ttl=0, unmount_timeout=0)
-    masters = LocalMasters(f"127.0.0.1:{real_master.port}", timeout=5.0, report_ttl=0)
-    kube = FakeKube()
-    kube.put({"apiVersion": "strata.dev/v1alpha1", "kind": "CacheCluster", "metadata": {"name": "demo"},
-              "spec": {}, "status": {"master": {"ready": True}}})
-    kube.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-auth"},
-              "data": {"token": base64.b64encode(TOKEN.encode()).decode()}})
-    yield Deps(kube=kube, masters=masters, settings=settings, clock=Clock())
-    await masters.close()
+    async with operator_at(f"127.0.0.1:{real_master.port}", TOKEN) as deps:
+        assert isinstance(deps.kube, FakeKube)
+        deps.kube.put({"apiVersion": "strata.dev/v1alpha1", "kind": "CacheCluster", "metadata": {"name": "demo"},
+                       "spec": {}, "status": {"master": {"ready": True}}})
+        yield deps
 
 
 def store(tmp_path: Path) -> Path:

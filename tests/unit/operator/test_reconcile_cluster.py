@@ -213,12 +213,14 @@ async def test_scale_in_waits_while_the_master_cannot_be_told(world: World) -> N
     assert "demo-worker-2" in reconciling["message"]
 
 
-async def test_scale_out_needs_no_decommission(world: World) -> None:
+async def test_scale_out_decommissions_nothing_and_names_the_workers_wanted(world: World) -> None:
     await ready_cluster(world)
     body = world.kube.obj("CacheCluster", "demo")
     body["spec"] = {"worker": {"replicas": 4}}
     await reconcile_cluster(world.deps, body)
-    assert world.master.state.count("DecommissionWorkers") == 0
+    (told,) = [req for name, req in world.master.state.calls if name == "DecommissionWorkers"]
+    assert list(told.worker_ids) == []
+    assert list(told.serving) == [f"demo-worker-{i}" for i in range(4)]
     assert world.kube.obj("StatefulSet", "demo-worker")["spec"]["replicas"] == 4
 
 

@@ -65,3 +65,30 @@ def test_a_worker_names_itself_from_its_environment() -> None:
     assert identity_from_env(29999, pod) == WorkerIdentity("demo-worker-0", "node-3", "10.1.2.3")
     local = ServerEnvironment(hostname="laptop", advertise_host="0.0.0.0", pod_ip="10.9.9.9")
     assert identity_from_env(30999, local) == WorkerIdentity("laptop:30999", "laptop", "0.0.0.0")
+
+
+async def decommissioned(cluster: Cluster) -> dict[str, bool]:
+    listed = (await cluster.admin.ListWorkers(pb.ListWorkersRequest(), timeout=30)).workers
+    return {w.worker_id: w.decommissioning for w in listed}
+
+
+async def test_a_worker_scaled_in_and_back_serves_again_once_its_draining_run_is_replaced(cluster: Cluster) -> None:
+    """What the operator and a StatefulSet do on 3 -> 2 -> 3, through the real master: the
+    leaving run tells the master it stops at its stop signal, so the master keeps it out
+    of placement even when the operator wants the name back before it is gone; the new run
+    of the same name is in service at once."""
+    await cluster.mount()
+    await cluster.worker("w0")
+    leaving = await cluster.worker("w1")
+    await cluster.admin.DecommissionWorkers(pb.DecommissionWorkersRequest(worker_ids=["w1"]), timeout=30)
+    await leaving.membership.stop(timeout=5)
+    assert await decommissioned(cluster) == {"w0": False, "w1": True}
+    await cluster.admin.DecommissionWorkers(pb.DecommissionWorkersRequest(serving=["w0", "w1"]), timeout=30)
+    await leaving.membership.heartbeat_once()  # it still drains
+    assert await decommissioned(cluster) == {"w0": False, "w1": True}
+    await leaving.close()
+    back = await cluster.worker("w1")
+    assert back.membership.incarnation != leaving.membership.incarnation
+    assert await decommissioned(cluster) == {"w0": False, "w1": False}
+    await back.membership.heartbeat_once()
+    assert await decommissioned(cluster) == {"w0": False, "w1": False}
