@@ -121,6 +121,7 @@ class WorkerParts:
             asyncio.ensure_future(self.membership.heartbeat_loop()),
             asyncio.ensure_future(self.peers.refresh_loop()),
             asyncio.ensure_future(self.retention.ttl_loop()),
+            asyncio.ensure_future(self.retention.orphan_loop()),
         ]
 
     async def close(self) -> None:
@@ -155,7 +156,7 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
     link = MasterLink(config.master_address, token, worker_id=identity.worker_id, block_size=config.block_size)
     mounts = WorkerMounts(link.mount_table, allowed_roots=config.local_sources.allowed_roots)
     counters = Counters()
-    retention = Retention(store, mounts)
+    retention = Retention(store, mounts, orphan_grace=config.orphan_block_grace)
     reads = BlockReads(config=config, worker_id=identity.worker_id, store=store, mounts=mounts, link=link,
                        counters=counters)
     # A staged copy lost while its write's blocks were kept is staged again from them.
