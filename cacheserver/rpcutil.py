@@ -105,11 +105,25 @@ def server(credentials: auth.Credentials, *, max_receive_bytes: int,
     )
 
 
+# Characters of an error message a reply carries at most. The message travels in the reply's
+# trailing metadata (percent-encoded: up to 3 bytes a byte of UTF-8), which the caller's gRPC
+# refuses past 8 KiB; a longer one (a message quoting a long path or a store's whole answer)
+# would reach the caller as ResourceExhausted in place of the error.
+MAX_ERROR_MESSAGE_CHARS = 1024
+
+
+def error_message(message: str) -> str:
+    """`message`, cut to MAX_ERROR_MESSAGE_CHARS with a note of how much was left out."""
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_ERROR_MESSAGE_CHARS]}... ({len(message) - MAX_ERROR_MESSAGE_CHARS} more characters)"
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, StrataError):
-        await context.abort(exc.code, str(exc), trailing_metadata=ANSWERED)
+        await context.abort(exc.code, error_message(str(exc)), trailing_metadata=ANSWERED)
     log.exception("unexpected error in %s", method)
-    await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {type(exc).__name__}: {exc}",
+    await context.abort(grpc.StatusCode.INTERNAL, error_message(f"{method} failed: {type(exc).__name__}: {exc}"),
                         trailing_metadata=ANSWERED)
 
 

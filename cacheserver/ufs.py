@@ -922,6 +922,9 @@ class Store:
             return PermissionDenied(f"store {self.source} denied {what} of {url}: {exc}")
         if isinstance(exc, (IsADirectoryError, NotADirectoryError)):
             return InvalidArgument(f"{what} of {url}: {exc.strerror or exc}")
+        if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+            return InvalidArgument(f"store {self.source} refuses {what} of {url}: a name or the path is longer than "
+                                   f"the store allows ({exc.strerror or exc})")
         if isinstance(exc, OSError) and exc.errno == errno.ENOTEMPTY:
             return InvalidArgument(f"{url} is a directory that is not empty; delete it recursively")
         return exc

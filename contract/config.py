@@ -111,6 +111,13 @@ class ServerConfig(_Model):
     # Seconds between worker heartbeats, and how many missed ones drop a worker from placement.
     heartbeat_interval: float = Field(1.0, gt=0, alias="heartbeatInterval")
     heartbeat_misses: int = Field(5, ge=1, alias="heartbeatMisses")
+    # Seconds a worker keeps the blocks of a mount the master's mount table lacks before it
+    # frees them (blocks holding writes never persisted excepted; worker/retention.py). 900:
+    # longer than a master pod takes to come back on another node with its journal volume
+    # (Kubernetes force-detaches a volume from a lost node after 6 minutes), so a master seen
+    # meanwhile without its mounts costs no cached data; short enough that the blocks of a
+    # mount forgotten with an emptyDir journal stop holding capacity within a quarter hour.
+    orphan_block_grace: float = Field(900.0, ge=0, alias="orphanBlockGrace")
     data_port: DataPortSettings = Field(
         default_factory=lambda: DataPortSettings.model_validate({}), alias="dataPort"
     )

@@ -78,6 +78,14 @@ STREAM_CHUNK_SIZE: Final = 4 * 1024 * 1024
 # large file.
 MAX_READAHEAD_BLOCKS: Final = 64
 
+# The namespace's limits on a path, in bytes of its UTF-8: each name (a component between
+# slashes) and the whole path as the caller gives it. Those of Linux (NAME_MAX, PATH_MAX), so
+# that every path of the namespace can be shown through FUSE. Clients check them before
+# sending and servers on receipt (InvalidArgument naming the limit). A store may keep lower
+# ones (S3 keys: 1024 bytes); it refuses a longer name with InvalidArgument too.
+MAX_NAME_BYTES: Final = 255
+MAX_PATH_BYTES: Final = 4096
+
 # ASYNC_THROUGH uploads land in this folder of the mount's store first; the master moves
 # each into place once it is whole (so an upload of a removed or replaced file never shows).
 # Listings never show it.

@@ -66,7 +66,7 @@ from .. import rpcutil
 from ..auth import load_token
 from ..blockrefs import key_of
 from ..blockwire import joined_block, write_chunk
-from ..namespace.paths import parent
+from ..namespace.paths import check_limits, check_request_paths, parent
 from ..placement import rank_workers
 from . import localstate
 from .held import HeldAnswer, HeldAnswers, held_key
@@ -189,6 +189,7 @@ class StrataClient:
     # -- plumbing ----------------------------------------------------------------------------
 
     def call(self, method: str, request: Any, *, what: str, timeout: float | None = None) -> Any:
+        check_request_paths(request)
         try:
             return getattr(self.master, method)(request, timeout=timeout or self.settings.master_timeout)
         except grpc.RpcError as exc:
@@ -562,6 +563,7 @@ class StrataClient:
         return list(self.call("ListMounts", pb.ListMountsRequest(), what="listing mounts").mounts)
 
     def load(self, path: str) -> Iterator[pb.LoadProgress]:
+        check_limits(path)
         try:
             yield from self.master.Load(pb.LoadRequest(path=path), timeout=24 * 3600)
         except grpc.RpcError as exc:
@@ -717,6 +719,7 @@ class StrataClient:
                    write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED, overwrite: bool = True,
                    append: bool = False) -> pb.FileInfo:
         """Write a file through a worker (`append`: after the bytes it has, if any)."""
+        check_limits(path)
         worker = self.writer_worker()
 
         def messages() -> Iterator[pb.WriteFileChunk]:
@@ -745,8 +748,9 @@ class StrataClient:
                   write_type: pb.WriteType.ValueType = pb.WRITE_TYPE_UNSPECIFIED) -> pb.FileInfo:
         """Copy a file inside the cluster (a worker reads the source and writes the copy;
         no byte passes through this client)."""
-        worker = self.writer_worker()
         request = pb.CopyFileRequest(src=src, dst=dst, overwrite=overwrite, write_type=write_type)
+        check_request_paths(request)
+        worker = self.writer_worker()
         try:
             return self.worker_stub(worker).CopyFile(request, timeout=3600).file  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
@@ -762,6 +766,7 @@ class StreamingUpload:
 
     def __init__(self, client: StrataClient, path: str, write_type: pb.WriteType.ValueType, overwrite: bool,
                  append: bool = False) -> None:
+        check_limits(path)
         self._queue: queue.Queue[object] = queue.Queue(maxsize=8)
         self._result: pb.FileInfo | None = None
         self._error: BaseException | None = None

@@ -137,12 +137,23 @@ def _status_message(obj: Obj) -> str:
     return ""
 
 
+def grant_patch(granted: object, requester: str) -> Obj:
+    """The JSON patch operation that adds `requester` to a Mount whose spec.allowedNamespaces
+    is `granted`: appended to the list when there is one (a concurrent grant stays), else the
+    list is made (appending to a list that is not there is refused with 422)."""
+    field = f"/spec/{c.MOUNT_ALLOWED_NAMESPACES}"
+    if isinstance(granted, list):
+        return {"op": "add", "path": f"{field}/-", "value": requester}
+    return {"op": "add", "path": field, "value": [requester]}
+
+
 def check_grant(namespace: str, name: str, spec: Obj, requester: str) -> None:
     """PermissionDenied unless a pod of namespace `requester` may use the Mount: its own
     namespace may, another only when the Mount's spec.allowedNamespaces lists it."""
-    if requester == namespace or requester in (spec.get(c.MOUNT_ALLOWED_NAMESPACES) or []):
+    granted = spec.get(c.MOUNT_ALLOWED_NAMESPACES)
+    if requester == namespace or requester in (granted or []):
         return
-    patch = json.dumps([{"op": "add", "path": f"/spec/{c.MOUNT_ALLOWED_NAMESPACES}/-", "value": requester}])
+    patch = json.dumps([grant_patch(granted, requester)])
     raise PermissionDenied(
         f"Mount {namespace}/{name} may not be used from namespace {requester}: namespace {namespace} has not "
         f"granted it. To grant it, add {requester} to spec.{c.MOUNT_ALLOWED_NAMESPACES} of Mount {name} in "

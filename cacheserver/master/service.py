@@ -34,7 +34,7 @@ from ..cache.keys import BlockKey
 from ..namespace.metadata import LIST_PAGE_ENTRIES, FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
-from ..namespace.paths import is_under, normalize
+from ..namespace.paths import is_under, received
 from ..placement import rank_workers
 from ..ufs import check_source_allowed
 from ..uploads import sum_pending
@@ -343,7 +343,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def Mount(self, request: pb.MountRequest, context: grpc.aio.ServicerContext) -> pb.MountResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         check_source_allowed(request.source, self.config.local_sources.allowed_roots)
         options = options_from_proto(request.options, request.HasField("options"))
         existing = self.mounts.get(path)
@@ -365,7 +365,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def Unmount(self, request: pb.UnmountRequest, context: grpc.aio.ServicerContext) -> pb.UnmountResponse:
-        mount = self.mounts.remove(normalize(request.path))
+        mount = self.mounts.remove(received(request.path))
         self._bump_table()
         self.ufs_totals.pop(mount.mount_id, None)
         totalling = self._totalling.pop(mount.mount_id, None)
@@ -395,7 +395,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
-        path = normalize(request.path)
+        path = received(request.path)
         self.metadata_requests["GetStatus"] += 1
         if request.refresh:
             self.namespace.invalidate(path)
@@ -430,12 +430,12 @@ class MasterService(pb_grpc.MasterServicer):
         """A listing as messages of at most `size` entries, each made once the one before
         was taken (gRPC's flow control paces a slow reader; between pages the master serves
         other requests)."""
-        async for entries in self.namespace.list_pages(normalize(request.path), recursive=request.recursive, page=size):
+        async for entries in self.namespace.list_pages(received(request.path), recursive=request.recursive, page=size):
             yield pb.ListStatusResponse(files=[self._file_info(e, reusable=True) for e in entries])
 
     @rpcutil.unary
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         mount, _ = self.mounts.resolve(path)
         await self._settled(path)
         dropped = await self.namespace.delete(path, request.recursive)
@@ -447,7 +447,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def Rename(self, request: pb.RenameRequest, context: grpc.aio.ServicerContext) -> pb.RenameResponse:
-        src, dst = normalize(request.src), normalize(request.dst)
+        src, dst = received(request.src), received(request.dst)
         mount, _ = self.mounts.resolve(src)
         await self._settled(src)
         await self._settled(dst)
@@ -458,7 +458,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def SetTimes(self, request: pb.SetTimesRequest, context: grpc.aio.ServicerContext) -> pb.FileInfo:
-        return self._file_info(await self.namespace.set_mtime(normalize(request.path), request.mtime_unix_ms))
+        return self._file_info(await self.namespace.set_mtime(received(request.path), request.mtime_unix_ms))
 
     @rpcutil.unary
     async def LocateBlocks(self, request: pb.LocateBlocksRequest, context: grpc.aio.ServicerContext) -> pb.LocateBlocksResponse:
@@ -478,7 +478,7 @@ class MasterService(pb_grpc.MasterServicer):
     async def GetBlockLocations(
         self, request: pb.GetBlockLocationsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetBlockLocationsResponse:
-        entry = await self.namespace.get_status(normalize(request.path))
+        entry = await self.namespace.get_status(received(request.path))
         if entry.is_dir:
             raise InvalidArgument(f"{entry.path} is a directory; block locations exist for files only")
         response = pb.GetBlockLocationsResponse(file=self._file_info(entry))
@@ -529,7 +529,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def CommitFile(self, request: pb.CommitFileRequest, context: grpc.aio.ServicerContext) -> pb.CommitFileResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         await self._check_not_overtaken(path, request)
         # The answer is the entry just recorded: asking the store again could fail (a store
         # outage during an ASYNC_THROUGH write) after the file was committed.
@@ -546,7 +546,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def PrepareWrite(self, request: pb.PrepareWriteRequest, context: grpc.aio.ServicerContext) -> pb.PrepareWriteResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         self.namespace.writable(path)  # before the worker puts a byte into the store
         deadline = time.monotonic() + WRITE_TURN_WAIT
         while True:
@@ -570,7 +570,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def PersistFile(self, request: pb.PersistFileRequest, context: grpc.aio.ServicerContext) -> pb.PersistFileResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         if not request.version:
             raise InvalidArgument(f"persist of {path}: the version must not be empty")
         await self._settled(path)
@@ -611,7 +611,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def AbortWrite(self, request: pb.AbortWriteRequest, context: grpc.aio.ServicerContext) -> pb.AbortWriteResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         await self._settled(path)
         self._end_write(path, request.write_id)
         if request.version and self.namespace.drop_unpersisted(path, request.version) is not None:
@@ -640,7 +640,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.streaming
     async def Load(self, request: pb.LoadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.LoadProgress]:
-        path = normalize(request.path)
+        path = received(request.path)
         await self.namespace.get_status(path)  # NotFound now rather than inside the job
         job = self.loads.get(path)
         if job is None or job.progress.done:
@@ -712,7 +712,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def Free(self, request: pb.FreeRequest, context: grpc.aio.ServicerContext) -> pb.FreeResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         mount, _ = self.mounts.resolve(path)
         prefix = "" if path == mount.path else path
         freed = await self._free_blocks(mount.mount_id, prefix, keep=self._unpersisted_refs(path))
@@ -720,7 +720,7 @@ class MasterService(pb_grpc.MasterServicer):
 
     @rpcutil.unary
     async def SetPinned(self, request: pb.SetPinnedRequest, context: grpc.aio.ServicerContext) -> pb.SetPinnedResponse:
-        path = normalize(request.path)
+        path = received(request.path)
         mount, _ = self.mounts.resolve(path)
         self.namespace.set_pinned(path, request.pinned)
         self._bump_table()

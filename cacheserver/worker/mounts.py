@@ -127,3 +127,7 @@ class WorkerMounts:
 
     def views(self) -> list[MountView]:
         return list(self._by_id.values())
+
+    def known_ids(self) -> set[int]:
+        """Ids of every mount of the last table, usable or not."""
+        return set(self._by_id) | set(self._unusable)

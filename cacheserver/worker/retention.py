@@ -1,13 +1,26 @@
-"""What stays cached on a worker: pins, frees, and the sweep of blocks unused longer than
-their mount's TTL. Blocks of files written into the cache and not in the store yet are the
-only copy of their bytes: they stay pinned and no sweep takes them."""
+"""What stays cached on a worker: pins, frees, the sweep of blocks unused longer than their
+mount's TTL, and the sweep of blocks of mounts the master no longer knows (orphans). Blocks
+of files written into the cache and not in the store yet are the only copy of their bytes:
+they stay pinned and no sweep takes them.
+
+Orphans: a master whose journal is lost (an emptyDir) forgets its mounts, and the operator
+mounts the sources again under new ids; blocks of the old ids can never be read again (every
+block is named by its mount id), yet they held capacity for good. A mount id that the master's
+mount table has lacked for `orphanBlockGrace` seconds (asked afresh at each sweep) has its
+blocks freed, except those holding writes never persisted: a master that answers without the
+mount (started on an empty journal by mistake, its volume not attached yet) may come back with
+it, and for a MUST_CACHE write those blocks are the only copy. They stay pinned and are named
+in a warning. An ASYNC_THROUGH write's blocks are let go by its upload, once the master says
+the file is gone or another, and are then freed with the rest."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 
+from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
 from ..cache.keys import WRITTEN_VERSION_PREFIX, BlockKey
@@ -17,10 +30,15 @@ from .mounts import WorkerMounts
 
 __all__ = ["WRITTEN_VERSION_PREFIX", "Retention"]
 
+log = logging.getLogger(__name__)
+
 # How often blocks unused longer than their mount's TTL are freed (at most), and how often
 # the worker checks whether a sweep is due.
 TTL_SWEEP_SECONDS = 30.0
 TTL_TICK_SECONDS = 0.5
+# How often the worker looks for blocks of mounts the master no longer knows (at most; half
+# the grace when that is shorter). Each look asks the master for its mount table once.
+ORPHAN_SWEEP_SECONDS = 30.0
 
 
 def matcher(mount_id: int, prefix: str, keep: Sequence[pb.BlockRef] = ()) -> Callable[[BlockKey], bool]:
@@ -38,9 +56,14 @@ def mount_matcher(mount_id: int, held: set[str] | frozenset[str] = frozenset()) 
 class Retention:
     """Pins and frees of one worker's cached blocks."""
 
-    def __init__(self, store: BlockStore, mounts: WorkerMounts) -> None:
+    def __init__(self, store: BlockStore, mounts: WorkerMounts, *, orphan_grace: float = 900.0) -> None:
         self._store = store
         self._mounts = mounts
+        self._orphan_grace = orphan_grace
+        # Mount ids of cached blocks, by when (time.monotonic()) a fresh mount table first
+        # lacked them; an id the table has again is dropped.
+        self._unknown_since: dict[int, float] = {}
+        self._warned: set[int] = set()
 
     def free(self, request: pb.FreeBlocksRequest) -> int:
         """Free the blocks the request names; the bytes freed."""
@@ -87,3 +110,43 @@ class Retention:
             if ttls and time.monotonic() - last >= min(TTL_SWEEP_SECONDS, min(ttls) / 2):
                 last = time.monotonic()
                 self.sweep_ttl()
+
+    async def sweep_orphans(self, now: float | None = None) -> int:
+        """Free the blocks of mounts a fresh mount table has lacked for the orphan grace,
+        except those holding writes never persisted (see the module docstring); the bytes
+        freed. Nothing is judged while the master cannot be asked."""
+        try:
+            await self._mounts.refresh()
+        except StrataError as exc:
+            log.debug("orphan sweep skipped: %s", exc)
+            return 0
+        now = time.monotonic() if now is None else now
+        known = self._mounts.known_ids()
+        unknown = {b.key.mount_id for b in self._store.blocks()} - known
+        self._unknown_since = {m: t for m, t in self._unknown_since.items() if m in unknown}
+        self._warned &= unknown
+        freed = 0
+        for mount_id in sorted(unknown):
+            since = self._unknown_since.setdefault(mount_id, now)
+            if now - since < self._orphan_grace:
+                continue
+            held = self.unpersisted_written()
+            gone = self._store.free(mount_matcher(mount_id, held))
+            freed += gone
+            if gone:
+                log.info("freed %d bytes of mount id %d: the master has not known that mount for %.0fs "
+                         "(orphanBlockGrace)", gone, mount_id, now - since)
+            kept = [b for b in self._store.blocks() if b.key.mount_id == mount_id]
+            if kept and mount_id not in self._warned:
+                self._warned.add(mount_id)
+                log.warning("kept %d blocks (%d bytes) of mount id %d, which the master has not known for %.0fs: "
+                            "they hold writes never persisted (the master that took them lost its journal), "
+                            "the only copy of their bytes", len(kept), sum(b.length for b in kept), mount_id,
+                            now - since)
+        return freed
+
+    async def orphan_loop(self) -> None:
+        interval = max(TTL_TICK_SECONDS, min(ORPHAN_SWEEP_SECONDS, self._orphan_grace / 2))
+        while True:
+            await asyncio.sleep(interval)
+            await self.sweep_orphans()

@@ -159,6 +159,7 @@ class WorkerParts:
             asyncio.ensure_future(self.membership.heartbeat_loop()),
             asyncio.ensure_future(self.peers.refresh_loop()),
             asyncio.ensure_future(self.retention.ttl_loop()),
+            asyncio.ensure_future(self.retention.orphan_loop()),
         ]
 
     async def close(self) -> None:
@@ -193,7 +194,7 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
     link = MasterLink(config.master_address, token, worker_id=identity.worker_id, block_size=config.block_size)
     mounts = WorkerMounts(link.mount_table, allowed_roots=config.local_sources.allowed_roots)
     counters = Counters()
-    retention = Retention(store, mounts)
+    retention = Retention(store, mounts, orphan_grace=config.orphan_block_grace)
     peers = Peers(link, worker_id=identity.worker_id, token=token)
     reads = BlockReads(config=config, worker_id=identity.worker_id, store=store, mounts=mounts, link=link,
                        counters=counters, held_elsewhere=peers.held_elsewhere)

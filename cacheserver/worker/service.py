@@ -13,6 +13,7 @@ from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..cache.metadata import CHUNK_SIZE
+from ..namespace.paths import check_limits
 from .reads import BlockReads
 from .retention import Retention
 from .writes import Writes
@@ -26,6 +27,7 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     @rpcutil.streaming
     async def ReadBlock(self, request: pb.ReadBlockRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadBlockChunk]:
+        check_limits(request.block.path, what="block path")
         if request.held_only:  # a worker that misses the block: only what is cached here
             source = await self._reads.held_source(request.block, request.offset, request.length)
         else:
@@ -43,6 +45,8 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     @rpcutil.unary
     async def CacheBlocks(self, request: pb.CacheBlocksRequest, context: grpc.aio.ServicerContext) -> pb.CacheBlocksResponse:
+        for ref in request.blocks:
+            check_limits(ref.path, what="block path")
         cached, fetched = await self._reads.cache_blocks(list(request.blocks))
         return pb.CacheBlocksResponse(bytes_cached=cached, bytes_fetched=fetched)
 

@@ -24,7 +24,7 @@ from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
 from ..blockwire import check_write_chunk
 from ..cache.store import BlockStore
-from ..namespace.paths import normalize
+from ..namespace.paths import received
 from ..ufs import UfsStatus
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
@@ -78,7 +78,7 @@ class Writes:
         first = await anext(checked, None)
         if first is None:
             raise InvalidArgument("WriteFile: empty stream; the first message must name the path")
-        path = normalize(first.path)
+        path = received(first.path)
         (await self._mounts.resolve(path)).check_writable(path)
         staged = self._uploads.new_staged()
         length = len(first.data)
@@ -110,7 +110,7 @@ class Writes:
                 async for chunk in _checked(chunks, "AppendFile"):
                     if first is None:
                         first = chunk
-                        path = normalize(chunk.path)
+                        path = received(chunk.path)
                         (await self._mounts.resolve(path)).check_writable()
                         write_id = await self._link.prepare_write(path, overwrite=True, exclusive=True)
                         try:
@@ -129,7 +129,7 @@ class Writes:
         return await self._write_staged(staged, path, length, first.write_type, overwrite=True, write_id=write_id)
 
     async def copy_file(self, request: pb.CopyFileRequest) -> pb.FileInfo:
-        src, dst = normalize(request.src), normalize(request.dst)
+        src, dst = received(request.src), received(request.dst)
         if src == dst:
             raise InvalidArgument(f"cannot copy {src} onto itself")
         mount = await self._mounts.resolve(dst)

@@ -5,16 +5,23 @@ the scale subresource work. No operator needed."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from kit import REPO, Cluster, CommandError
+from kit import REPO, Cluster, CommandError, find_tool
+from strata.cacheserver.csi.kube import check_grant
+from strata.contract.errors import PermissionDenied
+from strata.operator.constants import MountPhase, Reason
+from strata.operator.status import MountObservation, Problem, mount_status
 
 pytestmark = pytest.mark.smoke
 
@@ -195,3 +202,68 @@ def test_printer_columns_short_names_and_scale(cluster: Cluster, crds: list[Obj]
 
     cluster.kubectl("scale", "cachecluster", "demo", "-n", namespace, "--replicas=4")
     assert cluster.get("cachecluster", "demo", namespace)["spec"]["worker"]["replicas"] == 4
+
+
+def _example(kind: str, name: str) -> Obj:
+    for path in sorted((REPO / "manifests" / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == kind and doc["metadata"]["name"] == name:
+                return dict(doc)
+    raise AssertionError(f"manifests/examples/ has no {kind} {name}")
+
+
+def test_the_grant_a_refused_namespace_is_told_to_make_works_as_written(
+    cluster: Cluster, crds: list[Obj], namespace: str
+) -> None:
+    """The CSI plugin refuses a pod of another namespace and names the `kubectl patch` that
+    grants it; that command, run as written by a shell, works on the example Mount (which has
+    no spec.allowedNamespaces) and again on the Mount it changed (which then has one)."""
+    cluster.apply(_example("Mount", "imagenet"), namespace)
+    kubectl = find_tool("kubectl")
+    assert kubectl is not None
+    env = {**cluster.env(), "PATH": f"{Path(kubectl).parent}:{os.environ.get('PATH', '')}"}
+    for guest, granted in (("guest-a", ["guest-a"]), ("guest-b", ["guest-a", "guest-b"])):
+        spec = cluster.get("mounts.strata.dev", "imagenet", namespace)["spec"]
+        with pytest.raises(PermissionDenied) as refused:
+            check_grant(namespace, "imagenet", spec, guest)
+        found = re.search(r"\((kubectl patch .*)\)$", str(refused.value))
+        assert found, str(refused.value)
+        proc = subprocess.run(["bash", "-c", found.group(1)], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"{found.group(1)}\n{proc.stderr}"
+        spec = cluster.get("mounts.strata.dev", "imagenet", namespace)["spec"]
+        assert spec["allowedNamespaces"] == granted
+        check_grant(namespace, "imagenet", spec, guest)
+
+
+def _kstatus(cluster: Cluster, kind: str, name: str, namespace: str) -> str:
+    """What kstatus (the library Argo CD and Flux compute health with) says of the object."""
+    tool = find_tool("kstatus")
+    assert tool is not None, "kstatus is not built: run tests/e2e/tools/build.sh kstatus"
+    obj = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json")
+    proc = subprocess.run([tool], input=obj, capture_output=True, text=True, timeout=60, check=True)
+    answer: Obj = json.loads(proc.stdout)
+    return f"{answer['status']}: {answer['message']}"
+
+
+def test_a_new_object_reads_in_progress_until_the_operator_observes_it(
+    cluster: Cluster, crds: list[Obj], namespace: str
+) -> None:
+    """From `kubectl apply` to the operator's first status write, a CacheCluster or Mount is
+    InProgress to kstatus, not Current: a GitOps sync polling right after the apply does not
+    report it healthy. The operator's status then decides."""
+    if _operator_running(cluster):
+        pytest.skip("an operator is running and would write status before this test reads it")
+    cluster.apply([cache_cluster(), mount()], namespace)
+    for kind, name in (("cacheclusters.strata.dev", "demo"), ("mounts.strata.dev", "data")):
+        said = _kstatus(cluster, kind, name, namespace)
+        assert said.startswith("InProgress:"), f"{kind} {name}: {said}"
+
+    # The operator's first write: a Mount still waiting is InProgress, a mounted one Current.
+    waiting = MountObservation(1, MountPhase.PENDING, Problem(Reason.CLUSTER_NOT_READY, "waiting for demo"))
+    mounted = MountObservation(1, MountPhase.MOUNTED)
+    for observation, kstatus in ((waiting, "InProgress:"), (mounted, "Current:")):
+        status = mount_status(observation, {}, datetime.now(UTC))
+        cluster.kubectl("patch", "mounts.strata.dev", "data", "-n", namespace, "--subresource=status",
+                        "--type=merge", "-p", json.dumps({"status": status}))
+        said = _kstatus(cluster, "mounts.strata.dev", "data", namespace)
+        assert said.startswith(kstatus), f"{observation.phase}: {said}"

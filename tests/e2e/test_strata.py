@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 import boto3  # type: ignore[import-untyped]
 import pytest
 
+from harness.chart import RELEASE, RELEASE_NS, install_command
 from storeproxy import StoreProxy
 
 from kit import (
@@ -43,8 +44,6 @@ from kit import (
 )
 
 Obj = dict[str, Any]
-RELEASE = "strata"
-RELEASE_NS = "strata-system"
 READY_TIMEOUT = 300.0
 # Namespaces with a CacheCluster and Mounts deleted at once (the delete is racy), and the bound for all.
 NAMESPACE_DELETE_TRIES = 3
@@ -82,8 +81,7 @@ def strata(cluster: Cluster, chart_dir: Path) -> Iterator[Cluster]:
     """The chart installed for this module (uninstalled afterwards)."""
     if find_tool("helm") is None:
         pytest.skip("helm is not built: run tests/e2e/tools/build.sh")
-    cluster.run("helm", "upgrade", "--install", RELEASE, str(chart_dir), "-n", RELEASE_NS, "--create-namespace",
-                *chart_args(cluster), timeout=120)
+    cluster.run(*install_command(chart_args(cluster), chart_dir), timeout=120)
     try:
         # Not `helm --wait`: this wait names the pods that are not ready, and why.
         wait_until(lambda: _operator_pods(cluster) and all(pod_ready(p) for p in cluster.items("pods", RELEASE_NS)),

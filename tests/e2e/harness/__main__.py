@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from harness import chart
 from harness.cluster import Cluster, default_state
 
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp.replace(args.ready_file)
         print(text, flush=True)
         print(f"export KUBECONFIG={info['kubeconfig']}", flush=True)
+        print(chart.install_note(), flush=True)
         while not done.wait(1.0):
             dead = cluster.check_alive()
             if dead:

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from harness import addons, binaries, imagestore
+from harness import addons, binaries, chart, imagestore
 from harness.controlplane import ControlPlane
 from harness.hostside import LINK_PREFIX, HostSide
 from harness.kubeconfig import write_kubeconfig
@@ -274,8 +274,7 @@ class Cluster:
             "service_cidr": str(self.service_cidr),
             "logs": str(self.state / "logs"),
             # The chart with the images every node has (imported, never pulled).
-            "helm_args": ["--set", "image.repository=localhost", "--set", "image.tag=e2e",
-                          "--set", "image.pullPolicy=Never", "--set", "csi.registrar.image=localhost/csi-registrar:e2e"],
+            "helm_args": list(chart.LOCAL_IMAGE_VALUES),
             "timings": self.timings,
             "pid": os.getpid(),
         }

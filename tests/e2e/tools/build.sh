@@ -5,7 +5,8 @@
 #                   a CSI plugin with kubelet), coredns (only the plugins the cluster
 #                   uses: its own module in coredns/), and, from their own module at a
 #                   pinned version, containerd + containerd-shim-runc-v2 + ctr
-#   clients         kubectl, helm, csi-sanity
+#   clients         kubectl, helm, csi-sanity, kstatus (prints the status Argo CD and Flux
+#                   compute for an object: its own module in kstatus/)
 # The first group and the clients come from the pinned Go module in this folder.
 #
 # A binary is rebuilt only when its stamp (module version + Go version + the
@@ -42,6 +43,7 @@ targets=(
   "pause|./cmd/pause|strata.dev/e2e/tools"
   "csi-registrar|./cmd/csi-registrar|strata.dev/e2e/tools"
   "coredns|.|strata.dev/e2e/tools/coredns"
+  "kstatus|.|strata.dev/e2e/tools/kstatus"
 )
 # Built with `go install <package>@<version>` from their own modules (their go.mod
 # files do not mix with Kubernetes' pins): name | package@version | build tags

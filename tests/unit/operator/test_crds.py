@@ -353,3 +353,14 @@ def test_defaults_pass_their_own_schema(crd: dict[str, Any]) -> None:
         if "default" in node:
             jsonschema.Draft4Validator(node).validate(node["default"])
             check_rules(node, node["default"], None, path)
+
+
+@pytest.mark.parametrize("crd", [CLUSTER, MOUNT], ids=["CacheCluster", "Mount"])
+def test_an_object_not_yet_observed_has_a_generation_no_object_has(crd: dict[str, Any]) -> None:
+    """kstatus reads an object without status as Current; the status default makes its
+    observedGeneration -1, which no metadata.generation (1 and up) matches: InProgress until
+    the operator's first status write (checked with kstatus itself in tests/e2e/test_crds.py)."""
+    status = schema_of(crd)["properties"]["status"]
+    filled = apply_defaults(schema_of(crd), {"metadata": {"generation": 1}, "spec": {}})
+    assert filled["status"] == {"observedGeneration": -1}
+    jsonschema.validate(filled["status"], status)

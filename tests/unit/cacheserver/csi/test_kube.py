@@ -71,6 +71,13 @@ def test_another_namespace_uses_a_mount_only_when_granted() -> None:
     message = str(refused.value)
     assert "Mount team/data may not be used from namespace guest" in message
     assert "spec.allowedNamespaces" in message and "kubectl patch mounts.strata.dev data -n team" in message
+    # No list yet: the patch makes it (appending to a missing list is refused with 422).
+    assert """-p '[{"op": "add", "path": "/spec/allowedNamespaces", "value": ["guest"]}]'""" in message
+    found[f"{API}/mounts/data"]["spec"]["allowedNamespaces"] = ["other"]
+    with pytest.raises(PermissionDenied) as refused:
+        KubeResolver(PathObjects(found), TOKENS).resolve("team", "data", {}, "guest")
+    # A list: the patch appends to it (a grant made meanwhile stays).
+    assert """-p '[{"op": "add", "path": "/spec/allowedNamespaces/-", "value": "guest"}]'""" in str(refused.value)
     found[f"{API}/mounts/data"]["spec"]["allowedNamespaces"] = ["other", "guest"]
     assert KubeResolver(PathObjects(found), TOKENS).resolve("team", "data", {}, "guest").token == "s3cret"
     with pytest.raises(PermissionDenied, match="namespace stranger"):

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.namespace.paths import is_under, join, name, normalize, overlaps, parent, relative
+from strata.cacheserver.namespace.paths import check_limits, is_under, join, name, normalize, overlaps, parent, received, relative
+from strata.contract.constants import MAX_NAME_BYTES, MAX_PATH_BYTES
 from strata.contract.errors import InvalidArgument
 
 
@@ -57,3 +58,17 @@ def test_relative_join_parent_name() -> None:
 def test_a_nul_byte_is_refused_with_the_path() -> None:
     with pytest.raises(InvalidArgument, match=r"'/a\\x00b' contains a NUL byte"):
         normalize("/a\0b")
+
+
+def test_names_and_paths_over_the_limits_are_refused_naming_the_limit() -> None:
+    assert received("/a/" + "n" * MAX_NAME_BYTES) == "/a/" + "n" * MAX_NAME_BYTES
+    with pytest.raises(InvalidArgument, match=f"name of {MAX_NAME_BYTES + 1} bytes.*at most {MAX_NAME_BYTES} bytes"):
+        received("/a/" + "n" * (MAX_NAME_BYTES + 1) + "/b")
+    # Bytes of UTF-8, not characters: 128 two-byte characters are 256 bytes.
+    with pytest.raises(InvalidArgument, match="name of 256 bytes"):
+        check_limits("/" + "é" * 128)
+    fits = "/" + "/".join(["d" * 200] * 20)[:MAX_PATH_BYTES - 1]
+    check_limits(fits)
+    with pytest.raises(InvalidArgument, match=f"is 65536 bytes long: a path may have at most {MAX_PATH_BYTES}") as refused:
+        received("/" + "/".join(["d" * 255] * 256)[:65536])
+    assert len(str(refused.value)) < 300  # the message shows the path's start, not all of it

@@ -9,6 +9,7 @@ from strata.cacheserver.cache.store import BlockStore
 from strata.cacheserver.cache.tiers import TierConfig
 from strata.cacheserver.worker.mounts import WorkerMounts
 from strata.cacheserver.worker.retention import Retention
+from strata.contract.errors import Unavailable
 from strata.contract.proto import strata_pb2 as pb
 
 BLOCK = 1024
@@ -73,5 +74,39 @@ async def test_a_ttl_sweep_frees_unused_blocks_of_its_mount_but_never_an_unpersi
     await store.put(key_of(other_mount), b"o" * BLOCK)
     assert retention.unpersisted_written() == {key_of(written).block_id}
     assert retention.sweep_ttl(now=4e9) == BLOCK
+    assert sorted(held(store)) == [("/a/written", 0), ("/b/read", 0)]
+    await store.close()
+
+
+async def test_blocks_of_a_mount_the_master_lacks_go_after_the_grace_but_an_unpersisted_write_stays(
+    tmp_path: Path,
+) -> None:
+    store = BlockStore([TierConfig(medium="SSD", quota=1 << 20, dirs=(tmp_path / "ssd",))], block_size=BLOCK)
+    await store.open()
+    tables = [pb.GetMountTableResponse(version=1, mounts=[pb.MountInfo(mount_id=2, path="/b", source=f"file://{tmp_path}")])]
+
+    async def table() -> pb.GetMountTableResponse:
+        if not tables:
+            raise Unavailable("the master cannot be reached")
+        return tables[-1]
+
+    retention = Retention(store, WorkerMounts(table), orphan_grace=100)
+    forgotten, written, known = ref(1, "/a/read", "etag-1"), ref(1, "/a/written", "w-0123"), ref(2, "/b/read", "e")
+    await store.put(key_of(forgotten), b"r" * BLOCK)
+    await store.put(key_of(written), b"w" * BLOCK, pin=True)
+    await store.put(key_of(known), b"k" * BLOCK)
+    assert await retention.sweep_orphans(now=1000) == 0   # first seen missing: the grace starts
+    assert await retention.sweep_orphans(now=1099) == 0
+    # Back in the table within the grace: the clock starts again when it is missing again.
+    tables.append(pb.GetMountTableResponse(version=2, mounts=[*tables[0].mounts, pb.MountInfo(
+        mount_id=1, path="/a", source=f"file://{tmp_path}")]))
+    assert await retention.sweep_orphans(now=1100) == 0
+    tables.append(tables[0])
+    assert await retention.sweep_orphans(now=1150) == 0
+    saved = list(tables)
+    tables.clear()  # nothing is judged while the master cannot be asked
+    assert await retention.sweep_orphans(now=1200) == 0
+    tables.extend(saved)
+    assert await retention.sweep_orphans(now=1250) == BLOCK
     assert sorted(held(store)) == [("/a/written", 0), ("/b/read", 0)]
     await store.close()
