@@ -104,6 +104,10 @@ class Membership:
     def get(self, worker_id: str) -> WorkerRecord | None:
         return self._workers.get(worker_id)
 
+    def host_of(self, worker_id: str) -> str:
+        record = self.get(worker_id)
+        return record.info.host if record else ""
+
     def records(self) -> list[WorkerRecord]:
         return sorted(self._workers.values(), key=lambda r: r.info.worker_id)
 
