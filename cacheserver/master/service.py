@@ -34,7 +34,7 @@ from ..cache.keys import BlockKey
 from ..namespace.metadata import LIST_PAGE_ENTRIES, FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
-from ..namespace.paths import is_under, received
+from ..namespace.paths import is_under, received, shown
 from ..placement import rank_workers
 from ..ufs import check_source_allowed
 from ..uploads import sum_pending
@@ -410,7 +410,7 @@ class MasterService(pb_grpc.MasterServicer):
             size += page.ByteSize()
             if size > MAX_MESSAGE_BYTES:
                 raise ResourceExhausted(
-                    f"the listing of {request.path} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
+                    f"the listing of {shown(request.path)} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
                     "list it in pages (ListStatusPages, which clients of this version use)"
                 )
             response.files.extend(page.files)
