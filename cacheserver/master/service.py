@@ -183,7 +183,10 @@ class MasterService(pb_grpc.MasterServicer):
         self.loads: dict[str, LoadJob] = {}
         self.ufs_totals: dict[int, UfsTotals] = {}
         self._totalling: dict[int, asyncio.Task[object]] = {}  # by mount id: the walk under way
-        self._table_version = 1
+        # From the clock, not 1: a master that starts again (on a new journal, its mounts made
+        # again under new ids) must not hand out a version a worker already holds for the old
+        # table, or the worker keeps the old table (and reads on under the forgotten ids).
+        self._table_version = time.time_ns() // 1_000_000
         self._background = BackgroundTasks()
         self._worker_channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
             lambda address: aio_channel(address, token), retire=self._close_channel)
