@@ -34,7 +34,7 @@ from ..cache.keys import BlockKey
 from ..namespace.metadata import LIST_PAGE_ENTRIES, FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
-from ..namespace.paths import is_under, received
+from ..namespace.paths import is_under, received, shown
 from ..placement import rank_workers
 from ..ufs import check_source_allowed
 from ..uploads import sum_pending
@@ -183,7 +183,10 @@ class MasterService(pb_grpc.MasterServicer):
         self.loads: dict[str, LoadJob] = {}
         self.ufs_totals: dict[int, UfsTotals] = {}
         self._totalling: dict[int, asyncio.Task[object]] = {}  # by mount id: the walk under way
-        self._table_version = 1
+        # From the clock, not 1: a master that starts again (on a new journal, its mounts made
+        # again under new ids) must not hand out a version a worker already holds for the old
+        # table, or the worker keeps the old table (and reads on under the forgotten ids).
+        self._table_version = time.time_ns() // 1_000_000
         self._background = BackgroundTasks()
         self._worker_channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
             lambda address: aio_channel(address, token), retire=self._close_channel)
@@ -410,7 +413,7 @@ class MasterService(pb_grpc.MasterServicer):
             size += page.ByteSize()
             if size > MAX_MESSAGE_BYTES:
                 raise ResourceExhausted(
-                    f"the listing of {request.path} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
+                    f"the listing of {shown(request.path)} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
                     "list it in pages (ListStatusPages, which clients of this version use)"
                 )
             response.files.extend(page.files)

@@ -143,7 +143,7 @@ class BlockReads:
         self._link = link
         self.counters = counters
         # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
-        self.kept = KeptStatuses()
+        self.kept = KeptStatuses(current=mounts.is_current)
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self.kept.put, kept=self.kept.get)
