@@ -173,7 +173,8 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
                 f"{mountpoint} is kept mounted with --root {kept.get('root')}"
                 f"{' --read-only' if kept.get('read_only') else ''}; resume it with the same options, "
                 f"or unmount it first: fusermount3 -u {mountpoint}")
-    fs = StrataFileSystem(master=master, token=token, readahead=options.readahead, skip_instance_cache=True)
+    fs = StrataFileSystem(master=master, token=token, readahead=options.readahead, skip_instance_cache=True,
+                          client_kind="fuse")
     try:
         info = fs.client.stat(root)  # the master answers, the token is right, the root exists
         if not info.is_dir:
