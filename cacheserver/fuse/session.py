@@ -109,6 +109,9 @@ class Session(Generic[S]):
         # The kernel opens files without asking (see the module docstring).
         self.kernel_opens = read_only and self.timeout > 0
         self._pins: dict[int, S] = {}
+        # Nodes pinned at a new version the kernel has not been told the attributes of yet
+        # (see _repin_changed): their reads fail until a reply tells it (see _pin).
+        self._untold: set[int] = set()
         self._repins: queue.Queue[tuple[int, S, S]] = queue.Queue(REPINS)
         self._dirs: dict[int, list[tuple[str, int, int]]] = {}
         self._dir_ids = iter(range(1, 1 << 62))
@@ -239,12 +242,14 @@ class Session(Generic[S]):
             old = self._pins.get(nodeid)
             if old is not None and old.version == info.version:
                 self._pins[nodeid] = info
+                self._untold.discard(nodeid)
                 return
         if old is not None:
             self.ops.drop_reader(old)
         self._invalidate_data(nodeid, path)
         with self._lock:
             self._pins[nodeid] = info
+            self._untold.discard(nodeid)
 
     def _changed(self, nodeid: int, old: S, new: S) -> None:
         """A read of `nodeid` pinned at `old` was refused: the file is `new` in the store now.
@@ -257,8 +262,12 @@ class Session(Generic[S]):
 
     def _repin_changed(self) -> None:
         """Pin each node whose reads were refused (see _changed) at its new version: its reader
-        and the kernel's pages of the old one dropped first, so no page of the old version is
-        kept once reads of the new one are answered (meanwhile reads of the old one fail)."""
+        and the kernel's pages and attributes of the old one dropped first, so no page of the
+        old version is kept once reads of the new one are answered (meanwhile reads of the old
+        one fail). Its reads go on failing until the kernel is told the new attributes (the
+        next read(2) asks for them, see AUTO_INVAL_DATA): the kernel cuts reads at the size it
+        holds and fills a page past a short read with zeros, so the new version read at the
+        old version's size would end in zeros (shorter) or be cut (longer)."""
         while True:
             nodeid, old, new = self._repins.get()
             with self._lock:
@@ -272,6 +281,8 @@ class Session(Generic[S]):
             with self._lock:
                 if self._pins.get(nodeid) is old:
                     self._pins[nodeid] = new
+                    if new is not old:  # not a predecessor's node (see _pinned)
+                        self._untold.add(nodeid)
 
     def _pinned(self, nodeid: int, path: str) -> S:
         """The status the reads of `nodeid` read: its pin, or (a node the kernel was told of by
@@ -280,6 +291,8 @@ class Session(Generic[S]):
         the store while the mount was taken over may be read mixed until then)."""
         with self._lock:
             info = self._pins.get(nodeid)
+            if nodeid in self._untold:
+                raise FuseError(errno.EIO)
         if info is None:
             info = self.ops.status(path)
             if info is None:
@@ -354,6 +367,7 @@ class Session(Generic[S]):
                 self.shown.forget(nodeid)
                 with self._lock:
                     self._pins.pop(nodeid, None)
+                    self._untold.discard(nodeid)
 
     def _getattr(self, header: wire.InHeader, body: memoryview) -> Showing:
         flags, _, fh = wire.GETATTR_IN.unpack_from(body)

@@ -163,6 +163,7 @@ class Kernel:
         self.sock = sock
         self.sock.settimeout(REPLY_TIMEOUT)
         self._unique = itertools.count(2, 2)
+        self.notified: list[tuple[int, bytes]] = []
 
     def send(self, opcode: int, body: bytes = b"", nodeid: int = wire.ROOT_ID) -> int:
         unique = next(self._unique)
@@ -171,10 +172,22 @@ class Kernel:
         return unique
 
     def receive(self, unique: int) -> Reply:
+        """The reply to request `unique`; the notifications before it are kept in `notified`."""
+        while True:
+            data = self.sock.recv(MAX_IO + 4096)
+            length, error, answered = wire.OUT_HEADER.unpack_from(data)
+            assert length == len(data)
+            if answered != 0:
+                assert answered == unique
+                return Reply(-error, data[wire.OUT_HEADER.size:])
+            self.notified.append((error, data[wire.OUT_HEADER.size:]))  # its code in the error field
+
+    def notification(self) -> tuple[int, bytes]:
+        """The next notification the session sends unasked (code, body)."""
         data = self.sock.recv(MAX_IO + 4096)
-        length, error, answered = wire.OUT_HEADER.unpack_from(data)
-        assert (answered, length) == (unique, len(data))
-        return Reply(-error, data[wire.OUT_HEADER.size:])
+        _length, code, answered = wire.OUT_HEADER.unpack_from(data)
+        assert answered == 0, "a reply with no request"
+        return code, data[wire.OUT_HEADER.size:]
 
     def request(self, opcode: int, body: bytes = b"", nodeid: int = wire.ROOT_ID) -> Reply:
         return self.receive(self.send(opcode, body, nodeid))
@@ -304,3 +317,60 @@ def test_destroy_writes_the_open_files(served: Served) -> None:
     served.kernel.init()
     assert served.kernel.request(wire.DESTROY) == Reply(0, b"")
     assert served.files.committed == 1
+
+
+class ChangingFiles(FakeFiles):
+    """Files with a version each, changed by `replace`: a read of another version than the
+    file's is refused as Strata's are (the store no longer has it), telling `changed`."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(files)
+        self.versions = dict.fromkeys(files, 1)
+
+    def replace(self, path: str, data: bytes) -> None:
+        self.files[path] = data
+        self.versions[path] += 1
+
+    def status(self, path: str) -> FakeStatus | None:
+        self._file(path)
+        return FakeStatus(path, str(self.versions[path]))
+
+    def read_at(self, info: FakeStatus, size: int, offset: int, changed: Callable[[FakeStatus], None]) -> bytes:
+        now = self.status(info.path)
+        if now != info:
+            assert now is not None
+            changed(now)
+            raise FuseError(errno.EIO)
+        return self._file(info.path)[offset:offset + size]
+
+
+def test_a_file_changed_under_the_kernel_is_not_read_at_the_size_the_kernel_holds() -> None:
+    """A read-only mount lets the kernel open files without asking; its reads are of the
+    version the kernel was told of. Once one is refused (the file changed), none is answered
+    with the new version until the kernel is told its size: the kernel would cut the new
+    version at the old size, or fill the pages past its shorter end with zeros."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    files = ChangingFiles({"/f.bin": b"old version " * 100})
+    session = Session(theirs.fileno(), files, NodeTable("/"), timeout=1.5, read_only=True)
+    session.start(threads=2)
+    kernel = Kernel(ours)
+    try:
+        kernel.init()
+        nodeid = wire.ENTRY_OUT_HEAD.unpack_from(kernel.lookup("f.bin").payload)[0]
+        kernel.notified.clear()
+        read = wire.READ_IN.pack(0, 0, 4096, 0, 0, 0, 0)  # no file handle: opened by the kernel
+        assert kernel.request(wire.READ, read, nodeid) == Reply(0, b"old version " * 100)
+
+        files.replace("/f.bin", b"new")
+        assert kernel.request(wire.READ, read, nodeid).error == errno.EIO
+        code, body = kernel.notification()  # the kernel drops its pages and attributes
+        assert (code, wire.NOTIFY_INVAL_INODE_OUT.unpack(body)[0]) == (wire.NOTIFY_INVAL_INODE, nodeid)
+        assert kernel.request(wire.READ, read, nodeid).error == errno.EIO  # its size is the old one
+
+        got = kernel.request(wire.GETATTR, wire.GETATTR_IN.pack(0, 0, 0), nodeid)
+        assert wire.ATTR.unpack_from(got.payload, wire.ATTR_OUT_HEAD.size)[1] == len(b"new")
+        assert kernel.request(wire.READ, read, nodeid) == Reply(0, b"new")
+    finally:
+        ours.close()
+        session.wait()
+        theirs.close()
