@@ -2,14 +2,16 @@
 (Unix): a JSON line per request and per reply.
 
   request  {"token": "...", "block": {mount_id, path, version, index, block_size,
-            file_length, in_store}, "read_type": 1, "offset": 0, "length": 0, "readahead": 2}
+            file_length, in_store}, "read_type": 1, "offset": 0, "length": 0, "readahead": 2,
+            "client": "fuse"}
   reply    {"ok": true, "length": N, "hit": true}
   or       {"ok": false, "code": "NOT_FOUND", "message": "..."}
 
 A reader that does not know a file's status yet opens it by path instead (one round trip for
 status and bytes, see worker/kept.py):
 
-  request  {"token": "...", "open": "/path", "read_type": 1, "whole_below": 1048576, "fetch": 1}
+  request  {"token": "...", "open": "/path", "read_type": 1, "whole_below": 1048576, "fetch": 1,
+            "client": "fuse"}
   reply    {"ok": true, "file": "<FileInfo, serialized, base64>", "block": true, "length": N, ...}
 
 `file` is the file's status as the master gave it, its valid_for_ms what is left of the time
@@ -22,7 +24,9 @@ What follows an ok reply depends on the socket: on the data port, exactly N byte
 from `offset`; on the short-circuit socket, the block file's descriptor (SCM_RIGHTS), and N
 is the whole block's length. `offset`, `length` and `readahead` matter on the data port only
 (`readahead` as gRPC's readahead_blocks: at most MAX_READAHEAD_BLOCKS, more is cut to that).
-`code` is a gRPC status name, as the same error would carry over gRPC.
+`code` is a gRPC status name, as the same error would carry over gRPC. `client` says what
+kind of reader asks (`CLIENT_KINDS`; ReadBlockRequest.client over gRPC): the worker counts the
+bytes it serves by it, and any other value (or none) as `other` (`client_label`).
 
 Every ok reply also carries `checksums` and `chunk_size`. On the data port they are the
 CRC-32C of each `chunk_size` piece of the N bytes that follow (the last piece may be
@@ -60,18 +64,33 @@ log = logging.getLogger(__name__)
 # A request line longer than this is refused (a block request is a few hundred bytes).
 MAX_REQUEST_BYTES = 64 * 1024
 
+# The kinds of reader a worker counts served bytes by; anything else is counted as "other",
+# so the metric's labels stay these few whatever a request says.
+CLIENT_KINDS = ("fsspec", "fuse")
+OTHER_CLIENT = "other"
+
 _BLOCK_FIELDS = ("mount_id", "path", "version", "index", "block_size", "file_length", "in_store")
 _ERRORS_BY_CODE = {cls.code.name: cls for cls in StrataError.__subclasses__()}
 
 
-def request_line(token: str, ref: pb.BlockRef, read_type: int, **extra: int) -> bytes:
+def client_label(kind: object) -> str:
+    """The label a request's `client` is counted under: one of CLIENT_KINDS, else "other"."""
+    return kind if isinstance(kind, str) and kind in CLIENT_KINDS else OTHER_CLIENT
+
+
+def request_line(token: str, ref: pb.BlockRef, read_type: int, *, client: str = "", **extra: int) -> bytes:
     block = {name: getattr(ref, name) for name in _BLOCK_FIELDS}
-    return (json.dumps({"token": token, "block": block, "read_type": read_type, **extra}) + "\n").encode()
+    request = {"token": token, "block": block, "read_type": read_type, **extra}
+    if client:
+        request["client"] = client
+    return (json.dumps(request) + "\n").encode()
 
 
-def open_line(token: str, path: str, read_type: int, *, whole_below: int, fetch: bool) -> bytes:
+def open_line(token: str, path: str, read_type: int, *, whole_below: int, fetch: bool, client: str = "") -> bytes:
     """A request for the status of the file at `path` and, if small, its bytes."""
     request = {"token": token, "open": path, "read_type": read_type, "whole_below": whole_below, "fetch": int(fetch)}
+    if client:
+        request["client"] = client
     return (json.dumps(request) + "\n").encode()
 
 

@@ -2,7 +2,7 @@
 renders too, is strata.contract.config) and its environment, one model `ServerEnvironment`
 (`STRATA_*`): `STRATA_BLOCK_SIZE` and `STRATA_MASTER` override the file's block size and
 master address, the rest says who and where a worker is. Settings of one part that an
-environment may tune live with that part, each its own model: `STRATA_STORE_*` (ufs.py),
+environment may tune live with that part, each its own model: `STRATA_STORE_*` (ufs/options.py),
 `STRATA_RETRY_*` (retry.py), `STRATA_UPLOAD_*` (worker/uploads.py), and for clients
 `STRATA_CLIENT_*` (client/settings.py).
 """

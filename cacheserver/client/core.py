@@ -159,8 +159,11 @@ class _Workers:
 
 class StrataClient:
     def __init__(self, master: str | None = None, token: str | None = None, host: str | None = None,
-                 short_circuit: bool = True, settings: ClientSettings | None = None) -> None:
+                 short_circuit: bool = True, settings: ClientSettings | None = None, kind: str = "fsspec") -> None:
         self.master_address = resolve_master(master)
+        # The kind of reader this is (`blockwire.CLIENT_KINDS`): workers count the bytes they
+        # serve it under this name, so FUSE mounts' reads show apart from other readers'.
+        self.kind = kind
         self.token = resolve_token(token)
         self.host = host or local_host()
         self.short_circuit = short_circuit
@@ -297,7 +300,7 @@ class StrataClient:
             reader = self._sc_readers.get(info.domain_socket)
             if reader is None:
                 reader = self._sc_readers[info.domain_socket] = ShortCircuitReader(
-                    info.domain_socket, self.token, self._patience(info))
+                    info.domain_socket, self.token, self._patience(info), self.kind)
         return reader
 
     def _patience(self, info: pb.WorkerInfo) -> Patience:
@@ -315,7 +318,7 @@ class StrataClient:
             reader = self._data_readers.get(where)
             if reader is None:
                 reader = self._data_readers[where] = DataReader(host, info.data_port, self.token, self._patience(info),
-                                                                    self._buffers)
+                                                                    self._buffers, self.kind)
         return reader
 
     def close(self) -> None:
@@ -689,7 +692,7 @@ class StrataClient:
                 log.debug("data port of %s failed (%s); reading over gRPC", worker.worker_id, exc)
         if data is None:
             data = self._read_grpc(worker, pb.ReadBlockRequest(block=ref, offset=offset, length=want, read_type=read_type,
-                                                               readahead_blocks=readahead))
+                                                               readahead_blocks=readahead, client=self.kind))
         return data
 
     def _read_grpc(self, worker: pb.WorkerInfo, request: pb.ReadBlockRequest) -> bytes:

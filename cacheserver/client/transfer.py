@@ -135,9 +135,10 @@ def _new_map(size: int) -> mmap.mmap:
 class _BlockSocketClient(ABC):
     """One connection per thread to one worker socket; a request line out, a reply line in."""
 
-    def __init__(self, where: str, token: str, patience: Patience) -> None:
+    def __init__(self, where: str, token: str, patience: Patience, client: str = "") -> None:
         self.where = where
         self._token = token
+        self._client = client  # the kind of reader the worker counts this one's bytes under
         self._patience = patience
         self._local = threading.local()
 
@@ -233,8 +234,9 @@ class _BlockSocketClient(ABC):
 class DataReader(_BlockSocketClient):
     """Block bytes from a worker's data port."""
 
-    def __init__(self, host: str, port: int, token: str, patience: Patience, buffers: BufferPool | None = None) -> None:
-        super().__init__(f"{host}:{port}", token, patience)
+    def __init__(self, host: str, port: int, token: str, patience: Patience, buffers: BufferPool | None = None,
+                 client: str = "") -> None:
+        super().__init__(f"{host}:{port}", token, patience, client)
         self._address = (host, port)
         self._buffers = buffers or BufferPool()
 
@@ -249,7 +251,8 @@ class DataReader(_BlockSocketClient):
         free); slicing it copies only what is sliced."""
         since = time.monotonic()
         reply, pending, _ = self._exchange(
-            request_line(self._token, ref, read_type, offset=offset, length=length, readahead=readahead)
+            request_line(self._token, ref, read_type, client=self._client, offset=offset, length=length,
+                         readahead=readahead)
         )
         return self._payload(reply, pending, since, f"block {ref.index} of {ref.path}")
 
@@ -259,7 +262,7 @@ class DataReader(_BlockSocketClient):
         it came with it, the whole file's bytes, checked."""
         since = time.monotonic()
         reply, pending, _ = self._exchange(open_line(self._token, path, read_type, whole_below=whole_below,
-                                                     fetch=fetch))
+                                                     fetch=fetch, client=self._client))
         info = opened_file(reply, self.where)
         if not reply.get("block"):
             return info, None
@@ -325,7 +328,7 @@ class ShortCircuitReader(_BlockSocketClient):
         """The block's file descriptor, length and checksums; the caller closes the
         descriptor. `verify` has the worker check the whole block first."""
         extra = {"verify": 1} if verify else {}
-        reply, _, fds = self._exchange(request_line(self._token, ref, read_type, **extra))
+        reply, _, fds = self._exchange(request_line(self._token, ref, read_type, client=self._client, **extra))
         return self._block_of(reply, fds, ref)
 
     def _block_of(self, reply: dict[str, Any], fds: list[int], ref: pb.BlockRef) -> _OpenBlock:
@@ -372,7 +375,8 @@ class ShortCircuitReader(_BlockSocketClient):
                   fetch: bool) -> tuple[pb.FileInfo, LocalBlock | bytes | None]:
         """The status of the file at `path` as the worker answers it (`blockwire`) and, when
         it came with it, its only block's file, held open as `hold` holds one."""
-        reply, _, fds = self._exchange(open_line(self._token, path, read_type, whole_below=whole_below, fetch=fetch))
+        reply, _, fds = self._exchange(open_line(self._token, path, read_type, whole_below=whole_below, fetch=fetch,
+                                                 client=self._client))
         try:
             info = opened_file(reply, self.where)
         except Unavailable:

@@ -40,8 +40,9 @@ from ..client.fs import StrataFileSystem
 from ..namespace.paths import normalize
 from . import holder, kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully
+from .interface import MAX_IO
 from .nodes import NodeTable
-from .operations import DEFAULT_READERS, MAX_IO, FuseSettings, StrataOperations, attr_timeout_for
+from .operations import DEFAULT_READERS, FuseSettings, StrataOperations, attr_timeout_for
 from .session import Session
 from .wire import InitReply
 
@@ -173,7 +174,8 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
                 f"{mountpoint} is kept mounted with --root {kept.get('root')}"
                 f"{' --read-only' if kept.get('read_only') else ''}; resume it with the same options, "
                 f"or unmount it first: fusermount3 -u {mountpoint}")
-    fs = StrataFileSystem(master=master, token=token, readahead=options.readahead, skip_instance_cache=True)
+    fs = StrataFileSystem(master=master, token=token, readahead=options.readahead, skip_instance_cache=True,
+                          client_kind="fuse")
     try:
         info = fs.client.stat(root)  # the master answers, the token is right, the root exists
         if not info.is_dir:
@@ -202,7 +204,8 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
 
         if resumed:
             ops.adopt()  # the predecessor's open files, at their versions
-        session = Session(attachment.fd, ops, nodes, on_init=remember_init)
+        session = Session(attachment.fd, ops, nodes, timeout=timeout, read_only=options.read_only, root=root,
+                          on_init=remember_init)
         threading.Thread(target=_stop_on_signal, args=(ops, mountpoint, attachment), name="strata-fuse-signals",
                          daemon=True).start()
         if resumed and not session.resume():

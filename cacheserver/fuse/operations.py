@@ -46,8 +46,8 @@ import os
 import stat
 import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -71,12 +71,12 @@ from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFileSystem
 from ..namespace.paths import is_under, join, parent
 from .handles import ReadHandle, ReadRecords, WriteHandle
+from .interface import MAX_IO, UTIME_NOW, UTIME_OMIT, FuseError
 from .locations import format_locations
+from .openreads import Opened, OpenReads
 
 log = logging.getLogger("strata.fuse")
 
-# Largest read and write request the kernel sends (and the readahead it may do): 1 MiB.
-MAX_IO = 1024 * 1024
 # Metadata is reused at most this long, whatever the mounts' sync intervals say: changes made
 # through other Strata clients show up in the master at once, but not in this kernel's cache.
 MAX_ATTR_TIMEOUT = 60.0
@@ -93,9 +93,6 @@ STATFS_TTL = 5.0
 REMEMBERED = 100_000
 STATFS_BLOCK = 4096
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
-# utimensat's "now" and "leave as is" (seconds 0, these nanoseconds), as utimens gets them.
-UTIME_NOW = (1 << 30) - 1
-UTIME_OMIT = (1 << 30) - 2
 
 _ERRNO = {
     NotFound: errno.ENOENT,
@@ -108,13 +105,6 @@ _ERRNO = {
     DataLoss: errno.EIO,
     FailedPrecondition: errno.EIO,
 }
-
-
-class FuseError(OSError):
-    """Fail the current request with this errno."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code, os.strerror(code))
 
 
 def inode_of(ns: str) -> int:
@@ -219,86 +209,6 @@ class _AttrCache:
                 del self._entries[key]
 
 
-class _OpenReads:
-    """The versions that the open read handles of each path read, with how many handles read
-    each: an open asks which versions of its path are open without going through every
-    handle (thousands of open files would slow every open). Kept in step with the handles
-    (added at open and at a successor's reopen, dropped at release) under the operations'
-    lock. The same of the handles that read through the page cache (not directly), with
-    their status: the size the kernel must hold of the file while they are open."""
-
-    def __init__(self) -> None:
-        self._by_path: dict[str, Counter[str]] = {}
-        # How many times the handles of each path open changed (opens, releases, reopens).
-        self._changes: dict[str, int] = {}
-        self._cached: dict[str, dict[str, tuple[pb.FileInfo, int]]] = {}
-
-    def change(self, handle: ReadHandle | WriteHandle, count: int) -> None:
-        """A read handle opened (`count` 1) or released (-1); write handles do not count."""
-        if isinstance(handle, ReadHandle):
-            self._count(handle.info.path, handle.info.version, count)
-            if not handle.direct:
-                self._count_cached(handle.info, count)
-
-    def move(self, path: str, old: pb.FileInfo, new: pb.FileInfo, *, direct: bool) -> None:
-        """A read handle of `path` goes on as version `new` instead of `old`."""
-        self._count(path, old.version, -1)
-        self._count(path, new.version, 1)
-        if not direct:
-            self._count_cached(old, -1)
-            self._count_cached(new, 1)
-
-    def _count_cached(self, info: pb.FileInfo, count: int) -> None:
-        versions = self._cached.setdefault(info.path, {})
-        first, handles = versions.get(info.version, (info, 0))
-        if handles + count > 0:
-            versions[info.version] = (first, handles + count)
-        else:
-            versions.pop(info.version, None)
-            if not versions:
-                del self._cached[info.path]
-
-    def cached(self, path: str) -> pb.FileInfo | None:
-        """The status of `path` that handles open now read through the page cache (None: no
-        such handle). They read one version (an open of another reads directly); should
-        a successor's handles, whose way of reading is not known, read several, the longest:
-        no read through the page cache is cut short."""
-        versions = self._cached.get(path)
-        return max((info for info, _ in versions.values()), key=lambda i: i.length) if versions else None
-
-    def _count(self, path: str, version: str, count: int) -> None:
-        versions = self._by_path.setdefault(path, Counter())
-        versions[version] += count
-        if versions[version] <= 0:
-            del versions[version]
-        self._changes[path] = self._changes.get(path, 0) + 1
-        if not versions:
-            del self._by_path[path]
-            del self._changes[path]
-
-    def versions(self, path: str) -> Collection[str]:
-        """The versions of `path` open for reading."""
-        return self._by_path.get(path, {}).keys()
-
-    def alone(self, path: str, version: str, changes: int) -> bool:
-        """Is one handle of `version` all that is open of `path`, with no handle of it opened
-        or released since the count of changes was `changes`?"""
-        return self._by_path.get(path) == Counter({version: 1}) and self._changes.get(path) == changes
-
-    def changes(self, path: str) -> int:
-        return self._changes.get(path, 0)
-
-
-@dataclass(frozen=True)
-class _Opened:
-    """How a read handle was opened: what the kernel was told and when (see _OpenReads.alone)."""
-
-    ns: str
-    keep_cache: bool
-    direct_io: bool
-    changes: int
-
-
 class StrataOperations:
     """Paths are below the mount point ("/" is the mount's root); times are in nanoseconds."""
 
@@ -309,7 +219,7 @@ class StrataOperations:
         self.root = settings.root
         self._attrs = _AttrCache(settings.attr_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
-        self._open_reads = _OpenReads()
+        self._open_reads = OpenReads()
         self._records = ReadRecords(settings.handles_dir)
         # Handle numbers of this process start above any its predecessor used (one per microsecond at most).
         self._ids = itertools.count(time.time_ns() // 1000)
@@ -456,7 +366,7 @@ class StrataOperations:
             self._versions.popitem(last=False)
         return same, False
 
-    def _may_switch(self, opened: _Opened, fh: int, old: pb.FileInfo, new: pb.FileInfo) -> bool:
+    def _may_switch(self, opened: Opened, fh: int, old: pb.FileInfo, new: pb.FileInfo) -> bool:
         """May read handle `fh`, whose first read was refused because `old` changed in the
         store, go on as `new`? Only where the kernel's page cache cannot hold pages of `old`
         for it: a handle that reads directly; or one that dropped them at its open (no keep
@@ -691,7 +601,7 @@ class StrataOperations:
                 fi.keep_cache, fi.direct_io = int(keep), int(direct)
                 reader.direct = direct
                 fi.fh = self._add_locked(reader)
-                opened = _Opened(ns, keep, direct, self._open_reads.changes(ns))
+                opened = Opened(ns, keep, direct, self._open_reads.changes(ns))
             file.may_reopen = functools.partial(self._may_switch, opened, fi.fh)
             try:
                 self._records.add(fi.fh, reader.info)

@@ -1,4 +1,5 @@
-"""A FUSE session: read the kernel's requests from /dev/fuse, answer them with StrataOperations.
+"""A FUSE session: read the kernel's requests from /dev/fuse, answer them with the operations of
+interface.py (StrataOperations, in operations.py, in a mount).
 
 - Several threads each read the next request from the same descriptor and answer it
   themselves, so requests are served in parallel (reads of one file included). They all read
@@ -17,7 +18,7 @@
   (its pin): each reply that gives the kernel a file's attributes (LOOKUP, GETATTR) first
   has it drop the pages it holds of the file when the version differs from the pin's, so
   the kernel's timeouts, not opens, decide when a change is seen, as the mount's metadata
-  sync interval allows. Nothing is held per open file then (see StrataOperations.read_at).
+  sync interval allows. Nothing is held per open file then (see Operations.read_at).
 - `resume()` asks the kernel to queue again every request the previous process read and did
   not answer (FUSE_NOTIFY_RESEND, kernel 6.9+).
 - The kernel acts on the size of a file it was last told: an open of a file that changed
@@ -36,12 +37,11 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
-from strata.contract.proto import strata_pb2 as pb
 from . import wire
+from .interface import MAX_IO, UTIME_NOW, UTIME_OMIT, FileInfo, FuseError, Operations, S
 from .nodes import NodeTable
-from .operations import MAX_IO, UTIME_NOW, UTIME_OMIT, FuseError, StrataOperations
 from .shown import ShownAttrs
 
 log = logging.getLogger("strata.fuse")
@@ -71,15 +71,6 @@ class Showing:
 Handler = Callable[[wire.InHeader, memoryview], Payload | Showing | None]
 
 
-@dataclass
-class FileInfo:
-    """What StrataOperations reads and sets on an open file (libfuse's fuse_file_info)."""
-    flags: int = 0
-    fh: int = 0
-    keep_cache: int = 0
-    direct_io: int = 0
-
-
 def child(parent: str, name: str) -> str:
     if not name or "/" in name or name in (".", ".."):
         raise FuseError(errno.EINVAL)
@@ -101,19 +92,27 @@ def xattr_reply(value: bytes, size: int) -> Payload:
     return [value]
 
 
-class Session:
-    def __init__(self, fd: int, ops: StrataOperations, nodes: NodeTable,
-                 on_init: Callable[[wire.InitReply], None] = lambda reply: None) -> None:
+class Session(Generic[S]):
+    """Serves `ops` on the connection `fd`: `timeout` seconds the kernel may reuse metadata,
+    `read_only` a mount that refuses changes, `root` what it shows (for the log)."""
+
+    def __init__(self, fd: int, ops: Operations[S], nodes: NodeTable, *, timeout: float, read_only: bool,
+                 root: str = "/", on_init: Callable[[wire.InitReply], None] = lambda reply: None) -> None:
         self.fd = fd
         self.ops = ops
         self.nodes = nodes
-        self.timeout = ops.settings.attr_timeout
+        self.timeout = timeout
+        self.read_only = read_only
+        self.root = root
         self._on_init = on_init
         self.shown = ShownAttrs()
         # The kernel opens files without asking (see the module docstring).
-        self.kernel_opens = ops.settings.read_only and self.timeout > 0
-        self._pins: dict[int, pb.FileInfo] = {}
-        self._repins: queue.Queue[tuple[int, pb.FileInfo, pb.FileInfo]] = queue.Queue(REPINS)
+        self.kernel_opens = read_only and self.timeout > 0
+        self._pins: dict[int, S] = {}
+        # Nodes pinned at a new version the kernel has not been told the attributes of yet
+        # (see _repin_changed): their reads fail until a reply tells it (see _pin).
+        self._untold: set[int] = set()
+        self._repins: queue.Queue[tuple[int, S, S]] = queue.Queue(REPINS)
         self._dirs: dict[int, list[tuple[str, int, int]]] = {}
         self._dir_ids = iter(range(1, 1 << 62))
         self._lock = threading.Lock()
@@ -169,6 +168,8 @@ class Session:
                 if exc.errno != errno.ENODEV:
                     log.error("strata fuse: reading /dev/fuse: %s", exc)
                 return  # ENODEV: unmounted
+            if n == 0:
+                return  # end of file: the other end of a socket standing in for /dev/fuse closed
             if n < wire.IN_HEADER.size:
                 continue
             self.dispatch(view[:n])
@@ -241,14 +242,16 @@ class Session:
             old = self._pins.get(nodeid)
             if old is not None and old.version == info.version:
                 self._pins[nodeid] = info
+                self._untold.discard(nodeid)
                 return
         if old is not None:
             self.ops.drop_reader(old)
         self._invalidate_data(nodeid, path)
         with self._lock:
             self._pins[nodeid] = info
+            self._untold.discard(nodeid)
 
-    def _changed(self, nodeid: int, old: pb.FileInfo, new: pb.FileInfo) -> None:
+    def _changed(self, nodeid: int, old: S, new: S) -> None:
         """A read of `nodeid` pinned at `old` was refused: the file is `new` in the store now.
         The kernel's pages of `old` are dropped and the node pinned at `new`, by another thread
         (the refused read holds a page locked until it is answered)."""
@@ -259,8 +262,12 @@ class Session:
 
     def _repin_changed(self) -> None:
         """Pin each node whose reads were refused (see _changed) at its new version: its reader
-        and the kernel's pages of the old one dropped first, so no page of the old version is
-        kept once reads of the new one are answered (meanwhile reads of the old one fail)."""
+        and the kernel's pages and attributes of the old one dropped first, so no page of the
+        old version is kept once reads of the new one are answered (meanwhile reads of the old
+        one fail). Its reads go on failing until the kernel is told the new attributes (the
+        next read(2) asks for them, see AUTO_INVAL_DATA): the kernel cuts reads at the size it
+        holds and fills a page past a short read with zeros, so the new version read at the
+        old version's size would end in zeros (shorter) or be cut (longer)."""
         while True:
             nodeid, old, new = self._repins.get()
             with self._lock:
@@ -274,14 +281,18 @@ class Session:
             with self._lock:
                 if self._pins.get(nodeid) is old:
                     self._pins[nodeid] = new
+                    if new is not old:  # not a predecessor's node (see _pinned)
+                        self._untold.add(nodeid)
 
-    def _pinned(self, nodeid: int, path: str) -> pb.FileInfo:
+    def _pinned(self, nodeid: int, path: str) -> S:
         """The status the reads of `nodeid` read: its pin, or (a node the kernel was told of by
         a predecessor process) the file's status now, pinned. The predecessor's version is not
         known: the kernel's pages are dropped once this read is answered (a file changed in
         the store while the mount was taken over may be read mixed until then)."""
         with self._lock:
             info = self._pins.get(nodeid)
+            if nodeid in self._untold:
+                raise FuseError(errno.EIO)
         if info is None:
             info = self.ops.status(path)
             if info is None:
@@ -326,8 +337,8 @@ class Session:
     def _init(self, header: wire.InHeader, body: memoryview) -> Payload:
         reply = wire.negotiate(body, WANT, MAX_IO)
         self._on_init(reply)
-        log.info("strata fuse: %s ready (FUSE %d.%d, metadata timeout %.1fs%s)", self.ops.root, reply.major,
-                 reply.minor, self.timeout, ", read-only" if self.ops.settings.read_only else "")
+        log.info("strata fuse: %s ready (FUSE %d.%d, metadata timeout %.1fs%s)", self.root, reply.major,
+                 reply.minor, self.timeout, ", read-only" if self.read_only else "")
         return [reply.pack()]
 
     def _destroy(self, header: wire.InHeader, body: memoryview) -> Payload:
@@ -356,6 +367,7 @@ class Session:
                 self.shown.forget(nodeid)
                 with self._lock:
                     self._pins.pop(nodeid, None)
+                    self._untold.discard(nodeid)
 
     def _getattr(self, header: wire.InHeader, body: memoryview) -> Showing:
         flags, _, fh = wire.GETATTR_IN.unpack_from(body)
@@ -370,7 +382,7 @@ class Session:
          _) = wire.SETATTR_IN.unpack_from(body)
         path = self._path(header)
         fi = FileInfo(fh=fh) if valid & wire.FATTR_FH else None
-        if fi is not None and StrataOperations.is_write_handle(fh) and not self.ops.has_handle(fh):
+        if fi is not None and self.ops.is_write_handle(fh) and not self.ops.has_handle(fh):
             raise FuseError(errno.EIO)  # ftruncate of a file whose buffered bytes died with the last process
         if valid & wire.FATTR_MODE:
             self.ops.chmod(path, mode)
@@ -431,7 +443,7 @@ class Session:
         """The open file `fh`; one this process did not open (its predecessor did) is opened
         again if it was opened for reading."""
         if not self.ops.has_handle(fh):
-            if StrataOperations.is_write_handle(fh) or path is None:
+            if self.ops.is_write_handle(fh) or path is None:
                 log.warning("strata fuse: a file handle of the previous process (%s) is gone: EIO", path)
                 raise FuseError(errno.EIO)
             self.ops.reopen(path, fh)
@@ -465,10 +477,10 @@ class Session:
 
     def _flush(self, header: wire.InHeader, body: memoryview) -> Payload:
         fh = wire.FLUSH_IN.unpack_from(body)[0]
-        if self.ops.settings.read_only:
+        if self.read_only:
             raise FuseError(errno.ENOSYS)  # nothing is written: the kernel sends no FLUSH from now on
         if not self.ops.has_handle(fh):
-            if StrataOperations.is_write_handle(fh):
+            if self.ops.is_write_handle(fh):
                 raise FuseError(errno.EIO)  # see _known: the buffered bytes are lost, close(2) says so
             return []
         self.ops.flush("", FileInfo(fh=fh))
@@ -477,7 +489,7 @@ class Session:
     def _fsync(self, header: wire.InHeader, body: memoryview) -> Payload:
         fh, flags, _ = wire.FSYNC_IN.unpack_from(body)
         if not self.ops.has_handle(fh):
-            if StrataOperations.is_write_handle(fh):
+            if self.ops.is_write_handle(fh):
                 raise FuseError(errno.EIO)
             return []
         self.ops.fsync("", flags & 1, FileInfo(fh=fh))

@@ -12,7 +12,7 @@ from strata.contract.rpc import MAX_MESSAGE_BYTES
 from ..background import BackgroundTasks
 from ..namespace.metadata import LIST_PAGE_ENTRIES, Namespace
 from ..namespace.mounts import MountTable
-from ..namespace.paths import received
+from ..namespace.paths import received, shown
 from .messages import FileInfos
 from .workerlink import WorkerLink
 from .writes import Writes
@@ -51,7 +51,7 @@ class Files:
             size += page.ByteSize()
             if size > MAX_MESSAGE_BYTES:
                 raise ResourceExhausted(
-                    f"the listing of {request.path} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
+                    f"the listing of {shown(request.path)} is larger than one message may be ({MAX_MESSAGE_BYTES} bytes); "
                     "list it in pages (ListStatusPages, which clients of this version use)"
                 )
             response.files.extend(page.files)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from strata.contract.config import ServerConfig
 from strata.contract.proto import strata_pb2 as pb
@@ -34,7 +35,10 @@ class Mounting:
         self.loads = loads
         self.link = link
         self._background = background
-        self.table_version = 1
+        # From the clock, not 1: a master that starts again (on a new journal, its mounts made
+        # again under new ids) must not hand out a version a worker already holds for the old
+        # table, or the worker keeps the old table (and reads on under the forgotten ids).
+        self.table_version = time.time_ns() // 1_000_000
 
     def bump_table(self) -> None:
         self.table_version += 1

@@ -8,7 +8,9 @@ opens, see `blockwire`), with what is left of the validity: a new loader process
 file with one round trip to its node's worker instead of one to the master and one for the
 block, and goes on opening while the master is away, for as long as the answers it would
 have given stand. Nothing is kept past its validity; an answer found out of date early (the
-store holds another version) is dropped (`forget`).
+store holds another version) is dropped (`forget`), and so is one whose mount is no longer
+in the worker's mount table (a master that lost its journal mounts the source again under a
+new id: an answer naming the old one would keep reads on blocks of a forgotten mount).
 
 Read from the socket threads and written from the event loop: a lock guards the table.
 """
@@ -30,9 +32,11 @@ KEPT_STATUSES = 200_000
 class KeptStatuses:
     """Reusable statuses by path, each until its validity ends."""
 
-    def __init__(self, limit: int = KEPT_STATUSES, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limit: int = KEPT_STATUSES, clock: Callable[[], float] = time.monotonic,
+                 current: Callable[[int], bool] = lambda mount_id: True) -> None:
         self.limit = limit
         self._clock = clock
+        self._current = current  # whether a mount id is in the worker's mount table
         self._lock = threading.Lock()
         self._answers: OrderedDict[str, tuple[float, pb.FileInfo]] = OrderedDict()  # path -> (until, status)
 
@@ -60,7 +64,7 @@ class KeptStatuses:
             if kept is None:
                 return None
             until, info = kept
-            if now >= until:
+            if now >= until or not self._current(info.mount_id):
                 del self._answers[path]
                 return None
             self._answers.move_to_end(path)

@@ -125,6 +125,10 @@ class WorkerMounts:
                 best = view
         return best
 
+    def is_current(self, mount_id: int) -> bool:
+        """Whether the last table holds a usable mount of this id."""
+        return mount_id in self._by_id
+
     def views(self) -> list[MountView]:
         return list(self._by_id.values())
 

@@ -61,13 +61,17 @@ class Counters:
     peer_bytes_read: int = 0
     # Bytes of this worker's blocks sent to workers that missed them.
     peer_bytes_served: int = 0
-    # Bytes handed out over each path (the rest of bytes_served went over gRPC).
-    short_circuit_bytes: int = 0
-    data_port_bytes: int = 0
+    # Bytes handed out, by (path, client): the transport that served them (SERVED_PATHS) and
+    # the kind of reader that asked (`blockwire.client_label`), counted by the transports.
+    served_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Hits and misses by mount id, and bytes of the blocks hit by the tier holding them.
     hits_by_mount: Counter[int] = field(default_factory=Counter)
     misses_by_mount: Counter[int] = field(default_factory=Counter)
     hit_bytes_by_medium: Counter[str] = field(default_factory=Counter)
+
+
+# The paths bytes are served over: the short-circuit socket, the data port, gRPC's ReadBlock.
+SERVED_PATHS = ("short_circuit", "data_port", "grpc")
 
 
 def on_chunks(offset: int, length: int, block_length: int) -> bool:
@@ -143,7 +147,7 @@ class BlockReads:
         self._link = link
         self.counters = counters
         # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
-        self.kept = KeptStatuses()
+        self.kept = KeptStatuses(current=mounts.is_current)
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self.kept.put, kept=self.kept.get)
@@ -398,7 +402,6 @@ class BlockReads:
             self.counters.short_circuit_rechecks += 1
         source = await self.open_block(ref, read_type, check=(0, key_of(ref).length) if verify else None)
         self.counters.short_circuit_reads += 1
-        self.counters.short_circuit_bytes += source.length
         self.counters.bytes_served += source.length
         return source
 

@@ -28,6 +28,7 @@ from strata.contract.httpserver import HttpServer, serve_until_signalled
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..auth import Credentials
+from ..blockwire import CLIENT_KINDS, OTHER_CLIENT
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
 from ..config import ServerEnvironment
@@ -37,7 +38,7 @@ from .masterlink import MasterLink
 from .membership import BlockReports, Endpoints, Membership, WorkerIdentity, identity_from_env
 from .mounts import WorkerMounts
 from .peers import Peers
-from .reads import BlockReads, Counters
+from .reads import SERVED_PATHS, BlockReads, Counters
 from .retention import Retention
 from .service import WorkerService
 from .transfer import DataServer, ShortCircuitServer
@@ -95,11 +96,12 @@ class WorkerCollector(Collector):
              "Holders that did not send a missed block in time (or sent it damaged): the store's bytes were used"),
         ):
             yield CounterMetricFamily(name, text, value=value)
-        served = CounterMetricFamily("strata_worker_served_bytes", "Bytes served to readers, by the path they took",
-                                     labels=["path"])
-        served.add_metric(["short_circuit"], c.short_circuit_bytes)
-        served.add_metric(["data_port"], c.data_port_bytes)
-        served.add_metric(["grpc"], max(0, c.bytes_served - c.short_circuit_bytes - c.data_port_bytes))
+        served = CounterMetricFamily("strata_worker_served_bytes",
+                                     "Bytes served to readers, by the path they took and the kind of reader",
+                                     labels=["path", "client"])
+        for path in SERVED_PATHS:
+            for client in (*CLIENT_KINDS, OTHER_CLIENT):  # bounded: never a value a request made up
+                served.add_metric([path, client], c.served_bytes[path, client])
         yield served
         names = {v.mount_id: v.path for v in self._mounts.views()}
         for name, by_mount, text in (

@@ -12,6 +12,7 @@ from strata.contract import constants
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
+from ..blockwire import client_label
 from ..cache.metadata import CHUNK_SIZE
 from ..namespace.paths import check_limits
 from .reads import BlockReads
@@ -34,6 +35,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             source = await self._reads.read_source(request.block, request.read_type, offset=request.offset,
                                                    length=request.length, readahead=request.readahead_blocks,
                                                    as_file=False)
+            self._reads.counters.served_bytes["grpc", client_label(request.client)] += source.length
         data = source.data
         view = memoryview(data)
         step = constants.STREAM_CHUNK_SIZE

@@ -31,7 +31,7 @@ from strata.contract.config import DataPortSettings
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..auth import BLOCK_SOCKET, Credentials, check_access
-from ..blockwire import MAX_REQUEST_BYTES, block_of, error_reply, ok_reply, parse_line, reply_line, with_file
+from ..blockwire import MAX_REQUEST_BYTES, block_of, client_label, error_reply, ok_reply, parse_line, reply_line, with_file
 from ..cache.metadata import CHUNK_SIZE
 from .reads import BlockReads, BlockSource
 
@@ -79,6 +79,8 @@ class BlockSocketServer(ABC):
     find (or fetch) the block."""
 
     name = "block-socket"
+    # The path its bytes are counted under (`reads.SERVED_PATHS`).
+    served_path = ""
     # Whether a block goes out as its file's descriptor (a reader on this host), not its bytes.
     sends_descriptors = False
 
@@ -223,6 +225,8 @@ class BlockSocketServer(ABC):
             log.exception("%s request failed", self.name)
             self._send_reply(conn, error_reply("INTERNAL", str(exc)))
             return
+        # Counted on the loop, as every counter is (the connection threads race otherwise).
+        self._loop.call_soon_threadsafe(self._count_served, client_label(request.get("client")), source.length)
         try:
             self._deliver(conn, source, file)
         finally:
@@ -234,6 +238,9 @@ class BlockSocketServer(ABC):
                                            whole_below=int(request.get("whole_below", 0)),
                                            fetch=bool(request.get("fetch", False)),
                                            as_file=self.sends_descriptors)
+
+    def _count_served(self, client: str, length: int) -> None:
+        self._reads.counters.served_bytes[self.served_path, client] += length
 
     @staticmethod
     def _reply_of(reply: dict[str, Any], file: pb.FileInfo | None) -> dict[str, Any]:
@@ -261,6 +268,7 @@ class ShortCircuitServer(BlockSocketServer):
     """Readers on the worker's host get block files' descriptors over a Unix socket."""
 
     name = "short-circuit"
+    served_path = "short_circuit"
     sends_descriptors = True
 
     def __init__(self, reads: BlockReads, socket_path: Path, credentials: Credentials,
@@ -299,6 +307,7 @@ class DataServer(BlockSocketServer):
     """Any reader gets block bytes over TCP, sent from the block file by the kernel."""
 
     name = "data"
+    served_path = "data_port"
 
     def start(self, bind: str, port: int) -> int:
         sock = socket.create_server((bind, port), family=socket.AF_INET6 if ":" in bind else socket.AF_INET)
@@ -311,7 +320,6 @@ class DataServer(BlockSocketServer):
             length=int(request.get("length", 0)), readahead=int(request.get("readahead", 0)),
         )
         self._reads.counters.data_port_reads += 1
-        self._reads.counters.data_port_bytes += source.length
         return source
 
     def _deliver(self, conn: socket.socket, source: BlockSource, file: pb.FileInfo | None) -> None:

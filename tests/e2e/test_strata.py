@@ -59,20 +59,13 @@ OPERATOR_PACE = ("--set", "operator.reconcileInterval=10",
                  "--set-string", "operator.extraEnv[0].value=2")
 
 
-# On the harness every node is a kubelet of this one machine: the disk tiers' node folders go
-# to /run/strata, a folder of each node's own (the default, /var/lib/strata/cache, would be
-# the machine's, shared by the three nodes and kept after the run).
-HARNESS_NODE_CACHE = ("--set", "operator.extraEnv[1].name=STRATA_OPERATOR_NODE_CACHE_ROOT",
-                      "--set-string", "operator.extraEnv[1].value=/run/strata/cache")
-
-
 def chart_args(cluster: Cluster) -> list[str]:
     """The values this suite installs the chart with: STRATA_E2E_HELM_ARGS, else the images
     the harness built; and the operator's pace."""
     extra = shlex.split(os.environ.get("STRATA_E2E_HELM_ARGS", ""))
     if not extra and cluster.harness:
         extra = list(cluster.harness.get("helm_args", []))
-    return [*extra, *OPERATOR_PACE, *(HARNESS_NODE_CACHE if cluster.harness else ())]
+    return [*extra, *OPERATOR_PACE]
 
 
 # -- fixtures ---------------------------------------------------------------------

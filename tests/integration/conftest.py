@@ -195,8 +195,8 @@ class Cluster:
     def worker_metric(self, index: int, name: str) -> float:
         return metric(self.workers[index].metrics(), name)
 
-    def total_metric(self, name: str) -> float:
-        return sum(metric(w.metrics(), name) for w in self.workers if w.process is not None)
+    def total_metric(self, name: str, labels: str = "") -> float:
+        return sum(metric(w.metrics(), name, labels) for w in self.workers if w.process is not None)
 
     def wait_workers(self, count: int) -> None:
         fs = self.fs()

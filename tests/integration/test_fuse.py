@@ -197,6 +197,31 @@ def test_a_subtree_mount_on_a_workers_host_reads_by_short_circuit(
     assert cluster.total_metric("strata_worker_short_circuit_reads") >= before + 3
 
 
+@pytest.mark.parametrize(("host", "path"), [("node-0", "short_circuit"), ("fuse-client", "data_port")],
+                         ids=["short-circuit", "data-port"])
+def test_the_bytes_served_to_fuse_mounts_are_counted_apart(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], host: str, path: str) -> None:
+    # The dashboard's "bytes served by path and reader" shows FUSE mounts' reads apart from
+    # the Python client's, whichever path they take.
+    cluster = start_cluster(workers=1)
+    data = payload(2 * BLOCK_SIZE + 3)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/m", bucket)
+    mnt = mount_fuse(cluster, host=host).path
+
+    def served(client: str) -> float:
+        return cluster.total_metric("strata_worker_served_bytes", f'{{client="{client}",path="{path}"}}')
+
+    assert (mnt / "m" / "f.bin").read_bytes() == data
+    assert served("fuse") >= len(data)
+    assert served("fsspec") == 0
+    fuse = served("fuse")
+    fs = cluster.fs(host=host)
+    assert fs.cat_file("/m/f.bin") == data
+    assert served("fsspec") >= len(data)
+    assert served("fuse") == fuse
+
+
 @pytest.mark.parametrize("host", ["node-0", "fuse-client"], ids=["short-circuit", "remote-worker"])
 def test_threads_reading_one_open_file_at_once_get_the_stores_bytes(
         start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess], host: str) -> None:

@@ -121,7 +121,9 @@ def test_many_files_held_open_on_a_read_only_mount_take_no_memory_of_the_fuse_pr
     finally:
         for fd in fds:
             os.close(fd)
-    # A client file object per open file: a few KiB each (and a record of it on disk).
-    assert grown < 3 * 2**20, f"the FUSE process grew {grown / 2**20:.1f} MiB for {count} open files"
+    # What stays per file is the kernel's node of it and its status (~2.3 KiB measured); a
+    # client file object per open file (the code before the kernel opened files) added
+    # ~5.7 KiB each, 8.4 MiB here (and a record of it on disk).
+    assert grown < 4 * 2**20, f"the FUSE process grew {grown / 2**20:.1f} MiB for {count} open files"
     assert not list(fuse.path.parent.glob("state/*/handles/*")), "a record per open file"
 

@@ -66,13 +66,15 @@ def test_servers_export_what_the_rules_and_dashboard_use(start_cluster: Any, buc
     assert metric(master, "strata_master_requests", '{code="NOT_FOUND",method="GetStatus"}') >= 1
     assert metric(master, "strata_master_request_seconds_count", '{method="GetStatus"}') >= 2
     assert metric(master, "strata_store_request_seconds_count", '{operation="info"}') >= 1
-    # The worker: hits and misses by mount, bytes by path and by tier, store reads timed.
+    # The worker: hits and misses by mount, bytes by path, reader and tier, store reads timed.
     blocks = 3
     assert metric(worker, "strata_worker_mount_cache_misses", '{mount="/m"}') == blocks
     assert metric(worker, "strata_worker_mount_cache_hits", '{mount="/m"}') >= blocks
-    served = sum(metric(worker, "strata_worker_served_bytes", f'{{path="{path}"}}')
-                 for path in ("short_circuit", "data_port", "grpc"))
-    assert served == metric(worker, "strata_worker_bytes_served") >= 2 * len(data)
+    served = {client: sum(metric(worker, "strata_worker_served_bytes", f'{{client="{client}",path="{path}"}}')
+                          for path in ("short_circuit", "data_port", "grpc"))
+              for client in ("fsspec", "fuse", "other")}
+    assert served["fsspec"] == metric(worker, "strata_worker_bytes_served") >= 2 * len(data)
+    assert served["fuse"] == served["other"] == 0
     assert metric(worker, "strata_worker_cache_hit_bytes", '{medium="MEM"}') >= len(data)
     assert metric(worker, "strata_worker_tier_evicted_blocks", '{medium="MEM"}') == 0
     assert metric(worker, "strata_store_request_seconds_count", '{operation="read"}') == blocks

@@ -66,16 +66,21 @@ def test_a_wheel_and_an_sdist_carry_the_stubs_and_the_installed_command_reads(
     run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     run(*uv_install, "pip", env=env, cwd=tmp_path)
     pip = [python, "-m", "pip", "--disable-pip-version-check"]
+    # The builds take their tools at the lock's versions, as `make venv` and the images do:
+    # stubs made by a grpcio-tools newer than the grpcio installed below refuse to import
+    # (their version check), and the install below is held to this venv's grpcio.
+    build_pins = ("--build-constraint", REPO / "requirements.lock")
 
     dist = tmp_path / "dist"
-    run(*pip, "wheel", "--no-deps", "-w", dist, source, env=env, cwd=tmp_path)
+    run(*pip, "wheel", "--no-deps", *build_pins, "-w", dist, source, env=env, cwd=tmp_path)
     wheel = next(dist.glob("strata-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     assert set(STUBS) <= names, f"the wheel lacks {set(STUBS) - names}"
 
     # The sdist from the same tracked files carries the stubs too, and builds a wheel.
-    run(*uv_install, "setuptools>=68", "wheel", "grpcio-tools>=1.62", env=env, cwd=tmp_path)
+    run(*uv_install, "-c", REPO / "requirements.lock", "setuptools>=68", "wheel", "grpcio-tools>=1.62",
+        env=env, cwd=tmp_path)
     run(python, "-P", "setup.py", "-q", "sdist", "-d", dist, cwd=source, env=env)
     sdist = next(dist.glob("strata-*.tar.gz"))
     with tarfile.open(sdist) as tf:
@@ -84,7 +89,7 @@ def test_a_wheel_and_an_sdist_carry_the_stubs_and_the_installed_command_reads(
         folder = stub.removeprefix("strata/")
         assert folder in members, f"the sdist lacks {folder}"
     from_sdist = tmp_path / "from-sdist"
-    run(*pip, "wheel", "--no-deps", "-w", from_sdist, sdist, env=env, cwd=tmp_path)
+    run(*pip, "wheel", "--no-deps", *build_pins, "-w", from_sdist, sdist, env=env, cwd=tmp_path)
     with zipfile.ZipFile(next(from_sdist.glob("strata-*.whl"))) as zf:
         assert set(STUBS) <= set(zf.namelist())
 

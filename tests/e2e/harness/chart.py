@@ -20,6 +20,10 @@ LOCAL_IMAGE_VALUES = (
     "--set", "image.tag=e2e",
     "--set", "image.pullPolicy=Never",
     "--set", "csi.registrar.image=localhost/csi-registrar:e2e",
+    # Every node is a kubelet of this one machine: the disk tiers' node folders go to
+    # /run/strata, a folder of each node's own (the default, /var/lib/strata/cache, would be
+    # the machine's, shared by the three nodes and kept after the run).
+    "--set", "operator.nodeCacheRoot=/run/strata/cache",
 )
 
 

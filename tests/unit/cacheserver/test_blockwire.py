@@ -1,4 +1,5 @@
-"""Checksums of bytes in transit: what a reader or a worker accepts from the network."""
+"""Checksums of bytes in transit: what a reader or a worker accepts from the network; the
+kind of reader a request names, as the worker counts it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from strata.cacheserver.blockwire import (
     DamagedInTransit,
     check_pieces,
     check_write_chunk,
+    client_label,
     joined_block,
+    open_line,
+    parse_line,
+    request_line,
     write_chunk,
 )
 from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
@@ -56,3 +61,14 @@ def test_a_write_message_carries_its_crc_and_the_worker_checks_it() -> None:
         check_write_chunk(first, 0, "WriteFile")
     with pytest.raises(InvalidArgument, match="AppendFile: message 2 carries no crc32c"):
         check_write_chunk(pb.WriteFileChunk(data=b"x"), 2, "AppendFile")
+
+
+def test_a_request_names_its_kind_of_reader_and_the_worker_counts_only_known_kinds() -> None:
+    ref = pb.BlockRef(mount_id=1, path="/m/a", version="v1", index=0, block_size=4096, file_length=10)
+    assert parse_line(request_line("t", ref, 0, client="fuse", offset=5))["client"] == "fuse"
+    assert parse_line(open_line("t", "/m/a", 0, whole_below=1, fetch=False, client="fsspec"))["client"] == "fsspec"
+    assert "client" not in parse_line(request_line("t", ref, 0))  # an older reader's request
+    assert [client_label(k) for k in ("fuse", "fsspec")] == ["fuse", "fsspec"]
+    # Whatever else a request says is one label: the metric's series stay bounded.
+    for made_up in (None, "", "FUSE", "fuse ", "x" * 10_000, 7, ["fuse"], {"a": 1}):
+        assert client_label(made_up) == "other"

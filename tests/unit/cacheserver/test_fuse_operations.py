@@ -24,7 +24,7 @@ from strata.cacheserver.fuse.operations import (
     attr_timeout_for,
     errno_of,
 )
-from strata.cacheserver.fuse.session import FileInfo
+from strata.cacheserver.fuse.interface import FileInfo
 from strata.contract import errors
 from strata.contract.proto import strata_pb2 as pb
 

@@ -27,6 +27,9 @@ from strata.cacheserver.namespace.mounts import MountTable
 from strata.cacheserver.retry import RetrySettings
 from strata.contract.constants import UPLOAD_DIR
 from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
+from strata.cacheserver.ufs.generic import FsspecStore
+from strata.cacheserver.ufs.local import LocalStore
+from strata.cacheserver.ufs.s3 import S3Store
 from strata.contract.errors import (
     DataLoss,
     DeadlineExceeded,
@@ -41,6 +44,9 @@ from strata.contract.errors import (
 FAST_RETRY = RetrySettings(attempts=5, base_delay=0.001, max_delay=0.01)
 
 # -- every kind of store honours the same contract --------------------------------------------
+# Each backend passes these: the generic fsspec one (over memory://), file:// and S3.
+
+BACKENDS = {"memory": FsspecStore, "file": LocalStore, "s3": S3Store}
 
 
 class Backend:
@@ -74,6 +80,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             Store(f"s3://{bucket}/prefix", server.storage_options()),
             lambda rel, data: server.put_object(bucket, f"prefix/{rel}", data),
         )
+    assert type(result.store._backend) is BACKENDS[request.param]
     yield result
     await result.store.close()
 
@@ -352,7 +359,7 @@ async def test_a_file_put_into_the_store_comes_back_with_the_version_of_what_was
 
 async def test_a_large_upload_to_s3_is_multipart_and_answers_with_its_etag(
         s3_server: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("strata.cacheserver.ufs.calculate_chunksize", lambda size: 5 * 2**20)  # S3's least
+    monkeypatch.setattr("strata.cacheserver.ufs.s3.calculate_chunksize", lambda size: 5 * 2**20)  # S3's least
     data = os.urandom(12 * 2**20)
     staged = tmp_path / "large"
     staged.write_bytes(data)
@@ -408,7 +415,7 @@ async def test_only_uploads_whose_process_ended_are_cleaned_from_a_file_stores_u
         assert finish.wait(10)
         out.write(b", the rest")
 
-    monkeypatch.setattr("strata.cacheserver.ufs._copy_into", lambda out, source, progress: slow_fill(out))
+    monkeypatch.setattr("strata.cacheserver.ufs.local._copy_into", lambda out, source, progress: slow_fill(out))
     staged = tmp_path / "staged"
     staged.write_bytes(b"")
     writing = asyncio.ensure_future(store.write_file("f.bin", staged))
@@ -428,6 +435,7 @@ HANGING_UPLOAD = """
 import asyncio, sys, time
 from pathlib import Path
 from strata.cacheserver import ufs
+from strata.cacheserver.ufs import local
 
 def hang(out, source, progress):
     out.write(b"the first bytes")
@@ -435,7 +443,7 @@ def hang(out, source, progress):
     print("writing", flush=True)
     time.sleep(600)
 
-ufs._copy_into = hang
+local._copy_into = hang
 asyncio.run(ufs.Store("file://" + sys.argv[1]).write_file(sys.argv[2], Path(sys.argv[3])))
 """
 
@@ -811,7 +819,7 @@ async def test_two_stores_never_share_a_client(s3_server: Any, bucket: str) -> N
     async with Store(f"s3://{bucket}", s3_server.storage_options()) as a, Store(
         f"s3://{bucket}", s3_server.storage_options()
     ) as b:
-        assert a._fs is not b._fs
+        assert a._backend._fs is not b._backend._fs
 
 
 # -- file:// stores never leave their root -------------------------------------------------------

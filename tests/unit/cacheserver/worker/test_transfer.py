@@ -81,6 +81,15 @@ async def test_the_data_port_sends_the_asked_range_and_counts_it(reads: tuple[Bl
         assert reply["hit"] is False and body == DATA[:BLOCK]
         assert reply["checksums"] == list(compute_checksums(body))
         assert block_reads.counters.data_port_reads == 2
+        # Bytes are counted by path and by the kind of reader that asked; a kind the worker
+        # does not know (or none) is counted as "other".
+        for client in ("fuse", "fuse", "made-up"):
+            reply, body, _ = await exchange(socket.AF_INET, address, request_line(
+                CREDENTIALS.data, ref_for(info, 0), 0, client=client, length=1000))
+            assert body == DATA[:1000]
+        await asyncio.sleep(0)  # the count lands on the loop
+        assert dict(block_reads.counters.served_bytes) == {
+            ("data_port", "other"): 500 + BLOCK + 1000, ("data_port", "fuse"): 2000}
         # Errors travel as their gRPC status names, the token is checked first.
         reply, _, _ = await exchange(socket.AF_INET, address, request_line("wrong", ref_for(info, 0), 0))
         assert reply["code"] == "UNAUTHENTICATED"
@@ -99,7 +108,7 @@ async def test_the_short_circuit_socket_hands_out_the_block_file_with_its_checks
     server.start()
     try:
         reply, _, fds = await exchange(socket.AF_UNIX, str(server.socket_path),
-                                       request_line(CREDENTIALS.data, ref_for(info, 0), 0, verify=1))
+                                       request_line(CREDENTIALS.data, ref_for(info, 0), 0, client="fuse", verify=1))
         [fd] = fds
         try:
             assert reply["length"] == BLOCK and os.pread(fd, BLOCK + 1, 0) == DATA[:BLOCK]
@@ -108,6 +117,7 @@ async def test_the_short_circuit_socket_hands_out_the_block_file_with_its_checks
             os.close(fd)
         c = block_reads.counters
         assert (c.short_circuit_reads, c.short_circuit_rechecks) == (1, 1)
+        assert dict(c.served_bytes) == {("short_circuit", "fuse"): BLOCK}
     finally:
         server.stop()
     assert not server.socket_path.exists()

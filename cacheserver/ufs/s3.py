@@ -1,0 +1,169 @@
+"""The store backend for S3 (and stores that speak its API): conditional reads (If-Match),
+uploads in one PUT or in parts, server-side copies, and totals from the paginated listing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from fsspec.spec import AbstractFileSystem
+from s3fs.core import calculate_chunksize
+
+from .errors import VersionChanged, s3_error
+from .generic import FsspecStore
+from .status import TOTALS_DUTY, StoreTotals, UfsStatus, _upload_rel
+
+# Bytes: the largest object S3 copies in one CopyObject call.
+_S3_COPY_LIMIT = 5 * 2**30
+
+
+class S3Store(FsspecStore):
+    """One mount's store on S3 (s3fs), with the calls s3fs does not make as Strata needs them."""
+
+    def _fs_options(self) -> dict[str, Any]:
+        kwargs = super()._fs_options()
+        # One retry helper: botocore and s3fs make a single try each.
+        config = dict(kwargs.get("config_kwargs") or {})
+        config["retries"] = {"total_max_attempts": 1}
+        config.setdefault("connect_timeout", self._timeouts.connect_timeout)
+        config.setdefault("read_timeout", self._timeouts.read_timeout)
+        kwargs["config_kwargs"] = config
+        return kwargs
+
+    def _make_fs(self) -> AbstractFileSystem:
+        fs = super()._make_fs()
+        fs.retries = 1
+        return fs
+
+    async def check(self) -> None:
+        """Can the root be listed with these options? Raises NotFound (missing bucket or
+        directory), PermissionDenied (refused credentials) or Unavailable (unreachable)."""
+        bucket, _, prefix = self._root.partition("/")
+
+        async def list_one() -> None:
+            fs = await self._filesystem()
+            await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+
+        # An empty prefix is a valid (empty) mount; the bucket must exist.
+        await self._call("check", "", list_one)
+
+    async def totals(self, rel: str = "") -> StoreTotals:
+        self._path(rel)
+        return await self._total_s3(rel)
+
+    async def _total_s3(self, rel: str) -> StoreTotals:
+        """`totals` on S3: the bucket's listing of the prefix, page by page (each page a
+        bounded "list" call, retried as one), paced like the file:// walk."""
+        bucket, _, root = self._root.partition("/")
+        prefix = "/".join(p for p in (root.strip("/"), rel.strip("/")) if p)
+        prefix = prefix + "/" if prefix else ""
+        top = len(root.strip("/") + "/") if root.strip("/") else 0
+        files = size = 0
+        token: str | None = None
+        while True:
+            fs = await self._filesystem()
+            more = {"ContinuationToken": token} if token else {}
+
+            async def page(more: dict[str, str] = more) -> Any:
+                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
+
+            started = time.monotonic()
+            answer = await self._call("list", rel, page)
+            for item in answer.get("Contents", ()):
+                key = str(item["Key"])
+                if not key.endswith("/") and not _upload_rel(key[top:]):
+                    files += 1
+                    size += int(item.get("Size") or 0)
+            token = answer.get("NextContinuationToken")
+            if not answer.get("IsTruncated") or not token:
+                return StoreTotals(files, size)
+            await asyncio.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
+
+    async def _read(self, rel: str, path: str, start: int, end: int, version: str | None) -> bytes:
+        if version is not None:
+            return await self._read_s3_if_match(path, start, end, version)
+        return await super()._read(rel, path, start, end, version)
+
+    async def _read_s3_if_match(self, path: str, start: int, end: int, version: str) -> bytes:
+        """One ranged GET that the store answers only if the object's etag is `version`."""
+        fs = await self._filesystem()
+        bucket, key, version_id = fs.split_path(path)
+        extra = {"VersionId": version_id} if version_id else {}
+        if end > start:
+            extra["Range"] = f"bytes={start}-{end - 1}"
+        try:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=f'"{version}"', **extra)
+        except OSError as exc:
+            error = s3_error(exc)
+            if error is not None and (error[0] == "PreconditionFailed" or error[1] == 412):
+                raise VersionChanged(
+                    f"{self.url(self._rel(path))} changed in the store: it is no longer version "
+                    f"{version!r}, the version the file was opened as; open it again to read the new version"
+                ) from exc
+            raise
+        body = response["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return bytes(data) if end > start else b""
+
+    async def _upload(self, rel: str, path: str, local_path: Path, length: int) -> UfsStatus:
+        return self._made(rel, length, await self._call("upload", rel, lambda: self._put_s3(path, local_path)))
+
+    async def copy(self, src: str, dst: str) -> UfsStatus:
+        src_path, dst_path = self._path(src), self._path(dst)
+        source = await self.info(src)
+        if source.length <= _S3_COPY_LIMIT:
+            return self._made(dst, source.length,
+                              await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
+        return await super().copy(src, dst)
+
+    async def _put_s3(self, path: str, local_path: Path) -> str:
+        """Upload a local file: one PUT, or a multipart upload in s3fs's part size when
+        large; the ETag of the object made."""
+        fs = await self._filesystem()
+        bucket, key, _ = fs.split_path(path)
+        size = local_path.stat().st_size
+        part = calculate_chunksize(size)
+        with open(local_path, "rb") as f:
+            if size < 2 * part:
+                answer = await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=await asyncio.to_thread(f.read))
+            else:
+                upload = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+                try:
+                    parts = await fs._upload_file_part_concurrent(bucket, key, upload, f, part)
+                    answer = await fs._call_s3(
+                        "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload["UploadId"],
+                        MultipartUpload={"Parts": [{"PartNumber": i, "ETag": p["ETag"]} for i, p in enumerate(parts, 1)]},
+                    )
+                except BaseException:
+                    with contextlib.suppress(Exception):  # parts left behind are never listed
+                        await asyncio.shield(fs._abort_mpu(bucket, key, upload["UploadId"]))
+                    raise
+        fs.invalidate_cache(path)
+        return str(answer["ETag"]).strip('"')
+
+    async def _copy_s3(self, src_path: str, dst_path: str) -> str:
+        """A server-side copy of an object of at most 5 GiB; the ETag of the copy."""
+        fs = await self._filesystem()
+        src_bucket, src_key, _ = fs.split_path(src_path)
+        bucket, key, _ = fs.split_path(dst_path)
+        answer = await fs._call_s3("copy_object", Bucket=bucket, Key=key,
+                                   CopySource={"Bucket": src_bucket, "Key": src_key})
+        fs.invalidate_cache(dst_path)
+        return str(answer["CopyObjectResult"]["ETag"]).strip('"')
+
+    async def close(self) -> None:
+        await super().close()
+        fs = self._fs
+        creator = getattr(fs, "_s3creator", None)
+        if creator is not None and self._fs_loop is asyncio.get_running_loop():
+            try:
+                await creator.__aexit__(None, None, None)
+            finally:
+                fs._s3creator = None
+                fs._s3 = None
