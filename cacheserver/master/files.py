@@ -75,7 +75,7 @@ class Files:
     async def delete(self, request: pb.DeleteRequest) -> pb.DeleteResponse:
         path = received(request.path)
         mount, _ = self.mounts.resolve(path)
-        await self.writes.settled(path)
+        await self.writes.wait_for_moves_under(path)
         dropped = await self.namespace.delete(path, request.recursive)
         for written in dropped.values():
             if not written.persisted:
@@ -86,8 +86,8 @@ class Files:
     async def rename(self, request: pb.RenameRequest) -> pb.RenameResponse:
         src, dst = received(request.src), received(request.dst)
         mount, _ = self.mounts.resolve(src)
-        await self.writes.settled(src)
-        await self.writes.settled(dst)
+        await self.writes.wait_for_moves_under(src)
+        await self.writes.wait_for_moves_under(dst)
         await self.namespace.rename(src, dst)
         # Blocks are keyed by path: the old path's blocks can never be read again.
         await self.link.free_blocks(mount.mount_id, src)

@@ -36,19 +36,19 @@ class Membership:
         self._leaving: set[str] = set()
         # By name, the runs (incarnations) that were registered while their name was leaving:
         # a stopping one of them stays out of placement after its name is wanted back.
-        self._told: dict[str, set[str]] = {}
+        self._runs_told_to_leave: dict[str, set[str]] = {}
 
     def register(self, info: pb.WorkerInfo, stats: pb.WorkerStats, *, incarnation: str = "",
                  stopping: bool = False) -> WorkerRecord:
         record = WorkerRecord(info=info, stats=stats, last_heartbeat=self._clock(), incarnation=incarnation,
                               stopping=stopping)
         self._workers[info.worker_id] = record
-        told = self._told.get(info.worker_id, set())
+        told = self._runs_told_to_leave.get(info.worker_id, set())
         if info.worker_id in self._leaving:
-            self._told[info.worker_id] = told | {incarnation}
+            self._runs_told_to_leave[info.worker_id] = told | {incarnation}
         elif incarnation not in told:
-            self._told.pop(info.worker_id, None)  # a run after the leaving ones: they are over
-        self._decide(record)
+            self._runs_told_to_leave.pop(info.worker_id, None)  # a run after the leaving ones: they are over
+        self._mark_decommissioning(record)
         return record
 
     def heartbeat(self, worker_id: str, stats: pb.WorkerStats, *, stopping: bool = False) -> bool:
@@ -59,13 +59,13 @@ class Membership:
         record.last_heartbeat = self._clock()
         record.stats = stats
         record.stopping = stopping
-        self._decide(record)
+        self._mark_decommissioning(record)
         return True
 
-    def _decide(self, record: WorkerRecord) -> None:
+    def _mark_decommissioning(self, record: WorkerRecord) -> None:
         worker_id = record.info.worker_id
         record.decommissioning = worker_id in self._leaving or (
-            record.stopping and record.incarnation in self._told.get(worker_id, ()))
+            record.stopping and record.incarnation in self._runs_told_to_leave.get(worker_id, ()))
 
     def is_live(self, record: WorkerRecord) -> bool:
         return self._clock() - record.last_heartbeat <= self._timeout
@@ -85,8 +85,8 @@ class Membership:
         for worker_id in changed:
             record = self._workers.get(worker_id)
             if record is not None:
-                self._told.setdefault(worker_id, set()).add(record.incarnation)
-                self._decide(record)
+                self._runs_told_to_leave.setdefault(worker_id, set()).add(record.incarnation)
+                self._mark_decommissioning(record)
         return changed
 
     def serve(self, worker_ids: Iterable[str]) -> list[str]:
@@ -98,7 +98,7 @@ class Membership:
         for worker_id in changed:
             record = self._workers.get(worker_id)
             if record is not None:
-                self._decide(record)
+                self._mark_decommissioning(record)
         return changed
 
     def get(self, worker_id: str) -> WorkerRecord | None:

@@ -30,7 +30,7 @@ def options_from_proto(options: pb.MountOptions, has_options: bool) -> MountOpti
 
 
 def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str]) -> pb.MountInfo:
-    o = mount.options
+    options = mount.options
     return pb.MountInfo(
         path=mount.path,
         source=mount.source if with_credentials else shown_url(mount.source),
@@ -39,15 +39,15 @@ def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str])
         pinned_prefixes=pinned,
         unusable=mount.unusable,
         options=pb.MountOptions(
-            options=o.options,
-            credentials=o.credentials if with_credentials and not mount.unusable else {},
-            read_only=o.read_only,
-            metadata_sync_interval=o.metadata_sync_interval,
-            read_type=ReadType.proto_of(o.read_type),
-            write_type=WriteType.proto_of(o.write_type),
-            pin=o.pin,
-            ttl_seconds=o.ttl_seconds,
-            stale_if_error=o.stale_if_error,
+            options=options.options,
+            credentials=options.credentials if with_credentials and not mount.unusable else {},
+            read_only=options.read_only,
+            metadata_sync_interval=options.metadata_sync_interval,
+            read_type=ReadType.proto_of(options.read_type),
+            write_type=WriteType.proto_of(options.write_type),
+            pin=options.pin,
+            ttl_seconds=options.ttl_seconds,
+            stale_if_error=options.stale_if_error,
         ),
     )
 

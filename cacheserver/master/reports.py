@@ -64,7 +64,7 @@ class Reports:
                 cached_bytes_by_host=by_host,
                 ufs_total_bytes=totals.total_bytes if totals else 0,
                 ufs_files=totals.files if totals else 0,
-                ufs_totals_age_ms=int((time.monotonic() - totals.at) * 1000) if totals else -1,
+                ufs_totals_age_ms=int((time.monotonic() - totals.walked_at) * 1000) if totals else -1,
                 loads=self.loads.reports_under(mount.path, self.blocks, settle),
                 pending_uploads=pending.get(mount.mount_id, pb.PendingUploads(mount_id=mount.mount_id)),
             ))

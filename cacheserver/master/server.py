@@ -61,10 +61,10 @@ class MasterCollector(Collector):
         self._parts = parts
 
     def collect(self):  # type: ignore[no-untyped-def]
-        s = self._parts
-        live = s.membership.live()
+        parts = self._parts
+        live = parts.membership.live()
         yield GaugeMetricFamily("strata_master_workers_live", "Workers heartbeating", value=len(live))
-        yield GaugeMetricFamily("strata_master_mounts", "Mounts in the namespace", value=len(s.mounts.list()))
+        yield GaugeMetricFamily("strata_master_mounts", "Mounts in the namespace", value=len(parts.mounts.list()))
         capacity = GaugeMetricFamily("strata_cache_capacity_bytes", "Tier quota over live workers", labels=["medium"])
         used = GaugeMetricFamily("strata_cache_used_bytes", "Bytes cached over live workers", labels=["medium"])
         sums: dict[str, list[int]] = {}
@@ -83,8 +83,8 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("strata_cache_hits", "Block reads served from cache (live workers)", value=hits)
         yield GaugeMetricFamily("strata_cache_misses", "Block reads that went to the store (live workers)", value=misses)
         cached = GaugeMetricFamily("strata_mount_cached_bytes", "Cached bytes per mount", labels=["mount"])
-        by_mount = s.blocks.cached_bytes_by_mount()
-        for mount in s.mounts.list():
+        by_mount = parts.blocks.cached_bytes_by_mount()
+        for mount in parts.mounts.list():
             cached.add_metric([mount.path], by_mount.get(mount.mount_id, 0))
         yield cached
         stale = CounterMetricFamily(
@@ -92,7 +92,7 @@ class MasterCollector(Collector):
             "Answers given from metadata older than the mount's sync interval because the store could not be reached",
             labels=["mount"],
         )
-        for path, count in sorted(s.namespace.stale_served.items()):
+        for path, count in sorted(parts.namespace.stale_served.items()):
             stale.add_metric([path], count)
         yield stale
         requests = CounterMetricFamily(
@@ -101,9 +101,9 @@ class MasterCollector(Collector):
             labels=["method"],
         )
         for method in ("GetStatus", "ListStatus"):
-            requests.add_metric([method], s.files.metadata_requests[method])
+            requests.add_metric([method], parts.files.metadata_requests[method])
         yield requests
-        yield from pending_upload_metrics("strata_mount", s.reports.pending_uploads(), {m.mount_id: m.path for m in s.mounts.list()})
+        yield from pending_upload_metrics("strata_mount", parts.reports.pending_uploads(), {m.mount_id: m.path for m in parts.mounts.list()})
 
 
 @dataclass

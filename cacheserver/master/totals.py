@@ -22,7 +22,7 @@ UFS_TOTALS_MAX_AGE = 60.0
 class UfsTotals:
     total_bytes: int
     files: int
-    at: float
+    walked_at: float  # time.monotonic() when the walk ended
 
 
 class StoreTotals:
@@ -38,7 +38,7 @@ class StoreTotals:
         """The last totals of `mount`'s store; a walk of it starts when they are older than
         UFS_TOTALS_MAX_AGE (or missing)."""
         totals = self.ufs_totals.get(mount.mount_id)
-        if not mount.unusable and (totals is None or time.monotonic() - totals.at > UFS_TOTALS_MAX_AGE):
+        if not mount.unusable and (totals is None or time.monotonic() - totals.walked_at > UFS_TOTALS_MAX_AGE):
             self.total_store(mount)
         return totals
 

@@ -36,7 +36,7 @@ class WorkerLink:
         """Send one request to every live worker; a worker that fails is logged, not fatal."""
         records = self.membership.live()
 
-        async def one(record: WorkerRecord) -> object | None:
+        async def send_to(record: WorkerRecord) -> object | None:
             try:
                 result: object = await getattr(self._stub(record), call)(request, timeout=60)
                 return result
@@ -44,7 +44,7 @@ class WorkerLink:
                 log.warning("%s on worker %s failed: %s", what, record.info.worker_id, exc.details() if hasattr(exc, "details") else exc)
                 return None
 
-        results = await asyncio.gather(*(one(r) for r in records))
+        results = await asyncio.gather(*(send_to(r) for r in records))
         return [r for r in results if r is not None]
 
     async def free_blocks(self, mount_id: int, prefix: str, keep: list[pb.BlockRef] | None = None) -> int:

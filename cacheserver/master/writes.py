@@ -73,34 +73,34 @@ class Writes:
         self._background = background
         # Paths whose ASYNC_THROUGH upload is being moved into place in the store: writes,
         # deletes and renames of them wait (so no older upload lands after a newer write).
-        self._moving: dict[str, asyncio.Event] = {}
+        self._moves_in_progress: dict[str, asyncio.Event] = {}
         # Writes prepared and not yet committed or aborted: path -> write id -> its lease.
         # While one is open, older uploads of the path wait; while an append is open, the
         # other writes of the path wait at PrepareWrite.
-        self._writing: dict[str, dict[str, OpenWrite]] = {}
+        self._leases: dict[str, dict[str, OpenWrite]] = {}
         # Set (and replaced) whenever a write of the path ends: PrepareWrite waits on it.
         self._write_ended: dict[str, asyncio.Event] = {}
 
-    def moving_under(self, path: str) -> list[asyncio.Event]:
-        return [event for p, event in self._moving.items() if is_under(p, path)]
+    def moves_under(self, path: str) -> list[asyncio.Event]:
+        return [event for p, event in self._moves_in_progress.items() if is_under(p, path)]
 
-    async def settled(self, path: str) -> None:
+    async def wait_for_moves_under(self, path: str) -> None:
         """Wait until no upload at or below `path` is being moved into place."""
-        while busy := self.moving_under(path):
+        while busy := self.moves_under(path):
             await busy[0].wait()
 
     def _end_write(self, path: str, write_id: str) -> None:
-        open_writes = self._writing.get(path, {})
+        open_writes = self._leases.get(path, {})
         open_writes.pop(write_id, None)
         if not open_writes:
-            self._writing.pop(path, None)
+            self._leases.pop(path, None)
         ended = self._write_ended.pop(path, None)
         if ended is not None:
             ended.set()
 
     def end_writes_of(self, worker_id: str) -> None:
         """A worker started again: the writes its previous run had open are over."""
-        for path, open_writes in list(self._writing.items()):
+        for path, open_writes in list(self._leases.items()):
             for write_id in [w for w, write in open_writes.items() if write.worker_id == worker_id]:
                 log.info("write %s of %s ended with the previous run of worker %s", write_id, path, worker_id)
                 self._end_write(path, write_id)
@@ -108,27 +108,27 @@ class Writes:
     def _open_writes(self, path: str) -> list[OpenWrite]:
         """The writes of `path` prepared and not yet ended (nor their leases run out)."""
         now = time.monotonic()
-        open_writes = {w: write for w, write in self._writing.get(path, {}).items() if write.lease_end > now}
+        open_writes = {w: write for w, write in self._leases.get(path, {}).items() if write.lease_end > now}
         if open_writes:
-            self._writing[path] = open_writes
+            self._leases[path] = open_writes
         else:
-            self._writing.pop(path, None)
+            self._leases.pop(path, None)
         return list(open_writes.values())
 
-    def _write_open(self, path: str) -> bool:
+    def _has_open_write(self, path: str) -> bool:
         """Is a write of `path` prepared and not yet ended (nor its lease run out)?"""
         return bool(self._open_writes(path))
 
-    def _overlapped(self, path: str, exclusive: bool) -> bool:
+    def _would_overlap(self, path: str, exclusive: bool) -> bool:
         """Would a write of `path` now overlap one it must not (an append: any)?"""
         return any(exclusive or write.exclusive for write in self._open_writes(path))
 
-    async def _turn(self, path: str, exclusive: bool, deadline: float) -> None:
+    async def _wait_for_turn_to_write(self, path: str, exclusive: bool, deadline: float) -> None:
         """Wait until no upload of `path` is being moved into place and no write it must not
         overlap is open; Unavailable at `deadline` (time.monotonic())."""
         while True:
-            await self.settled(path)
-            if not self._overlapped(path, exclusive):
+            await self.wait_for_moves_under(path)
+            if not self._would_overlap(path, exclusive):
                 return
             left = deadline - time.monotonic()
             if left <= 0:
@@ -163,13 +163,13 @@ class Writes:
         if not request.persisted or prepared is None:
             return
         while True:
-            await self.settled(path)
+            await self.wait_for_moves_under(path)
             written = self.namespace.written(path)
             if written is None or written.landed <= prepared or written.version == request.version:
                 return
             mount, rel = self.mounts.resolve(path)
             status = await self.mounts.store(mount).info(rel)
-            if self.moving_under(path) or self.namespace.written(path) != written:
+            if self.moves_under(path) or self.namespace.written(path) != written:
                 continue  # another upload moved meanwhile: look again
             if status.version == (request.ufs_version or request.version):
                 return  # this write's object came after the upload: it stands
@@ -200,7 +200,7 @@ class Writes:
         self.namespace.writable(path)  # before the worker puts a byte into the store
         deadline = time.monotonic() + WRITE_TURN_WAIT
         while True:
-            await self._turn(path, request.exclusive, deadline)
+            await self._wait_for_turn_to_write(path, request.exclusive, deadline)
             if not request.overwrite:
                 try:
                     await self.namespace.get_status(path)
@@ -208,24 +208,24 @@ class Writes:
                     pass
                 else:
                     raise AlreadyExists(f"{path} already exists; write with overwrite to replace it")
-            if not self.moving_under(path) and not self._overlapped(path, request.exclusive):
+            if not self.moves_under(path) and not self._would_overlap(path, request.exclusive):
                 break  # nothing began while the store was asked
         # Older uploads of the file wait until this write ends: committed, it supersedes them;
         # failed, the file stays as it was (and its upload goes on). An append also holds
         # back the other writes of the file: each builds on the file as the one before left it.
         write_id = f"{self.namespace.generation}{WRITE_ID_SEPARATOR}{uuid.uuid4().hex}"
-        self._writing.setdefault(path, {})[write_id] = OpenWrite(time.monotonic() + WRITE_LEASE, request.exclusive,
-                                                                 request.worker_id)
+        self._leases.setdefault(path, {})[write_id] = OpenWrite(time.monotonic() + WRITE_LEASE, request.exclusive,
+                                                                request.worker_id)
         return pb.PrepareWriteResponse(write_id=write_id)
 
     async def persist_file(self, request: pb.PersistFileRequest) -> pb.PersistFileResponse:
         path = received(request.path)
         if not request.version:
             raise InvalidArgument(f"persist of {path}: the version must not be empty")
-        await self.settled(path)
+        await self.wait_for_moves_under(path)
         target = self.namespace.pending_write(path, request.version)
         mount, _ = self.mounts.resolve(path)
-        if target is not None and self._write_open(path):
+        if target is not None and self._has_open_write(path):
             raise Unavailable(f"a newer write of {path} is in progress; the upload of version {request.version} waits for it")
         if target is None:
             written = self.namespace.written(path)
@@ -237,7 +237,7 @@ class Writes:
             return pb.PersistFileResponse(superseded=True)
         mount, rel = target
         store = self.mounts.store(mount)
-        moving = self._moving[path] = asyncio.Event()
+        moving = self._moves_in_progress[path] = asyncio.Event()
         try:
             try:
                 status = await asyncio.wait_for(store.move_file(upload_rel(request.version), rel), PERSIST_MOVE_TIMEOUT)
@@ -253,14 +253,14 @@ class Writes:
                 ) from None
             entry = self.namespace.mark_persisted(path, status.version, version=request.version)
         finally:
-            del self._moving[path]
+            del self._moves_in_progress[path]
             moving.set()
         log.info("%s (version %s) is in the store", path, request.version)
         return pb.PersistFileResponse(file=self.infos.of(entry))
 
     async def abort_write(self, request: pb.AbortWriteRequest) -> pb.AbortWriteResponse:
         path = received(request.path)
-        await self.settled(path)
+        await self.wait_for_moves_under(path)
         self._end_write(path, request.write_id)
         if request.version and self.namespace.drop_unpersisted(path, request.version) is not None:
             log.info("dropped the unacknowledged write of %s (version %s)", path, request.version)
