@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 from strata.contract.proto import strata_pb2 as pb
 
+# Runs (incarnations) of one name remembered as told to leave: the newest ones. A pod that
+# restarts again and again while its name is leaving adds one run each time; only the runs
+# that may still be alive (the last few) can report that they stop.
+TOLD_RUNS_KEPT = 8
+
 
 @dataclass
 class WorkerRecord:
@@ -36,17 +41,16 @@ class Membership:
         self._leaving: set[str] = set()
         # By name, the runs (incarnations) that were registered while their name was leaving:
         # a stopping one of them stays out of placement after its name is wanted back.
-        self._runs_told_to_leave: dict[str, set[str]] = {}
+        self._runs_told_to_leave: dict[str, list[str]] = {}
 
     def register(self, info: pb.WorkerInfo, stats: pb.WorkerStats, *, incarnation: str = "",
                  stopping: bool = False) -> WorkerRecord:
         record = WorkerRecord(info=info, stats=stats, last_heartbeat=self._clock(), incarnation=incarnation,
                               stopping=stopping)
         self._workers[info.worker_id] = record
-        told = self._runs_told_to_leave.get(info.worker_id, set())
         if info.worker_id in self._leaving:
-            self._runs_told_to_leave[info.worker_id] = told | {incarnation}
-        elif incarnation not in told:
+            self._remember_told_to_leave(info.worker_id, incarnation)
+        elif incarnation not in self._runs_told_to_leave.get(info.worker_id, ()):
             self._runs_told_to_leave.pop(info.worker_id, None)  # a run after the leaving ones: they are over
         self._mark_decommissioning(record)
         return record
@@ -61,6 +65,14 @@ class Membership:
         record.stopping = stopping
         self._mark_decommissioning(record)
         return True
+
+    def _remember_told_to_leave(self, worker_id: str, incarnation: str) -> None:
+        """Remember that run `incarnation` of `worker_id` was told to leave (the newest
+        TOLD_RUNS_KEPT of a name are kept)."""
+        told = self._runs_told_to_leave.setdefault(worker_id, [])
+        if incarnation not in told:
+            told.append(incarnation)
+            del told[:-TOLD_RUNS_KEPT]
 
     def _mark_decommissioning(self, record: WorkerRecord) -> None:
         worker_id = record.info.worker_id
@@ -85,7 +97,7 @@ class Membership:
         for worker_id in changed:
             record = self._workers.get(worker_id)
             if record is not None:
-                self._runs_told_to_leave.setdefault(worker_id, set()).add(record.incarnation)
+                self._remember_told_to_leave(worker_id, record.incarnation)
                 self._mark_decommissioning(record)
         return changed
 

@@ -96,11 +96,15 @@ def state_root(mountpoint: Path) -> Path:
 
 
 def keeper_pid(mountpoint: Path) -> int:
-    """The pid of the keeper holding the mount at `mountpoint` (0: none)."""
+    """The pid of the keeper holding the mount at `mountpoint` (0: none). The keepers of
+    earlier tests' mounts may be removing their state folders meanwhile: those are skipped."""
     for session in state_root(mountpoint).glob("*/session.json"):
-        info = json.loads(session.read_text())
-        if info.get("mountpoint") == str(mountpoint.absolute()):
-            return int(json.loads((session.parent / "keeper.json").read_text()).get("keeper_pid", 0))
+        try:
+            info = json.loads(session.read_text())
+            if info.get("mountpoint") == str(mountpoint.absolute()):
+                return int(json.loads((session.parent / "keeper.json").read_text()).get("keeper_pid", 0))
+        except FileNotFoundError:
+            continue
     return 0
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from strata.cacheserver.master.membership import Membership
+from strata.cacheserver.master.membership import TOLD_RUNS_KEPT, Membership
 from strata.contract.proto import strata_pb2 as pb
 
 
@@ -130,3 +130,18 @@ def test_telling_the_same_thing_again_changes_nothing() -> None:
     assert members.decommission(["c"]) == []
     assert members.serve(["a", "b"]) == []
     assert placed(members) == ["a", "b"]
+
+
+def test_a_pod_restarting_while_its_name_leaves_costs_the_master_a_bounded_memory() -> None:
+    """Each run registered while its name leaves is remembered (a stopping one stays out
+    once the name is wanted back), but only the newest few: a pod in a crash loop during a
+    long drain would otherwise grow the master's memory by one name per restart."""
+    members = scaled_in(Clock())
+    for run in range(1000):
+        members.register(worker("c"), pb.WorkerStats(), incarnation=f"c-run{run}")
+    assert len(members._runs_told_to_leave["c"]) == TOLD_RUNS_KEPT  # the only way to see the bound
+    members.serve(["a", "b", "c"])
+    assert members.heartbeat("c", pb.WorkerStats(), stopping=True)  # the newest run stops
+    assert placed(members) == ["a", "b"]
+    members.register(worker("c"), pb.WorkerStats(), incarnation="c-next")
+    assert placed(members) == ["a", "b", "c"]
