@@ -34,7 +34,7 @@ import mmap
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, ParamSpec, TypeVar
 
@@ -77,6 +77,8 @@ class CachedBlock:
     pinned: bool
     checksums: tuple[int, ...]  # CRC-32C of each chunk_size piece of the file
     chunk_size: int
+    # The store's clock (wall-clock seconds) at its last read; not part of what a block is.
+    last_access: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ class _Entry:
 
     def snapshot(self) -> CachedBlock:
         m = self.meta
-        return CachedBlock(m.key, m.length, self.tier.medium, self.path, m.pinned, m.checksums, m.chunk_size)
+        return CachedBlock(m.key, m.length, self.tier.medium, self.path, m.pinned, m.checksums, m.chunk_size,
+                           m.last_access)
 
 
 class _Changes:

@@ -86,6 +86,10 @@ class Peers:
         self._workers = {w.worker_id: w for w in workers}
         self._listed = True
 
+    def listed(self) -> list[pb.WorkerInfo]:
+        """The live workers as the master last listed them, this one included."""
+        return list(self._workers.values())
+
     def alone(self) -> bool:
         """Is this worker the only live one, as the master last listed them? (A worker that
         joined since is seen at the next refresh, within PEER_REFRESH_SECONDS.)"""

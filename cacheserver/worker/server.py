@@ -34,6 +34,7 @@ from ..cache.tiers import TierConfig
 from ..config import ServerEnvironment
 from ..storemetrics import STORE_METRICS
 from ..uploads import pending_upload_metrics
+from .handoff import Handoff
 from .masterlink import MasterLink
 from .membership import BlockReports, Endpoints, Membership, WorkerIdentity, identity_from_env
 from .mounts import WorkerMounts
@@ -154,6 +155,7 @@ class WorkerParts:
     peers: Peers
     writes: Writes
     membership: Membership
+    handoff: Handoff
 
     def loops(self) -> list[asyncio.Task[None]]:
         """Start what the worker runs for as long as it lives."""
@@ -207,9 +209,10 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
                     reads=reads, peers=peers)
     membership = Membership(identity=identity, link=link, store=store, mounts=mounts, uploads=uploads,
                             counters=counters, reports=reports, heartbeat_interval=config.heartbeat_interval)
+    handoff = Handoff(store, peers, link, worker_id=identity.worker_id)
     return WorkerParts(config=config, identity=identity, counters=counters, store=store, mounts=mounts, link=link,
                        retention=retention, uploads=uploads, reads=reads, peers=peers, writes=writes,
-                       membership=membership)
+                       membership=membership, handoff=handoff)
 
 
 @dataclass
@@ -227,11 +230,12 @@ class WorkerHandle:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def drain_and_stop(self) -> None:
-        """A signalled stop: uploads of acknowledged writes get their drain time first
-        (reads and heartbeats go on meanwhile), then the servers stop. The master hears
-        first that this run stops."""
+        """A signalled stop: uploads of acknowledged writes get their drain time first and,
+        on a worker leaving the cluster, its hot blocks go to the workers that stay (see
+        handoff.py), side by side (reads and heartbeats go on meanwhile); then the servers
+        stop. The master hears first that this run stops."""
         await self.parts.membership.stop(timeout=STOP_NOTICE_TIMEOUT)
-        await self.parts.uploads.drain()
+        await asyncio.gather(self.parts.uploads.drain(), self.parts.handoff.run())
         await self.stop()
 
     async def stop(self, grace: float = 2.0) -> None:
