@@ -41,7 +41,7 @@ class Membership:
         self._leaving: set[str] = set()
         # By name, the runs (incarnations) that were registered while their name was leaving:
         # a stopping one of them stays out of placement after its name is wanted back.
-        self._told: dict[str, list[str]] = {}
+        self._runs_told_to_leave: dict[str, list[str]] = {}
 
     def register(self, info: pb.WorkerInfo, stats: pb.WorkerStats, *, incarnation: str = "",
                  stopping: bool = False) -> WorkerRecord:
@@ -49,10 +49,10 @@ class Membership:
                               stopping=stopping)
         self._workers[info.worker_id] = record
         if info.worker_id in self._leaving:
-            self._tell(info.worker_id, incarnation)
-        elif incarnation not in self._told.get(info.worker_id, ()):
-            self._told.pop(info.worker_id, None)  # a run after the leaving ones: they are over
-        self._decide(record)
+            self._remember_told_to_leave(info.worker_id, incarnation)
+        elif incarnation not in self._runs_told_to_leave.get(info.worker_id, ()):
+            self._runs_told_to_leave.pop(info.worker_id, None)  # a run after the leaving ones: they are over
+        self._mark_decommissioning(record)
         return record
 
     def heartbeat(self, worker_id: str, stats: pb.WorkerStats, *, stopping: bool = False) -> bool:
@@ -63,21 +63,21 @@ class Membership:
         record.last_heartbeat = self._clock()
         record.stats = stats
         record.stopping = stopping
-        self._decide(record)
+        self._mark_decommissioning(record)
         return True
 
-    def _tell(self, worker_id: str, incarnation: str) -> None:
+    def _remember_told_to_leave(self, worker_id: str, incarnation: str) -> None:
         """Remember that run `incarnation` of `worker_id` was told to leave (the newest
         TOLD_RUNS_KEPT of a name are kept)."""
-        told = self._told.setdefault(worker_id, [])
+        told = self._runs_told_to_leave.setdefault(worker_id, [])
         if incarnation not in told:
             told.append(incarnation)
             del told[:-TOLD_RUNS_KEPT]
 
-    def _decide(self, record: WorkerRecord) -> None:
+    def _mark_decommissioning(self, record: WorkerRecord) -> None:
         worker_id = record.info.worker_id
         record.decommissioning = worker_id in self._leaving or (
-            record.stopping and record.incarnation in self._told.get(worker_id, ()))
+            record.stopping and record.incarnation in self._runs_told_to_leave.get(worker_id, ()))
 
     def is_live(self, record: WorkerRecord) -> bool:
         return self._clock() - record.last_heartbeat <= self._timeout
@@ -97,8 +97,8 @@ class Membership:
         for worker_id in changed:
             record = self._workers.get(worker_id)
             if record is not None:
-                self._tell(worker_id, record.incarnation)
-                self._decide(record)
+                self._remember_told_to_leave(worker_id, record.incarnation)
+                self._mark_decommissioning(record)
         return changed
 
     def serve(self, worker_ids: Iterable[str]) -> list[str]:
@@ -110,11 +110,15 @@ class Membership:
         for worker_id in changed:
             record = self._workers.get(worker_id)
             if record is not None:
-                self._decide(record)
+                self._mark_decommissioning(record)
         return changed
 
     def get(self, worker_id: str) -> WorkerRecord | None:
         return self._workers.get(worker_id)
+
+    def host_of(self, worker_id: str) -> str:
+        record = self.get(worker_id)
+        return record.info.host if record else ""
 
     def records(self) -> list[WorkerRecord]:
         return sorted(self._workers.values(), key=lambda r: r.info.worker_id)

@@ -1,4 +1,16 @@
-"""Run the master: gRPC service, HTTP metrics/health, worker expiry."""
+"""Run the master: the composition root. `build_parts` builds the master's parts once, in
+order, each handed the parts it uses; `start_master` binds the gRPC service, the HTTP
+metrics/health server and the loops (worker expiry, dead-upload sweep) to them:
+
+    MasterService (gRPC)                              thin adapter
+    Files | Reports | Retention | Workers             metadata, reports, free/pin, membership RPCs
+    Mounting                                          the mount table and its version
+    Loads | Locations | Writes                        load jobs, block locations, writes and leases
+    FileInfos, mount_to_proto | StoreTotals | WorkerLink
+    BlockIndex | Membership
+
+`MasterHandle` holds parts and transports while the master runs and stops them in order.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +29,27 @@ from strata.contract.httpserver import HttpServer, serve_until_signalled
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..auth import Credentials
+from ..background import BackgroundTasks
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..namespace.statefile import check_state_dir
 from ..rpcmetrics import RequestMetrics
 from ..storemetrics import STORE_METRICS
 from ..uploads import pending_upload_metrics
+from .blocks import BlockIndex
+from .files import Files
+from .loads import Loads
+from .locations import Locations
+from .membership import Membership
+from .messages import FileInfos
+from .mounting import Mounting
+from .reports import Reports
+from .retention import Retention
 from .service import MasterService
+from .totals import StoreTotals
+from .workerlink import WorkerLink
+from .workers import Workers
+from .writes import Writes
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +57,14 @@ log = logging.getLogger(__name__)
 class MasterCollector(Collector):
     """Prometheus metrics read from the master's state at scrape time."""
 
-    def __init__(self, service: MasterService) -> None:
-        self._service = service
+    def __init__(self, parts: MasterParts) -> None:
+        self._parts = parts
 
     def collect(self):  # type: ignore[no-untyped-def]
-        s = self._service
-        live = s.membership.live()
+        parts = self._parts
+        live = parts.membership.live()
         yield GaugeMetricFamily("strata_master_workers_live", "Workers heartbeating", value=len(live))
-        yield GaugeMetricFamily("strata_master_mounts", "Mounts in the namespace", value=len(s.mounts.list()))
+        yield GaugeMetricFamily("strata_master_mounts", "Mounts in the namespace", value=len(parts.mounts.list()))
         capacity = GaugeMetricFamily("strata_cache_capacity_bytes", "Tier quota over live workers", labels=["medium"])
         used = GaugeMetricFamily("strata_cache_used_bytes", "Bytes cached over live workers", labels=["medium"])
         sums: dict[str, list[int]] = {}
@@ -57,8 +83,8 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("strata_cache_hits", "Block reads served from cache (live workers)", value=hits)
         yield GaugeMetricFamily("strata_cache_misses", "Block reads that went to the store (live workers)", value=misses)
         cached = GaugeMetricFamily("strata_mount_cached_bytes", "Cached bytes per mount", labels=["mount"])
-        by_mount = s.blocks.cached_bytes_by_mount()
-        for mount in s.mounts.list():
+        by_mount = parts.blocks.cached_bytes_by_mount()
+        for mount in parts.mounts.list():
             cached.add_metric([mount.path], by_mount.get(mount.mount_id, 0))
         yield cached
         stale = CounterMetricFamily(
@@ -66,7 +92,7 @@ class MasterCollector(Collector):
             "Answers given from metadata older than the mount's sync interval because the store could not be reached",
             labels=["mount"],
         )
-        for path, count in sorted(s.namespace.stale_served.items()):
+        for path, count in sorted(parts.namespace.stale_served.items()):
             stale.add_metric([path], count)
         yield stale
         requests = CounterMetricFamily(
@@ -75,14 +101,65 @@ class MasterCollector(Collector):
             labels=["method"],
         )
         for method in ("GetStatus", "ListStatus"):
-            requests.add_metric([method], s.metadata_requests[method])
+            requests.add_metric([method], parts.files.metadata_requests[method])
         yield requests
-        yield from pending_upload_metrics("strata_mount", s.pending_uploads(), {m.mount_id: m.path for m in s.mounts.list()})
+        yield from pending_upload_metrics("strata_mount", parts.reports.pending_uploads(), {m.mount_id: m.path for m in parts.mounts.list()})
+
+
+@dataclass
+class MasterParts:
+    """What a master is made of, wired once (`build_parts`)."""
+
+    config: ServerConfig
+    mounts: MountTable
+    namespace: Namespace
+    membership: Membership
+    blocks: BlockIndex
+    link: WorkerLink
+    totals: StoreTotals
+    writes: Writes
+    loads: Loads
+    locations: Locations
+    mounting: Mounting
+    files: Files
+    retention: Retention
+    workers: Workers
+    reports: Reports
+    background: BackgroundTasks
+
+    async def close(self) -> None:
+        self.loads.close()
+        await self.background.close()
+        await self.link.close()
+
+
+def build_parts(config: ServerConfig, mounts: MountTable, namespace: Namespace, token: str) -> MasterParts:
+    """The master's parts over the mount table and namespace; `token` is what it presents to
+    the workers."""
+    background = BackgroundTasks()
+    membership = Membership(timeout=config.heartbeat_interval * config.heartbeat_misses)
+    blocks = BlockIndex()
+    infos = FileInfos(config, namespace, blocks)
+    link = WorkerLink(membership, token, background)
+    totals = StoreTotals(mounts, background)
+    writes = Writes(mounts=mounts, namespace=namespace, infos=infos, background=background)
+    loads = Loads(config=config, namespace=namespace, membership=membership, link=link)
+    locations = Locations(config=config, namespace=namespace, blocks=blocks, membership=membership, infos=infos)
+    mounting = Mounting(config=config, mounts=mounts, namespace=namespace, totals=totals, loads=loads, link=link,
+                        background=background)
+    files = Files(mounts=mounts, namespace=namespace, infos=infos, writes=writes, link=link, background=background)
+    retention = Retention(mounts=mounts, namespace=namespace, mounting=mounting, link=link)
+    workers = Workers(membership=membership, blocks=blocks, writes=writes, mounting=mounting, link=link)
+    reports = Reports(config=config, mounts=mounts, membership=membership, blocks=blocks, mounting=mounting,
+                      totals=totals, loads=loads)
+    return MasterParts(config=config, mounts=mounts, namespace=namespace, membership=membership, blocks=blocks,
+                       link=link, totals=totals, writes=writes, loads=loads, locations=locations, mounting=mounting,
+                       files=files, retention=retention, workers=workers, reports=reports, background=background)
 
 
 @dataclass
 class MasterHandle:
-    service: MasterService
+    parts: MasterParts
     server: grpc.aio.Server
     http: HttpServer
     port: int
@@ -93,7 +170,7 @@ class MasterHandle:
     async def stop(self, grace: float = 2.0) -> None:
         self.expiry.cancel()
         self.sweep.cancel()
-        await self.service.close()
+        await self.parts.close()
         await self.http.stop()
         await self.server.stop(grace)
 
@@ -113,14 +190,16 @@ async def start_master(
     # rule holds from the start, and their files not in the store yet are kept.
     mounts = MountTable(journal_dir, allowed_roots=config.local_sources.allowed_roots, cluster_key=credentials.internal)
     namespace = Namespace(mounts, journal_dir, block_size=config.block_size)
-    service = MasterService(config, mounts, namespace, credentials.internal)
+    parts = build_parts(config, mounts, namespace, credentials.internal)
     requests = RequestMetrics("strata_master")
     server = rpcutil.server(credentials, max_receive_bytes=rpcutil.MASTER_MAX_RECEIVE_BYTES, interceptors=[requests])
+    service = MasterService(mounting=parts.mounting, files=parts.files, locations=parts.locations, writes=parts.writes,
+                            loads=parts.loads, retention=parts.retention, workers=parts.workers, reports=parts.reports)
     pb_grpc.add_MasterServicer_to_server(service, server)
     bound = rpcutil.add_port(server, "master", bind, port)
     await server.start()
     registry = CollectorRegistry()
-    registry.register(MasterCollector(service))
+    registry.register(MasterCollector(parts))
     registry.register(requests)
     registry.register(STORE_METRICS)
     http = HttpServer(registry, healthy=lambda: True)
@@ -133,12 +212,12 @@ async def start_master(
     async def expire_loop() -> None:
         while True:
             await asyncio.sleep(config.heartbeat_interval)
-            service.expire_workers()
+            parts.workers.expire_workers()
 
     expiry = asyncio.ensure_future(expire_loop())
-    sweep = asyncio.ensure_future(service.sweep_dead_uploads())
+    sweep = asyncio.ensure_future(parts.writes.sweep_dead_uploads())
     log.info("master serving gRPC on %s:%d, HTTP on %s:%d (%d mounts)", bind, bound, bind, http_bound, len(mounts.list()))
-    return MasterHandle(service, server, http, bound, http_bound, expiry, sweep)
+    return MasterHandle(parts, server, http, bound, http_bound, expiry, sweep)
 
 
 async def run_master(config: ServerConfig, **kwargs: object) -> None:

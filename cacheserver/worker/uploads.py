@@ -55,7 +55,7 @@ STAGED_SUFFIX = ".part"
 RECORD_SUFFIX = ".upload.json"
 # Seconds for one master call of an upload (a status, an abort).
 MASTER_CALL_TIMEOUT = 30.0
-# Seconds for the master to move an upload into place: its own limit (master.service
+# Seconds for the master to move an upload into place: its own limit (master.writes
 # PERSIST_MOVE_TIMEOUT, 120 s) and some room for the answer.
 PERSIST_CALL_TIMEOUT = 150.0
 

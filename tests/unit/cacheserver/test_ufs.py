@@ -21,7 +21,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from s3fs import S3FileSystem
 
-from strata.cacheserver.master.service import mount_to_proto
+from strata.cacheserver.master.messages import mount_to_proto
 from strata.cacheserver.namespace.metadata import Namespace, check_writable
 from strata.cacheserver.namespace.mounts import MountTable
 from strata.cacheserver.retry import RetrySettings

@@ -139,7 +139,7 @@ async def test_the_journal_on_disk_holds_no_store_credential(real_master: Master
     """The master's mount table survives a restart with its credentials, which the files on
     its volume never hold in the clear (they are sealed with the cluster's key)."""
     credentials = {"key": "AKIAJOURNALKEY", "secret": "journal-s3cret-value"}
-    real_master.service.mounts.add("/s3", "s3://bucket/x", MountOptions(
+    real_master.parts.mounts.add("/s3", "s3://bucket/x", MountOptions(
         options={"endpoint_url": "http://127.0.0.1:1"}, credentials=credentials))
     journal = tmp_path / "journal"
     on_disk = b"".join(p.read_bytes() for p in journal.rglob("*") if p.is_file())
@@ -152,7 +152,7 @@ async def test_the_journal_on_disk_holds_no_store_credential(real_master: Master
     again = await start_master(config, journal_dir=journal, credentials=Credentials.from_admin(TOKEN),
                                bind="127.0.0.1", port=0, http_port=0)
     try:
-        mount = again.service.mounts.get("/s3")
+        mount = again.parts.mounts.get("/s3")
         assert mount is not None and dict(mount.options.credentials) == credentials
     finally:
         await again.stop(grace=0)
@@ -161,15 +161,15 @@ async def test_the_journal_on_disk_holds_no_store_credential(real_master: Master
     other = await start_master(config, journal_dir=journal, credentials=Credentials.from_admin("another-token"),
                                bind="127.0.0.1", port=0, http_port=0)
     try:
-        kept = other.service.mounts.get("/s3")
+        kept = other.parts.mounts.get("/s3")
         assert kept is not None and not kept.options.credentials and "cannot be opened" in kept.unusable
-        other.service.mounts.add("/other", "s3://bucket/y")  # a save of the table
+        other.parts.mounts.add("/other", "s3://bucket/y")  # a save of the table
     finally:
         await other.stop(grace=0)
     again = await start_master(config, journal_dir=journal, credentials=Credentials.from_admin(TOKEN),
                                bind="127.0.0.1", port=0, http_port=0)
     try:
-        mount = again.service.mounts.get("/s3")
+        mount = again.parts.mounts.get("/s3")
         assert mount is not None and dict(mount.options.credentials) == credentials and not mount.unusable
     finally:
         await again.stop(grace=0)

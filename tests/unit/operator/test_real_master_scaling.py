@@ -82,7 +82,7 @@ async def reconciled(deps: Deps) -> dict[str, Any]:
 
 
 async def decommissioning(real_master: MasterHandle) -> dict[str, bool]:
-    members = real_master.service.membership
+    members = real_master.parts.membership
     return {r.info.worker_id: r.decommissioning for r in members.live()}
 
 
@@ -127,7 +127,7 @@ async def test_scaled_in_and_out_again_the_returning_worker_is_placed_on_before_
     assert await decommissioning(real_master) == {"demo-worker-0": False, "demo-worker-1": False,
                                                   "demo-worker-2": False}
     assert status["phase"] == "Ready", ready_condition(status)["message"]
-    assert [r.info.worker_id for r in real_master.service.membership.placement()] == [
+    assert [r.info.worker_id for r in real_master.parts.membership.placement()] == [
         "demo-worker-0", "demo-worker-1", "demo-worker-2"]
 
 

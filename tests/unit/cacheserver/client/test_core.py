@@ -142,7 +142,7 @@ def test_a_block_of_another_length_than_asked_is_never_returned(master: tuple[Ma
 
 
 def metadata_requests(handle: MasterHandle) -> int:
-    return sum(handle.service.metadata_requests.values())
+    return sum(handle.parts.files.metadata_requests.values())
 
 
 def mounted_client(handle: MasterHandle, tmp_path: Path, *, read_only: bool, interval: float,

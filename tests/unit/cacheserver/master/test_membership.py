@@ -139,7 +139,7 @@ def test_a_pod_restarting_while_its_name_leaves_costs_the_master_a_bounded_memor
     members = scaled_in(Clock())
     for run in range(1000):
         members.register(worker("c"), pb.WorkerStats(), incarnation=f"c-run{run}")
-    assert len(members._told["c"]) == TOLD_RUNS_KEPT  # the only way to see the bound
+    assert len(members._runs_told_to_leave["c"]) == TOLD_RUNS_KEPT  # the only way to see the bound
     members.serve(["a", "b", "c"])
     assert members.heartbeat("c", pb.WorkerStats(), stopping=True)  # the newest run stops
     assert placed(members) == ["a", "b"]

@@ -1,0 +1,83 @@
+"""How the master shows its state in protobuf messages: mounts and their options, and file
+entries as clients get them."""
+
+from __future__ import annotations
+
+from strata.contract.config import ServerConfig
+from strata.contract.modes import ReadType, WriteType
+from strata.contract.proto import strata_pb2 as pb
+from strata.contract.urls import shown_url
+from ..namespace.metadata import FileEntry, Namespace
+from ..namespace.mounts import Mount as NsMount
+from ..namespace.mounts import MountOptions
+from .blocks import BlockIndex
+
+
+def options_from_proto(options: pb.MountOptions, has_options: bool) -> MountOptions:
+    if not has_options:
+        return MountOptions()
+    return MountOptions(
+        options=dict(options.options),
+        credentials=dict(options.credentials),
+        read_only=options.read_only,
+        metadata_sync_interval=options.metadata_sync_interval,
+        read_type=ReadType.name_of(options.read_type),
+        write_type=WriteType.name_of(options.write_type),
+        pin=options.pin,
+        ttl_seconds=options.ttl_seconds,
+        stale_if_error=options.stale_if_error if options.HasField("stale_if_error") else True,
+    )
+
+
+def mount_to_proto(mount: NsMount, *, with_credentials: bool, pinned: list[str]) -> pb.MountInfo:
+    options = mount.options
+    return pb.MountInfo(
+        path=mount.path,
+        source=mount.source if with_credentials else shown_url(mount.source),
+        mount_id=mount.mount_id,
+        created_unix_ms=mount.created_unix_ms,
+        pinned_prefixes=pinned,
+        unusable=mount.unusable,
+        options=pb.MountOptions(
+            options=options.options,
+            credentials=options.credentials if with_credentials and not mount.unusable else {},
+            read_only=options.read_only,
+            metadata_sync_interval=options.metadata_sync_interval,
+            read_type=ReadType.proto_of(options.read_type),
+            write_type=WriteType.proto_of(options.write_type),
+            pin=options.pin,
+            ttl_seconds=options.ttl_seconds,
+            stale_if_error=options.stale_if_error,
+        ),
+    )
+
+
+class FileInfos:
+    """File entries as FileInfo messages, with the bytes of them the cache holds."""
+
+    def __init__(self, config: ServerConfig, namespace: Namespace, blocks: BlockIndex) -> None:
+        self.config = config
+        self.namespace = namespace
+        self.blocks = blocks
+
+    def of(self, entry: FileEntry, *, reusable: bool = False) -> pb.FileInfo:
+        """`entry` as a client gets it; `reusable`: an answer of GetStatus or ListStatus, with
+        how long the client may reuse it (Namespace.valid_for)."""
+        cached = 0 if entry.is_dir else self.blocks.cached_bytes_of_file(entry.mount_id, entry.path, entry.version)
+        return pb.FileInfo(
+            path=entry.path,
+            name=entry.name,
+            is_dir=entry.is_dir,
+            length=entry.length,
+            mtime_unix_ms=entry.mtime_unix_ms,
+            version=entry.version,
+            block_size=entry.block_size,
+            persisted=entry.persisted,
+            cached_bytes=cached,
+            pinned=entry.pinned,
+            mount_id=entry.mount_id,
+            read_only=entry.read_only,
+            readahead_blocks=0 if entry.is_dir else self.config.cache_policy.readahead_blocks,
+            store_version=entry.store_version,
+            valid_for_ms=int(self.namespace.valid_for(entry) * 1000) if reusable else 0,
+        )
