@@ -18,7 +18,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from strata.cacheserver.namespace.metadata import Namespace
+from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 
 FILES_PER_FOLDER = 1000

@@ -31,10 +31,12 @@ from .. import rpcutil
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
-from ..namespace.metadata import LIST_PAGE_ENTRIES, FileEntry, Namespace, upload_rel
+from ..namespace.entries import FileEntry
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, received, shown
+from ..namespace.permissions import upload_rel
+from ..namespace.tree import LIST_PAGE_ENTRIES, Namespace
 from ..placement import rank_workers
 from ..ufs import check_source_allowed
 from ..uploads import sum_pending
