@@ -17,8 +17,8 @@ from tinydisk import filled, tiny_disk
 
 from strata.cacheserver.namespace.entries import FileEntry
 from strata.cacheserver.namespace.overlay import MAX_ANSWER_REUSE
-from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.ufs import StoreTimeouts
 from strata.contract.errors import (
     AlreadyExists,
