@@ -18,8 +18,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from strata.cacheserver.namespace.metadata import Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+from strata.cacheserver.namespace.tree import Namespace
 
 FILES_PER_FOLDER = 1000
 

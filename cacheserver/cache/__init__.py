@@ -7,9 +7,10 @@
 """
 
 from .eviction import EVICTION_POLICIES, EvictionPolicy, LRFUPolicy, LRUPolicy, make_policy
+from .index import CachedBlock, TierUsage
 from .keys import BlockKey
 from .metadata import CHUNK_SIZE, BlockCorrupt, BlockMetadata
-from .store import BlockStore, CachedBlock, TierUsage
+from .store import BlockStore
 from .tiers import TierConfig, default_mem_dir
 
 __all__ = [

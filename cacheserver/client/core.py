@@ -6,7 +6,7 @@ worker is down, stopped or too slow the next one on the ring serves it. Reads ar
 raise a clear error, and every call has a deadline (`ClientSettings`).
 
 Metadata the master marks reusable (FileInfo.valid_for_ms: files of read-only mounts synced
-every N seconds or never, see namespace/metadata.py) is answered from what this client holds
+every N seconds or never, see namespace/overlay.py) is answered from what this client holds
 until the request that fetched it was sent plus that long: the master would have answered
 the same, so an open costs no round trip. A stat or listing (`ls` holds each entry it
 returns) asks again after that. Early invalidation: a block read refused because the file

@@ -10,7 +10,7 @@ from strata.contract.errors import InvalidArgument, ResourceExhausted
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.rpc import MAX_MESSAGE_BYTES
 from ..background import BackgroundTasks
-from ..namespace.metadata import LIST_PAGE_ENTRIES, Namespace
+from ..namespace.tree import LIST_PAGE_ENTRIES, Namespace
 from ..namespace.mounts import MountTable
 from ..namespace.paths import received, shown
 from .messages import FileInfos

@@ -12,7 +12,8 @@ from strata.contract.config import ServerConfig
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
-from ..namespace.metadata import FileEntry, Namespace
+from ..namespace.entries import FileEntry
+from ..namespace.tree import Namespace
 from ..namespace.paths import is_under, received
 from ..placement import rank_workers
 from .blocks import BlockIndex

@@ -7,7 +7,7 @@ from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import key_of
 from ..cache.keys import BlockKey
-from ..namespace.metadata import Namespace
+from ..namespace.tree import Namespace
 from ..namespace.paths import received
 from .blocks import MAX_LOCATE_BLOCKS, BlockIndex
 from .membership import Membership

@@ -7,7 +7,8 @@ from strata.contract.config import ServerConfig
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.urls import shown_url
-from ..namespace.metadata import FileEntry, Namespace
+from ..namespace.entries import FileEntry
+from ..namespace.tree import Namespace
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions
 from .blocks import BlockIndex

@@ -10,7 +10,7 @@ from strata.contract.config import ServerConfig
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.urls import shown_url
 from ..background import BackgroundTasks
-from ..namespace.metadata import Namespace
+from ..namespace.tree import Namespace
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountTable
 from ..namespace.paths import received

@@ -4,7 +4,7 @@ cached blocks are the only copy left alone."""
 from __future__ import annotations
 
 from strata.contract.proto import strata_pb2 as pb
-from ..namespace.metadata import Namespace
+from ..namespace.tree import Namespace
 from ..namespace.mounts import MountTable
 from ..namespace.paths import received
 from .mounting import Mounting

@@ -30,9 +30,9 @@ from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..auth import Credentials
 from ..background import BackgroundTasks
-from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..namespace.statefile import check_state_dir
+from ..namespace.tree import Namespace
 from ..rpcmetrics import RequestMetrics
 from ..storemetrics import STORE_METRICS
 from ..uploads import pending_upload_metrics

@@ -14,7 +14,8 @@ from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArg
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.urls import shown_url
 from ..background import BackgroundTasks
-from ..namespace.metadata import Namespace, upload_rel
+from ..namespace.permissions import upload_rel
+from ..namespace.tree import Namespace
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountTable
 from ..namespace.paths import is_under, received

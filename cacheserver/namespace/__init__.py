@@ -1,1 +1,1 @@
-"""The unified namespace the master serves: mount table, paths and metadata."""
+"""The unified namespace the master serves: mount table, paths and the file tree."""

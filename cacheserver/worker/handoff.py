@@ -25,7 +25,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import ref_of
-from ..cache.store import BlockStore, CachedBlock
+from ..cache.index import CachedBlock
+from ..cache.store import BlockStore
 from ..placement import rank_workers
 from .masterlink import MasterLink
 from .peers import Peers

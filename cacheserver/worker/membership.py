@@ -14,8 +14,9 @@ from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from .. import rpcutil
 from ..blockrefs import ref_of, reported_key
+from ..cache.index import CachedBlock
 from ..cache.keys import BlockKey
-from ..cache.store import BlockStore, CachedBlock
+from ..cache.store import BlockStore
 from ..config import ServerEnvironment
 from .masterlink import MasterLink
 from .mounts import WorkerMounts

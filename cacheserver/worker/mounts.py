@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied
 from strata.contract.proto import strata_pb2 as pb
-from ..namespace.metadata import check_writable
 from ..namespace.paths import is_under, relative
+from ..namespace.permissions import check_writable
 from ..ufs import Store
 
 

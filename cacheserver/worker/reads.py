@@ -27,9 +27,10 @@ from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
 from ..background import BackgroundTasks
 from ..blockrefs import key_of
+from ..cache.index import CachedBlock
 from ..cache.metadata import CHUNK_SIZE, compute_checksums
-from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
-from ..namespace.metadata import is_upload_path
+from ..cache.store import BlockCorrupt, BlockStore
+from ..namespace.permissions import is_upload_path
 from ..ufs import VersionChanged
 from .geometry import STATUS_PATIENCE, FileStatuses
 from .kept import KeptStatuses

@@ -40,7 +40,7 @@ from strata.contract.errors import NotFound, StrataError
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from ..blockrefs import block_count
-from ..namespace.metadata import upload_rel
+from ..namespace.permissions import upload_rel
 from ..retry import call_with_backoff
 from ..ufs import fsync_dir
 from ..uploads import sum_pending

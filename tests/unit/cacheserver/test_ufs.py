@@ -22,8 +22,9 @@ from fsspec.implementations.memory import MemoryFileSystem
 from s3fs import S3FileSystem
 
 from strata.cacheserver.master.messages import mount_to_proto
-from strata.cacheserver.namespace.metadata import Namespace, check_writable
 from strata.cacheserver.namespace.mounts import MountTable
+from strata.cacheserver.namespace.permissions import check_writable
+from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.retry import RetrySettings
 from strata.contract.constants import UPLOAD_DIR
 from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options

@@ -27,6 +27,7 @@ from strata.cacheserver.cache import (
     default_mem_dir,
 )
 from strata.cacheserver.cache import BlockMetadata
+from strata.cacheserver.cache import placement as placement_module
 from strata.cacheserver.cache import store as store_module
 from strata.cacheserver.cache.metadata import compute_checksums
 from strata.contract.constants import DEFAULT_BLOCK_SIZE
@@ -561,7 +562,7 @@ async def test_a_block_removed_while_it_is_demoted_leaves_nothing_behind(
     await store.put(key(0), payload(U))
     await store.put(key(1), payload(U))
     started, proceed = threading.Event(), threading.Event()
-    copy = store_module._copy_block
+    copy = placement_module.copy_block
 
     def slow_copy(*args: Any) -> None:
         if copied:
@@ -571,7 +572,7 @@ async def test_a_block_removed_while_it_is_demoted_leaves_nothing_behind(
         if not copied:
             copy(*args)
 
-    monkeypatch.setattr(store_module, "_copy_block", slow_copy)
+    monkeypatch.setattr(placement_module, "copy_block", slow_copy)
     put = asyncio.create_task(store.put(key(2), payload(U)))  # demotes key(0)
     await wait_until(started.is_set)
     assert await store.read(key(0), 0, U) == payload(U)  # readable while it moves
@@ -658,7 +659,7 @@ async def test_a_read_racing_a_demotion_reads_the_new_copy(
     await store.put(key(0), payload(U, seed=3))
     await store.put(key(1), payload(U))
     waiting, proceed = threading.Event(), threading.Event()
-    read_chunks = store_module._read_chunks
+    read_chunks = store_module.read_chunks
     paths: list[Path] = []
 
     def late_read(path: Path, *args: Any) -> Any:
@@ -668,7 +669,7 @@ async def test_a_read_racing_a_demotion_reads_the_new_copy(
             assert proceed.wait(5)
         return read_chunks(path, *args)
 
-    monkeypatch.setattr(store_module, "_read_chunks", late_read)
+    monkeypatch.setattr(store_module, "read_chunks", late_read)
     read = asyncio.create_task(store.read(key(0), 0, U))
     await wait_until(waiting.is_set)
     await store.put(key(2), payload(U))  # moves key(0) and key(1) down to SSD

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from strata.cacheserver.master.server import build_parts
-from strata.cacheserver.namespace.metadata import Namespace
+from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.namespace.mounts import MountTable
 from strata.contract.config import ServerConfig
 from strata.contract.proto import strata_pb2 as pb

@@ -9,7 +9,7 @@ import pytest
 from tinydisk import filled, tiny_disk
 
 from strata.cacheserver.namespace.mounts import Mount, MountOptions, MountTable
-from strata.cacheserver.namespace.metadata import Namespace
+from strata.cacheserver.namespace.tree import Namespace
 from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 

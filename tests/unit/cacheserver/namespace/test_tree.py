@@ -15,8 +15,10 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from tinydisk import filled, tiny_disk
 
-from strata.cacheserver.namespace.metadata import MAX_ANSWER_REUSE, FileEntry, Namespace
+from strata.cacheserver.namespace.entries import FileEntry
+from strata.cacheserver.namespace.overlay import MAX_ANSWER_REUSE
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.ufs import StoreTimeouts
 from strata.contract.errors import (
     AlreadyExists,

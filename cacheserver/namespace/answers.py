@@ -1,0 +1,257 @@
+"""The namespace's cache of what the stores said, per mount: a file's status, a folder's
+listing, a tree's walk.
+
+Answers come from a per-mount cache of what the stores said, refreshed according to the
+mount's metadata sync interval: 0 asks the store on every access, -1 never asks again once a
+path is known, N serves answers at most N seconds old (measured from when the store request
+started). Concurrent misses on one path share one store request (single flight), and any
+change made through Strata invalidates the affected entries at once.
+
+Stale-if-error: when the store cannot be reached (refused, 5xx: `Unavailable`; no answer
+within its deadline: `DeadlineExceeded`; no answer within `StoreTimeouts.stale_after`) and
+the mount allows it (`stale_if_error`, on by default), an expired answer is served instead of
+the error, and counted. Only an outage is masked: a store that answers "not found" or refuses
+credentials is believed at once, and entries dropped by a change made through Strata are
+gone, not stale. (A mount synced on every access keeps no answers, so has none to serve.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from strata.contract.errors import DeadlineExceeded, NotFound, Unavailable
+from ..ufs import StoreTimeouts, UfsStatus
+from .mounts import Mount, MountTable
+from .permissions import is_upload_path
+from .relpaths import rel_parent, rel_under
+from .statuses import Folder, Statuses, find_listed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Fetched:
+    value: Any
+    started: float  # time.monotonic() when the store request began
+
+    def listed(self, rel: str) -> UfsStatus | None:
+        """The entry for `rel` in this listing (a list or walk answer)."""
+        return None if self.value is None else find_listed(self.value, rel)
+
+
+def _fresh(started: float, now: float, interval: float) -> bool:
+    if interval < 0:
+        return True
+    return interval > 0 and now - started <= interval
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _nameable(mount: Mount, where: str, statuses: list[UfsStatus]) -> list[UfsStatus]:
+    """`statuses` without the entries whose names are not UTF-8 (a POSIX file name may be
+    any bytes; a Strata path is text): each is left out with a warning naming it, so the
+    rest of the folder stays listable."""
+    kept = [s for s in statuses if _utf8(s.path)]
+    if len(kept) != len(statuses):
+        for status in statuses:
+            if not _utf8(status.path):
+                raw = status.path.encode("utf-8", "surrogateescape")
+                log.warning(
+                    "mount %s: left %r (in %s) out of its listing: the name is not UTF-8; "
+                    "rename it in the store to read it through Strata", mount.path, raw, where,
+                )
+    return kept
+
+
+class _MountCache:
+    """What one mount's store said, by (kind, relative path); kinds: info, list, walk."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], _Fetched] = {}
+        self.flights: dict[tuple[str, str], tuple[float, asyncio.Task[Any]]] = {}
+        # Bumped by every invalidation: a store request that started before it must not
+        # store its (possibly stale) answer.
+        self.epoch = 0
+
+    def drop(self, rel: str) -> None:
+        """Forget `rel`, everything below it and its ancestors (whose listings show it)."""
+        self.entries = {
+            key: value
+            for key, value in self.entries.items()
+            if not (rel_under(key[1], rel) or rel_under(rel, key[1]))
+        }
+        self.flights.clear()
+        self.epoch += 1
+
+    def remember(self, kind: str, rel: str, value: Any, started: float,
+                 listings: dict[str, Folder] | None = None) -> None:
+        """Keep a store's answer; a walk's with the listings of the folders it found
+        (`walk_listings`)."""
+        self.entries[(kind, rel)] = _Fetched(value, started)
+        for directory, listed in (listings or {}).items():
+            self.entries[("list", directory)] = _Fetched(listed, started)
+
+
+def walk_listings(rel: str, walked: Statuses | None) -> dict[str, Folder]:
+    """The listing of every folder a walk of `rel` found, by folder: a walk is a complete
+    snapshot of the tree, so it answers listings below it, and stats from those
+    (Namespace._known_status) with no entry of each file's own. Nothing for a walk of a
+    file (which finds the file itself). Pure: made off the event loop."""
+    if walked is None or walked.find(rel) is not None:
+        return {}
+    children: dict[str, Folder] = {rel: Folder(walked)}
+    for position, status in enumerate(walked):
+        parent = rel_parent(status.path)
+        folder = children.get(parent)
+        if folder is None:
+            folder = children[parent] = Folder(walked)
+        folder.append(position)
+        if status.is_dir and status.path not in children:
+            children[status.path] = Folder(walked)
+    return {directory: listed for directory, listed in children.items() if rel_under(directory, rel)}
+
+
+class StoreAnswers:
+    """What the stores said, cached per mount and asked for once by concurrent callers; see
+    the module docstring."""
+
+    def __init__(self, mounts: MountTable, timeouts: StoreTimeouts | None) -> None:
+        self._stale_after = (timeouts or StoreTimeouts()).stale_after
+        self._mounts = mounts
+        self._caches: dict[int, _MountCache] = {}
+        # Answers given from expired metadata because the store could not be reached, by
+        # mount path (a metric).
+        self.stale_served: dict[str, int] = {}
+
+    def _cache(self, mount: Mount) -> _MountCache:
+        return self._caches.setdefault(mount.mount_id, _MountCache())
+
+    def _cached(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
+        hit = self._cache(mount).entries.get((kind, rel))
+        if hit is not None and _fresh(hit.started, time.monotonic(), mount.options.metadata_sync_interval):
+            return hit
+        return None
+
+    async def _fetch(self, mount: Mount, kind: str, rel: str) -> Any:
+        """The store's answer for (kind, rel): cached if fresh enough, else asked once for
+        all concurrent callers; when the store cannot be reached, the last answer it gave
+        (stale-if-error, if the mount allows it). None stands for "not found"."""
+        hit = self._cached(mount, kind, rel)
+        if hit is not None:
+            return hit.value
+        stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
+        if stale is None:
+            return await self._fetch_from_store(mount, kind, rel)
+        # A walk of a large tree takes as long as the tree is large: only its error (a store
+        # that cannot be reached, or a walk that made no progress for the stall timeout)
+        # tells an outage. A status or a folder's listing past `stale_after` does.
+        patience = None if kind == "walk" else self._stale_after
+        try:
+            # The store request goes on (shielded) when this wait ends: its answer, if it
+            # comes, refreshes the cache for the next caller.
+            return await asyncio.wait_for(self._fetch_from_store(mount, kind, rel), patience)
+        except (Unavailable, DeadlineExceeded) as exc:  # before TimeoutError: a subclass of it
+            reason = str(exc)
+        except TimeoutError:
+            reason = f"no answer within {self._stale_after:g}s"
+        self.stale_served[mount.path] = self.stale_served.get(mount.path, 0) + 1
+        log.warning("mount %s: answering %s of %r from metadata %.0fs old: the store is unreachable or slow (%s)",
+                    mount.path, kind, rel, time.monotonic() - stale.started, reason)
+        return stale.value
+
+    def _stale(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
+        """The last answer the store gave for (kind, rel), however old; for "info" also
+        what the parent's listing said."""
+        entries = self._cache(mount).entries
+        hit = entries.get((kind, rel))
+        if hit is not None or kind != "info":
+            return hit
+        listing = entries.get(("list", rel_parent(rel)))
+        if listing is None or listing.value is None:
+            return None
+        return _Fetched(listing.listed(rel), listing.started)
+
+    async def _fetch_from_store(self, mount: Mount, kind: str, rel: str) -> Any:
+        cache = self._cache(mount)
+        interval = mount.options.metadata_sync_interval
+        key = (kind, rel)
+        now = time.monotonic()
+        flight = cache.flights.get(key)
+        if flight is not None and _fresh(flight[0], now, interval):
+            joined, _ = await asyncio.shield(flight[1])
+            return joined
+        epoch = cache.epoch
+        task = asyncio.ensure_future(self._asked(mount, kind, rel))
+        entry = (now, task)
+        cache.flights[key] = entry
+
+        def landed(done: asyncio.Task[Any]) -> None:
+            if cache.flights.get(key) is entry:
+                del cache.flights[key]
+            if done.cancelled() or done.exception() is not None:
+                return
+            if cache.epoch == epoch and interval != 0:
+                answer, listings = done.result()
+                cache.remember(kind, rel, answer, now, listings)
+
+        task.add_done_callback(landed)
+        answer, _ = await asyncio.shield(task)
+        return answer
+
+    async def _asked(self, mount: Mount, kind: str, rel: str) -> tuple[Any, dict[str, Folder] | None]:
+        """The store's answer for (kind, rel), and a walk's listings (made in a thread: a walk
+        of a million files takes seconds to sort out)."""
+        answer = await self._ask_store(mount, kind, rel)
+        if kind != "walk":
+            return answer, None
+        return answer, await asyncio.to_thread(walk_listings, rel, answer)
+
+    async def _ask_store(self, mount: Mount, kind: str, rel: str) -> Any:
+        store = self._mounts.store(mount)
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
+            "info": lambda: store.info(rel),
+            "list": lambda: store.ls(rel),
+            "walk": lambda: store.walk(rel, with_dirs=True),
+        }
+        if is_upload_path(rel):
+            return None
+        try:
+            answer = await calls[kind]()
+        except NotFound:
+            return None
+        if kind == "info":
+            return answer
+
+        def kept() -> Statuses:
+            return Statuses(status for status in _nameable(mount, store.url(rel), answer)
+                            if not is_upload_path(status.path))
+
+        return kept() if kind == "list" else await asyncio.to_thread(kept)
+
+    def _known_status(self, mount: Mount, rel: str) -> _Fetched | None:
+        """What the cache can say is at `rel` (its value the status, None: nothing) and when
+        the store said it, from the path's own entry or its parent's listing, whichever the
+        store gave later (so a stat and a listing never disagree about a file put into the
+        store meanwhile); None if it cannot."""
+        hit = self._cached(mount, "info", rel)
+        listing = self._cached(mount, "list", rel_parent(rel))
+        if listing is not None and listing.value is not None and (hit is None or listing.started > hit.started):
+            return _Fetched(listing.listed(rel), listing.started)
+        return hit
+
+    async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:
+        known = self._known_status(mount, rel)
+        if known is None:
+            return await self._fetch(mount, "info", rel)  # type: ignore[no-any-return]
+        return known.value  # type: ignore[no-any-return]
