@@ -69,7 +69,7 @@ class FsspecStore(StoreCalls):
             raise InvalidArgument(f"store {self.source}: options not accepted: {self._redacted(str(exc))}") from None
         except Exception as exc:
             if self._shows_secret(exc):
-                raise self._hidden(exc) from None
+                raise self._redacted_error(exc) from None
             raise
         return fs
 
@@ -292,7 +292,8 @@ class FsspecStore(StoreCalls):
         await self.rm(src)
         return status
 
-    def _made(self, rel: str, length: int, version: str) -> UfsStatus:
+    def _written_status(self, rel: str, length: int, version: str) -> UfsStatus:
+        """The status of a file this store just wrote: `length` bytes at version `version`."""
         return UfsStatus(path=rel.strip("/"), is_dir=False, length=length,
                          mtime_unix_ms=int(time.time() * 1000), version=version)
 

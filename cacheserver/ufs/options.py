@@ -119,7 +119,7 @@ def is_local(cls: type[AbstractFileSystem]) -> bool:
     return issubclass(cls, LocalFileSystem)
 
 
-def _got(value: str, secret: bool) -> str:
+def _shown_value(value: str, secret: bool) -> str:
     """How a message shows an option's value: never, if it came from the credentials."""
     return "got a value from the Mount's credentials (not shown)" if secret else f"got {value!r}"
 
@@ -130,14 +130,14 @@ def _to_bool(name: str, value: str, secret: bool) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise InvalidArgument(f"store option {name}: expected true or false, {_got(value, secret)}")
+    raise InvalidArgument(f"store option {name}: expected true or false, {_shown_value(value, secret)}")
 
 
 def _to_number(name: str, value: str, kind: type[int] | type[float], secret: bool) -> int | float:
     try:
         return kind(value)
     except ValueError:
-        raise InvalidArgument(f"store option {name}: expected a number, {_got(value, secret)}") from None
+        raise InvalidArgument(f"store option {name}: expected a number, {_shown_value(value, secret)}") from None
 
 
 def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any],
