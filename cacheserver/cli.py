@@ -20,7 +20,7 @@ from strata.contract.units import format_size, parse_duration
 from . import localcluster
 from .auth import load_credentials
 from .client import localstate
-from .uploads import oldest_age_seconds, sum_pending
+from .pendinguploads import oldest_age_seconds, sum_pending
 
 if TYPE_CHECKING:
     from strata.contract.master import MasterClient

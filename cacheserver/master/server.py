@@ -20,9 +20,9 @@ from ..auth import Credentials
 from ..namespace.metadata import Namespace
 from ..namespace.mounts import MountTable
 from ..namespace.statefile import check_state_dir
+from ..pendinguploads import pending_upload_metrics
 from ..rpcmetrics import RequestMetrics
 from ..storemetrics import STORE_METRICS
-from ..uploads import pending_upload_metrics
 from .service import MasterService
 
 log = logging.getLogger(__name__)

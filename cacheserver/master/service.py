@@ -37,7 +37,7 @@ from ..namespace.mounts import MountOptions, MountTable
 from ..namespace.paths import is_under, received, shown
 from ..placement import rank_workers
 from ..ufs import check_source_allowed
-from ..uploads import sum_pending
+from ..pendinguploads import sum_pending
 from .blocks import MAX_LOCATE_BLOCKS, BlockIndex
 from .membership import Membership, WorkerRecord
 

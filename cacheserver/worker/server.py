@@ -32,8 +32,8 @@ from ..blockwire import CLIENT_KINDS, OTHER_CLIENT
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
 from ..config import ServerEnvironment
+from ..pendinguploads import pending_upload_metrics
 from ..storemetrics import STORE_METRICS
-from ..uploads import pending_upload_metrics
 from .masterlink import MasterLink
 from .membership import BlockReports, Endpoints, Membership, WorkerIdentity, identity_from_env
 from .mounts import WorkerMounts

@@ -41,9 +41,9 @@ from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from ..blockrefs import block_count
 from ..namespace.metadata import upload_rel
+from ..pendinguploads import sum_pending
 from ..retry import call_with_backoff
 from ..ufs import fsync_dir
-from ..uploads import sum_pending
 from .mounts import WorkerMounts
 
 log = logging.getLogger(__name__)
