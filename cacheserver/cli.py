@@ -80,7 +80,7 @@ def _about(master: MasterClient, what: str) -> str:
 # -- servers -------------------------------------------------------------------------------
 
 def cmd_master(args: argparse.Namespace) -> int:
-    from .config import load_server_config
+    from .settings import load_server_config
     from .master.server import run_master
 
     config = load_server_config(args.config)
@@ -91,7 +91,7 @@ def cmd_master(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .config import load_server_config
+    from .settings import load_server_config
     from .worker.server import run_worker
 
     config = load_server_config(args.config)

@@ -57,7 +57,8 @@ from strata.contract.errors import (
     PermissionDenied,
     Unavailable,
 )
-from ..ufs import StoreTimeouts, UfsStatus, is_upload_temp
+from ..settings import StoreTimeouts
+from ..ufs import UfsStatus, is_upload_temp
 from .mounts import Mount, MountTable
 from .paths import is_under, join, name, normalize, relative
 from .statuses import Folder, Statuses, find_listed

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 from strata.contract.errors import DeadlineExceeded, StrataError, Unavailable
 from strata.contract.urls import shown_url
-from ..retry import RetrySettings, call_with_backoff
+from ..retry import call_with_backoff
+from ..settings import RetrySettings, StoreTimeouts
 from ..storemetrics import STORE_METRICS
 from .errors import translate
-from .options import StoreTimeouts
 
 T = TypeVar("T")
 

@@ -15,10 +15,10 @@ from fsspec.spec import AbstractFileSystem
 
 from strata.contract.errors import DataLoss, InvalidArgument, StrataError
 from strata.contract.urls import shown_url, url_userinfo
-from ..retry import RetrySettings
+from ..settings import RetrySettings, StoreTimeouts
 from .calls import STORE_THREADS, Progress, StoreCalls, StoreThreads
 from .errors import VersionChanged, _ShortAnswer, s3_error
-from .options import StoreTimeouts, storage_options
+from .options import storage_options
 from .status import StoreTotals, UfsStatus, _mtime_seconds, _size_mtime_version, _upload_rel
 
 

@@ -24,7 +24,7 @@ from fsspec.spec import AbstractFileSystem
 from strata.contract.constants import UPLOAD_DIR
 from strata.contract.errors import InvalidArgument, PermissionDenied, StrataError
 from strata.contract.urls import shown_url
-from ..retry import RetrySettings
+from ..settings import RetrySettings, StoreTimeouts
 from .calls import Progress
 from .generic import FsspecStore
 from .localfiles import (
@@ -35,7 +35,7 @@ from .localfiles import (
     _rmtree_at,
     _write_note,
 )
-from .options import StoreTimeouts, filesystem_class, is_local
+from .options import filesystem_class, is_local
 from .status import (
     _ELSEWHERE_NOTE_SUFFIX,
     _TEMP_ELSEWHERE_PREFIX,

@@ -16,7 +16,7 @@ from .. import rpcutil
 from ..blockrefs import ref_of, reported_key
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore, CachedBlock
-from ..config import ServerEnvironment
+from ..settings import ServerEnvironment
 from .masterlink import MasterLink
 from .mounts import WorkerMounts
 from .reads import Counters

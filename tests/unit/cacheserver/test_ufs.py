@@ -24,9 +24,9 @@ from s3fs import S3FileSystem
 from strata.cacheserver.master.service import mount_to_proto
 from strata.cacheserver.namespace.metadata import Namespace, check_writable
 from strata.cacheserver.namespace.mounts import MountTable
-from strata.cacheserver.retry import RetrySettings
+from strata.cacheserver.settings import RetrySettings, StoreTimeouts
 from strata.contract.constants import UPLOAD_DIR
-from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
+from strata.cacheserver.ufs import Store, VersionChanged, check_source_allowed, storage_options
 from strata.cacheserver.ufs.generic import FsspecStore
 from strata.cacheserver.ufs.local import LocalStore
 from strata.cacheserver.ufs.s3 import S3Store

@@ -17,7 +17,7 @@ from tinydisk import filled, tiny_disk
 
 from strata.cacheserver.namespace.metadata import MAX_ANSWER_REUSE, FileEntry, Namespace
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
-from strata.cacheserver.ufs import StoreTimeouts
+from strata.cacheserver.settings import StoreTimeouts
 from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,
