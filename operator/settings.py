@@ -33,6 +33,7 @@ class OperatorSettings(EnvironmentSettings):
     # Image for clusters whose spec.image is empty; the chart sets it to the server image
     # it was released with, so operator and servers speak the same protocol.
     server_image: str = Field(default_factory=_default_image)
+    # The imagePullPolicy of the children's containers: a tagged release image is pulled once.
     image_pull_policy: str = "IfNotPresent"
     # "" -> masters are addressed as <pod>.<svc>.<ns>.svc, which resolves in every cluster;
     # set e.g. cluster.local only where the search path does not cover `.svc`.
@@ -96,6 +97,7 @@ class MetricsSettings(EnvironmentSettings):
 
     # 0: no metrics server (the default outside the chart, so two local runs never clash).
     port: int = Field(default=0, ge=0, lt=65536)
+    # The address it listens on: every interface, so Prometheus reaches it at the pod's IP.
     bind: str = "0.0.0.0"
 
 
