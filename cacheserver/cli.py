@@ -20,7 +20,7 @@ from strata.contract.units import format_size, parse_duration
 from . import localcluster
 from .auth import load_credentials
 from .client import localstate
-from .uploads import oldest_age_seconds, sum_pending
+from .pendinguploads import oldest_age_seconds, sum_pending
 
 if TYPE_CHECKING:
     from strata.contract.master import MasterClient
@@ -80,7 +80,7 @@ def _about(master: MasterClient, what: str) -> str:
 # -- servers -------------------------------------------------------------------------------
 
 def cmd_master(args: argparse.Namespace) -> int:
-    from .config import load_server_config
+    from .settings import load_server_config
     from .master.server import run_master
 
     config = load_server_config(args.config)
@@ -91,7 +91,7 @@ def cmd_master(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .config import load_server_config
+    from .settings import load_server_config
     from .worker.server import run_worker
 
     config = load_server_config(args.config)

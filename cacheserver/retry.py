@@ -7,7 +7,8 @@ last answer was (heartbeats, the worker's list of peers, TTL sweeps), a fallback
 source (a reader tries the next worker; a damaged cached copy is fetched again once; a
 block store that finds its disk full evicts and places the block again), or a kept
 connection found closed and opened anew once. Only the error types the caller names are
-retried; the last error is raised unchanged, so the caller sees the real cause.
+retried; the last error is raised unchanged, so the caller sees the real cause. How a
+store's calls are retried is the servers' setting `RetrySettings` (cacheserver/settings.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +32,6 @@ DEFAULT_ATTEMPTS = 5
 DEFAULT_BASE_DELAY = 0.05
 # No single wait longer than 2 s: a caller is blocked on the answer.
 DEFAULT_MAX_DELAY = 2.0
-
-
-class RetrySettings(BaseSettings):
-    """How store calls are retried; `STRATA_RETRY_ATTEMPTS` etc. override the defaults."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_RETRY_", frozen=True, extra="forbid")
-
-    # Tries in all, the first one included (1 = no retry).
-    attempts: int = Field(default=DEFAULT_ATTEMPTS, ge=1, le=100)
-    # Seconds: the cap of the first wait; each later cap doubles.
-    base_delay: float = Field(default=DEFAULT_BASE_DELAY, ge=0)
-    # Seconds: no wait is longer than this.
-    max_delay: float = Field(default=DEFAULT_MAX_DELAY, ge=0)
 
 
 def backoff_delay(retry: int, *, base_delay: float, max_delay: float) -> float:

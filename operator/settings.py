@@ -1,12 +1,21 @@
-"""The operator's own settings, read from `STRATA_OPERATOR_*` environment variables."""
+"""What the operator process reads from its environment, one model per concern: how it builds
+children and talks to masters (`OperatorSettings`, `STRATA_OPERATOR_*`), where it serves
+/metrics (`MetricsSettings`, `STRATA_OPERATOR_METRICS_*`) and how it serves the locality
+webhook (`WebhookSettings`, `STRATA_OPERATOR_WEBHOOK_*`). The chart sets them
+(charts/strata/templates/operator-deployment.yaml); a bad value stops the operator with an error naming
+the variable and the value."""
 
 from __future__ import annotations
 
 import posixpath
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from strata.contract.settings import EnvironmentSettings
 
 
 def _default_image() -> str:
@@ -16,7 +25,7 @@ def _default_image() -> str:
         return "strata-server:latest"
 
 
-class OperatorSettings(BaseSettings):
+class OperatorSettings(EnvironmentSettings):
     """How the operator builds children and talks to masters."""
 
     model_config = SettingsConfigDict(env_prefix="STRATA_OPERATOR_", frozen=True)
@@ -24,6 +33,7 @@ class OperatorSettings(BaseSettings):
     # Image for clusters whose spec.image is empty; the chart sets it to the server image
     # it was released with, so operator and servers speak the same protocol.
     server_image: str = Field(default_factory=_default_image)
+    # The imagePullPolicy of the children's containers: a tagged release image is pulled once.
     image_pull_policy: str = "IfNotPresent"
     # "" -> masters are addressed as <pod>.<svc>.<ns>.svc, which resolves in every cluster;
     # set e.g. cluster.local only where the search path does not cover `.svc`.
@@ -78,3 +88,56 @@ class OperatorSettings(BaseSettings):
         if not v.startswith("/") or posixpath.normpath(v) != v:
             raise ValueError(f"STRATA_OPERATOR_NODE_CACHE_ROOT must be an absolute, normalised path, got {v!r}")
         return v
+
+
+class MetricsSettings(EnvironmentSettings):
+    """Where the operator serves /metrics, from `STRATA_OPERATOR_METRICS_*`."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_OPERATOR_METRICS_", frozen=True)
+
+    # 0: no metrics server (the default outside the chart, so two local runs never clash).
+    port: int = Field(default=0, ge=0, lt=65536)
+    # The address it listens on: every interface, so Prometheus reaches it at the pod's IP.
+    bind: str = "0.0.0.0"
+
+
+class WebhookSettings(EnvironmentSettings):
+    """How the operator serves the webhook, from `STRATA_OPERATOR_WEBHOOK_*`."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_OPERATOR_WEBHOOK_", frozen=True)
+
+    # Off unless asked for: serving needs the certificate the chart makes, and an operator
+    # run from a laptop (`kopf run`) has no webhook configuration pointing at it.
+    enabled: bool = False
+    # TCP port of the HTTPS server (the chart's Service maps 443 to it); above 1024 so the
+    # operator runs as non-root.
+    port: int = Field(default=9443, gt=0, lt=65536)
+    # Folder with tls.crt and tls.key: read from there (`files`), or written there (`operator`).
+    cert_dir: Path = Path("/etc/strata/webhook")
+    # Who keeps the certificate: the operator itself, or someone who puts files in cert_dir.
+    certificate: Literal["operator", "files"] = "files"
+    # With `operator`: the Secret (in the operator's namespace) that holds it, the webhook
+    # Service it is for, and the MutatingWebhookConfiguration whose caBundle trusts it.
+    secret: str = ""
+    service: str = ""
+    configuration: str = ""
+    # Days a made certificate is valid, and how long before its end a new one is made; one
+    # year and a month: renewals are rare, and a missed check has weeks to be retried.
+    certificate_days: float = Field(default=365.0, gt=1)
+    renew_before_days: float = Field(default=30.0, gt=0)
+    # Seconds between checks of the certificate (renewal, or one renewed by another replica).
+    check_interval: float = Field(default=3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _operator_certificate_is_placed(self) -> WebhookSettings:
+        if self.enabled and self.certificate == "operator" and not (self.secret and self.service and self.configuration):
+            raise ValueError("STRATA_OPERATOR_WEBHOOK_CERTIFICATE=operator needs STRATA_OPERATOR_WEBHOOK_SECRET, "
+                             "_SERVICE and _CONFIGURATION (the chart sets them)")
+        if self.renew_before_days >= self.certificate_days:
+            raise ValueError(f"STRATA_OPERATOR_WEBHOOK_RENEW_BEFORE_DAYS ({self.renew_before_days:g}) must be less "
+                             f"than STRATA_OPERATOR_WEBHOOK_CERTIFICATE_DAYS ({self.certificate_days:g})")
+        return self
+    # Seconds for reading a pod's Mounts and CacheClusters; kept under the webhook's
+    # timeoutSeconds (chart default 5) so a slow API server ends in "no change" from us,
+    # logged, instead of a timeout at the API server.
+    lookup_timeout: float = Field(default=2.0, gt=0)

@@ -1,16 +1,23 @@
-"""How long the client waits, and what it does while a server is away.
+"""How long the client waits, and what it does while a server is away: what a client process
+(the fsspec client, `strata fuse`, the CLI) reads from its environment.
 
 Every call the client makes has a deadline from here; `STRATA_CLIENT_MASTER_TIMEOUT` etc.
-override the defaults (seconds throughout).
+override the defaults (seconds throughout). A bad value raises an error naming the variable
+and the value.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from strata.contract.settings import EnvironmentSettings
 
 
-class ClientSettings(BaseSettings):
+class ClientSettings(EnvironmentSettings):
+    """The client's deadlines and patience, from `STRATA_CLIENT_<FIELD>` (e.g.
+    STRATA_CLIENT_BLOCK_TIMEOUT for `block_timeout`)."""
+
     model_config = SettingsConfigDict(env_prefix="STRATA_CLIENT_", frozen=True, extra="forbid")
 
     # Seconds for one call to the master. A metadata call may wait on the store for up to

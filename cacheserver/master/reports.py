@@ -8,7 +8,7 @@ import time
 from strata.contract.config import ServerConfig
 from strata.contract.proto import strata_pb2 as pb
 from ..namespace.mounts import MountTable
-from ..uploads import sum_pending
+from ..pendinguploads import sum_pending
 from .blocks import BlockIndex
 from .loads import Loads
 from .membership import Membership

@@ -33,9 +33,9 @@ from ..background import BackgroundTasks
 from ..namespace.mounts import MountTable
 from ..namespace.statefile import check_state_dir
 from ..namespace.tree import Namespace
+from ..pendinguploads import pending_upload_metrics
 from ..rpcmetrics import RequestMetrics
 from ..storemetrics import STORE_METRICS
-from ..uploads import pending_upload_metrics
 from .blocks import BlockIndex
 from .files import Files
 from .loads import Loads

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.contract.errors import DeadlineExceeded, NotFound, Unavailable
-from ..ufs import StoreTimeouts, UfsStatus
+from ..settings import StoreTimeouts
+from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .permissions import is_upload_path
 from .relpaths import rel_parent, rel_under

@@ -32,7 +32,7 @@ from typing import Any
 from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.urls import shown_url
-from ..retry import RetrySettings
+from ..settings import RetrySettings
 from ..ufs import Store, check_source_allowed
 from .paths import is_under, normalize, overlaps, relative
 from .sealing import SealError, Sealer

@@ -31,7 +31,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from strata.contract.errors import InvalidArgument
-from ..ufs import StoreTimeouts, UfsStatus
+from ..settings import StoreTimeouts
+from ..ufs import UfsStatus
 from .answers import StoreAnswers
 from .entries import FileEntry, OverlayEntry
 from .mounts import Mount, MountTable

@@ -3,7 +3,7 @@
 A Store turns a mount's source URL (`s3://bucket/prefix`, `file:///dir`, `memory://name`,
 `gcs://...`) and its options into async calls on paths relative to that source. Every call
 goes through `retry.call_with_backoff`, retrying only transient failures (connection errors,
-timeouts, 5xx answers, throttling), within one deadline per operation (`StoreTimeouts`); a
+timeouts, 5xx answers, throttling), within one deadline per operation (`StoreTimeouts`, a server setting); a
 missing object, a missing bucket or refused credentials become `NotFound` /
 `PermissionDenied` at once, with a message a person can act on.
 
@@ -18,14 +18,14 @@ Layers, each importing only those below it (an import-linter contract keeps them
 reads, multipart uploads, server-side copies) > `generic` (any fsspec filesystem, the base of
 both) > `localfiles` (blocking file:// helpers on checked descriptors) > `calls` (threads,
 retries, deadlines, stalls, store metrics) > `errors` (the one translation table) |
-`options` (sources, storage options, timeouts) | `status` (what a store answers).
+`options` (sources, storage options) | `status` (what a store answers).
 """
 
 from .calls import STORE_THREADS, Progress, StoreThreads
 from .errors import VersionChanged
 from .local import check_source_allowed
 from .localfiles import fsync_dir
-from .options import StoreTimeouts, filesystem_class, is_local, storage_options, supported_protocols
+from .options import filesystem_class, is_local, storage_options, supported_protocols
 from .status import TOTALS_DUTY, StoreTotals, UfsStatus, is_upload_temp
 from .store import Store
 
@@ -35,7 +35,6 @@ __all__ = [
     "Progress",
     "Store",
     "StoreThreads",
-    "StoreTimeouts",
     "StoreTotals",
     "UfsStatus",
     "VersionChanged",

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 from strata.contract.errors import DeadlineExceeded, StrataError, Unavailable
 from strata.contract.urls import shown_url
-from ..retry import RetrySettings, call_with_backoff
+from ..retry import call_with_backoff
+from ..settings import RetrySettings, StoreTimeouts
 from ..storemetrics import STORE_METRICS
 from .errors import translate
-from .options import StoreTimeouts
 
 T = TypeVar("T")
 
@@ -135,12 +135,12 @@ class StoreCalls:
             at = at.__cause__ or at.__context__
         return False
 
-    def _hidden(self, exc: Exception) -> StrataError:
+    def _redacted_error(self, exc: Exception) -> StrataError:
         """A StrataError of `exc`'s kind whose message has the credentials' values cut out."""
         kind = type(exc) if isinstance(exc, StrataError) else StrataError
         return kind(self._redacted(str(exc)))
 
-    def _where(self) -> str:
+    def _shown_endpoint(self) -> str:
         """Where the store is reached, for messages: its endpoint (unless a credential) or source."""
         return self._redacted(shown_url(str(self._endpoint or self.source)))
 
@@ -156,12 +156,12 @@ class StoreCalls:
     def _translate(self, exc: Exception, rel: str, what: str) -> Exception:
         """The Strata error for a store failure, or `exc` itself when none fits."""
         return translate(exc, what, self.url(rel), store=self.source, bucket=self._root.split("/", 1)[0],
-                         where=self._where)
+                         where=self._shown_endpoint)
 
     async def _call(self, what: str, rel: str, fn: Callable[[], Awaitable[T]], *, progress: Progress | None = None) -> T:
         """Run one store operation with retries on transient errors and mapped errors,
         within the deadline when its size is bounded (see `_BOUNDED`), else, given the
-        `progress` it reports, until it makes none for the stall timeout (`_watched`)."""
+        `progress` it reports, until it makes none for the stall timeout (`_call_with_progress`)."""
 
         async def attempt() -> T:
             try:
@@ -169,7 +169,7 @@ class StoreCalls:
             except Exception as exc:
                 mapped = self._translate(exc, rel, what)
                 if self._shows_secret(exc) or self._shows_secret(mapped):
-                    raise self._hidden(mapped) from None  # nothing chained shows it either
+                    raise self._redacted_error(mapped) from None  # nothing chained shows it either
                 if mapped is exc:
                     raise
                 raise mapped from exc
@@ -204,10 +204,10 @@ class StoreCalls:
         except TimeoutError as exc:  # the deadline; attempts' own timeouts are Unavailable
             raise DeadlineExceeded(
                 f"store {self.source} did not answer {what} of {self.url(rel)} within {deadline:g}s "
-                f"(at {self._where()}; STRATA_STORE_DEADLINE sets this limit)"
+                f"(at {self._shown_endpoint()}; STRATA_STORE_DEADLINE sets this limit)"
             ) from exc
 
-    async def _watched(self, what: str, rel: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _call_with_progress(self, what: str, rel: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs, progress=...)`, a file:// operation of any size, on this
         store's threads as the store operation `what` of `rel`: given up on once it reports
         no progress (`Progress`) for the stall timeout."""

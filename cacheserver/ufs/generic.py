@@ -15,10 +15,10 @@ from fsspec.spec import AbstractFileSystem
 
 from strata.contract.errors import DataLoss, InvalidArgument, StrataError
 from strata.contract.urls import shown_url, url_userinfo
-from ..retry import RetrySettings
+from ..settings import RetrySettings, StoreTimeouts
 from .calls import STORE_THREADS, Progress, StoreCalls, StoreThreads
 from .errors import VersionChanged, _ShortAnswer, s3_error
-from .options import StoreTimeouts, storage_options
+from .options import storage_options
 from .status import StoreTotals, UfsStatus, _mtime_seconds, _size_mtime_version, _upload_rel
 
 
@@ -69,7 +69,7 @@ class FsspecStore(StoreCalls):
             raise InvalidArgument(f"store {self.source}: options not accepted: {self._redacted(str(exc))}") from None
         except Exception as exc:
             if self._shows_secret(exc):
-                raise self._hidden(exc) from None
+                raise self._redacted_error(exc) from None
             raise
         return fs
 
@@ -292,7 +292,8 @@ class FsspecStore(StoreCalls):
         await self.rm(src)
         return status
 
-    def _made(self, rel: str, length: int, version: str) -> UfsStatus:
+    def _written_status(self, rel: str, length: int, version: str) -> UfsStatus:
+        """The status of a file this store just wrote: `length` bytes at version `version`."""
         return UfsStatus(path=rel.strip("/"), is_dir=False, length=length,
                          mtime_unix_ms=int(time.time() * 1000), version=version)
 

@@ -24,7 +24,7 @@ from fsspec.spec import AbstractFileSystem
 from strata.contract.constants import UPLOAD_DIR
 from strata.contract.errors import InvalidArgument, PermissionDenied, StrataError
 from strata.contract.urls import shown_url
-from ..retry import RetrySettings
+from ..settings import RetrySettings, StoreTimeouts
 from .calls import Progress
 from .generic import FsspecStore
 from .localfiles import (
@@ -35,7 +35,7 @@ from .localfiles import (
     _rmtree_at,
     _write_note,
 )
-from .options import StoreTimeouts, filesystem_class, is_local
+from .options import filesystem_class, is_local
 from .status import (
     _ELSEWHERE_NOTE_SUFFIX,
     _TEMP_ELSEWHERE_PREFIX,
@@ -301,11 +301,11 @@ class LocalStore(FsspecStore):
             found = self._find_local(rel, path, with_dirs, progress=progress)
             return self._walked(rel, found, with_dirs, progress)
 
-        return await self._watched("walk", rel, walked)
+        return await self._call_with_progress("walk", rel, walked)
 
     async def totals(self, rel: str = "") -> StoreTotals:
         path = self._path(rel)
-        return await self._watched("walk", rel, self._total_local, rel, path)
+        return await self._call_with_progress("walk", rel, self._total_local, rel, path)
 
     def _total_local(self, rel: str, path: str, *, progress: Progress) -> StoreTotals:
         fd = self._open_inside(rel, os.O_PATH)
@@ -378,23 +378,23 @@ class LocalStore(FsspecStore):
 
     async def write(self, rel: str, data: bytes) -> UfsStatus:
         path = self._path(rel)
-        return await self._watched("write", rel, self._place_local, rel, path,
+        return await self._call_with_progress("write", rel, self._place_local, rel, path,
                                    lambda out, progress: _copy_into(out, data, progress))
 
     async def _upload(self, rel: str, path: str, local_path: Path, length: int) -> UfsStatus:
-        return await self._watched("upload", rel, self._place_local, rel, path,
+        return await self._call_with_progress("upload", rel, self._place_local, rel, path,
                                    lambda out, progress: _copy_into(out, local_path, progress))
 
     async def copy(self, src: str, dst: str) -> UfsStatus:
         self._path(src)
         dst_path = self._path(dst)
-        return await self._watched("copy", src, self._place_local, dst, dst_path,
+        return await self._call_with_progress("copy", src, self._place_local, dst, dst_path,
                                    lambda out, progress: _copy_into(out, self._open_inside(src), progress))
 
     async def move_file(self, src: str, dst: str) -> UfsStatus:
         for rel in (src, dst):
             self._path(rel)  # names first: a link out by name gets the clear message
-        st = await self._watched("move", src, self._rename_local, src, dst, file_only=True)
+        st = await self._call_with_progress("move", src, self._rename_local, src, dst, file_only=True)
         if st is not None:
             return UfsStatus(path=dst.strip("/"), is_dir=False,
                              length=st.st_size, mtime_unix_ms=int(st.st_mtime * 1000), version=_local_version(st))
@@ -552,12 +552,12 @@ class LocalStore(FsspecStore):
 
     async def rm(self, rel: str, recursive: bool = False) -> None:
         self._path(rel)
-        await self._watched("delete", rel, self._rm_local, rel, recursive)
+        await self._call_with_progress("delete", rel, self._rm_local, rel, recursive)
 
     async def mv(self, src: str, dst: str) -> None:
         self._path(src)
         self._path(dst)
-        moved = await self._watched("move", src, self._rename_local, src, dst, file_only=False)
+        moved = await self._call_with_progress("move", src, self._rename_local, src, dst, file_only=False)
         if moved is None:  # onto another file system: copied, then removed
             await self._copy_tree(src, dst)
             await self.rm(src, recursive=True)
@@ -576,4 +576,4 @@ class LocalStore(FsspecStore):
 
     async def mkdir(self, rel: str) -> None:
         self._path(rel)
-        await self._watched("mkdir", rel, self._mkdir_local, rel)
+        await self._call_with_progress("mkdir", rel, self._mkdir_local, rel)

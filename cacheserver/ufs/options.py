@@ -1,5 +1,5 @@
-"""Which sources a store can be made of, the options it is made with, and how long its calls
-may take (`StoreTimeouts`)."""
+"""Which sources a store can be made of, and the options it is made with. How long its calls
+may take is the servers' setting `StoreTimeouts` (cacheserver/settings.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 from fsspec.spec import AbstractFileSystem
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from s3fs import S3FileSystem
 
 from strata.contract.constants import FSSPEC_PROTOCOL
@@ -32,39 +30,6 @@ _HOST_READING_PROTOCOLS = frozenset({
 })
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
-
-
-class StoreTimeouts(BaseSettings):
-    """How long a store may take; `STRATA_STORE_CONNECT_TIMEOUT` etc. override the defaults.
-    A store that accepts connections but never answers costs a reader at most `deadline`
-    seconds, then a clear error (and, for metadata, the stale-if-error answer)."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_STORE_", frozen=True, extra="forbid")
-
-    # Seconds to open a connection to the store: a reachable endpoint answers a TCP
-    # handshake in milliseconds; 5 s rides out a busy one (S3 object stores).
-    connect_timeout: float = Field(default=5.0, gt=0)
-    # Seconds to wait for the next bytes of an answer (not for the whole answer): an object
-    # store starts answering within a second; 10 s tells a hung store from a slow one (S3).
-    read_timeout: float = Field(default=10.0, gt=0)
-    # Seconds for one bounded operation (a status, a folder listing, a block read), its
-    # retries included, on any store: about two read timeouts. Past it the caller gets
-    # DeadlineExceeded naming the store. Raise it for stores whose 16 MiB block reads take
-    # longer. Uploads and walks of whole trees are bounded by read_timeout per request (S3)
-    # or by stall_timeout (file://).
-    deadline: float = Field(default=20.0, gt=0)
-    # Seconds a file:// store's upload, copy, move, delete or walk may go without progress
-    # (a MiB written and, every 32 MiB, synced; a folder listed or emptied) before its caller
-    # gets DeadlineExceeded naming the store: the file server stopped answering. A server
-    # that answers at all makes progress within seconds; 60 s leaves room for one that
-    # writes half a MiB a second. The call's thread is let go once the server answers, and
-    # what the call was making is dropped then.
-    stall_timeout: float = Field(default=60.0, gt=0)
-    # Seconds the master waits on the store for metadata older than the mount's sync
-    # interval before answering from it (stale-if-error): a hung store then costs a reader
-    # of cached files this, not the whole deadline. The store's answer, when it comes,
-    # still refreshes the metadata.
-    stale_after: float = Field(default=3.0, gt=0)
 
 
 def supported_protocols() -> list[str]:
@@ -119,7 +84,7 @@ def is_local(cls: type[AbstractFileSystem]) -> bool:
     return issubclass(cls, LocalFileSystem)
 
 
-def _got(value: str, secret: bool) -> str:
+def _shown_value(value: str, secret: bool) -> str:
     """How a message shows an option's value: never, if it came from the credentials."""
     return "got a value from the Mount's credentials (not shown)" if secret else f"got {value!r}"
 
@@ -130,14 +95,14 @@ def _to_bool(name: str, value: str, secret: bool) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise InvalidArgument(f"store option {name}: expected true or false, {_got(value, secret)}")
+    raise InvalidArgument(f"store option {name}: expected true or false, {_shown_value(value, secret)}")
 
 
 def _to_number(name: str, value: str, kind: type[int] | type[float], secret: bool) -> int | float:
     try:
         return kind(value)
     except ValueError:
-        raise InvalidArgument(f"store option {name}: expected a number, {_got(value, secret)}") from None
+        raise InvalidArgument(f"store option {name}: expected a number, {_shown_value(value, secret)}") from None
 
 
 def storage_options(cls: type[AbstractFileSystem], options: Mapping[str, Any],

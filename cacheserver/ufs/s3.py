@@ -112,14 +112,15 @@ class S3Store(FsspecStore):
         return bytes(data) if end > start else b""
 
     async def _upload(self, rel: str, path: str, local_path: Path, length: int) -> UfsStatus:
-        return self._made(rel, length, await self._call("upload", rel, lambda: self._put_s3(path, local_path)))
+        return self._written_status(rel, length,
+                                    await self._call("upload", rel, lambda: self._put_s3(path, local_path)))
 
     async def copy(self, src: str, dst: str) -> UfsStatus:
         src_path, dst_path = self._path(src), self._path(dst)
         source = await self.info(src)
         if source.length <= _S3_COPY_LIMIT:
-            return self._made(dst, source.length,
-                              await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
+            return self._written_status(dst, source.length,
+                                        await self._call("copy", src, lambda: self._copy_s3(src_path, dst_path)))
         return await super().copy(src, dst)
 
     async def _put_s3(self, path: str, local_path: Path) -> str:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from s3fs import S3FileSystem
 
-from ..retry import RetrySettings
+from ..settings import RetrySettings, StoreTimeouts
 from .generic import FsspecStore
 from .local import LocalStore
-from .options import StoreTimeouts, filesystem_class, is_local
+from .options import filesystem_class, is_local
 from .s3 import S3Store
 from .status import StoreTotals, UfsStatus
 

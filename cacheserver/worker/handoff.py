@@ -19,9 +19,6 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..blockrefs import ref_of
@@ -30,6 +27,7 @@ from ..cache.store import BlockStore
 from ..placement import rank_workers
 from .masterlink import MasterLink
 from .peers import Peers
+from .settings import HandoffSettings
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +38,6 @@ LOCATE_BATCH = 256
 COPY_BATCH = 8
 # Seconds the worker list may take to refresh before the hand-off starts.
 REFRESH_TIMEOUT = 2.0
-
-
-class HandoffSettings(BaseSettings):
-    """How much of its cache a leaving worker hands to the workers that stay;
-    `STRATA_WORKER_HANDOFF_SECONDS` and `STRATA_WORKER_HANDOFF_BYTES_PER_SECOND` override."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_HANDOFF_", frozen=True, extra="forbid")
-
-    # Seconds a leaving worker spends handing off its hot blocks (beside the upload drain,
-    # see UploadSettings.drain_timeout): below the pod's termination grace period (30 s unless
-    # the pod says otherwise). 0 hands nothing off.
-    seconds: float = Field(default=20.0, ge=0)
-    # Bytes a second sent to the workers that stay, so that a hand-off leaves them room to
-    # serve their readers.
-    bytes_per_second: int = Field(default=256 * 1024 * 1024, gt=0)
 
 
 @dataclass

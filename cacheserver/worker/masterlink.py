@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from strata.contract.errors import StrataError
 from strata.contract.master import MasterClient
 from strata.contract.proto import strata_pb2 as pb
+from .settings import MASTER_WAIT_SETTING, MasterLinkSettings
 
 log = logging.getLogger(__name__)
 
@@ -25,21 +23,6 @@ MASTER_CALL_TIMEOUT = 30.0
 # Seconds for the calls a worker repeats every few seconds (heartbeat, list of peers): one
 # that hangs must not hold back the next.
 MASTER_TICK_TIMEOUT = 10.0
-
-
-class MasterLinkSettings(BaseSettings):
-    """How the worker's calls wait for the master; `STRATA_WORKER_MASTER_WAIT` overrides."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_", frozen=True, extra="forbid")
-
-    # Seconds a write's call to the master (prepare, commit, withdraw, locating a file to copy
-    # or append to) waits for a master that cannot be reached (restarting: its process comes
-    # back within seconds, its pod within a minute) before the write fails. The writer is
-    # waiting: longer than a restart of the process, far below the client's patience.
-    master_wait: float = Field(default=15.0, ge=0)
-
-
-MASTER_WAIT_SETTING = "STRATA_WORKER_MASTER_WAIT"
 
 
 class MasterLink:

@@ -17,7 +17,7 @@ from ..blockrefs import ref_of, reported_key
 from ..cache.index import CachedBlock
 from ..cache.keys import BlockKey
 from ..cache.store import BlockStore
-from ..config import ServerEnvironment
+from ..settings import ServerEnvironment
 from .masterlink import MasterLink
 from .mounts import WorkerMounts
 from .reads import Counters

@@ -11,8 +11,6 @@ import logging
 import time
 
 import grpc
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata.contract.errors import FailedPrecondition, StrataError
 from strata.contract.proto import strata_pb2 as pb
@@ -23,6 +21,7 @@ from ..background import BackgroundTasks
 from ..blockrefs import key_of
 from ..blockwire import DamagedInTransit, joined_block
 from .masterlink import MasterLink
+from .settings import PEER_WAIT_SETTING, PeerSettings
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +37,6 @@ LOCATE_TIMEOUT = 1.0
 # Seconds a worker fetches its misses from the store without asking the master where they
 # are after the master did not answer (a master outage costs one wait, not one a block).
 LOCATE_BACKOFF_SECONDS = 5.0
-
-
-class PeerSettings(BaseSettings):
-    """How long a miss waits for the workers holding the block; `STRATA_WORKER_PEER_WAIT`
-    overrides."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_", frozen=True, extra="forbid")
-
-    # Seconds a worker that misses a block cached on another worker waits for it (the
-    # master's answer where it is, then the whole block from a holder) before it fetches the
-    # block from the store instead. A live holder sends a 16 MiB block from its memory or disk
-    # in well under 0.5 s even on a busy node; a holder that takes longer is stopped, partitioned
-    # or dying, and the store's answer is the faster one. Short, because the reader waits.
-    peer_wait: float = Field(default=2.0, gt=0)
-
-
-PEER_WAIT_SETTING = "STRATA_WORKER_PEER_WAIT"
 
 
 class PeerFailed(Exception):

@@ -31,9 +31,9 @@ from ..auth import Credentials
 from ..blockwire import CLIENT_KINDS, OTHER_CLIENT
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
-from ..config import ServerEnvironment
+from ..pendinguploads import pending_upload_metrics
+from ..settings import ServerEnvironment
 from ..storemetrics import STORE_METRICS
-from ..uploads import pending_upload_metrics
 from .handoff import Handoff
 from .masterlink import MasterLink
 from .membership import BlockReports, Endpoints, Membership, WorkerIdentity, identity_from_env

@@ -33,18 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from pydantic import BaseModel, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel
 
 from strata.contract.errors import NotFound, StrataError
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from ..blockrefs import block_count
 from ..namespace.permissions import upload_rel
+from ..pendinguploads import sum_pending
 from ..retry import call_with_backoff
 from ..ufs import fsync_dir
-from ..uploads import sum_pending
 from .mounts import WorkerMounts
+from .settings import UploadSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,32 +58,6 @@ MASTER_CALL_TIMEOUT = 30.0
 # Seconds for the master to move an upload into place: its own limit (master.writes
 # PERSIST_MOVE_TIMEOUT, 120 s) and some room for the answer.
 PERSIST_CALL_TIMEOUT = 150.0
-
-
-class UploadSettings(BaseSettings):
-    """How ASYNC_THROUGH uploads are retried; `STRATA_UPLOAD_MAX_DELAY` etc. override."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_UPLOAD_", frozen=True, extra="forbid")
-
-    # Seconds: the cap of the first wait after a failed try; each later cap doubles.
-    base_delay: float = Field(default=0.5, ge=0)
-    # Seconds: no wait is longer. Small enough that an upload follows a store's recovery
-    # within a few seconds, large enough that a store down for hours sees one try per worker
-    # and file every few seconds (each try itself retries a few times, retry.py).
-    max_delay: float = Field(default=5.0, ge=0)
-    # One try of an upload may take this long plus the file's size at `min_bytes_per_second`
-    # before it is given up (and tried again): a hung store must not hold an upload forever.
-    attempt_timeout: float = Field(default=60.0, gt=0)
-    min_bytes_per_second: int = Field(default=1024 * 1024, gt=0)
-
-    # Seconds a stopping worker (SIGTERM: a rolling update, a scale-in) goes on uploading the
-    # acknowledged writes it holds before it exits. What is left stays staged and resumes when
-    # a worker starts on the same staging folder. Below the pod's termination grace period
-    # (30 s unless the pod says otherwise), so the kubelet does not kill an upload half done.
-    drain_timeout: float = Field(default=20.0, ge=0)
-
-    def timeout_for(self, length: int) -> float:
-        return self.attempt_timeout + length / self.min_bytes_per_second
 
 
 class UploadRecord(BaseModel):

@@ -11,14 +11,14 @@ from __future__ import annotations
 import kopf
 
 from strata.operator.handlers import admission, cluster, lifecycle, metrics, mount
-from strata.operator.settings import OperatorSettings
+from strata.operator.settings import MetricsSettings, OperatorSettings, WebhookSettings
 
 
 def register(
     registry: kopf.OperatorRegistry,
     settings: OperatorSettings,
-    webhook: admission.WebhookSettings | None = None,
-    metrics_settings: metrics.MetricsSettings | None = None,
+    webhook: WebhookSettings | None = None,
+    metrics_settings: MetricsSettings | None = None,
 ) -> None:
     """Add every handler; the webhook and metrics settings default to the environment's."""
     collectors = metrics.metrics_registry()
@@ -29,6 +29,6 @@ def register(
     phases = metrics.MountPhases(expiry=3 * settings.reconcile_interval + settings.rpc_timeout)
     collectors.register(phases)
     mount.register(registry, settings, phases)
-    admission.register(registry, webhook or admission.WebhookSettings(), admission.AdmissionMetrics(collectors),
+    admission.register(registry, webhook or WebhookSettings(), admission.AdmissionMetrics(collectors),
                        settings.namespace)
-    metrics.register(registry, metrics_settings or metrics.MetricsSettings(), collectors)
+    metrics.register(registry, metrics_settings or MetricsSettings(), collectors)

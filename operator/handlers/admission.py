@@ -18,12 +18,10 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata.operator import constants as c
 from strata.operator.builders.certificate import CERT_FILE, KEY_FILE, WebhookCertificate
@@ -40,6 +38,7 @@ from strata.operator.locality import (
 )
 from strata.operator.reconcile.common import utcnow
 from strata.operator.reconcile.webhook import CertificatePlace, ensure_certificate
+from strata.operator.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,48 +46,6 @@ log = logging.getLogger(__name__)
 HANDLER_ID: Final = "locality"
 # The webhook's name in the chart's MutatingWebhookConfiguration.
 WEBHOOK_NAME: Final = "locality.strata.dev"
-
-
-class WebhookSettings(BaseSettings):
-    """How the operator serves the webhook, from `STRATA_OPERATOR_WEBHOOK_*`."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_OPERATOR_WEBHOOK_", frozen=True)
-
-    # Off unless asked for: serving needs the certificate the chart makes, and an operator
-    # run from a laptop (`kopf run`) has no webhook configuration pointing at it.
-    enabled: bool = False
-    # TCP port of the HTTPS server (the chart's Service maps 443 to it); above 1024 so the
-    # operator runs as non-root.
-    port: int = Field(default=9443, gt=0, lt=65536)
-    # Folder with tls.crt and tls.key: read from there (`files`), or written there (`operator`).
-    cert_dir: Path = Path("/etc/strata/webhook")
-    # Who keeps the certificate: the operator itself, or someone who puts files in cert_dir.
-    certificate: Literal["operator", "files"] = "files"
-    # With `operator`: the Secret (in the operator's namespace) that holds it, the webhook
-    # Service it is for, and the MutatingWebhookConfiguration whose caBundle trusts it.
-    secret: str = ""
-    service: str = ""
-    configuration: str = ""
-    # Days a made certificate is valid, and how long before its end a new one is made; one
-    # year and a month: renewals are rare, and a missed check has weeks to be retried.
-    certificate_days: float = Field(default=365.0, gt=1)
-    renew_before_days: float = Field(default=30.0, gt=0)
-    # Seconds between checks of the certificate (renewal, or one renewed by another replica).
-    check_interval: float = Field(default=3600.0, gt=0)
-
-    @model_validator(mode="after")
-    def _operator_certificate_is_placed(self) -> WebhookSettings:
-        if self.enabled and self.certificate == "operator" and not (self.secret and self.service and self.configuration):
-            raise ValueError("STRATA_OPERATOR_WEBHOOK_CERTIFICATE=operator needs STRATA_OPERATOR_WEBHOOK_SECRET, "
-                             "_SERVICE and _CONFIGURATION (the chart sets them)")
-        if self.renew_before_days >= self.certificate_days:
-            raise ValueError(f"renew_before_days {self.renew_before_days} must be less than certificate_days "
-                             f"{self.certificate_days}")
-        return self
-    # Seconds for reading a pod's Mounts and CacheClusters; kept under the webhook's
-    # timeoutSeconds (chart default 5) so a slow API server ends in "no change" from us,
-    # logged, instead of a timeout at the API server.
-    lookup_timeout: float = Field(default=2.0, gt=0)
 
 
 class AdmissionMetrics:

@@ -12,21 +12,10 @@ import kopf
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from strata.contract.httpserver import HttpServer
 from strata.operator.constants import MountPhase
-
-
-class MetricsSettings(BaseSettings):
-    """Where the operator serves /metrics, from `STRATA_OPERATOR_METRICS_*`."""
-
-    model_config = SettingsConfigDict(env_prefix="STRATA_OPERATOR_METRICS_", frozen=True)
-
-    # 0: no metrics server (the default outside the chart, so two local runs never clash).
-    port: int = Field(default=0, ge=0, lt=65536)
-    bind: str = "0.0.0.0"
+from strata.operator.settings import MetricsSettings
 
 
 class MountPhases(Collector):

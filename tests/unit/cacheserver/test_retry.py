@@ -5,7 +5,7 @@ import time
 import pytest
 
 from strata.cacheserver import retry
-from strata.cacheserver.retry import RetrySettings, backoff_delay, call_with_backoff
+from strata.cacheserver.retry import backoff_delay, call_with_backoff
 
 
 class Flaky:
@@ -85,15 +85,3 @@ def test_delay_is_full_jitter_below_the_capped_exponential() -> None:
 async def test_attempts_must_be_positive() -> None:
     with pytest.raises(ValueError, match="attempts must be at least 1, got 0"):
         await call_with_backoff(Flaky(0, OSError()), what="test", attempts=0, retry_on=(OSError,))
-
-
-def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    defaults = RetrySettings()
-    assert (defaults.attempts, defaults.base_delay, defaults.max_delay) == (5, 0.05, 2.0)
-    monkeypatch.setenv("STRATA_RETRY_ATTEMPTS", "3")
-    monkeypatch.setenv("STRATA_RETRY_MAX_DELAY", "0.5")
-    settings = RetrySettings()
-    assert settings.attempts == 3 and settings.max_delay == 0.5
-    monkeypatch.setenv("STRATA_RETRY_ATTEMPTS", "0")
-    with pytest.raises(ValueError):
-        RetrySettings()

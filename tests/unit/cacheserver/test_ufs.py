@@ -25,9 +25,9 @@ from strata.cacheserver.master.messages import mount_to_proto
 from strata.cacheserver.namespace.mounts import MountTable
 from strata.cacheserver.namespace.permissions import check_writable
 from strata.cacheserver.namespace.tree import Namespace
-from strata.cacheserver.retry import RetrySettings
+from strata.cacheserver.settings import RetrySettings, StoreTimeouts
 from strata.contract.constants import UPLOAD_DIR
-from strata.cacheserver.ufs import Store, StoreTimeouts, VersionChanged, check_source_allowed, storage_options
+from strata.cacheserver.ufs import Store, VersionChanged, check_source_allowed, storage_options
 from strata.cacheserver.ufs.generic import FsspecStore
 from strata.cacheserver.ufs.local import LocalStore
 from strata.cacheserver.ufs.s3 import S3Store

@@ -14,10 +14,9 @@ from cryptography import x509
 
 from strata.cacheserver.cli import build_parser
 from strata.contract import csi
-from strata.operator.handlers.admission import HANDLER_ID, WEBHOOK_NAME, WebhookSettings
+from strata.operator.handlers.admission import HANDLER_ID, WEBHOOK_NAME
 from strata.operator.cli import build_parser as operator_parser
-from strata.operator.handlers.metrics import MetricsSettings
-from strata.operator.settings import OperatorSettings
+from strata.operator.settings import MetricsSettings, OperatorSettings, WebhookSettings
 from tests.unit.chart.conftest import CHART, NAMESPACE, Obj, Render, kinds, one, render_text, run_helm
 
 APP_VERSION = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])

@@ -17,10 +17,11 @@ from csiobjects import PathObjects
 from strata.cacheserver.csi.kube import KubeResolver
 from strata.contract import constants, csi
 from strata.operator import constants as c
-from strata.operator.handlers.admission import WebhookSettings, certificate_place, review
+from strata.operator.handlers.admission import certificate_place, review
 from strata.operator.reconcile.webhook import ensure_certificate
 from strata.operator.kube import KINDS, Obj
 from strata.operator.reconcile import ObjectState, reconcile_cluster, reconcile_mount, remove_mount
+from strata.operator.settings import WebhookSettings
 from tests.unit.chart.conftest import NAMESPACE, Render
 from tests.unit.operator.conftest import (  # noqa: F401 - fixtures used by `world`
     FakeKube,

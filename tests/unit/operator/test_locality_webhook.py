@@ -30,13 +30,12 @@ from kopf._core.engines import indexing
 from kopf._core.reactor import inventory
 
 from strata.operator.handlers import register
-from strata.operator.handlers.admission import HANDLER_ID, WebhookSettings, webhook_server
-from strata.operator.handlers.metrics import MetricsSettings
+from strata.operator.handlers.admission import HANDLER_ID, webhook_server
 from strata.operator.kube import KubeError, Obj
 from strata.operator.locality import APPLIED_ANNOTATION
 from strata.operator.master import Masters
 from strata.operator.reconcile import Deps
-from strata.operator.settings import OperatorSettings
+from strata.operator.settings import MetricsSettings, OperatorSettings, WebhookSettings
 from tests.unit.operator.conftest import FakeKube, cluster_body, mount_body
 
 PODS = references.Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True,

@@ -9,8 +9,9 @@ from datetime import timedelta
 from cryptography import x509
 
 from strata.operator.builders.certificate import certificate_of, make_certificate, renewal_reason
-from strata.operator.handlers.admission import WebhookSettings, certificate_place
+from strata.operator.handlers.admission import certificate_place
 from strata.operator.reconcile.webhook import ensure_certificate
+from strata.operator.settings import WebhookSettings
 from tests.unit.operator.conftest import World
 
 SETTINGS = WebhookSettings(enabled=True, certificate="operator", secret="strata-webhook-tls",

@@ -19,7 +19,7 @@ from strata.cacheserver.namespace.entries import FileEntry
 from strata.cacheserver.namespace.overlay import MAX_ANSWER_REUSE
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 from strata.cacheserver.namespace.tree import Namespace
-from strata.cacheserver.ufs import StoreTimeouts
+from strata.cacheserver.settings import StoreTimeouts
 from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,

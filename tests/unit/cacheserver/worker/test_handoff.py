@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from strata.cacheserver import rpcutil
-from strata.cacheserver.worker.handoff import HandoffSettings
+from strata.cacheserver.worker.settings import HandoffSettings
 from strata.cacheserver.worker.membership import Endpoints
 from strata.cacheserver.worker.server import WorkerParts
 from strata.cacheserver.worker.service import WorkerService

@@ -14,7 +14,8 @@ import grpc.aio
 import pytest
 
 from strata.cacheserver.worker import masterlink
-from strata.cacheserver.worker.masterlink import MasterLink, MasterLinkSettings
+from strata.cacheserver.worker.masterlink import MasterLink
+from strata.cacheserver.worker.settings import MasterLinkSettings
 from strata.contract.errors import AlreadyExists, NotFound, Unavailable, Unreachable
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc

@@ -14,7 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 from storeproxy import StoreProxy
 
-from strata.cacheserver.uploads import oldest_age_seconds, sum_pending
+from strata.cacheserver.pendinguploads import oldest_age_seconds, sum_pending
 from strata.cacheserver.worker.mounts import WorkerMounts
 from strata.cacheserver.worker.uploads import (
     UploadRecord,

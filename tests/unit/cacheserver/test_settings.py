@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.config import ServerEnvironment, load_server_config
+from strata.cacheserver.settings import RetrySettings, ServerEnvironment, StoreTimeouts, load_server_config
 from strata.contract.config import ServerConfig
 from strata.contract.errors import InvalidArgument
 
@@ -67,3 +67,41 @@ def test_the_server_environment_is_one_model_and_empty_variables_count_as_unset(
     assert env.short_circuit_dir == Path("/var/lib/strata/sc") and env.master == ""
     config = load_server_config(None, env)
     assert config.block_size == 4 << 20 and config.master_address.endswith(":19998")
+
+
+def test_the_server_environment_defaults_to_nothing_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("BLOCK_SIZE", "MASTER", "NODE_NAME", "HOSTNAME", "ADVERTISE_HOST", "POD_IP", "WORKER_ID", "POD_NAME",
+                 "SHORT_CIRCUIT_DIR"):
+        monkeypatch.delenv(f"STRATA_{name}", raising=False)
+    env = ServerEnvironment()
+    assert env.model_dump() == {"block_size": "", "master": "", "node_name": "", "hostname": "", "advertise_host": "",
+                                "pod_ip": "", "worker_id": "", "pod_name": "", "short_circuit_dir": None}
+
+
+def test_store_timeouts_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = StoreTimeouts()
+    assert (defaults.connect_timeout, defaults.read_timeout, defaults.deadline, defaults.stall_timeout,
+            defaults.stale_after) == (5.0, 10.0, 20.0, 60.0, 3.0)
+    monkeypatch.setenv("STRATA_STORE_DEADLINE", "45")
+    monkeypatch.setenv("STRATA_STORE_STALE_AFTER", "0.5")
+    settings = StoreTimeouts()
+    assert (settings.deadline, settings.stale_after, settings.read_timeout) == (45.0, 0.5, 10.0)
+    monkeypatch.setenv("STRATA_STORE_DEADLINE", "0")
+    with pytest.raises(InvalidArgument, match="^STRATA_STORE_DEADLINE='0' is not valid: Input should be greater than 0"):
+        StoreTimeouts()
+    monkeypatch.setenv("STRATA_STORE_DEADLINE", "soon")
+    with pytest.raises(InvalidArgument, match="^STRATA_STORE_DEADLINE='soon' is not valid: Input should be a valid number"):
+        StoreTimeouts()
+
+
+def test_retry_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = RetrySettings()
+    assert (defaults.attempts, defaults.base_delay, defaults.max_delay) == (5, 0.05, 2.0)
+    monkeypatch.setenv("STRATA_RETRY_ATTEMPTS", "3")
+    monkeypatch.setenv("STRATA_RETRY_MAX_DELAY", "0.5")
+    settings = RetrySettings()
+    assert settings.attempts == 3 and settings.max_delay == 0.5
+    monkeypatch.setenv("STRATA_RETRY_ATTEMPTS", "0")
+    with pytest.raises(InvalidArgument,
+                       match="^STRATA_RETRY_ATTEMPTS='0' is not valid: Input should be greater than or equal to 1$"):
+        RetrySettings()

@@ -1,0 +1,90 @@
+"""What a worker reads from its environment besides the servers' shared settings
+(cacheserver/settings.py): how long a miss waits for the workers holding the block
+(`PeerSettings`, `STRATA_WORKER_PEER_WAIT`), how long a write's calls wait for a master that
+is coming back (`MasterLinkSettings`, `STRATA_WORKER_MASTER_WAIT`) and how ASYNC_THROUGH
+uploads are retried and drained (`UploadSettings`, `STRATA_UPLOAD_*`), how much of its cache a
+leaving worker hands off (`HandoffSettings`, `STRATA_WORKER_HANDOFF_*`). A bad value stops the
+worker with an error naming the variable and the value.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from strata.contract.settings import EnvironmentSettings
+
+
+class PeerSettings(EnvironmentSettings):
+    """How long a miss waits for the workers holding the block; `STRATA_WORKER_PEER_WAIT`
+    overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_", frozen=True, extra="forbid")
+
+    # Seconds a worker that misses a block cached on another worker waits for it (the
+    # master's answer where it is, then the whole block from a holder) before it fetches the
+    # block from the store instead. A live holder sends a 16 MiB block from its memory or disk
+    # in well under 0.5 s even on a busy node; a holder that takes longer is stopped, partitioned
+    # or dying, and the store's answer is the faster one. Short, because the reader waits.
+    peer_wait: float = Field(default=2.0, gt=0)
+
+
+PEER_WAIT_SETTING = "STRATA_WORKER_PEER_WAIT"
+
+
+class MasterLinkSettings(EnvironmentSettings):
+    """How the worker's calls wait for the master; `STRATA_WORKER_MASTER_WAIT` overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_", frozen=True, extra="forbid")
+
+    # Seconds a write's call to the master (prepare, commit, withdraw, locating a file to copy
+    # or append to) waits for a master that cannot be reached (restarting: its process comes
+    # back within seconds, its pod within a minute) before the write fails. The writer is
+    # waiting: longer than a restart of the process, far below the client's patience.
+    master_wait: float = Field(default=15.0, ge=0)
+
+
+MASTER_WAIT_SETTING = "STRATA_WORKER_MASTER_WAIT"
+
+
+class UploadSettings(EnvironmentSettings):
+    """How ASYNC_THROUGH uploads are retried; `STRATA_UPLOAD_MAX_DELAY` etc. override."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_UPLOAD_", frozen=True, extra="forbid")
+
+    # Seconds: the cap of the first wait after a failed try; each later cap doubles.
+    base_delay: float = Field(default=0.5, ge=0)
+    # Seconds: no wait is longer. Small enough that an upload follows a store's recovery
+    # within a few seconds, large enough that a store down for hours sees one try per worker
+    # and file every few seconds (each try itself retries a few times, retry.py).
+    max_delay: float = Field(default=5.0, ge=0)
+    # One try of an upload may take this long plus the file's size at `min_bytes_per_second`
+    # before it is given up (and tried again): a hung store must not hold an upload forever.
+    attempt_timeout: float = Field(default=60.0, gt=0)
+    # Bytes a second: 1 MiB/s, far below what any store takes, so only a stalled try is cut.
+    min_bytes_per_second: int = Field(default=1024 * 1024, gt=0)
+
+    # Seconds a stopping worker (SIGTERM: a rolling update, a scale-in) goes on uploading the
+    # acknowledged writes it holds before it exits. What is left stays staged and resumes when
+    # a worker starts on the same staging folder. Below the pod's termination grace period
+    # (30 s unless the pod says otherwise), so the kubelet does not kill an upload half done.
+    drain_timeout: float = Field(default=20.0, ge=0)
+
+    def timeout_for(self, length: int) -> float:
+        """Seconds one try of an upload of `length` bytes may take."""
+        return self.attempt_timeout + length / self.min_bytes_per_second
+
+
+class HandoffSettings(EnvironmentSettings):
+    """How much of its cache a leaving worker hands to the workers that stay;
+    `STRATA_WORKER_HANDOFF_SECONDS` and `STRATA_WORKER_HANDOFF_BYTES_PER_SECOND` override."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_HANDOFF_", frozen=True, extra="forbid")
+
+    # Seconds a leaving worker spends handing off its hot blocks (beside the upload drain,
+    # see UploadSettings.drain_timeout): below the pod's termination grace period (30 s unless
+    # the pod says otherwise). 0 hands nothing off.
+    seconds: float = Field(default=20.0, ge=0)
+    # Bytes a second sent to the workers that stay, so that a hand-off leaves them room to
+    # serve their readers.
+    bytes_per_second: int = Field(default=256 * 1024 * 1024, gt=0)
