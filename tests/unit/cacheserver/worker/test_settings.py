@@ -5,6 +5,7 @@ import pytest
 from strata.cacheserver.worker.settings import (
     MASTER_WAIT_SETTING,
     PEER_WAIT_SETTING,
+    HandoffSettings,
     MasterLinkSettings,
     PeerSettings,
     UploadSettings,
@@ -19,6 +20,7 @@ def test_defaults() -> None:
     assert (uploads.base_delay, uploads.max_delay, uploads.attempt_timeout, uploads.min_bytes_per_second,
             uploads.drain_timeout) == (0.5, 5.0, 60.0, 1 << 20, 20.0)
     assert uploads.timeout_for(4 << 20) == 64.0
+    assert (HandoffSettings().seconds, HandoffSettings().bytes_per_second) == (20.0, 256 << 20)
 
 
 def test_the_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,10 +28,12 @@ def test_the_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MASTER_WAIT_SETTING, "0")
     monkeypatch.setenv("STRATA_UPLOAD_DRAIN_TIMEOUT", "5")
     monkeypatch.setenv("STRATA_UPLOAD_MIN_BYTES_PER_SECOND", "1024")
+    monkeypatch.setenv("STRATA_WORKER_HANDOFF_SECONDS", "0")
     assert PeerSettings().peer_wait == 0.5
     assert MasterLinkSettings().master_wait == 0.0
     uploads = UploadSettings()
     assert (uploads.drain_timeout, uploads.min_bytes_per_second) == (5.0, 1024)
+    assert HandoffSettings().seconds == 0.0
 
 
 @pytest.mark.parametrize("model,name,value,message", [
@@ -37,6 +41,7 @@ def test_the_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     (MasterLinkSettings, "STRATA_WORKER_MASTER_WAIT", "-1", "Input should be greater than or equal to 0"),
     (UploadSettings, "STRATA_UPLOAD_MAX_DELAY", "5s", "Input should be a valid number"),
     (UploadSettings, "STRATA_UPLOAD_MIN_BYTES_PER_SECOND", "1Mi", "Input should be a valid integer"),
+    (HandoffSettings, "STRATA_WORKER_HANDOFF_BYTES_PER_SECOND", "0", "Input should be greater than 0"),
 ])
 def test_a_bad_value_names_the_variable_and_the_value(monkeypatch: pytest.MonkeyPatch, model: type[PeerSettings],
                                                       name: str, value: str, message: str) -> None:
