@@ -41,11 +41,12 @@ from typing import Literal, ParamSpec, TypeVar
 from strata.contract.constants import MEDIA
 from strata.contract.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from strata.contract.units import format_size
-from ..ufs import fsync_dir
+from ..common.checksums import compute_checksums
+from ..common.durable import fsync_dir
+from ..common.keys import BlockKey
 from .eviction import make_policy
 from .files import block_file, copy_atomically, fsync_file, meta_file, remove_block_files, write_atomically
-from .keys import BlockKey
-from .metadata import BlockCorrupt, BlockMetadata, compute_checksums
+from .metadata import BlockCorrupt, BlockMetadata
 from .tiers import Tier, TierConfig
 
 __all__ = ["BlockCorrupt", "BlockStore", "CachedBlock", "TierUsage"]

@@ -64,9 +64,9 @@ from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from strata.contract.rpc import error_of, sync_channel
 from .. import rpcutil
 from ..auth import load_token
-from ..blockrefs import key_of
-from ..blockwire import joined_block, write_chunk
-from ..namespace.paths import check_limits, check_request_paths, parent
+from ..common.blockrefs import key_of
+from ..common.blockwire import joined_block, write_chunk
+from ..common.paths import check_limits, check_request_paths, parent
 from ..placement import rank_workers
 from . import localstate
 from .held import HeldAnswer, HeldAnswers, held_key

@@ -29,12 +29,12 @@ from strata.contract.rpc import MAX_MESSAGE_BYTES, aio_channel, error_of
 from strata.contract.urls import shown_url
 from .. import rpcutil
 from ..background import BackgroundTasks
-from ..blockrefs import key_of
-from ..cache.keys import BlockKey
+from ..common.blockrefs import key_of
+from ..common.keys import BlockKey
 from ..namespace.metadata import LIST_PAGE_ENTRIES, FileEntry, Namespace, upload_rel
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountOptions, MountTable
-from ..namespace.paths import is_under, received, shown
+from ..common.paths import is_under, received, shown
 from ..placement import rank_workers
 from ..ufs import check_source_allowed
 from ..uploads import sum_pending

@@ -59,7 +59,7 @@ from strata.contract.errors import (
 )
 from ..ufs import StoreTimeouts, UfsStatus, is_upload_temp
 from .mounts import Mount, MountTable
-from .paths import is_under, join, name, normalize, relative
+from ..common.paths import is_under, join, name, normalize, relative
 from .statuses import Folder, Statuses, find_listed
 from .statefile import StateFile
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from .. import rpcutil
-from ..blockrefs import ref_of, reported_key
-from ..cache.keys import BlockKey
+from ..common.blockrefs import ref_of, reported_key
+from ..common.keys import BlockKey
 from ..cache.store import BlockStore, CachedBlock
 from ..config import ServerEnvironment
 from .masterlink import MasterLink

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied
 from strata.contract.proto import strata_pb2 as pb
 from ..namespace.metadata import check_writable
-from ..namespace.paths import is_under, relative
+from ..common.paths import is_under, relative
 from ..ufs import Store
 
 

@@ -26,8 +26,8 @@ from strata.contract.errors import (
 from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
 from ..background import BackgroundTasks
-from ..blockrefs import key_of
-from ..cache.metadata import CHUNK_SIZE, compute_checksums
+from ..common.blockrefs import key_of
+from ..common.checksums import CHUNK_SIZE, compute_checksums
 from ..cache.store import BlockCorrupt, BlockStore, CachedBlock
 from ..namespace.metadata import is_upload_path
 from ..ufs import VersionChanged

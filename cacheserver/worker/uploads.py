@@ -39,10 +39,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from strata.contract.errors import NotFound, StrataError
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from ..blockrefs import block_count
+from ..common.blockrefs import block_count
+from ..common.durable import fsync_dir
 from ..namespace.metadata import upload_rel
 from ..retry import call_with_backoff
-from ..ufs import fsync_dir
 from ..uploads import sum_pending
 from .mounts import WorkerMounts
 

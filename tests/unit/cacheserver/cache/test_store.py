@@ -19,16 +19,15 @@ import pytest
 from tinydisk import tiny_disk
 
 from strata.cacheserver.cache import (
-    CHUNK_SIZE,
     BlockCorrupt,
-    BlockKey,
     BlockStore,
     TierConfig,
     default_mem_dir,
 )
 from strata.cacheserver.cache import BlockMetadata
 from strata.cacheserver.cache import store as store_module
-from strata.cacheserver.cache.metadata import compute_checksums
+from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.common.keys import BlockKey
 from strata.contract.constants import DEFAULT_BLOCK_SIZE
 from strata.contract.errors import (
     DataLoss,
