@@ -50,12 +50,13 @@ def replacing(path: Path, *, mode: int = FILE_MODE, sync_file: bool = True,
     callers whose rule differs, each on purpose:
 
     - `sync_file=False`: the caller accepts losing the new content in a power cut (block
-      files of store data, which their checksums catch and the store still holds; state of a
-      FUSE mount that a reboot ends anyway) or fsyncs the file itself (`out.flush()` then
-      `os.fsync(out.fileno())`, e.g. off an event loop). A crash of the process still
-      leaves the old file or the new one.
+      files of store data, which their checksums catch and the store still holds; state of
+      a FUSE mount that a reboot ends anyway; a record the client can do without), or it
+      fsyncs the file itself (`out.flush()` then `os.fsync(out.fileno())`, e.g. off an
+      event loop). A crash of the process still leaves the old file or the new one.
     - `sync_folder=False`: the caller fsyncs the folder itself, once for the several files
-      it puts there (`fsync_dir`).
+      it puts there (`fsync_dir`), or, with `sync_file=False`, accepts losing the new
+      content in a power cut (see above).
     """
     tmp = temporary_name(path)
     try:
