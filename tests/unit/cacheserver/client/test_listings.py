@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from strata.cacheserver.client.fs import _Listings
+from strata.cacheserver.client.listings import Listings
 
 
 def listing(folder: str, count: int) -> list[dict[str, Any]]:
@@ -12,7 +12,7 @@ def listing(folder: str, count: int) -> list[dict[str, Any]]:
 
 def test_the_listings_cache_lets_the_oldest_folders_go_past_its_size() -> None:
     """A walk of a tree of millions of files keeps only the last listings it made."""
-    cache = _Listings(1000, listings_expiry_time=None)
+    cache = Listings(1000, listings_expiry_time=None)
     for folder in range(50):
         cache[f"/d{folder}"] = listing(f"/d{folder}", 100)
     assert sorted(cache) == [f"/d{folder}" for folder in range(40, 50)]
@@ -25,7 +25,7 @@ def test_the_listings_cache_lets_the_oldest_folders_go_past_its_size() -> None:
 
 
 def test_expired_listings_are_dropped_and_uncounted() -> None:
-    cache = _Listings(1000, listings_expiry_time=0.05)
+    cache = Listings(1000, listings_expiry_time=0.05)
     cache["/a"] = listing("/a", 900)
     time.sleep(0.1)
     assert "/a" not in cache
