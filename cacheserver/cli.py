@@ -61,7 +61,7 @@ def _ask_master(args: argparse.Namespace, ask: Callable[[MasterClient], Awaitabl
     STRATA_CLIENT_MASTER_TIMEOUT): the commands that manage mounts and the cache."""
     from strata.contract.master import MasterClient
 
-    from .client.core import resolve_master, resolve_token
+    from .client.links import resolve_master, resolve_token
     from .client.settings import ClientSettings
 
     async def run() -> _T:

@@ -8,16 +8,13 @@
 
 from .eviction import EVICTION_POLICIES, EvictionPolicy, LRFUPolicy, LRUPolicy, make_policy
 from .index import CachedBlock, TierUsage
-from .keys import BlockKey
-from .metadata import CHUNK_SIZE, BlockCorrupt, BlockMetadata
+from .metadata import BlockCorrupt, BlockMetadata
 from .store import BlockStore
 from .tiers import TierConfig, default_mem_dir
 
 __all__ = [
-    "CHUNK_SIZE",
     "EVICTION_POLICIES",
     "BlockCorrupt",
-    "BlockKey",
     "BlockMetadata",
     "BlockStore",
     "CachedBlock",

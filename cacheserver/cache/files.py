@@ -17,9 +17,10 @@ import logging
 import os
 import re
 import shutil
-import uuid
 from enum import Enum
 from pathlib import Path
+
+from ..common.durable import temporary_name, write_file
 
 BLOCK_SUFFIX = ".blk"
 META_SUFFIX = ".meta"
@@ -61,10 +62,6 @@ def classify(name: str) -> tuple[str, FileKind] | None:
     return match["id"], FileKind.BLOCK if match["kind"] == BLOCK_SUFFIX else FileKind.META
 
 
-def _temp_for(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
-
-
 def write_atomically(path: Path, data: bytes | memoryview, *, durable: bool = False) -> None:
     """Write `data` to a temporary file next to `path`, then rename it over `path`.
 
@@ -72,25 +69,14 @@ def write_atomically(path: Path, data: bytes | memoryview, *, durable: bool = Fa
     (the checksums catch a block whose bytes did not reach the disk; the store has them).
     A durable file is fsynced before the rename; its folder is the caller's to fsync, once
     for all the files it put there."""
-    tmp = _temp_for(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
-        with open(fd, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_file(path, data, mode=FILE_MODE, sync_file=durable, sync_folder=False)
 
 
 def copy_atomically(src: Path, dst: Path, *, durable: bool = False) -> None:
     """Make `dst` a copy of `src`: a hard link on the same file system, else a kernel-side
     copy (sendfile) into a temporary file that is then renamed. `src` stays in place. With
     `durable`, as in `write_atomically`."""
-    tmp = _temp_for(dst)
+    tmp = temporary_name(dst)
     try:
         try:
             os.link(src, tmp)

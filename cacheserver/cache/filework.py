@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from ..ufs import fsync_dir
+from ..common.durable import fsync_dir
 from .files import block_file, copy_atomically, fsync_file, meta_file, remove_block_files, write_atomically
 from .metadata import BlockMetadata
 

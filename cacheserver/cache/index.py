@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from strata.contract.constants import MEDIA
-from ..ufs import fsync_dir
+from ..common.durable import fsync_dir
 from .eviction import EvictionPolicy
 from .files import block_file, meta_file, remove_block_files
-from .keys import BlockKey
+from ..common.keys import BlockKey
 from .metadata import BlockMetadata
 from .tiers import Tier, TierConfig
 

@@ -9,24 +9,17 @@ its sidecar is an orphan, never a valid-looking partial block.
 from __future__ import annotations
 
 import json
-import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crc32c import crc32c
-
 from strata.contract.constants import MEDIA
 from strata.contract.errors import DataLoss, InvalidArgument
+from ..common.checksums import CHUNK_SIZE, chunk_span, first_bad_chunk
+from ..common.keys import BlockKey
 from .files import write_atomically
-from .keys import BlockKey
 
-# Checksum granularity: a range read verifies only the chunks it touches, so a 4 KiB read
-# (a short-circuit or data-port reader's small random read) costs a 64 KiB read and CRC,
-# tens of microseconds, while a 16 MiB block carries 256 checksums (a 3 KB sidecar). Each
-# sidecar records its chunk size, so blocks cached with another one stay valid.
-CHUNK_SIZE = 64 * 1024
 # Format 3: the key carries the block size and length (format 2 keys did not, so a block
 # cut with another block size could be taken for one of this size). CRC-32C (Castagnoli),
 # computed by the CPU's crc32 instruction at over 10 GB/s, so verifying every read costs
@@ -38,36 +31,6 @@ METADATA_FORMAT = 3
 class BlockCorrupt(DataLoss):
     """A cached block's bytes are missing or fail their checksum. The block has been dropped
     from the cache; fetch it again from the store."""
-
-
-def compute_checksums(data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) -> tuple[int, ...]:
-    """CRC-32C of each `chunk_size` piece of `data` (the last one may be shorter)."""
-    view = memoryview(data)
-    return tuple(crc32c(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size))
-
-
-def chunk_span(offset: int, length: int, chunk_size: int, total: int) -> tuple[int, int]:
-    """The chunk-aligned byte range [start, stop) that covers [offset, offset+length) of a
-    block of `total` bytes."""
-    if length <= 0:
-        return offset, offset
-    start = offset // chunk_size * chunk_size
-    stop = min(-(-(offset + length) // chunk_size) * chunk_size, total)
-    return start, stop
-
-
-def first_bad_chunk(
-    data: bytes | memoryview | mmap.mmap, start: int, checksums: Sequence[int], chunk_size: int
-) -> int | None:
-    """Index of the first chunk of `data` (which begins at chunk-aligned offset `start` of a
-    block with these `checksums`) whose CRC-32C is wrong, or None when all match."""
-    first = start // chunk_size
-    with memoryview(data) as view:
-        for i, pos in enumerate(range(0, len(view), chunk_size)):
-            index = first + i
-            if index >= len(checksums) or crc32c(view[pos : pos + chunk_size]) != checksums[index]:
-                return index
-    return None
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from .eviction import EvictionPolicy
 from .filework import copy_block, finish_in_thread, sync_block, write_block
 from .files import remove_block_files
 from .index import MEM, BlockIndex, CachedBlock, Entry, sole_copy_on_disk
-from .keys import BlockKey
+from ..common.keys import BlockKey
 from .metadata import BlockMetadata
 from .tiers import Tier, TierConfig
 

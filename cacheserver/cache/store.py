@@ -43,8 +43,9 @@ from .eviction import make_policy
 from .filework import remove_all, write_sidecars
 from .files import meta_file
 from .index import CachedBlock, Entry, sole_copy
-from .keys import BlockKey
-from .metadata import BlockCorrupt, compute_checksums
+from ..common.keys import BlockKey
+from ..common.checksums import compute_checksums
+from .metadata import BlockCorrupt
 from .placement import BlockPlacement
 from .tiers import TierConfig
 from .verification import check_span, read_chunks, verify_fd

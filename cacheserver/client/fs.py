@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,14 +16,15 @@ from datetime import datetime, timezone
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
-from fsspec.dircache import DirCache
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 from fsspec.utils import infer_storage_options
 
 from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
 from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
-from .core import Block, StrataClient, StreamingUpload
+from .core import Block, StrataClient
+from .listings import LISTINGS_EXPIRY, LISTINGS_MAX_ENTRIES, Listing, Listings
+from .streaming import StreamingUpload
 from .transfer import LocalBlock
 
 # Threads fetching blocks for the files of one filesystem object (the blocks a sequential
@@ -33,13 +33,6 @@ FETCH_THREADS = 16
 # A read smaller than this that does not continue the previous one fetches just its range,
 # not the whole block (footers, indexes, random access).
 SMALL_READ = 1024 * 1024
-# How long a folder's listing answers info() of its entries in this process (fsspec's
-# `listings_expiry_time`; `use_listings_cache=False` turns it off). Changes made through this
-# filesystem object drop the listings they touch at once; others show after this long.
-LISTINGS_EXPIRY = 10.0
-# Entries of folders' listings this process keeps at most (for info() of listed files):
-# ~100 MiB of them; a walk of a larger tree lets the oldest listings go.
-LISTINGS_MAX_ENTRIES = 200_000
 # readline() looks for the end of a line in a block file held open this many bytes at a time.
 LINE_WINDOW = 64 * 1024
 
@@ -59,49 +52,6 @@ def _info_dict(info: pb.FileInfo) -> dict[str, Any]:
     }
 
 
-class _Listing(list[dict[str, Any]]):
-    """A folder's entries as fsspec's listings cache keeps them, and the same by name, so
-    info() of each of 10,000 listed files is a lookup, not a scan."""
-
-    def __init__(self, entries: list[dict[str, Any]]) -> None:
-        super().__init__(entries)
-        self.by_name = {e["name"]: e for e in entries}
-
-
-class _Listings(DirCache):  # type: ignore[misc]
-    """fsspec's listings cache, holding at most `max_entries` entries in all: the oldest
-    listings go first (fsspec's own keeps every folder a walk of millions of files listed)."""
-
-    def __init__(self, max_entries: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._max_entries = max_entries
-        self._entries = 0
-
-    def __setitem__(self, key: str, value: list[dict[str, Any]]) -> None:
-        self.pop(key, None)
-        super().__setitem__(key, value)
-        if key in self._cache:
-            self._entries += len(value)
-        while self._entries > self._max_entries and len(self._cache) > 1:
-            self.pop(next(iter(self._cache)))
-
-    def __getitem__(self, key: str) -> list[dict[str, Any]]:
-        expiry = self.listings_expiry_time
-        if expiry is not None and key in self._cache and time.time() - self._times.get(key, 0) > expiry:
-            del self[key]
-        return self._cache[key]  # type: ignore[no-any-return]
-
-    def __delitem__(self, key: str) -> None:
-        value = self._cache.pop(key)
-        self._times.pop(key, None)
-        self._entries -= len(value)
-
-    def clear(self) -> None:
-        super().clear()
-        self._times.clear()
-        self._entries = 0
-
-
 class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
     protocol = "strata"
     root_marker = "/"
@@ -111,7 +61,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
                  client_kind: str = "fsspec", **kwargs: Any) -> None:
         kwargs.setdefault("listings_expiry_time", LISTINGS_EXPIRY)
         super().__init__(**kwargs)
-        self.dircache = _Listings(LISTINGS_MAX_ENTRIES, **kwargs)
+        self.dircache = Listings(LISTINGS_MAX_ENTRIES, **kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit,
                                    kind=client_kind)
         if readahead is not None and readahead < 0:
@@ -153,7 +103,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
             # An entry of a folder listed a moment ago (ls, then info of each file: one round
             # trip, not one per file). A folder's own listing is no answer for the folder.
             listed = self.dircache.get(self._parent(path))
-            entry = listed.by_name.get(path) if isinstance(listed, _Listing) else None
+            entry = listed.by_name.get(path) if isinstance(listed, Listing) else None
             if entry is not None:
                 return dict(entry)
         return _info_dict(self.client.stat(path))
@@ -168,7 +118,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
             entries = self.client.ls(path)
             if len(entries) == 1 and entries[0].path == path and not entries[0].is_dir:
                 return [_info_dict(entries[0])] if detail else [entries[0].path]
-            listing = _Listing([_info_dict(e) for e in entries])
+            listing = Listing([_info_dict(e) for e in entries])
             self.dircache[path] = listing
         return [dict(e) for e in listing] if detail else [e["name"] for e in listing]
 

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from strata.contract.proto import strata_pb2 as pb
-from ..namespace.paths import parent
+from ..common.paths import parent
 
 
 @dataclass(frozen=True)

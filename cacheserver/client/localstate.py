@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 
 from strata.contract import constants
 from strata.contract.proto import strata_pb2 as pb
+from ..common.durable import write_file
 
 
 def home() -> Path:
@@ -55,9 +56,7 @@ def read_state() -> LocalState | None:
 def write_state(state: LocalState) -> None:
     path = state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    tmp.replace(path)
+    write_file(path, json.dumps(asdict(state), indent=2).encode())
 
 
 def clear_state() -> None:
@@ -87,14 +86,10 @@ class WorkerRecord:
             return
         self._saved = (now, encoded)
         body = json.dumps({"at": now, "workers": [base64.b64encode(e).decode() for e in encoded]})
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        try:
+        with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(body)
-            tmp.replace(self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            # Not fsynced: a record lost in a power cut is no record, which readers expect.
+            write_file(self.path, body.encode(), sync_file=False, sync_folder=False)
 
     def load(self, max_age: float) -> tuple[float, list[pb.WorkerInfo]] | None:
         """(seconds since it was written, the workers), if at most `max_age` old."""

@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 from strata.contract.errors import DataLoss, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
-from ..blockwire import DamagedInTransit, check_pieces, check_reply, file_of, open_line, request_line
-from ..cache.metadata import chunk_span, first_bad_chunk
+from ..common.blockwire import DamagedInTransit, check_pieces, check_reply, file_of, open_line, request_line
+from ..common.checksums import chunk_span, first_bad_chunk
 
 log = logging.getLogger(__name__)
 

@@ -41,6 +41,7 @@ from strata.contract.constants import ENV_DATA_TOKEN_FILE, ENV_MASTER
 from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, StrataError, Unavailable
 from ..auth import CREDENTIAL_ENV
 from ..client.core import StrataClient
+from ..common.durable import write_file
 from ..fuse import keeper
 from ..fuse.mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .volumes import VolumeSource
@@ -128,9 +129,7 @@ class Publisher:
 
     def _save(self, publication: Publication) -> None:
         record = self._files(publication.target)[0]
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(publication)))
-        tmp.replace(record)
+        write_file(record, json.dumps(asdict(publication)).encode())
 
     def _forget(self, target: str) -> None:
         for path in self._files(target):

@@ -24,7 +24,7 @@ from typing import Protocol
 from strata.contract import csi as c
 from strata.contract.errors import InvalidArgument
 from strata.contract.modes import WriteType
-from ..namespace.paths import join, normalize
+from ..common.paths import join, normalize
 from .proto import csi_pb2 as csi
 
 Mode = csi.VolumeCapability.AccessMode

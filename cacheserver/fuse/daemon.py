@@ -37,7 +37,7 @@ from strata.contract.errors import (
 )
 from strata.contract.modes import WriteType
 from ..client.fs import StrataFileSystem
-from ..namespace.paths import normalize
+from ..common.paths import normalize
 from . import holder, kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully
 from .interface import MAX_IO

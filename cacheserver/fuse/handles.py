@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFile
+from ..common.durable import write_file
 
 # Bytes read from the spool per piece of an upload.
 UPLOAD_CHUNK = 4 * 1024 * 1024
@@ -76,9 +77,8 @@ class ReadRecords:
         if path is None:
             return
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_bytes(info.SerializeToString())
-        os.replace(temporary, path)
+        # Not fsynced: a reboot ends the mount and its readers with it.
+        write_file(path, info.SerializeToString(), sync_file=False, sync_folder=False)
 
     def get(self, fh: int) -> pb.FileInfo | None:
         """The status handle `fh` was opened with; None if none was kept."""

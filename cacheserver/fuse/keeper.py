@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.contract.errors import AlreadyExists, Unavailable
+from ..common.durable import write_file
 from . import kernel
 from .mountpoints import find_mount, unmount
 
@@ -135,9 +136,7 @@ def resume_timeout_default() -> float:
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.new")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
+    write_file(path, json.dumps(value, indent=1).encode())
 
 
 def read_json(path: Path) -> dict[str, Any]:

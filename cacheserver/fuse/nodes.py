@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..common.durable import write_file
 from .wire import ROOT_ID
 
 
@@ -174,11 +175,11 @@ class NodeTable:
     def _rewrite(self) -> None:
         """Replace the journal by the table as it is now (under the lock, or before threads)."""
         assert self._journal is not None
-        tmp = self._journal.with_name(self._journal.name + ".new")
         lines = [f"N {nodeid} {node.lookups} {_esc(node.path or '')}" for nodeid, node in self._nodes.items()
                  if nodeid != ROOT_ID]
-        tmp.write_text("".join(line + "\n" for line in lines), errors="surrogateescape")
-        os.replace(tmp, self._journal)
+        # Not fsynced, as the lines appended to it: a reboot ends the mount, and the table with it.
+        write_file(self._journal, "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape"),
+                   sync_file=False, sync_folder=False)
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)

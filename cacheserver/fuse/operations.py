@@ -69,7 +69,7 @@ from strata.contract.errors import (
 )
 from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFileSystem
-from ..namespace.paths import is_under, join, parent
+from ..common.paths import is_under, join, parent
 from .handles import ReadHandle, ReadRecords, WriteHandle
 from .interface import MAX_IO, UTIME_NOW, UTIME_OMIT, FuseError
 from .locations import format_locations

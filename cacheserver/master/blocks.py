@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from strata.contract.proto import strata_pb2 as pb
-from ..blockrefs import reported_key
-from ..cache.keys import BlockKey
+from ..common.blockrefs import reported_key
+from ..common.keys import BlockKey
 
 # Blocks one LocateBlocks request may ask about (a worker asks for the one it misses).
 MAX_LOCATE_BLOCKS = 256

@@ -12,7 +12,7 @@ from strata.contract.rpc import MAX_MESSAGE_BYTES
 from ..background import BackgroundTasks
 from ..namespace.tree import LIST_PAGE_ENTRIES, Namespace
 from ..namespace.mounts import MountTable
-from ..namespace.paths import received, shown
+from ..common.paths import received, shown
 from .messages import FileInfos
 from .workerlink import WorkerLink
 from .writes import Writes

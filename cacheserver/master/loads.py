@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from strata.contract.config import ServerConfig
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
-from ..blockrefs import key_of
+from ..common.blockrefs import key_of
 from ..namespace.entries import FileEntry
 from ..namespace.tree import Namespace
-from ..namespace.paths import is_under, received
+from ..common.paths import is_under, received
 from ..placement import rank_workers
 from .blocks import BlockIndex
 from .membership import Membership

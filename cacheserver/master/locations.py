@@ -5,10 +5,10 @@ from __future__ import annotations
 from strata.contract.config import ServerConfig
 from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
-from ..blockrefs import key_of
-from ..cache.keys import BlockKey
+from ..common.blockrefs import key_of
+from ..common.keys import BlockKey
 from ..namespace.tree import Namespace
-from ..namespace.paths import received
+from ..common.paths import received
 from .blocks import MAX_LOCATE_BLOCKS, BlockIndex
 from .membership import Membership
 from .messages import FileInfos

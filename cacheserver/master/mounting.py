@@ -13,7 +13,7 @@ from ..background import BackgroundTasks
 from ..namespace.tree import Namespace
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountTable
-from ..namespace.paths import received
+from ..common.paths import received
 from ..ufs import check_source_allowed
 from .loads import Loads
 from .messages import mount_to_proto, options_from_proto

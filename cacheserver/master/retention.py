@@ -6,7 +6,7 @@ from __future__ import annotations
 from strata.contract.proto import strata_pb2 as pb
 from ..namespace.tree import Namespace
 from ..namespace.mounts import MountTable
-from ..namespace.paths import received
+from ..common.paths import received
 from .mounting import Mounting
 from .workerlink import WorkerLink
 

@@ -18,7 +18,7 @@ from ..namespace.permissions import upload_rel
 from ..namespace.tree import Namespace
 from ..namespace.mounts import Mount as NsMount
 from ..namespace.mounts import MountTable
-from ..namespace.paths import is_under, received
+from ..common.paths import is_under, received
 from .messages import FileInfos
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from strata.contract.modes import ReadType, WriteType
 from strata.contract.urls import shown_url
 from ..settings import RetrySettings
 from ..ufs import Store, check_source_allowed
-from .paths import is_under, normalize, overlaps, relative
+from ..common.paths import is_under, normalize, overlaps, relative
 from .sealing import SealError, Sealer
 from .statefile import StateFile
 

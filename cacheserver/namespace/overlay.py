@@ -36,7 +36,7 @@ from ..ufs import UfsStatus
 from .answers import StoreAnswers
 from .entries import FileEntry, OverlayEntry
 from .mounts import Mount, MountTable
-from .paths import is_under, join, name, relative
+from ..common.paths import is_under, join, name, relative
 from .statefile import StateFile
 
 STATE_FILE = "namespace.json"

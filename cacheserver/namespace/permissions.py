@@ -7,7 +7,7 @@ from __future__ import annotations
 from strata.contract.constants import UPLOAD_DIR
 from strata.contract.errors import InvalidArgument, PermissionDenied
 from ..ufs import is_upload_temp
-from .paths import name
+from ..common.paths import name
 from .relpaths import rel_under
 
 

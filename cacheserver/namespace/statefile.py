@@ -8,30 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from strata.contract.errors import FailedPrecondition
+from ..common.durable import write_file
 
 
 def write_state(path: Path, data: Any) -> None:
-    """Replace `path` with `data` as JSON: write a temporary file (mode 0600, since state
-    may hold credentials), fsync it, rename it over `path`, fsync the directory. A crash
-    leaves either the old file or the new one, never a torn one."""
+    """Replace `path` with `data` as JSON, durably (`write_file`: mode 0600, since state may
+    hold credentials; file and folder fsynced). A crash leaves either the old file or the new
+    one, never a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)  # an older tmp file may have had other bits
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_file(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
 
 
 def read_state(path: Path) -> Any | None:

@@ -20,7 +20,7 @@ from ..ufs import UfsStatus
 from .entries import FileEntry, OverlayEntry
 from .mounts import Mount
 from .overlay import NamespaceOverlay
-from .paths import is_under, join, normalize, relative
+from ..common.paths import is_under, join, normalize, relative
 from .permissions import check_writable
 from .relpaths import rel_parent, rel_under
 from .statuses import find_listed

@@ -24,7 +24,6 @@ retries, deadlines, stalls, store metrics) > `errors` (the one translation table
 from .calls import STORE_THREADS, Progress, StoreThreads
 from .errors import VersionChanged
 from .local import check_source_allowed
-from .localfiles import fsync_dir
 from .options import filesystem_class, is_local, storage_options, supported_protocols
 from .status import TOTALS_DUTY, StoreTotals, UfsStatus, is_upload_temp
 from .store import Store
@@ -40,7 +39,6 @@ __all__ = [
     "VersionChanged",
     "check_source_allowed",
     "filesystem_class",
-    "fsync_dir",
     "is_local",
     "is_upload_temp",
     "storage_options",

@@ -67,15 +67,6 @@ def _rmtree_at(dir_fd: int, name: str, progress: Progress) -> None:
     os.rmdir(name, dir_fd=dir_fd)
 
 
-def fsync_dir(folder: str | os.PathLike[str]) -> None:
-    """Make the entries of `folder` (a file renamed into it) survive a crash of the machine."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _remove_if_dead(folder_fd: int, name: str, older_than: float) -> bool:
     """Remove the upload temporary file `name` (in the folder `folder_fd`) if its writer is
     gone: no process holds its lock (the writer's, released when it exits or is killed) and

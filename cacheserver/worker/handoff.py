@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import grpc
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
-from ..blockrefs import ref_of
+from ..common.blockrefs import ref_of
 from ..cache.index import CachedBlock
 from ..cache.store import BlockStore
 from ..placement import rank_workers

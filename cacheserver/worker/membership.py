@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from .. import rpcutil
-from ..blockrefs import ref_of, reported_key
-from ..cache.index import CachedBlock
-from ..cache.keys import BlockKey
 from ..cache.store import BlockStore
+from ..common.blockrefs import ref_of, reported_key
+from ..common.keys import BlockKey
 from ..settings import ServerEnvironment
+from ..cache.index import CachedBlock
 from .masterlink import MasterLink
 from .mounts import WorkerMounts
 from .reads import Counters

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from strata.contract.errors import FailedPrecondition, NotFound, PermissionDenied
 from strata.contract.proto import strata_pb2 as pb
-from ..namespace.paths import is_under, relative
+from ..common.paths import is_under, relative
 from ..namespace.permissions import check_writable
 from ..ufs import Store
 

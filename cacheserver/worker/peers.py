@@ -18,8 +18,8 @@ from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from strata.contract.rpc import aio_channel
 from .. import rpcutil
 from ..background import BackgroundTasks
-from ..blockrefs import key_of
-from ..blockwire import DamagedInTransit, joined_block
+from ..common.blockrefs import key_of
+from ..common.blockwire import DamagedInTransit, joined_block
 from .masterlink import MasterLink
 from .settings import PEER_WAIT_SETTING, PeerSettings
 

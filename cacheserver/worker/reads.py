@@ -26,10 +26,10 @@ from strata.contract.errors import (
 from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
 from ..background import BackgroundTasks
-from ..blockrefs import key_of
 from ..cache.index import CachedBlock
-from ..cache.metadata import CHUNK_SIZE, compute_checksums
 from ..cache.store import BlockCorrupt, BlockStore
+from ..common.blockrefs import key_of
+from ..common.checksums import CHUNK_SIZE, compute_checksums
 from ..namespace.permissions import is_upload_path
 from ..ufs import VersionChanged
 from .geometry import STATUS_PATIENCE, FileStatuses

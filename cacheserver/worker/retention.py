@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
-from ..blockrefs import key_of
-from ..cache.keys import WRITTEN_VERSION_PREFIX, BlockKey
+from ..common.blockrefs import key_of
+from ..common.keys import WRITTEN_VERSION_PREFIX, BlockKey
 from ..cache.store import BlockStore
-from ..namespace.paths import is_under
+from ..common.paths import is_under
 from .mounts import WorkerMounts
 
 __all__ = ["WRITTEN_VERSION_PREFIX", "Retention"]

@@ -28,7 +28,7 @@ from strata.contract.httpserver import HttpServer, serve_until_signalled
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
 from ..auth import Credentials
-from ..blockwire import CLIENT_KINDS, OTHER_CLIENT
+from ..common.blockwire import CLIENT_KINDS, OTHER_CLIENT
 from ..cache.store import BlockStore
 from ..cache.tiers import TierConfig
 from ..pendinguploads import pending_upload_metrics

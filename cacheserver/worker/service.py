@@ -12,9 +12,9 @@ from strata.contract import constants
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from .. import rpcutil
-from ..blockwire import client_label
-from ..cache.metadata import CHUNK_SIZE
-from ..namespace.paths import check_limits
+from ..common.blockwire import client_label
+from ..common.checksums import CHUNK_SIZE
+from ..common.paths import check_limits
 from .reads import BlockReads
 from .retention import Retention
 from .writes import Writes

@@ -31,8 +31,8 @@ from strata.contract.config import DataPortSettings
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..auth import BLOCK_SOCKET, Credentials, check_access
-from ..blockwire import MAX_REQUEST_BYTES, block_of, client_label, error_reply, ok_reply, parse_line, reply_line, with_file
-from ..cache.metadata import CHUNK_SIZE
+from ..common.blockwire import MAX_REQUEST_BYTES, block_of, client_label, error_reply, ok_reply, parse_line, reply_line, with_file
+from ..common.checksums import CHUNK_SIZE
 from .reads import BlockReads, BlockSource
 
 log = logging.getLogger(__name__)

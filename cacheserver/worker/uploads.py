@@ -38,11 +38,11 @@ from pydantic import BaseModel
 from strata.contract.errors import NotFound, StrataError
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from ..blockrefs import block_count
+from ..common.blockrefs import block_count
+from ..common.durable import fsync_dir, replacing, write_file
 from ..namespace.permissions import upload_rel
 from ..pendinguploads import sum_pending
 from ..retry import call_with_backoff
-from ..ufs import fsync_dir
 from .mounts import WorkerMounts
 from .settings import UploadSettings
 
@@ -134,22 +134,6 @@ def _read_at(path: Path, offset: int, length: int) -> bytes:
         return f.read(length)
 
 
-def write_durably(path: Path, data: bytes) -> None:
-    """Write `data` under `path` atomically and fsynced (file and folder): it survives a
-    crash of the process and of the machine."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
 def remove_stale_staging(staging_dir: Path) -> None:
     """Staged files of writes a previous run did not finish are useless (the writer got an
     error); those with an upload record stay (`Uploads.resume`). A record stays without its
@@ -215,14 +199,14 @@ class Uploads:
         fsynced, its record (not acknowledged yet) written."""
         with staged.open("rb+") as f:
             os.fsync(f.fileno())
-        write_durably(record_file(staged), record.model_dump_json().encode())
+        write_file(record_file(staged), record.model_dump_json().encode())
         self._uploads[staged] = _Upload(staged, record)
 
     async def acknowledge(self, staged: Path) -> None:
         """The master committed the write: record that, then start its upload."""
         upload = self._uploads[staged]
         acknowledged = upload.record.model_copy(update={"acknowledged": True})
-        await asyncio.to_thread(write_durably, record_file(staged), acknowledged.model_dump_json().encode())
+        await asyncio.to_thread(write_file, record_file(staged), acknowledged.model_dump_json().encode())
         upload.record = acknowledged
         self._start(upload)
 
@@ -379,23 +363,18 @@ class Uploads:
         checksums verified as they are read), written beside it and renamed into place. A
         block that is not here: StrataError, and the upload is tried again later."""
         record = upload.record
-        tmp = upload.staged.with_name(f".{upload.staged.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            with open(tmp, "wb") as out:
-                for ref in record.refs():
-                    data = await self._read_block(ref)
-                    if data is None:
-                        raise StrataError(
-                            f"the staged copy of {record.path} (version {record.version}, {record.length} bytes) is "
-                            f"gone or cut short, and block {ref.index} of it is not cached on this worker: it cannot "
-                            "be uploaded; the upload waits, and is tried again")
-                    await asyncio.to_thread(out.write, data)
-                out.flush()
-                await asyncio.to_thread(os.fsync, out.fileno())
-            os.replace(tmp, upload.staged)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # Durable as any staged copy; its file and folder are fsynced here, off the event loop.
+        with replacing(upload.staged, sync_file=False, sync_folder=False) as out:
+            for ref in record.refs():
+                data = await self._read_block(ref)
+                if data is None:
+                    raise StrataError(
+                        f"the staged copy of {record.path} (version {record.version}, {record.length} bytes) is "
+                        f"gone or cut short, and block {ref.index} of it is not cached on this worker: it cannot "
+                        "be uploaded; the upload waits, and is tried again")
+                await asyncio.to_thread(out.write, data)
+            out.flush()
+            await asyncio.to_thread(os.fsync, out.fileno())
         await asyncio.to_thread(fsync_dir, upload.staged.parent)
         log.warning("the staged copy of %s (version %s) was gone or cut short: made again from its %d cached "
                     "blocks", record.path, record.version, len(record.refs()))

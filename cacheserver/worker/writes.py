@@ -21,10 +21,10 @@ from typing import Any, BinaryIO
 from strata.contract.config import ServerConfig
 from strata.contract.errors import InvalidArgument, NotFound, StrataError
 from strata.contract.proto import strata_pb2 as pb
-from ..blockrefs import key_of
-from ..blockwire import check_write_chunk
+from ..common.blockrefs import key_of
+from ..common.blockwire import check_write_chunk
 from ..cache.store import BlockStore
-from ..namespace.paths import received
+from ..common.paths import received
 from ..ufs import UfsStatus
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts

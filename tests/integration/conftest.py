@@ -25,7 +25,7 @@ import s3server
 import yaml
 
 from strata.cacheserver import launcher
-from strata.cacheserver.blockrefs import block_count
+from strata.cacheserver.common.blockrefs import block_count
 from strata.cacheserver.client.core import StrataClient
 from strata.cacheserver.client.fs import StrataFileSystem
 

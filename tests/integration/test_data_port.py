@@ -13,7 +13,7 @@ from typing import Any
 import flaky
 import pytest
 
-from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.common.blockwire import request_line
 from strata.contract import errors
 from strata.contract.proto import strata_pb2 as pb
 

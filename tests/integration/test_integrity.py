@@ -17,7 +17,7 @@ import pytest
 import yaml
 from tinydisk import tiny_disk
 
-from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.common.blockwire import request_line
 from strata.contract import rpc
 from strata.contract.proto import strata_pb2 as pb
 

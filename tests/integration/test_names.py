@@ -15,7 +15,7 @@ from strata.contract.constants import MAX_NAME_BYTES, MAX_PATH_BYTES
 from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
-from strata.cacheserver.blockwire import write_chunk
+from strata.cacheserver.common.blockwire import write_chunk
 
 from .conftest import TOKEN, Cluster, allow
 

@@ -19,7 +19,7 @@ import pytest
 
 from strata.cacheserver import launcher
 from strata.cacheserver.auth import CREDENTIAL_ENV
-from strata.cacheserver.blockwire import request_line, write_chunk
+from strata.cacheserver.common.blockwire import request_line, write_chunk
 from strata.contract import errors, rpc
 from strata.contract.constants import UPLOAD_DIR
 from strata.contract.proto import strata_pb2 as pb

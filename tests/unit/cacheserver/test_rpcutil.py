@@ -14,7 +14,7 @@ import pytest
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.auth import Credentials
-from strata.cacheserver.blockwire import write_chunk
+from strata.cacheserver.common.blockwire import write_chunk
 from strata.contract import rpc
 from strata.contract.errors import FailedPrecondition
 from strata.contract.proto import strata_pb2 as pb

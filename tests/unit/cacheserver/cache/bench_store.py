@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from strata.cacheserver.cache import BlockKey, BlockStore, TierConfig
+from strata.cacheserver.cache import BlockStore, TierConfig
+from strata.cacheserver.common.keys import BlockKey
 from strata.contract.constants import DEFAULT_BLOCK_SIZE
 
 MIB = 1024 * 1024

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from strata.cacheserver.cache import EVICTION_POLICIES, BlockKey, BlockStore, CachedBlock, TierConfig
+from strata.cacheserver.cache import EVICTION_POLICIES, BlockStore, CachedBlock, TierConfig
+from strata.cacheserver.common.keys import BlockKey
 from strata.contract.constants import MEDIA
 
 

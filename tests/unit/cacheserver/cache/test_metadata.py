@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.cache import CHUNK_SIZE, BlockKey, BlockMetadata
-from strata.cacheserver.cache.metadata import compute_checksums
+from strata.cacheserver.cache import BlockMetadata
+from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.common.keys import BlockKey
 from strata.contract.errors import InvalidArgument
 
 def key_for(length: int) -> BlockKey:

@@ -19,9 +19,7 @@ import pytest
 from tinydisk import tiny_disk
 
 from strata.cacheserver.cache import (
-    CHUNK_SIZE,
     BlockCorrupt,
-    BlockKey,
     BlockStore,
     TierConfig,
     default_mem_dir,
@@ -29,7 +27,8 @@ from strata.cacheserver.cache import (
 from strata.cacheserver.cache import BlockMetadata
 from strata.cacheserver.cache import placement as placement_module
 from strata.cacheserver.cache import store as store_module
-from strata.cacheserver.cache.metadata import compute_checksums
+from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.common.keys import BlockKey
 from strata.contract.constants import DEFAULT_BLOCK_SIZE
 from strata.contract.errors import (
     DataLoss,

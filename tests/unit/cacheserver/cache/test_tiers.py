@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.cache import BlockKey, BlockMetadata, TierConfig, default_mem_dir
+from strata.cacheserver.cache import BlockMetadata, TierConfig, default_mem_dir
 from strata.cacheserver.cache.files import block_file, meta_file, write_atomically
-from strata.cacheserver.cache.metadata import compute_checksums
+from strata.cacheserver.common.checksums import compute_checksums
+from strata.cacheserver.common.keys import BlockKey
 from strata.cacheserver.cache.tiers import Tier
 from strata.contract.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 

@@ -19,8 +19,8 @@ import pytest
 from threadmaster import MASTER_TOKEN, Run, threaded_master
 
 from strata.cacheserver.auth import Credentials
-from strata.cacheserver.blockwire import ok_reply, reply_line
-from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.common.blockwire import ok_reply, reply_line
+from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
 from strata.cacheserver.client.core import StrataClient
 from strata.cacheserver.client.settings import ClientSettings
 from strata.cacheserver.master.server import MasterHandle

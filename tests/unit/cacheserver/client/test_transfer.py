@@ -20,8 +20,8 @@ from contextlib import contextmanager
 import pyarrow as pa
 import pytest
 
-from strata.cacheserver.blockwire import DamagedInTransit, ok_reply, reply_line
-from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.common.blockwire import DamagedInTransit, ok_reply, reply_line
+from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
 from strata.cacheserver.client.transfer import BufferPool, DataReader, Patience, WorkerStalled
 from strata.contract.proto import strata_pb2 as pb
 

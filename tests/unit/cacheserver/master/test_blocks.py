@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from strata.cacheserver.cache.keys import BlockKey
+from strata.cacheserver.common.keys import BlockKey
 from strata.cacheserver.master.blocks import BlockIndex
 from strata.contract.proto import strata_pb2 as pb
 

@@ -16,7 +16,7 @@ import s3server
 from rangeproxy import RangeProxy
 
 from strata.cacheserver.auth import Credentials
-from strata.cacheserver.blockwire import write_chunk
+from strata.cacheserver.common.blockwire import write_chunk
 from strata.cacheserver.master.server import MasterHandle, start_master
 from strata.cacheserver.worker.membership import Endpoints, WorkerIdentity
 from strata.cacheserver.worker.server import WorkerParts, build_parts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.blockrefs import key_of
+from strata.cacheserver.common.blockrefs import key_of
 from strata.cacheserver.settings import ServerEnvironment
 from strata.cacheserver.worker.membership import WorkerIdentity, identity_from_env
 from strata.contract.errors import Unreachable

@@ -7,7 +7,7 @@ import os
 import pytest
 from rangeproxy import RangeProxy
 
-from strata.cacheserver.blockrefs import key_of
+from strata.cacheserver.common.blockrefs import key_of
 from strata.cacheserver.ufs import VersionChanged
 from strata.contract.constants import MAX_READAHEAD_BLOCKS
 from strata.contract.errors import DataLoss, FailedPrecondition

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strata.cacheserver.blockrefs import key_of
+from strata.cacheserver.common.blockrefs import key_of
 from strata.cacheserver.cache.store import BlockStore
 from strata.cacheserver.cache.tiers import TierConfig
 from strata.cacheserver.worker.mounts import WorkerMounts

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from rangeproxy import RangeProxy
 
-from strata.cacheserver.blockwire import request_line
+from strata.cacheserver.common.blockwire import request_line
 from strata.cacheserver.client.transfer import DataReader, Patience
-from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
 from strata.cacheserver.worker.reads import BlockReads, BlockSource
 from strata.cacheserver.worker.transfer import DataServer, ShortCircuitServer
 from strata.contract.config import DataPortSettings

@@ -26,7 +26,7 @@ from strata.cacheserver.worker.uploads import (
 )
 from strata.contract.proto import strata_pb2 as pb
 
-from strata.cacheserver.blockrefs import key_of
+from strata.cacheserver.common.blockrefs import key_of
 from strata.cacheserver.worker.server import WorkerParts
 
 from .conftest import Cluster, chunks, eventually, ref_for

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from strata.contract.proto import strata_pb2 as pb
-from .cache.keys import BlockKey
+from .keys import BlockKey
 
 
 def key_of(ref: pb.BlockRef) -> BlockKey:

@@ -57,7 +57,7 @@ from google.protobuf.message import DecodeError
 
 from strata.contract.errors import DataLoss, InvalidArgument, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
-from .cache.metadata import first_bad_chunk
+from .checksums import first_bad_chunk
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from strata.cacheserver.blockwire import (
+from strata.cacheserver.common.blockwire import (
     DamagedInTransit,
     check_pieces,
     check_write_chunk,
@@ -18,7 +18,7 @@ from strata.cacheserver.blockwire import (
     request_line,
     write_chunk,
 )
-from strata.cacheserver.cache.metadata import CHUNK_SIZE, compute_checksums
+from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
 from strata.contract.errors import DataLoss, InvalidArgument, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 

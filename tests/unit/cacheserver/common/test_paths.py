@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.cacheserver.namespace.paths import check_limits, is_under, join, name, normalize, overlaps, parent, received, relative
+from strata.cacheserver.common.paths import check_limits, is_under, join, name, normalize, overlaps, parent, received, relative
 from strata.contract.constants import MAX_NAME_BYTES, MAX_PATH_BYTES
 from strata.contract.errors import InvalidArgument
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from strata.cacheserver.cache import BlockKey
+from strata.cacheserver.common.keys import BlockKey
 from strata.contract.errors import InvalidArgument
 
 MiB = 1 << 20
