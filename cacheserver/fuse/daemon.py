@@ -42,7 +42,9 @@ from . import holder, kernel, keeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully
 from .interface import MAX_IO
 from .nodes import NodeTable
-from .operations import DEFAULT_READERS, FuseSettings, StrataOperations, attr_timeout_for
+from .attrcache import attr_timeout_for
+from .operations import StrataOperations
+from .settings import DEFAULT_READERS, FuseSettings
 from .session import Session
 from .wire import InitReply
 
