@@ -105,7 +105,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_fuse(args: argparse.Namespace) -> int:
     from .fuse.daemon import FuseOptions, run_fuse
-    from .fuse.keeper import resume_timeout_default
+    from .fuse.mountkeeper import resume_timeout_default
 
     options = FuseOptions(
         mountpoint=Path(args.mountpoint), root=args.root, read_only=args.read_only, allow_other=args.allow_other,
@@ -116,7 +116,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
 
 
 def cmd_fuse_holder(args: argparse.Namespace) -> int:
-    from .fuse.holder import run_holder
+    from .fuse.keeperhost import run_holder
 
     return run_holder(args.socket)
 

@@ -7,7 +7,7 @@ interface.py.
   buffered bytes died with the process: that call fails with EIO and the file keeps its
   last committed content).
 - The kernel acts on the size of a file it was last told: an open of a file that changed
-  since has it forget that first (see shown.py), and a write of a file opened with O_APPEND
+  since has it forget that first (see kernelattrs.py), and a write of a file opened with O_APPEND
   goes to the end of the open file, wherever the kernel places it.
 - Reads of files the kernel opened without asking read their node's pin (see pins.py).
 """
@@ -28,7 +28,7 @@ from . import wire
 from .interface import MAX_IO, UTIME_NOW, UTIME_OMIT, FileInfo, FuseError, Operations, S
 from .nodes import NodeTable
 from .pins import Pins
-from .shown import ShownAttrs
+from .kernelattrs import KernelAttrs
 
 log = logging.getLogger("strata.fuse")
 
@@ -42,7 +42,7 @@ Payload = Sequence[bytes | memoryview]
 
 @dataclass(frozen=True)
 class Showing:
-    """A reply that gives the kernel the attributes of node `nodeid` (see shown.py)."""
+    """A reply that gives the kernel the attributes of node `nodeid` (see kernelattrs.py)."""
     payload: Payload
     nodeid: int
     attr: wire.Attr
@@ -82,7 +82,7 @@ class Handlers(Generic[S]):
     read_only: bool
     root: str
     _on_init: Callable[[wire.InitReply], None]
-    shown: ShownAttrs
+    kernel_attrs: KernelAttrs
     kernel_opens: bool
     pins: Pins[S]
     _dirs: dict[int, list[tuple[str, int, int]]]
@@ -92,7 +92,7 @@ class Handlers(Generic[S]):
     # -- notifications ------------------------------------------------------------------------
 
     def _invalidate(self, nodeid: int, path: str) -> None:
-        """Have the kernel forget the attributes it holds of `nodeid` (see shown.py)."""
+        """Have the kernel forget the attributes it holds of `nodeid` (see kernelattrs.py)."""
         try:
             os.write(self.fd, wire.inval_attributes_notification(nodeid))
         except OSError as exc:
@@ -171,7 +171,7 @@ class Handlers(Generic[S]):
     def _forgotten(self, nodeids: list[int]) -> None:
         for nodeid in nodeids:
             if nodeid not in self.nodes:
-                self.shown.forget(nodeid)
+                self.kernel_attrs.forget(nodeid)
                 self.pins.forget(nodeid)
 
     def _getattr(self, header: wire.InHeader, body: memoryview) -> Showing:
@@ -221,11 +221,11 @@ class Handlers(Generic[S]):
         path = self._path(header)
         self.ops.open(path, fi)
         if flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY:
-            self.shown.forget(header.nodeid)  # the kernel sets the size to 0 itself, and asks again
+            self.kernel_attrs.forget(header.nodeid)  # the kernel sets the size to 0 itself, and asks again
         else:
             try:
                 # The open file may be another version than the kernel's attributes describe.
-                self.shown.ensure(header.nodeid, attr_of(self.ops.getattr(path, fi)),
+                self.kernel_attrs.ensure(header.nodeid, attr_of(self.ops.getattr(path, fi)),
                                   lambda: self._invalidate(header.nodeid, path))
             except BaseException:
                 self.ops.release(path, fi)  # nothing written yet: nothing is uploaded
@@ -263,7 +263,7 @@ class Handlers(Generic[S]):
         else:
             data = self.ops.read(path or "", size, offset, self._known(fh, path))
         if len(data) < size:
-            self.shown.read_short(header.nodeid, offset + len(data))
+            self.kernel_attrs.read_short(header.nodeid, offset + len(data))
         return [data]
 
     def _write(self, header: wire.InHeader, body: memoryview) -> Payload:
@@ -271,7 +271,7 @@ class Handlers(Generic[S]):
         data = body[wire.WRITE_IN.size:wire.WRITE_IN.size + size]
         path = self.nodes.path(header.nodeid)
         fi = self._known(fh, path)
-        self.shown.forget(header.nodeid)  # the kernel sets the size it holds itself
+        self.kernel_attrs.forget(header.nodeid)  # the kernel sets the size it holds itself
         if flags & os.O_APPEND and not write_flags & wire.WRITE_CACHE:
             # At the end of the open file: the kernel places it at the size it holds, which
             # may be older than the file this handle opened.

@@ -5,10 +5,10 @@ interface.py (StrataOperations, in operations.py, in a mount) by the handlers of
   themselves, so requests are served in parallel (reads of one file included). They all read
   the one descriptor, not clones of it (FUSE_DEV_IOC_CLONE): the kernel ends the requests a
   clone was serving with an error when the clone is closed, so a process that dies would fail
-  its readers, while requests read from the shared descriptor wait (see keeper.py).
+  its readers, while requests read from the shared descriptor wait (see mountkeeper.py).
 - `resume()` asks the kernel to queue again every request the previous process read and did
   not answer (FUSE_NOTIFY_RESEND, kernel 6.9+).
-- A reply that gives the kernel a node's attributes is written through ShownAttrs (shown.py),
+- A reply that gives the kernel a node's attributes is written through KernelAttrs (kernelattrs.py),
   so what the kernel holds is known.
 """
 
@@ -25,7 +25,7 @@ from .handlers import Handler, Handlers, Payload, Showing
 from .interface import MAX_IO, Operations, S
 from .nodes import NodeTable
 from .pins import Pins
-from .shown import ShownAttrs
+from .kernelattrs import KernelAttrs
 
 log = logging.getLogger("strata.fuse")
 
@@ -47,7 +47,7 @@ class Session(Handlers[S]):
         self.read_only = read_only
         self.root = root
         self._on_init = on_init
-        self.shown = ShownAttrs()
+        self.kernel_attrs = KernelAttrs()
         # The kernel opens files without asking (see the module docstring).
         self.kernel_opens = read_only and self.timeout > 0
         self.pins = Pins(ops, self._invalidate_data)
@@ -132,7 +132,7 @@ class Session(Handlers[S]):
             return
         if isinstance(payload, Showing):  # never set when the handler failed
             showing = payload
-            self.shown.reply(showing.nodeid, showing.attr, lambda: self._reply(header.unique, showing.payload))
+            self.kernel_attrs.reply(showing.nodeid, showing.attr, lambda: self._reply(header.unique, showing.payload))
         else:
             self._reply(header.unique, [] if error else payload, error)
 

@@ -3,7 +3,7 @@ versions last opened (for the kernel's page cache), the folders made here, and t
 every kind of call uses.
 
 File handles are numbered from the time the process started, with the lowest bit set for
-files open for writing: a successor process (see keeper.py) tells the handles of its
+files open for writing: a successor process (see mountkeeper.py) tells the handles of its
 predecessor from its own, and reads from writes."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`strata fuse-holder`: the per-node process whose children are the keepers of FUSE mounts.
 
-A keeper (keeper.py) keeps a mount alive while its server is gone, but only while the keeper
+A keeper (mountkeeper.py) keeps a mount alive while its server is gone, but only while the keeper
 itself lives. A keeper started by `strata fuse` lives where that process lives: in a
 Kubernetes CSI node plugin's container, which a deleted plugin pod or a `helm upgrade`
 ends with every process in it, keepers included, and with them every volume of the node. So
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.contract.errors import InvalidArgument, StrataError, Unavailable
-from . import keeper
+from . import mountkeeper
 
 log = logging.getLogger("strata.fuse.holder")
 
@@ -58,7 +58,7 @@ FUSE_DEVICE = (10, 229)
 
 
 def default_socket() -> Path:
-    return keeper.state_root() / SOCKET
+    return mountkeeper.state_root() / SOCKET
 
 
 class RequestError(Exception):
@@ -173,7 +173,7 @@ class Holder:
                                    "not its /dev/fuse descriptor")
             if not is_fuse_device(fds[0]):
                 raise RequestError(f"the descriptor sent for {request.mountpoint} is not /dev/fuse")
-            pid = keeper.start(fds[0], request.state, request.mountpoint, request.resume_timeout)
+            pid = mountkeeper.start(fds[0], request.state, request.mountpoint, request.resume_timeout)
         except RequestError as exc:
             log.warning("strata fuse-holder: refused a request: %s", exc)
             return {"error": str(exc)}
@@ -238,7 +238,7 @@ def describe_status(status: int) -> str:
 def run_holder(path: Path | None = None) -> int:
     """Serve until SIGTERM/SIGINT. The keepers keep running after the holder ends on a host;
     in a container they end with it (so the chart never replaces the holder's pod)."""
-    root = keeper.state_root()
+    root = mountkeeper.state_root()
     holder = Holder(path or default_socket(), root)
     holder.listen()
     stop = threading.Event()

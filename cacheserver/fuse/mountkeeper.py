@@ -25,7 +25,7 @@ a successor reads on at that version). Another program (a CSI node plugin) can r
 same way, given the same state folder.
 
 Who starts the keeper: `strata fuse` itself, or, with STRATA_FUSE_HOLDER set, the node's
-`strata fuse-holder` (holder.py), to which `strata fuse` sends the new mount's descriptor. A
+`strata fuse-holder` (keeperhost.py), to which `strata fuse` sends the new mount's descriptor. A
 keeper lives as long as the process tree it is part of: in a CSI node plugin's container it
 would end with the container (a deleted plugin pod, a `helm upgrade`), so the chart's node
 plugin hands its mounts to the holder, which runs in a pod of its own that upgrades never
@@ -278,7 +278,7 @@ def peer_pid(conn: socket.socket) -> int:
 def start(fd: int, state: Path, mountpoint: Path, resume_timeout: float) -> int:
     """Start the keeper of a new mount (descriptor `fd`); returns its pid once it listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "strata.cacheserver.fuse.keeper", "--fd", str(fd), "--state", str(state),
+        [sys.executable, "-P", "-m", "strata.cacheserver.fuse.mountkeeper", "--fd", str(fd), "--state", str(state),
          "--mountpoint", str(mountpoint), "--resume-timeout", str(resume_timeout)],
         pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None
