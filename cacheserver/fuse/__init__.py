@@ -10,8 +10,8 @@ metadata (attributes.py, attrcache.py), calls on open files (files.py), reads th
 without an open (reads.py), directories (directories.py), extended attributes (xattrs.py),
 with the errno of each error (errnos.py); handles.py holds open files; openreads.py counts
 what open read handles read, for the page cache; settings.py holds the process's settings;
-mountkeeper.py keeps a mount's connection across server restarts, and keeperhost.py (`strata
-fuse-holder`) starts the keepers of a node's mounts outside the CSI plugin's pod; mountpoints.py finds, probes
-and unmounts mount points (also used by the CSI plugin); locations.py formats the
-`user.strata.locations` extended attribute.
+mountkeeper.py keeps a mount's connection across server restarts, and keeperhost.py
+(`strata fuse-holder`) starts the keepers of a node's mounts outside the CSI plugin's pod;
+mountpoints.py finds, probes and unmounts mount points (also used by the CSI plugin);
+locations.py formats the `user.strata.locations` extended attribute.
 """

@@ -44,7 +44,7 @@ from .interface import MAX_IO
 from .nodes import NodeTable
 from .attrcache import attr_timeout_for
 from .operations import StrataOperations
-from .settings import DEFAULT_READERS, FuseSettings
+from .settings import DEFAULT_READERS, DEFAULT_RESUME_TIMEOUT, FuseSettings, fuse_environment
 from .session import Session
 from .wire import InitReply
 
@@ -68,7 +68,7 @@ class FuseOptions:
     readahead: int | None = None     # blocks fetched ahead of a sequential reader; None: the cluster's policy
     spool_dir: str | None = None     # where files being written are buffered
     readers: int | None = None       # files of a read-only mount kept ready to read; None: DEFAULT_READERS
-    resume_timeout: float = mountkeeper.DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
+    resume_timeout: float = DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
 
 
 def prepare_mountpoint(mountpoint: Path) -> Path:
@@ -129,8 +129,9 @@ def _stop_on_signal(ops: StrataOperations, mountpoint: Path, attachment: mountke
 def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> mountkeeper.Attachment:
     """Mount anew, start the mount's keeper (or have the node's holder start it, see keeperhost.py)
     and attach to it."""
-    holder_socket = keeperhost.configured()
-    holder_wait = keeperhost.wait_timeout() if holder_socket is not None else 0.0
+    environment = fuse_environment()
+    holder_socket = environment.holder
+    holder_wait = environment.holder_wait if holder_socket is not None else 0.0
     if holder_socket is not None:  # before mounting: a mount nobody keeps would look published
         keeperhost.wait_ready(holder_socket, holder_wait)
     prepare_mountpoint(mountpoint)

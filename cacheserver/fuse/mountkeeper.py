@@ -80,15 +80,10 @@ from typing import Any
 from strata.contract.errors import AlreadyExists, Unavailable
 from . import kernel
 from .mountpoints import find_mount, unmount
+from .settings import DEFAULT_RESUME_TIMEOUT, fuse_environment
 
 log = logging.getLogger("strata.fuse.keeper")
 
-STATE_DIR_ENV = "STRATA_FUSE_STATE_DIR"
-RESUME_TIMEOUT_ENV = "STRATA_FUSE_RESUME_TIMEOUT"
-# Seconds a mount whose server died waits for a successor before its readers get an error:
-# long enough for a restart (a container's, or a rollout's), short enough that a reader does
-# not look hung.
-DEFAULT_RESUME_TIMEOUT = 60.0
 SOCKET = "keeper.sock"
 SESSION = "session.json"   # written by servers
 KEEPER = "keeper.json"     # written by the keeper
@@ -114,24 +109,10 @@ HEARTBEAT_INTERVAL = 1.0
 UNRESPONSIVE_MIN = 10.0
 
 
-def state_root() -> Path:
-    configured = os.environ.get(STATE_DIR_ENV)
-    if configured:
-        return Path(configured)
-    if os.geteuid() == 0:
-        return Path("/run/strata/fuse")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / "strata" / "fuse" if runtime else Path(f"/tmp/strata-fuse-{os.getuid()}")
-
-
 def state_dir(mountpoint: Path) -> Path:
     """The state folder of the mount at `mountpoint` (an absolute path)."""
     key = hashlib.blake2b(str(mountpoint).encode(), digest_size=8).hexdigest()
-    return state_root() / key
-
-
-def resume_timeout_default() -> float:
-    return float(os.environ.get(RESUME_TIMEOUT_ENV, DEFAULT_RESUME_TIMEOUT))
+    return fuse_environment().state_root() / key
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:

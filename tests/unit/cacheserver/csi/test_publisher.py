@@ -15,7 +15,7 @@ import pytest
 
 from strata.cacheserver.csi import publisher as publisher_module
 from strata.cacheserver.csi.publisher import Publication, Publisher
-from strata.cacheserver.fuse import mountkeeper
+from strata.cacheserver.fuse import mountkeeper, settings
 
 
 def record(target: Path, pid: int) -> Publication:
@@ -31,7 +31,7 @@ def dead_pid() -> int:
 
 @pytest.fixture
 def publisher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Publisher:
-    monkeypatch.setenv(mountkeeper.STATE_DIR_ENV, str(tmp_path / "fuse"))
+    monkeypatch.setenv(settings.STATE_DIR_ENV, str(tmp_path / "fuse"))
     return Publisher(tmp_path / "state")
 
 

@@ -16,15 +16,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.contract.errors import InvalidArgument, Unavailable
-from strata.cacheserver.fuse import keeperhost, mountkeeper
+from strata.contract.errors import Unavailable
+from strata.cacheserver.fuse import keeperhost, mountkeeper, settings
 
 
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "s"  # short: a Unix socket's path is at most 107 bytes
     folder.mkdir()
-    monkeypatch.setenv(mountkeeper.STATE_DIR_ENV, str(folder))
+    monkeypatch.setenv(settings.STATE_DIR_ENV, str(folder))
     return folder
 
 
@@ -135,25 +135,7 @@ def test_a_client_says_which_holder_socket_is_not_reachable(root: Path) -> None:
     with pytest.raises(Unavailable) as exc:
         keeperhost.start_keeper(missing, 0, root / "x", Path("/mnt/x"), 5.0, wait=1.0)
     assert 1.0 <= time.monotonic() - started < 5
-    assert str(missing) in str(exc.value) and keeperhost.HOLDER_ENV in str(exc.value)
-
-
-def test_the_holder_is_configured_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(keeperhost.HOLDER_ENV, raising=False)
-    assert keeperhost.configured() is None
-    monkeypatch.setenv(keeperhost.HOLDER_ENV, "/run/strata/fuse/holder.sock")
-    assert keeperhost.configured() == Path("/run/strata/fuse/holder.sock")
-
-
-def test_the_wait_for_the_holder_is_30_s_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(keeperhost.WAIT_ENV, raising=False)
-    assert keeperhost.wait_timeout() == 30
-    monkeypatch.setenv(keeperhost.WAIT_ENV, "2.5")
-    assert keeperhost.wait_timeout() == 2.5
-    for bad in ("soon", "0", "-1", "nan", "inf"):
-        monkeypatch.setenv(keeperhost.WAIT_ENV, bad)
-        with pytest.raises(InvalidArgument, match=f"STRATA_FUSE_HOLDER_WAIT must be seconds .*not '{bad}'"):
-            keeperhost.wait_timeout()
+    assert str(missing) in str(exc.value) and settings.HOLDER_ENV in str(exc.value)
 
 
 @pytest.fixture

@@ -10,22 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.fuse import mountkeeper
+from strata.cacheserver.fuse import mountkeeper, settings
 
 
 def test_the_state_folder_is_found_from_the_mount_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(mountkeeper.STATE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(settings.STATE_DIR_ENV, str(tmp_path))
     a, b = mountkeeper.state_dir(Path("/mnt/a")), mountkeeper.state_dir(Path("/mnt/b"))
     assert a.parent == tmp_path and b.parent == tmp_path and a != b
     assert mountkeeper.state_dir(Path("/mnt/a")) == a  # the same for every process
     assert len(str(a / mountkeeper.SOCKET)) < 108  # a Unix socket's path limit, with a short root
 
 
-def test_the_resume_timeout_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(mountkeeper.RESUME_TIMEOUT_ENV, raising=False)
-    assert mountkeeper.resume_timeout_default() == mountkeeper.DEFAULT_RESUME_TIMEOUT
-    monkeypatch.setenv(mountkeeper.RESUME_TIMEOUT_ENV, "2.5")
-    assert mountkeeper.resume_timeout_default() == 2.5
 
 
 def test_no_keeper_or_a_dead_ones_socket_means_mount_anew(tmp_path: Path) -> None:
