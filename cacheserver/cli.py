@@ -105,18 +105,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_fuse(args: argparse.Namespace) -> int:
     from .fuse.daemon import FuseOptions, run_fuse
-    from .fuse.keeper import resume_timeout_default
+    from .fuse.settings import fuse_environment
 
     options = FuseOptions(
         mountpoint=Path(args.mountpoint), root=args.root, read_only=args.read_only, allow_other=args.allow_other,
         write_type=args.write_type or "", attr_timeout=args.attr_timeout, readahead=args.readahead,
-        spool_dir=args.spool_dir, readers=args.readers, resume_timeout=resume_timeout_default() if args.resume_timeout is None else args.resume_timeout,
+        spool_dir=args.spool_dir, readers=args.readers, resume_timeout=fuse_environment().resume_timeout if args.resume_timeout is None else args.resume_timeout,
     )
     return run_fuse(options, master=args.master, token=args.token)
 
 
 def cmd_fuse_holder(args: argparse.Namespace) -> int:
-    from .fuse.holder import run_holder
+    from .fuse.keeperhost import run_holder
 
     return run_holder(args.socket)
 

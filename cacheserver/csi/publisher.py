@@ -12,7 +12,7 @@ mounts again the targets whose FUSE process died (pods whose volume mount has
 `mountPropagation: HostToContainer` see the new mount). The FUSE processes run in their own
 session, so stopping the plugin does not unmount its volumes.
 
-A volume's mount also outlives its FUSE process (fuse/keeper.py): a keeper holds the
+A volume's mount also outlives its FUSE process (fuse/mountkeeper.py): a keeper holds the
 connection, and readers wait while a successor takes over. The plugin is that successor's
 starter: its watch thread starts a new `strata fuse` for a target whose process died, and a
 restarted plugin does the same for every kept mount it finds. A kept mount is never probed
@@ -42,7 +42,7 @@ from strata.contract.errors import AlreadyExists, InvalidArgument, NotFound, Str
 from ..auth import CREDENTIAL_ENV
 from ..client.core import StrataClient
 from ..common.durable import write_file
-from ..fuse import keeper
+from ..fuse import mountkeeper
 from ..fuse.mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully, wait_mounted
 from .volumes import VolumeSource
 
@@ -191,7 +191,7 @@ class Publisher:
         """The live process serving the mount at `target` as its keeper last recorded (0: none).
         A successor started by an earlier plugin may serve a mount whose record still names
         the dead process before it."""
-        recorded = keeper.read_json(keeper.state_dir(Path(target)) / keeper.KEEPER).get("server_pid")
+        recorded = mountkeeper.read_json(mountkeeper.state_dir(Path(target)) / mountkeeper.KEEPER).get("server_pid")
         pid = recorded if isinstance(recorded, int) else 0
         return pid if pid > 0 and self._alive(pid, target) else 0
 
@@ -200,7 +200,7 @@ class Publisher:
         Decided from processes and the keeper's files alone: a stat of such a mount waits."""
         if record is None or self._alive(record.pid, record.target) or self._served_by(record.target):
             return False
-        return (keeper.state_dir(Path(record.target)) / keeper.SOCKET).exists()
+        return (mountkeeper.state_dir(Path(record.target)) / mountkeeper.SOCKET).exists()
 
     def _wait_serving(self, pid: int, target: str) -> None:
         """Wait until the keeper of `target` hands its mount to `pid` (a successor refused
@@ -303,8 +303,8 @@ class Publisher:
             # The mount's keeper ends now, whatever state a server of it is in (one stopped, or
             # one that will not end while its thread waits on the mount): nothing waits on
             # the volume after it is unpublished, and a later publish here finds no keeper.
-            kept = keeper.state_dir(Path(target))
-            if not keeper.end(kept):
+            kept = mountkeeper.state_dir(Path(target))
+            if not mountkeeper.end(kept):
                 raise Unavailable(f"the keeper of {target} (state {kept}) did not end; unpublish it again")
             shutil.rmtree(kept, ignore_errors=True)  # left by a keeper that died
             try:

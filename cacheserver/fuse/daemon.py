@@ -5,11 +5,11 @@
   the mount's `read_ahead_kb` (128 KiB, whatever the file system asks for), so once mounted it
   is raised to 1 MiB through sysfs where this process may write there (root, a privileged
   container): sequential reads then come as 1 MiB requests.
-- The mount outlives this process (keeper.py): a keeper process holds the connection, and if
+- The mount outlives this process (mountkeeper.py): a keeper process holds the connection, and if
   this process dies, `strata fuse` run again with the same mount point takes it over; readers
   wait meanwhile (up to --resume-timeout, then they get an error and the mount ends).
 - With STRATA_FUSE_HOLDER set (a CSI node plugin's volumes), the keeper is started by the
-  node's `strata fuse-holder` instead (holder.py), so it also outlives the plugin's container.
+  node's `strata fuse-holder` instead (keeperhost.py), so it also outlives the plugin's container.
 - A stale mount point (ENOTCONN: its server and keeper are both gone) is lazily unmounted first.
 - SIGTERM, SIGINT or SIGHUP: changed open files are written, then the mount point is unmounted
   (lazily if it is busy) and the process exits 0. The signals are blocked in every thread and
@@ -38,11 +38,13 @@ from strata.contract.errors import (
 from strata.contract.modes import WriteType
 from ..client.fs import StrataFileSystem
 from ..common.paths import normalize
-from . import holder, kernel, keeper
+from . import keeperhost, kernel, mountkeeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully
 from .interface import MAX_IO
 from .nodes import NodeTable
-from .operations import DEFAULT_READERS, FuseSettings, StrataOperations, attr_timeout_for
+from .attrcache import attr_timeout_for
+from .operations import StrataOperations
+from .settings import DEFAULT_READERS, DEFAULT_RESUME_TIMEOUT, FuseSettings, fuse_environment
 from .session import Session
 from .wire import InitReply
 
@@ -66,7 +68,7 @@ class FuseOptions:
     readahead: int | None = None     # blocks fetched ahead of a sequential reader; None: the cluster's policy
     spool_dir: str | None = None     # where files being written are buffered
     readers: int | None = None       # files of a read-only mount kept ready to read; None: DEFAULT_READERS
-    resume_timeout: float = keeper.DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
+    resume_timeout: float = DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
 
 
 def prepare_mountpoint(mountpoint: Path) -> Path:
@@ -104,7 +106,7 @@ def raise_readahead(mountpoint: Path) -> None:
         log.info("strata fuse: kernel readahead of %s left at its default: %s", mountpoint, exc)
 
 
-def _stop_on_signal(ops: StrataOperations, mountpoint: Path, attachment: keeper.Attachment) -> None:
+def _stop_on_signal(ops: StrataOperations, mountpoint: Path, attachment: mountkeeper.Attachment) -> None:
     sig = signal.sigwait(SIGNALS)
     log.info("strata fuse: %s: writing open files and unmounting %s", signal.Signals(sig).name, mountpoint)
     ops.commit_all()
@@ -124,26 +126,27 @@ def _stop_on_signal(ops: StrataOperations, mountpoint: Path, attachment: keeper.
         kernel.abort(entry.device)
 
 
-def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> keeper.Attachment:
-    """Mount anew, start the mount's keeper (or have the node's holder start it, see holder.py)
+def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> mountkeeper.Attachment:
+    """Mount anew, start the mount's keeper (or have the node's holder start it, see keeperhost.py)
     and attach to it."""
-    holder_socket = holder.configured()
-    holder_wait = holder.wait_timeout() if holder_socket is not None else 0.0
+    environment = fuse_environment()
+    holder_socket = environment.holder
+    holder_wait = environment.holder_wait if holder_socket is not None else 0.0
     if holder_socket is not None:  # before mounting: a mount nobody keeps would look published
-        holder.wait_ready(holder_socket, holder_wait)
+        keeperhost.wait_ready(holder_socket, holder_wait)
     prepare_mountpoint(mountpoint)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True, mode=0o700)
-    keeper.write_json(state / keeper.SESSION, {"mountpoint": str(mountpoint), "root": root,
+    mountkeeper.write_json(state / mountkeeper.SESSION, {"mountpoint": str(mountpoint), "root": root,
                                                "read_only": options.read_only})
     fd = kernel.mount(kernel.MountRequest(mountpoint=mountpoint, source="strata:" + root, read_only=options.read_only,
                                           allow_other=options.allow_other, max_read=MAX_IO))
     try:
         if holder_socket is not None:
-            holder.start_keeper(holder_socket, fd, state, mountpoint, options.resume_timeout, holder_wait)
+            keeperhost.start_keeper(holder_socket, fd, state, mountpoint, options.resume_timeout, holder_wait)
         else:
-            keeper.start(fd, state, mountpoint, options.resume_timeout)
-        attachment = keeper.attach(state, options.resume_timeout)
+            mountkeeper.start(fd, state, mountpoint, options.resume_timeout)
+        attachment = mountkeeper.attach(state, options.resume_timeout)
     except BaseException:
         os.close(fd)
         unmount(mountpoint, lazy=True)
@@ -162,12 +165,12 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     mountpoint = options.mountpoint.absolute()
     root = normalize(options.root, what="--root")
-    state = keeper.state_dir(mountpoint)
+    state = mountkeeper.state_dir(mountpoint)
     write_type = WriteType.proto_of(options.write_type)
     # A mount kept for a successor: take it over (AlreadyExists if a live server holds it).
-    attachment = keeper.attach(state, options.resume_timeout)
+    attachment = mountkeeper.attach(state, options.resume_timeout)
     if attachment is not None:
-        kept = keeper.read_json(state / keeper.SESSION)
+        kept = mountkeeper.read_json(state / mountkeeper.SESSION)
         if (kept.get("root"), kept.get("read_only")) != (root, options.read_only):
             attachment.close()
             raise InvalidArgument(
@@ -186,19 +189,19 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         if timeout is None:
             timeout = attr_timeout_for(fs.client.mounts(), root)
         settings = FuseSettings(root=root, read_only=options.read_only, write_type=write_type,
-                                attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / keeper.HANDLES,
+                                attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / mountkeeper.HANDLES,
                                 readers=DEFAULT_READERS if options.readers is None else options.readers)
         ops = StrataOperations(fs, settings)
         resumed = attachment is not None
         if attachment is None:
             log.info("strata fuse: mounting %s at %s (master %s)", root, mountpoint, fs.client.master_address)
             attachment = _mount(mountpoint, root, options, state)
-        nodes = NodeTable("/", state / keeper.JOURNAL)
+        nodes = NodeTable("/", state / mountkeeper.JOURNAL)
 
         def remember_init(reply: InitReply) -> None:
             try:
-                kept = keeper.read_json(state / keeper.SESSION)
-                keeper.write_json(state / keeper.SESSION, {**kept, "init": reply.__dict__})
+                kept = mountkeeper.read_json(state / mountkeeper.SESSION)
+                mountkeeper.write_json(state / mountkeeper.SESSION, {**kept, "init": reply.__dict__})
             except OSError as exc:
                 log.warning("strata fuse: could not record the session in %s: %s", state, exc)
 

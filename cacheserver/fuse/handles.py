@@ -62,7 +62,7 @@ class ReadRecords:
     """What each open read handle reads: its file's status (path, version, length, block
     size), one small file per handle in a folder of the mount's state, written before the
     kernel hears of the handle and removed when it is released. A successor that takes the
-    mount over (keeper.py) opens each handle again at the version its reader was reading: a
+    mount over (mountkeeper.py) opens each handle again at the version its reader was reading: a
     file changed in the store meanwhile must not go on, in the same open file, with the new
     version's bytes. `directory` None: nothing is kept."""
 

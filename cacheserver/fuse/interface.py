@@ -1,6 +1,6 @@
 """What the FUSE session (session.py) knows of the file system it serves: the operations it
 calls by path, and the few names both sides use. The protocol layer (wire.py, session.py,
-kernel.py, nodes.py, shown.py and this module) imports nothing else of Strata but the errors a
+kernel.py, nodes.py, kernelattrs.py and this module) imports nothing else of Strata but the errors a
 user sees; operations.py implements `Operations` with the client library.
 
 - Paths are below the mount point ("/" is the mount's root); times are in nanoseconds.

@@ -9,7 +9,7 @@ holds a's node for b, and a new file at a needs a different id.
 
 The table outlives the process serving the mount: every change is appended to a journal file
 (one line per change, written before the kernel hears of it) that a successor replays (see
-keeper.py). The journal is rewritten compactly when it has grown well past the table.
+mountkeeper.py). The journal is rewritten compactly when it has grown well past the table.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ zero read errors, every pass equal to the store's bytes, the reader never restar
 longest stall the reader saw in each case is printed.
 
 The mounts outlive the plugin's container because their keepers are children of the node's
-fuse-holder pod (cacheserver/fuse/holder.py), which the upgrade does not replace.
+fuse-holder pod (cacheserver/fuse/keeperhost.py), which the upgrade does not replace.
 """
 
 from __future__ import annotations

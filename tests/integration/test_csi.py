@@ -27,7 +27,7 @@ from strata.cacheserver.csi.proto import csi_pb2 as csi
 from strata.cacheserver.csi.proto import csi_pb2_grpc as csi_grpc
 from strata.cacheserver.csi.publisher import Publisher
 from strata.cacheserver.csi.server import serve
-from strata.cacheserver.fuse import keeper
+from strata.cacheserver.fuse import mountkeeper
 from strata.cacheserver.fuse.mountpoints import MountState, find_mount, mount_state
 from strata.contract import csi as c
 from strata.contract.constants import data_token_key
@@ -370,7 +370,7 @@ def test_a_volume_whose_keeper_died_too_is_mounted_again(
     publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})
     channel.close()
     (record,) = Publisher(cli_plugin.state).records()
-    kept = int(keeper.read_json(keeper.state_dir(target) / keeper.KEEPER).get("keeper_pid", 0))
+    kept = int(mountkeeper.read_json(mountkeeper.state_dir(target) / mountkeeper.KEEPER).get("keeper_pid", 0))
     assert kept and Path(f"/proc/{kept}").exists()
     os.kill(kept, signal.SIGKILL)  # nothing holds the connection: the mount is dead, not kept
     os.kill(record.pid, signal.SIGKILL)
@@ -392,8 +392,8 @@ def test_a_kept_volume_unpublished_while_the_plugin_was_down_is_cleaned(
     publish(node, target, direct(cluster), secrets={c.SECRET_TOKEN: TOKEN})
     channel.close()
     (record,) = Publisher(cli_plugin.state).records()
-    state = keeper.state_dir(target)
-    kept = int(keeper.read_json(state / keeper.KEEPER).get("keeper_pid", 0))
+    state = mountkeeper.state_dir(target)
+    kept = int(mountkeeper.read_json(state / mountkeeper.KEEPER).get("keeper_pid", 0))
     cli_plugin.kill()
     os.kill(record.pid, signal.SIGKILL)  # the mount is kept, nobody serves it
     cli_plugin.start()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from strata.cacheserver import launcher
-from strata.cacheserver.fuse import holder
+from strata.cacheserver.fuse import keeperhost, settings
 from strata.cacheserver.fuse.mountpoints import find_mount
 
 from .conftest import BLOCK_SIZE, wait_until
@@ -48,9 +48,9 @@ def fuse_holder(tmp_path: Path) -> Iterator[HolderProcess]:
     log = tmp_path / "holder.log"
     child = launcher.start("strata fuse-holder", launcher.strata_argv("fuse-holder"), log,
                            env={**os.environ, "STRATA_FUSE_STATE_DIR": str(root)})
-    started = HolderProcess(child.process, root / holder.SOCKET, log)
+    started = HolderProcess(child.process, root / keeperhost.SOCKET, log)
     try:
-        holder.wait_ready(started.socket, wait=30)
+        keeperhost.wait_ready(started.socket, wait=30)
         yield started
     finally:
         child.stop(grace=20)
@@ -80,7 +80,7 @@ def test_a_mount_kept_by_the_holder_outlives_the_servers_whole_session(
     data = payload(3 * BLOCK_SIZE + 12345)
     cluster.s3.put_object(bucket, "stream.bin", data)
     cluster.mount_bucket("/s", bucket)
-    env = {holder.HOLDER_ENV: str(fuse_holder.socket)}
+    env = {settings.HOLDER_ENV: str(fuse_holder.socket)}
     fuse = mount_fuse(cluster, env=env)
     keeper = keeper_pid(fuse.path)
     assert keeper and parent_of(keeper) == fuse_holder.process.pid, "the keeper is not the holder's child"
@@ -132,9 +132,9 @@ def test_without_its_holder_strata_fuse_fails_clearly_and_mounts_nothing(
     missing = tmp_path / "no-holder.sock"
     wait = 3  # STRATA_FUSE_HOLDER_WAIT (the default, 30 s, proves the same at ten times the cost)
     started = time.monotonic()
-    fuse = mount_fuse(cluster, env={holder.HOLDER_ENV: str(missing), holder.WAIT_ENV: str(wait)}, wait=False)
+    fuse = mount_fuse(cluster, env={settings.HOLDER_ENV: str(missing), settings.HOLDER_WAIT_ENV: str(wait)}, wait=False)
     assert fuse.wait(wait + 30) == 1
     assert time.monotonic() - started >= wait
-    assert f"the FUSE holder is not reachable at {missing} ({holder.HOLDER_ENV}) after {wait}s" in fuse.output(), \
+    assert f"the FUSE holder is not reachable at {missing} ({settings.HOLDER_ENV}) after {wait}s" in fuse.output(), \
         fuse.output()
     assert find_mount(fuse.path) is None

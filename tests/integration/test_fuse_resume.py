@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.fuse.kernel import connection_of
-from strata.cacheserver.fuse.keeper import read_json
+from strata.cacheserver.fuse.mountkeeper import read_json
 from strata.cacheserver.fuse.mountpoints import find_mount, wait_unmounted
 from strata.contract.proto import strata_pb2 as pb
 

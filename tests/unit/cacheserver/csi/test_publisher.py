@@ -15,7 +15,7 @@ import pytest
 
 from strata.cacheserver.csi import publisher as publisher_module
 from strata.cacheserver.csi.publisher import Publication, Publisher
-from strata.cacheserver.fuse import keeper
+from strata.cacheserver.fuse import mountkeeper, settings
 
 
 def record(target: Path, pid: int) -> Publication:
@@ -31,7 +31,7 @@ def dead_pid() -> int:
 
 @pytest.fixture
 def publisher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Publisher:
-    monkeypatch.setenv(keeper.STATE_DIR_ENV, str(tmp_path / "fuse"))
+    monkeypatch.setenv(settings.STATE_DIR_ENV, str(tmp_path / "fuse"))
     return Publisher(tmp_path / "state")
 
 
@@ -40,14 +40,14 @@ def test_a_mount_is_kept_only_when_its_server_is_gone_and_its_keeper_listens(
     target = tmp_path / "pod" / "mount"
     gone = record(target, dead_pid())
     assert not publisher._kept(gone)  # no keeper: a dead mount, to be mounted anew
-    state = keeper.state_dir(target)
+    state = mountkeeper.state_dir(target)
     state.mkdir(parents=True)
-    (state / keeper.SOCKET).touch()
+    (state / mountkeeper.SOCKET).touch()
     assert publisher._kept(gone)
     with fake_server(target) as pid:
         assert not publisher._kept(record(target, pid))  # its server lives
         # A successor the keeper recorded serves it, though the record names the dead one.
-        keeper.write_json(state / keeper.KEEPER, {"keeper_pid": 1, "server_pid": pid})
+        mountkeeper.write_json(state / mountkeeper.KEEPER, {"keeper_pid": 1, "server_pid": pid})
         assert not publisher._kept(gone)
         publisher._save(gone)
         publisher._recover(gone)  # adopts the successor: nothing started, nothing unmounted

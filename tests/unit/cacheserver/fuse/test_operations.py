@@ -15,16 +15,11 @@ import pytest
 from threadmaster import MASTER_TOKEN, threaded_master
 
 from strata.cacheserver.client.fs import StrataFileSystem
-from strata.cacheserver.fuse.operations import (
-    DEFAULT_ATTR_TIMEOUT,
-    MAX_ATTR_TIMEOUT,
-    MAX_READ_ONLY_ATTR_TIMEOUT,
-    FuseSettings,
-    StrataOperations,
-    attr_timeout_for,
-    errno_of,
-)
+from strata.cacheserver.fuse.attrcache import MAX_ATTR_TIMEOUT, MAX_READ_ONLY_ATTR_TIMEOUT, attr_timeout_for
+from strata.cacheserver.fuse.errnos import errno_of
 from strata.cacheserver.fuse.interface import FileInfo
+from strata.cacheserver.fuse.operations import StrataOperations
+from strata.cacheserver.fuse.settings import DEFAULT_ATTR_TIMEOUT, FuseSettings
 from strata.contract import errors
 from strata.contract.proto import strata_pb2 as pb
 

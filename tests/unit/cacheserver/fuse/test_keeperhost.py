@@ -16,21 +16,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.contract.errors import InvalidArgument, Unavailable
-from strata.cacheserver.fuse import holder, keeper
+from strata.contract.errors import Unavailable
+from strata.cacheserver.fuse import keeperhost, mountkeeper, settings
 
 
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "s"  # short: a Unix socket's path is at most 107 bytes
     folder.mkdir()
-    monkeypatch.setenv(keeper.STATE_DIR_ENV, str(folder))
+    monkeypatch.setenv(settings.STATE_DIR_ENV, str(folder))
     return folder
 
 
 @pytest.fixture
-def running(root: Path) -> Iterator[holder.Holder]:
-    h = holder.Holder(root / holder.SOCKET, root)
+def running(root: Path) -> Iterator[keeperhost.Holder]:
+    h = keeperhost.Holder(root / keeperhost.SOCKET, root)
     h.listen()
     stop = threading.Event()
     thread = threading.Thread(target=h.serve, args=(stop,), daemon=True)
@@ -41,7 +41,7 @@ def running(root: Path) -> Iterator[holder.Holder]:
     h.close()
 
 
-def ask(h: holder.Holder, payload: bytes, fds: list[int] | None = None) -> dict[str, object]:
+def ask(h: keeperhost.Holder, payload: bytes, fds: list[int] | None = None) -> dict[str, object]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(str(h.path))
@@ -49,7 +49,7 @@ def ask(h: holder.Holder, payload: bytes, fds: list[int] | None = None) -> dict[
             socket.send_fds(sock, [payload], fds)
         else:
             sock.sendall(payload)
-        line, _ = holder.read_line(sock)
+        line, _ = keeperhost.read_line(sock)
     reply = json.loads(line)
     assert isinstance(reply, dict)
     return reply
@@ -67,23 +67,23 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_the_socket_is_for_root_only_and_answers_a_probe(running: holder.Holder) -> None:
+def test_the_socket_is_for_root_only_and_answers_a_probe(running: keeperhost.Holder) -> None:
     assert running.path.stat().st_mode & 0o777 == 0o600
-    holder.wait_ready(running.path, wait=5)
+    keeperhost.wait_ready(running.path, wait=5)
 
 
 @pytest.mark.parametrize(("payload", "error"), [
     (b"{not json\n", "not a JSON request"),
     (b"[1, 2]\n", "not a JSON object"),
-    (b"x" * (holder.MAX_MESSAGE + 10), f"longer than {holder.MAX_MESSAGE} bytes"),
+    (b"x" * (keeperhost.MAX_MESSAGE + 10), f"longer than {keeperhost.MAX_MESSAGE} bytes"),
 ])
-def test_a_bad_or_oversized_request_is_refused(running: holder.Holder, payload: bytes, error: str) -> None:
+def test_a_bad_or_oversized_request_is_refused(running: keeperhost.Holder, payload: bytes, error: str) -> None:
     reply = ask(running, payload)
     assert error in str(reply["error"]), reply
-    holder.wait_ready(running.path, wait=5)  # and the holder serves on
+    keeperhost.wait_ready(running.path, wait=5)  # and the holder serves on
 
 
-def test_a_request_must_name_its_mount_and_a_state_folder_of_the_holder(running: holder.Holder, root: Path) -> None:
+def test_a_request_must_name_its_mount_and_a_state_folder_of_the_holder(running: keeperhost.Holder, root: Path) -> None:
     r, w = os.pipe()
     try:
         assert "mountpoint must be an absolute path" in str(ask(running, request(root, mountpoint="x"), [r])["error"])
@@ -97,7 +97,7 @@ def test_a_request_must_name_its_mount_and_a_state_folder_of_the_holder(running:
         os.close(w)
 
 
-def test_a_request_without_its_descriptor_or_with_another_one_is_refused(running: holder.Holder, root: Path) -> None:
+def test_a_request_without_its_descriptor_or_with_another_one_is_refused(running: keeperhost.Holder, root: Path) -> None:
     assert "came with 0 descriptors" in str(ask(running, request(root))["error"])
     r, w = os.pipe()
     try:
@@ -108,15 +108,15 @@ def test_a_request_without_its_descriptor_or_with_another_one_is_refused(running
     assert not running.keepers
 
 
-def test_keepers_are_started_and_reaped(running: holder.Holder, root: Path, tmp_path: Path,
+def test_keepers_are_started_and_reaped(running: keeperhost.Holder, root: Path, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(holder, "is_fuse_device", lambda fd: True)
+    monkeypatch.setattr(keeperhost, "is_fuse_device", lambda fd: True)
     state = root / "k1"
     state.mkdir()
     r, w = os.pipe()
     try:
         # Nothing is mounted at the mount point: the keeper starts, listens, then ends at once.
-        pid = holder.start_keeper(running.path, r, state, tmp_path / "not-mounted", 5.0, wait=5)
+        pid = keeperhost.start_keeper(running.path, r, state, tmp_path / "not-mounted", 5.0, wait=5)
     finally:
         os.close(r)
         os.close(w)
@@ -133,42 +133,24 @@ def test_a_client_says_which_holder_socket_is_not_reachable(root: Path) -> None:
     missing = root / "nobody.sock"
     started = time.monotonic()
     with pytest.raises(Unavailable) as exc:
-        holder.start_keeper(missing, 0, root / "x", Path("/mnt/x"), 5.0, wait=1.0)
+        keeperhost.start_keeper(missing, 0, root / "x", Path("/mnt/x"), 5.0, wait=1.0)
     assert 1.0 <= time.monotonic() - started < 5
-    assert str(missing) in str(exc.value) and holder.HOLDER_ENV in str(exc.value)
-
-
-def test_the_holder_is_configured_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(holder.HOLDER_ENV, raising=False)
-    assert holder.configured() is None
-    monkeypatch.setenv(holder.HOLDER_ENV, "/run/strata/fuse/holder.sock")
-    assert holder.configured() == Path("/run/strata/fuse/holder.sock")
-
-
-def test_the_wait_for_the_holder_is_30_s_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(holder.WAIT_ENV, raising=False)
-    assert holder.wait_timeout() == 30
-    monkeypatch.setenv(holder.WAIT_ENV, "2.5")
-    assert holder.wait_timeout() == 2.5
-    for bad in ("soon", "0", "-1", "nan", "inf"):
-        monkeypatch.setenv(holder.WAIT_ENV, bad)
-        with pytest.raises(InvalidArgument, match=f"STRATA_FUSE_HOLDER_WAIT must be seconds .*not '{bad}'"):
-            holder.wait_timeout()
+    assert str(missing) in str(exc.value) and settings.HOLDER_ENV in str(exc.value)
 
 
 @pytest.fixture
-def listening(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[keeper.Keeper, socket.socket]]:
+def listening(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[mountkeeper.Keeper, socket.socket]]:
     """A keeper of a stand-in descriptor (a pipe) whose mount is there, and a client connected
     to its socket; the test calls `_accept` itself."""
     r, w = os.pipe()
-    k = keeper.Keeper(r, tmp_path, tmp_path / "m", 60)
+    k = mountkeeper.Keeper(r, tmp_path, tmp_path / "m", 60)
     k.device = "0:99"
-    monkeypatch.setattr(keeper, "find_mount", lambda path: SimpleNamespace(device="0:99"))
+    monkeypatch.setattr(mountkeeper, "find_mount", lambda path: SimpleNamespace(device="0:99"))
     k.listen()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)
-            sock.connect(str(tmp_path / keeper.SOCKET))
+            sock.connect(str(tmp_path / mountkeeper.SOCKET))
             yield k, sock
     finally:
         if k.server is not None:
@@ -183,7 +165,7 @@ def listening(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
     {"version": 9, "pid": 4242, "resume_timeout": 7, "later": {"field": [1]}},  # of a newer image
 ])
 def test_the_keeper_hands_over_to_a_hello_of_any_version(
-        listening: tuple[keeper.Keeper, socket.socket], hello: dict[str, object]) -> None:
+        listening: tuple[mountkeeper.Keeper, socket.socket], hello: dict[str, object]) -> None:
     k, sock = listening
     sock.sendall(json.dumps(hello).encode() + b"\n")
     assert k._accept(select.poll())
@@ -194,7 +176,7 @@ def test_the_keeper_hands_over_to_a_hello_of_any_version(
     assert k.server_pid == 4242 and k.resume_timeout == 7
 
 
-def test_the_keeper_refuses_a_hello_that_is_no_object(listening: tuple[keeper.Keeper, socket.socket]) -> None:
+def test_the_keeper_refuses_a_hello_that_is_no_object(listening: tuple[mountkeeper.Keeper, socket.socket]) -> None:
     k, sock = listening
     sock.sendall(b"[1]\n")
     assert k._accept(select.poll())
@@ -205,13 +187,13 @@ def test_the_keeper_refuses_a_hello_that_is_no_object(listening: tuple[keeper.Ke
 # -- the keeper's deadlines while a server is attached ---------------------------------------------
 
 @pytest.fixture
-def ended(listening: tuple[keeper.Keeper, socket.socket], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def ended(listening: tuple[mountkeeper.Keeper, socket.socket], monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What the keeper ended and unmounted (the stand-in connection is no kernel's)."""
     k, _ = listening
     k.fd = os.dup(k.fd)  # the keeper closes its own when it ends the connection
     calls: list[str] = []
-    monkeypatch.setattr(keeper.kernel, "abort", lambda device: calls.append(f"abort {device}") or True)
-    monkeypatch.setattr(keeper, "unmount", lambda path, lazy=False: calls.append(f"unmount {path}"))
+    monkeypatch.setattr(mountkeeper.kernel, "abort", lambda device: calls.append(f"abort {device}") or True)
+    monkeypatch.setattr(mountkeeper, "unmount", lambda path, lazy=False: calls.append(f"unmount {path}"))
     return calls
 
 
@@ -222,7 +204,7 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30) -> N
         time.sleep(0.01)
 
 
-def attach_as_server(k: keeper.Keeper, sock: socket.socket, poller: select.poll, **hello: object) -> None:
+def attach_as_server(k: mountkeeper.Keeper, sock: socket.socket, poller: select.poll, **hello: object) -> None:
     sock.sendall(json.dumps({"version": 1, "pid": 4242, "resume_timeout": 60, **hello}).encode() + b"\n")
     assert k._accept(poller)
     _, fds, _, _ = socket.recv_fds(sock, 1024, 1)
@@ -231,7 +213,7 @@ def attach_as_server(k: keeper.Keeper, sock: socket.socket, poller: select.poll,
 
 
 def test_a_successor_that_attaches_but_never_serves_keeps_the_readers_deadline(
-        listening: tuple[keeper.Keeper, socket.socket]) -> None:
+        listening: tuple[mountkeeper.Keeper, socket.socket]) -> None:
     k, sock = listening
     deadline = k.deadline
     poller = select.poll()
@@ -242,7 +224,7 @@ def test_a_successor_that_attaches_but_never_serves_keeps_the_readers_deadline(
     assert not k.unserved() and k.deadline is None
 
 
-def test_a_server_of_the_first_images_is_served_once_attached(listening: tuple[keeper.Keeper, socket.socket]) -> None:
+def test_a_server_of_the_first_images_is_served_once_attached(listening: tuple[mountkeeper.Keeper, socket.socket]) -> None:
     k, sock = listening
     sock.sendall(json.dumps({"pid": 4242, "resume_timeout": 7}).encode() + b"\n")  # never says `serving`
     assert k._accept(select.poll())
@@ -250,22 +232,22 @@ def test_a_server_of_the_first_images_is_served_once_attached(listening: tuple[k
 
 
 def test_a_silent_server_ends_the_mount_even_where_its_process_is_not_visible(
-        listening: tuple[keeper.Keeper, socket.socket], ended: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        listening: tuple[mountkeeper.Keeper, socket.socket], ended: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A keeper of the holder's pod sees no process of the plugin's: the heartbeat tells."""
     k, sock = listening
-    monkeypatch.setattr(keeper, "peer_pid", lambda conn: 0)
+    monkeypatch.setattr(mountkeeper, "peer_pid", lambda conn: 0)
     poller = select.poll()
     attach_as_server(k, sock, poller, heartbeat=1.0)
     sock.sendall(b"serving\nalive\n")
     k._from_server(poller)
     assert k._check_server(poller) and not ended
-    k.last_sign -= max(k.resume_timeout, keeper.UNRESPONSIVE_MIN) + 1  # stopped, frozen or hung since
+    k.last_sign -= max(k.resume_timeout, mountkeeper.UNRESPONSIVE_MIN) + 1  # stopped, frozen or hung since
     assert not k._check_server(poller)
     assert ended == ["abort 0:99", f"unmount {k.mountpoint}"]
 
 
 def test_a_server_whose_process_ended_is_dropped_though_its_connection_stays_open(
-        listening: tuple[keeper.Keeper, socket.socket], ended: list[str]) -> None:
+        listening: tuple[mountkeeper.Keeper, socket.socket], ended: list[str]) -> None:
     """A killed server one of whose threads waits on the mount keeps its descriptors: the
     keeper takes it for gone all the same, and a successor may take over."""
     k, sock = listening
@@ -276,17 +258,17 @@ def test_a_server_whose_process_ended_is_dropped_though_its_connection_stays_ope
     assert k.process == os.getpid()  # (this test is the server)
     zombie = subprocess.Popen(["true"])
     try:
-        wait_for(lambda: keeper.process_ended(zombie.pid), "the child to end")
+        wait_for(lambda: mountkeeper.process_ended(zombie.pid), "the child to end")
         k.process = zombie.pid  # as a killed server's main thread is, while another waits in the kernel
         assert k._check_server(poller)
     finally:
         zombie.wait()
     assert k.server is None and k.deadline is not None and not ended
-    assert not keeper.process_ended(os.getpid())
+    assert not mountkeeper.process_ended(os.getpid())
 
 
 def test_an_end_request_ends_the_keeper_whatever_serves_the_mount(
-        listening: tuple[keeper.Keeper, socket.socket], ended: list[str]) -> None:
+        listening: tuple[mountkeeper.Keeper, socket.socket], ended: list[str]) -> None:
     k, sock = listening
     poller = select.poll()
     attach_as_server(k, sock, poller)
@@ -298,6 +280,6 @@ def test_an_end_request_ends_the_keeper_whatever_serves_the_mount(
         done.set()
 
     threading.Thread(target=run, daemon=True).start()
-    assert keeper.end(k.state, timeout=10)
-    assert done.wait(10) and ended[0] == "abort 0:99" and not (k.state / keeper.SOCKET).exists()
-    assert keeper.end(k.state)  # nothing there: nothing to do
+    assert mountkeeper.end(k.state, timeout=10)
+    assert done.wait(10) and ended[0] == "abort 0:99" and not (k.state / mountkeeper.SOCKET).exists()
+    assert mountkeeper.end(k.state)  # nothing there: nothing to do

@@ -1,5 +1,5 @@
 """What Strata remembers of the attributes the kernel holds, and when an open has the kernel
-forget them (shown.py)."""
+forget them (kernelattrs.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from strata.cacheserver.fuse.shown import ShownAttrs
+from strata.cacheserver.fuse.kernelattrs import KernelAttrs
 from strata.cacheserver.fuse.wire import Attr
 
 
@@ -26,7 +26,7 @@ class Kernel:
 
 
 def test_an_open_of_what_the_kernel_was_told_invalidates_nothing() -> None:
-    shown, kernel = ShownAttrs(), Kernel()
+    shown, kernel = KernelAttrs(), Kernel()
     shown.reply(5, attr(100), lambda: True)
     shown.ensure(5, attr(100), kernel.invalidate)
     shown.ensure(5, attr(100), kernel.invalidate)
@@ -34,7 +34,7 @@ def test_an_open_of_what_the_kernel_was_told_invalidates_nothing() -> None:
 
 
 def test_an_open_of_another_size_or_time_or_an_unknown_node_invalidates_once() -> None:
-    shown, kernel = ShownAttrs(), Kernel()
+    shown, kernel = KernelAttrs(), Kernel()
     shown.ensure(5, attr(100), kernel.invalidate)  # never told (a successor process)
     assert kernel.invalidated == 1
     shown.reply(5, attr(100), lambda: True)
@@ -46,7 +46,7 @@ def test_an_open_of_another_size_or_time_or_an_unknown_node_invalidates_once() -
 
 
 def test_a_reply_the_kernel_did_not_take_is_not_remembered() -> None:
-    shown, kernel = ShownAttrs(), Kernel()
+    shown, kernel = KernelAttrs(), Kernel()
     shown.reply(5, attr(100), lambda: True)
     shown.reply(5, attr(200), lambda: False)  # interrupted: the kernel still holds 100, or nothing
     shown.ensure(5, attr(200), kernel.invalidate)
@@ -54,7 +54,7 @@ def test_a_reply_the_kernel_did_not_take_is_not_remembered() -> None:
 
 
 def test_sizes_the_kernel_sets_itself_are_not_trusted() -> None:
-    shown, kernel = ShownAttrs(), Kernel()
+    shown, kernel = KernelAttrs(), Kernel()
     shown.reply(5, attr(100), lambda: True)
     shown.read_short(5, 100)  # a read to the end: the kernel keeps 100
     shown.ensure(5, attr(100), kernel.invalidate)
@@ -69,7 +69,7 @@ def test_sizes_the_kernel_sets_itself_are_not_trusted() -> None:
 
 
 def test_an_invalidation_that_fails_fails_the_open_and_is_tried_again() -> None:
-    shown = ShownAttrs()
+    shown = KernelAttrs()
     shown.reply(5, attr(100), lambda: True)
 
     def refuse() -> None:

@@ -1,6 +1,6 @@
 """`strata fuse-holder`: the per-node process whose children are the keepers of FUSE mounts.
 
-A keeper (keeper.py) keeps a mount alive while its server is gone, but only while the keeper
+A keeper (mountkeeper.py) keeps a mount alive while its server is gone, but only while the keeper
 itself lives. A keeper started by `strata fuse` lives where that process lives: in a
 Kubernetes CSI node plugin's container, which a deleted plugin pod or a `helm upgrade`
 ends with every process in it, keepers included, and with them every volume of the node. So
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata.contract.errors import InvalidArgument, StrataError, Unavailable
-from . import keeper
+from strata.contract.errors import StrataError, Unavailable
+from . import mountkeeper
+from .settings import DEFAULT_HOLDER_WAIT, HOLDER_ENV, fuse_environment
 
 log = logging.getLogger("strata.fuse.holder")
 
-HOLDER_ENV = "STRATA_FUSE_HOLDER"
 SOCKET = "holder.sock"
 VERSION = 1
 MAX_MESSAGE = 4096
@@ -46,10 +46,6 @@ MAX_MESSAGE = 4096
 REQUEST_TIMEOUT = 10.0
 # Seconds a client waits for the answer (the keeper is a new Python process).
 START_TIMEOUT = 30.0
-# Seconds `strata fuse` waits for the holder to listen (a node plugin may start before it),
-# unless STRATA_FUSE_HOLDER_WAIT says otherwise.
-WAIT_TIMEOUT = 30.0
-WAIT_ENV = "STRATA_FUSE_HOLDER_WAIT"
 WAIT_INTERVAL = 0.5
 # Seconds between looks for keepers that ended.
 REAP_INTERVAL = 1.0
@@ -58,7 +54,7 @@ FUSE_DEVICE = (10, 229)
 
 
 def default_socket() -> Path:
-    return keeper.state_root() / SOCKET
+    return fuse_environment().state_root() / SOCKET
 
 
 class RequestError(Exception):
@@ -173,7 +169,7 @@ class Holder:
                                    "not its /dev/fuse descriptor")
             if not is_fuse_device(fds[0]):
                 raise RequestError(f"the descriptor sent for {request.mountpoint} is not /dev/fuse")
-            pid = keeper.start(fds[0], request.state, request.mountpoint, request.resume_timeout)
+            pid = mountkeeper.start(fds[0], request.state, request.mountpoint, request.resume_timeout)
         except RequestError as exc:
             log.warning("strata fuse-holder: refused a request: %s", exc)
             return {"error": str(exc)}
@@ -238,7 +234,7 @@ def describe_status(status: int) -> str:
 def run_holder(path: Path | None = None) -> int:
     """Serve until SIGTERM/SIGINT. The keepers keep running after the holder ends on a host;
     in a container they end with it (so the chart never replaces the holder's pod)."""
-    root = keeper.state_root()
+    root = fuse_environment().state_root()
     holder = Holder(path or default_socket(), root)
     holder.listen()
     stop = threading.Event()
@@ -255,27 +251,6 @@ def run_holder(path: Path | None = None) -> int:
 
 
 # -- the client's side (`strata fuse`) ------------------------------------------------------------
-
-
-def configured() -> Path | None:
-    """The holder socket `strata fuse` hands its mounts to (STRATA_FUSE_HOLDER), or None."""
-    value = os.environ.get(HOLDER_ENV, "").strip()
-    return Path(value) if value else None
-
-
-def wait_timeout() -> float:
-    """Seconds `strata fuse` waits for its holder to listen: STRATA_FUSE_HOLDER_WAIT, else
-    WAIT_TIMEOUT."""
-    value = os.environ.get(WAIT_ENV, "").strip()
-    if not value:
-        return WAIT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < 86400:
-        raise InvalidArgument(f"{WAIT_ENV} must be seconds (0 < s < 86400), not {value!r}")
-    return seconds
 
 
 def _connect(path: Path, wait: float) -> socket.socket:
@@ -296,7 +271,7 @@ def _connect(path: Path, wait: float) -> socket.socket:
         time.sleep(WAIT_INTERVAL)
 
 
-def wait_ready(path: Path, wait: float = WAIT_TIMEOUT) -> None:
+def wait_ready(path: Path, wait: float = DEFAULT_HOLDER_WAIT) -> None:
     """Return once the holder at `path` listens; Unavailable after `wait` seconds."""
     with _connect(path, wait) as sock:
         sock.sendall(b"\n")
@@ -320,7 +295,7 @@ def _reply(sock: socket.socket, path: Path) -> dict[str, Any]:
 
 
 def start_keeper(path: Path, fd: int, state: Path, mountpoint: Path, resume_timeout: float,
-                 wait: float = WAIT_TIMEOUT) -> int:
+                 wait: float = DEFAULT_HOLDER_WAIT) -> int:
     """Have the holder at `path` start the keeper of the new mount (descriptor `fd`); its pid
     once it listens."""
     request = {"version": VERSION, "mountpoint": str(mountpoint), "state": str(state),

@@ -10,39 +10,34 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.fuse import keeper
+from strata.cacheserver.fuse import mountkeeper, settings
 
 
 def test_the_state_folder_is_found_from_the_mount_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(keeper.STATE_DIR_ENV, str(tmp_path))
-    a, b = keeper.state_dir(Path("/mnt/a")), keeper.state_dir(Path("/mnt/b"))
+    monkeypatch.setenv(settings.STATE_DIR_ENV, str(tmp_path))
+    a, b = mountkeeper.state_dir(Path("/mnt/a")), mountkeeper.state_dir(Path("/mnt/b"))
     assert a.parent == tmp_path and b.parent == tmp_path and a != b
-    assert keeper.state_dir(Path("/mnt/a")) == a  # the same for every process
-    assert len(str(a / keeper.SOCKET)) < 108  # a Unix socket's path limit, with a short root
+    assert mountkeeper.state_dir(Path("/mnt/a")) == a  # the same for every process
+    assert len(str(a / mountkeeper.SOCKET)) < 108  # a Unix socket's path limit, with a short root
 
 
-def test_the_resume_timeout_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(keeper.RESUME_TIMEOUT_ENV, raising=False)
-    assert keeper.resume_timeout_default() == keeper.DEFAULT_RESUME_TIMEOUT
-    monkeypatch.setenv(keeper.RESUME_TIMEOUT_ENV, "2.5")
-    assert keeper.resume_timeout_default() == 2.5
 
 
 def test_no_keeper_or_a_dead_ones_socket_means_mount_anew(tmp_path: Path) -> None:
-    assert keeper.attach(tmp_path, 60) is None
+    assert mountkeeper.attach(tmp_path, 60) is None
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    dead.bind(str(tmp_path / keeper.SOCKET))
+    dead.bind(str(tmp_path / mountkeeper.SOCKET))
     dead.close()  # the file stays, nobody listens
-    assert keeper.attach(tmp_path, 60) is None
+    assert mountkeeper.attach(tmp_path, 60) is None
 
 
 def test_json_files_are_replaced_whole(tmp_path: Path) -> None:
-    path = tmp_path / keeper.SESSION
-    keeper.write_json(path, {"root": "/x"})
-    assert keeper.read_json(path) == {"root": "/x"}
+    path = tmp_path / mountkeeper.SESSION
+    mountkeeper.write_json(path, {"root": "/x"})
+    assert mountkeeper.read_json(path) == {"root": "/x"}
     path.write_text("{cut")
-    assert keeper.read_json(path) == {}
-    assert keeper.read_json(tmp_path / "missing.json") == {}
+    assert mountkeeper.read_json(path) == {}
+    assert mountkeeper.read_json(tmp_path / "missing.json") == {}
 
 
 @pytest.mark.parametrize(("answer", "ended"), [
@@ -52,19 +47,19 @@ def test_json_files_are_replaced_whole(tmp_path: Path) -> None:
 ])
 def test_ending_a_keeper_says_whether_it_ended(tmp_path: Path, answer: bytes, ended: bool) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(tmp_path / keeper.SOCKET))
+    listener.bind(str(tmp_path / mountkeeper.SOCKET))
     listener.listen(1)
 
     def answer_once() -> None:
         conn, _ = listener.accept()
         with conn:
-            assert json.loads(conn.recv(1024)) == {"version": keeper.HELLO_VERSION, "end": True}
+            assert json.loads(conn.recv(1024)) == {"version": mountkeeper.HELLO_VERSION, "end": True}
             conn.sendall(answer)
 
     thread = threading.Thread(target=answer_once)
     thread.start()
     try:
-        assert keeper.end(tmp_path, timeout=10) is ended
+        assert mountkeeper.end(tmp_path, timeout=10) is ended
     finally:
         thread.join(10)
         listener.close()

@@ -15,7 +15,7 @@ kernel took last: it applies each in the order written, and drops an answer to a
 sent before an invalidation (its attribute version), holding nothing then until it asks
 again. The kernel also changes the size itself (a write; a read that ends short of the size,
 which it takes as the new end): then nothing is remembered of that node, and its next open
-invalidates. A successor process (keeper.py) starts knowing nothing, so the first open of each
+invalidates. A successor process (mountkeeper.py) starts knowing nothing, so the first open of each
 node invalidates.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from .wire import Attr
 
 
-class ShownAttrs:
+class KernelAttrs:
     def __init__(self) -> None:
         self._shown: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()

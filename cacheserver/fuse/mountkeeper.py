@@ -25,7 +25,7 @@ a successor reads on at that version). Another program (a CSI node plugin) can r
 same way, given the same state folder.
 
 Who starts the keeper: `strata fuse` itself, or, with STRATA_FUSE_HOLDER set, the node's
-`strata fuse-holder` (holder.py), to which `strata fuse` sends the new mount's descriptor. A
+`strata fuse-holder` (keeperhost.py), to which `strata fuse` sends the new mount's descriptor. A
 keeper lives as long as the process tree it is part of: in a CSI node plugin's container it
 would end with the container (a deleted plugin pod, a `helm upgrade`), so the chart's node
 plugin hands its mounts to the holder, which runs in a pod of its own that upgrades never
@@ -81,15 +81,10 @@ from strata.contract.errors import AlreadyExists, Unavailable
 from ..common.durable import write_file
 from . import kernel
 from .mountpoints import find_mount, unmount
+from .settings import DEFAULT_RESUME_TIMEOUT, fuse_environment
 
 log = logging.getLogger("strata.fuse.keeper")
 
-STATE_DIR_ENV = "STRATA_FUSE_STATE_DIR"
-RESUME_TIMEOUT_ENV = "STRATA_FUSE_RESUME_TIMEOUT"
-# Seconds a mount whose server died waits for a successor before its readers get an error:
-# long enough for a restart (a container's, or a rollout's), short enough that a reader does
-# not look hung.
-DEFAULT_RESUME_TIMEOUT = 60.0
 SOCKET = "keeper.sock"
 SESSION = "session.json"   # written by servers
 KEEPER = "keeper.json"     # written by the keeper
@@ -115,24 +110,10 @@ HEARTBEAT_INTERVAL = 1.0
 UNRESPONSIVE_MIN = 10.0
 
 
-def state_root() -> Path:
-    configured = os.environ.get(STATE_DIR_ENV)
-    if configured:
-        return Path(configured)
-    if os.geteuid() == 0:
-        return Path("/run/strata/fuse")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / "strata" / "fuse" if runtime else Path(f"/tmp/strata-fuse-{os.getuid()}")
-
-
 def state_dir(mountpoint: Path) -> Path:
     """The state folder of the mount at `mountpoint` (an absolute path)."""
     key = hashlib.blake2b(str(mountpoint).encode(), digest_size=8).hexdigest()
-    return state_root() / key
-
-
-def resume_timeout_default() -> float:
-    return float(os.environ.get(RESUME_TIMEOUT_ENV, DEFAULT_RESUME_TIMEOUT))
+    return fuse_environment().state_root() / key
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
@@ -277,7 +258,7 @@ def peer_pid(conn: socket.socket) -> int:
 def start(fd: int, state: Path, mountpoint: Path, resume_timeout: float) -> int:
     """Start the keeper of a new mount (descriptor `fd`); returns its pid once it listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "strata.cacheserver.fuse.keeper", "--fd", str(fd), "--state", str(state),
+        [sys.executable, "-P", "-m", "strata.cacheserver.fuse.mountkeeper", "--fd", str(fd), "--state", str(state),
          "--mountpoint", str(mountpoint), "--resume-timeout", str(resume_timeout)],
         pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None

@@ -1,0 +1,177 @@
+"""What the operations of a FUSE mount share: the open file handles, the metadata cache, the
+versions last opened (for the kernel's page cache), the folders made here, and the helpers
+every kind of call uses.
+
+File handles are numbered from the time the process started, with the lowest bit set for
+files open for writing: a successor process (see mountkeeper.py) tells the handles of its
+predecessor from its own, and reads from writes."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from strata.contract.errors import NotFound, StrataError
+from strata.contract.proto import strata_pb2 as pb
+from ..client.fs import StrataFileSystem
+from ..common.paths import is_under, join, parent
+from .attrcache import REMEMBERED, AttrCache, inode_of
+from .handles import ReadHandle, ReadRecords, WriteHandle
+from .interface import MAX_IO, FuseError
+from .openreads import OpenReads
+from .settings import FuseSettings
+
+log = logging.getLogger("strata.fuse")
+
+
+class OperationsState:
+    """Paths are below the mount point ("/" is the mount's root); times are in nanoseconds."""
+
+    def __init__(self, fs: StrataFileSystem, settings: FuseSettings) -> None:
+        self.fs = fs
+        self.client = fs.client
+        self.settings = settings
+        self.root = settings.root
+        self._attrs = AttrCache(settings.attr_timeout)
+        self._handles: dict[int, ReadHandle | WriteHandle] = {}
+        self._open_reads = OpenReads()
+        self._records = ReadRecords(settings.handles_dir)
+        # Handle numbers of this process start above any its predecessor used (one per microsecond at most).
+        self._ids = itertools.count(time.time_ns() // 1000)
+        self._versions: OrderedDict[str, str] = OrderedDict()
+        self._readers: OrderedDict[tuple[str, str], ReadHandle] = OrderedDict()  # by (path, version), see read_at
+        self._new_dirs: set[str] = set()  # made by mkdir, not (yet) known to the master
+        self._lock = threading.Lock()
+        self._statfs: tuple[float, dict[str, int]] | None = None
+        self._uid, self._gid = os.getuid(), os.getgid()
+
+    def _ns(self, path: str) -> str:
+        """The namespace path of a path below the mount point."""
+        return join(self.root, path.lstrip("/")) if path != "/" else self.root
+
+    def _info(self, ns: str) -> pb.FileInfo:
+        info = self._attrs.get(ns)
+        if info is None:
+            info = self.client.stat(ns)
+            self._attrs.put(info)
+        return info
+
+    def _stat(self, ns: str, *, is_dir: bool, size: int = 0, mtime_ns: int = 0, read_only: bool = False) -> dict[str, Any]:
+        mode = (stat.S_IFDIR | 0o755) if is_dir else (stat.S_IFREG | 0o644)
+        if read_only or self.settings.read_only:
+            mode &= ~0o222
+        return {
+            "st_ino": inode_of(ns), "st_mode": mode, "st_nlink": 2 if is_dir else 1, "st_size": size,
+            "st_uid": self._uid, "st_gid": self._gid,
+            "st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns,
+            "st_blocks": (size + 511) // 512,
+            # Tools size their buffers by this (cp, Python's shutil): large reads and writes.
+            "st_blksize": MAX_IO,
+        }
+
+    def _info_stat(self, info: pb.FileInfo) -> dict[str, Any]:
+        return self._stat(info.path, is_dir=info.is_dir, size=info.length, mtime_ns=info.mtime_unix_ms * 1_000_000,
+                          read_only=info.read_only)
+
+    def _writers(self, ns: str) -> list[WriteHandle]:
+        with self._lock:
+            return [h for h in self._handles.values() if isinstance(h, WriteHandle) and h.path == ns and not h.discarded]
+
+    def _add(self, handle: ReadHandle | WriteHandle) -> int:
+        with self._lock:
+            return self._add_locked(handle)
+
+    def _add_locked(self, handle: ReadHandle | WriteHandle) -> int:
+        fh = next(self._ids) << 1 | isinstance(handle, WriteHandle)
+        self._handles[fh] = handle
+        self._open_reads.change(handle, 1)
+        return fh
+
+    @staticmethod
+    def is_write_handle(fh: int) -> bool:
+        return bool(fh & 1)
+
+    def open_files(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    def has_handle(self, fh: int) -> bool:
+        return fh in self._handles
+
+    def _handle(self, fi: Any) -> ReadHandle | WriteHandle:
+        handle = self._handles.get(fi.fh)
+        if handle is None:
+            raise FuseError(errno.EBADF)
+        return handle
+
+    def _check_writable(self, ns: str) -> None:
+        """EROFS unless a file may be written at `ns` (checked on the closest existing parent)."""
+        if self.settings.read_only:
+            raise FuseError(errno.EROFS)
+        path = ns
+        while True:
+            try:
+                info = self._info(path)
+            except NotFound:
+                if path in self._new_dirs or path == "/":
+                    return
+                path = parent(path)
+                continue
+            if info.read_only:
+                raise FuseError(errno.EROFS)
+            return
+
+    def _upload(self, ns: str, chunks: Iterator[bytes]) -> pb.FileInfo:
+        info = self.client.write_file(ns, chunks, write_type=self.settings.write_type)
+        self._attrs.drop(ns)
+        with self._lock:
+            self._page_cache_locked(ns, info.version)
+        return info
+
+    def _page_cache_locked(self, ns: str, version: str) -> tuple[bool, bool]:
+        """Record that `ns` is opened (or was written) at `version`: (whether the pages the
+        kernel holds of it may be kept, whether a handle of it must read around them).
+
+        The kernel keeps one page cache per file, filled by the reads of every handle open on
+        it, whichever version each handle reads. While a handle of another version is open,
+        its reads may put that version's pages there: a handle of this version then reads
+        directly (direct I/O), and the next open that uses the page cache starts it cold.
+        Otherwise what the kernel holds is kept when the version is the one seen last.
+        Called with `self._lock` held."""
+        if any(other != version for other in self._open_reads.versions(ns)):
+            self._versions.pop(ns, None)
+            return False, True
+        same = self._versions.get(ns) == version
+        self._versions[ns] = version
+        self._versions.move_to_end(ns)
+        while len(self._versions) > REMEMBERED:
+            self._versions.popitem(last=False)
+        return same, False
+
+    def _page_cached(self, ns: str) -> pb.FileInfo | None:
+        with self._lock:
+            return self._open_reads.cached(ns)
+
+    def _forget(self, ns: str) -> None:
+        self._attrs.drop(ns)
+        with self._lock:
+            for key in [k for k in self._versions if is_under(k, ns)]:
+                del self._versions[key]
+
+    def commit_all(self) -> None:
+        """Upload every changed open file (before unmounting)."""
+        with self._lock:
+            writers = [h for h in self._handles.values() if isinstance(h, WriteHandle)]
+        for writer in writers:
+            try:
+                writer.commit(self._upload)
+            except StrataError as exc:
+                log.error("could not write %s: %s", writer.path, exc)
