@@ -47,6 +47,9 @@ MOUNT = "/manyfiles"
 # How long the master's report may take to total the mount's files before the run goes on
 # (the totals are made off the request's path, paced).
 TOTALS_WAIT = 120.0
+# Contestants that both list and stat: one label for both.
+LABELS = {"local": "the tree on local disk (the limit): find, os.stat",
+          "strata-fuse": "Strata, a read-only FUSE mount of the Mount: find, os.stat"}
 
 
 @dataclass(frozen=True)
@@ -267,9 +270,9 @@ def measure(servers: Servers, base: Path, files: int, stat_files: int,
 
 def _listings(w: Workload, servers: Servers, tree: Path, files: int, log: Callable[[str], None]) -> None:
     """Whole walks, twice each: local find, the namespace alone, the fsspec client, FUSE."""
-    local = w.series_for("local", "find of the local tree (the limit)", "list")
+    local = w.series_for("local", LABELS["local"], "list")
     client = w.series_for("strata-client", "Strata fsspec find (ListStatusPages over gRPC, new process)", "list")
-    fuse = w.series_for("strata-fuse", "find through a read-only FUSE mount of the Mount", "list")
+    fuse = w.series_for("strata-fuse", LABELS["strata-fuse"], "list")
     namespace = w.series_for("namespace", "the master's namespace alone (in process, in pages)", "list")
     mountpoint = servers.fuse(MOUNT)
     if mountpoint is None:
@@ -307,10 +310,10 @@ def _stats(w: Workload, servers: Servers, tree: Path, files: int, stat_files: in
     sample = relative_paths(files, stat_files)
     mountpoint = servers.fuse(MOUNT)
     accesses = {
-        "local": ("os.stat of the local files", Access("posix", str(tree))),
+        "local": (LABELS["local"], Access("posix", str(tree))),
         "strata-sc": ("Strata fsspec info on the worker's node", Access(
             "strata", MOUNT, {"master": servers.master_address, "token": servers.token, "host": servers.node})),
-        "strata-fuse": ("os.stat through the read-only FUSE mount", Access("posix", str(mountpoint or ""))),
+        "strata-fuse": (LABELS["strata-fuse"], Access("posix", str(mountpoint or ""))),
     }
     # The master's CPU at rest meanwhile (heartbeats, the /healthz probe), taken off what the
     # stats cost it.

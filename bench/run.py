@@ -174,61 +174,62 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     load_start = os.getloadavg()[0]
     local = args.workdir / "data"
-    log("making the data (reused from earlier runs when the sizes match)")
-    agg = [datasets.parquet_dataset(local, f"agg-{datasets.size_label(s)}", s) for s in agg_sizes]
-    text = datasets.text_dataset(local, f"text-{datasets.size_label(text_size)}", text_size)
-    write = datasets.parquet_dataset(local, f"write-{datasets.size_label(write_size)}", write_size, seed=3)
-    share = next((d for d in agg if d.bytes == share_size), None) or datasets.parquet_dataset(
-        local, f"agg-{datasets.size_label(share_size)}", share_size)
-    meta = datasets.small_files_dataset(local, f"meta-{files}", files)
-
-    train = datasets.training_dataset(local, f"train-{train_files}", train_files) if "training" in only else None
-    spill = (datasets.parquet_dataset(local, f"agg-{datasets.size_label(2 * spill_mem)}", 2 * spill_mem)
-             if "spill" in only else None)
-    readers = (datasets.text_dataset(local, f"text-{datasets.size_label(readers_size)}", readers_size)
-               if "readers" in only else None)
-
     settings = StackSettings(rate_mbit=args.rate_mbit, ttfb_ms=args.ttfb_ms, mem_quota=args.mem)
-    wanted = {"aggregate": agg, "linecount": [text], "sharing": [share], "metadata": [meta],
-              "training": [train], "readers": [readers]}
-    needed = {agg[0].name: agg[0]}  # the link check reads it
-    needed.update({d.name: d for w, ds in wanted.items() if w in only for d in ds if d is not None})
     checked, network = "", {}
-
-    def main_workloads(runner: Runner) -> list[Workload]:
-        found = []
-        if "aggregate" in only:
-            found += [runner.aggregation(d) for d in agg]
-        if "linecount" in only:
-            found.append(runner.line_count(text))
-        if "write" in only:
-            found.append(runner.writes(write))
-        if "sharing" in only:
-            found.append(runner.sharing(share))
-        if "metadata" in only:
-            found.append(runner.metadata(meta, META_MOUNT))
-        if train is not None:
-            found.append(runner.training(train))
-        if readers is not None:
-            found.append(runner.many_readers(readers))
-        return found
-
     workloads: list[Workload] = []
-    if only - {"spill", "manyfiles"}:
-        checked, network, found = on_stack(settings, args, local, reps, list(needed.values()), meta, main_workloads)
-        workloads += found
-    if "sharing" in only:  # its multi-node case: a stack of SHARING_WORKERS workers
-        nodes_settings = replace(settings, workers=SHARING_WORKERS)
-        checked_nodes, network, found = on_stack(nodes_settings, args, local, reps, [share], None,
-                                                 lambda runner: [runner.sharing_nodes(share)])
-        checked = checked or checked_nodes
-        workloads += found
-    if spill is not None:
-        spill_settings = replace(settings, mem_quota=str(spill_mem), ssd_quota=str(SPILL_SSD_FACTOR * spill_mem))
-        checked_spill, network, found = on_stack(spill_settings, args, local, reps, [spill], None,
-                                                 lambda runner: [runner.spill(spill, spill_mem)])
-        checked = checked or checked_spill
-        workloads += found
+    if only - {"manyfiles"}:  # the many-files workload makes its own tree: none of these
+        log("making the data (reused from earlier runs when the sizes match)")
+        agg = [datasets.parquet_dataset(local, f"agg-{datasets.size_label(s)}", s) for s in agg_sizes]
+        text = datasets.text_dataset(local, f"text-{datasets.size_label(text_size)}", text_size)
+        write = datasets.parquet_dataset(local, f"write-{datasets.size_label(write_size)}", write_size, seed=3)
+        share = next((d for d in agg if d.bytes == share_size), None) or datasets.parquet_dataset(
+            local, f"agg-{datasets.size_label(share_size)}", share_size)
+        meta = datasets.small_files_dataset(local, f"meta-{files}", files)
+
+        train = datasets.training_dataset(local, f"train-{train_files}", train_files) if "training" in only else None
+        spill = (datasets.parquet_dataset(local, f"agg-{datasets.size_label(2 * spill_mem)}", 2 * spill_mem)
+                 if "spill" in only else None)
+        readers = (datasets.text_dataset(local, f"text-{datasets.size_label(readers_size)}", readers_size)
+                   if "readers" in only else None)
+
+        wanted = {"aggregate": agg, "linecount": [text], "sharing": [share], "metadata": [meta],
+                  "training": [train], "readers": [readers]}
+        needed = {agg[0].name: agg[0]}  # the link check reads it
+        needed.update({d.name: d for w, ds in wanted.items() if w in only for d in ds if d is not None})
+
+        def main_workloads(runner: Runner) -> list[Workload]:
+            found = []
+            if "aggregate" in only:
+                found += [runner.aggregation(d) for d in agg]
+            if "linecount" in only:
+                found.append(runner.line_count(text))
+            if "write" in only:
+                found.append(runner.writes(write))
+            if "sharing" in only:
+                found.append(runner.sharing(share))
+            if "metadata" in only:
+                found.append(runner.metadata(meta, META_MOUNT))
+            if train is not None:
+                found.append(runner.training(train))
+            if readers is not None:
+                found.append(runner.many_readers(readers))
+            return found
+
+        if only - {"spill", "manyfiles"}:
+            checked, network, found = on_stack(settings, args, local, reps, list(needed.values()), meta, main_workloads)
+            workloads += found
+        if "sharing" in only:  # its multi-node case: a stack of SHARING_WORKERS workers
+            nodes_settings = replace(settings, workers=SHARING_WORKERS)
+            checked_nodes, network, found = on_stack(nodes_settings, args, local, reps, [share], None,
+                                                     lambda runner: [runner.sharing_nodes(share)])
+            checked = checked or checked_nodes
+            workloads += found
+        if spill is not None:
+            spill_settings = replace(settings, mem_quota=str(spill_mem), ssd_quota=str(SPILL_SSD_FACTOR * spill_mem))
+            checked_spill, network, found = on_stack(spill_settings, args, local, reps, [spill], None,
+                                                     lambda runner: [runner.spill(spill, spill_mem)])
+            checked = checked or checked_spill
+            workloads += found
 
     if "manyfiles" in only:  # a file:// store on a stack of its own: the master's memory is the tree's alone
         base = local / f"manyfiles-{many_files}"
