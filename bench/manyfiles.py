@@ -73,22 +73,27 @@ def make_tree(base: Path, files: int) -> Path:
     marker = base / f".made-{files}"
     if marker.exists():
         return root
-    for start in range(0, files, FILES_PER_FOLDER):
-        folder_index = start // FILES_PER_FOLDER
-        folder = root / f"t{folder_index // FOLDERS_PER_TOP:03d}" / f"d{folder_index % FOLDERS_PER_TOP:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for i in range(start, min(start + FILES_PER_FOLDER, files)):
-                out = os.open(f"f{i % FILES_PER_FOLDER:03d}.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644, dir_fd=fd)
-                try:
-                    os.write(out, (b"%08d" % i) * (FILE_BYTES // 8))
-                finally:
-                    os.close(out)
-        finally:
-            os.close(fd)
+    for folder_index in range((files + FILES_PER_FOLDER - 1) // FILES_PER_FOLDER):
+        make_folder(root, folder_index, files)
     marker.touch()
     return root
+
+
+def make_folder(root: Path, folder_index: int, files: int) -> None:
+    """The tree's folder `folder_index` and its files (of the first `files` of the tree)."""
+    folder = root / f"t{folder_index // FOLDERS_PER_TOP:03d}" / f"d{folder_index % FOLDERS_PER_TOP:02d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        start = folder_index * FILES_PER_FOLDER
+        for i in range(start, min(start + FILES_PER_FOLDER, files)):
+            out = os.open(f"f{i % FILES_PER_FOLDER:03d}.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644, dir_fd=fd)
+            try:
+                os.write(out, (b"%08d" % i) * (FILE_BYTES // 8))
+            finally:
+                os.close(out)
+    finally:
+        os.close(fd)
 
 
 def relative_paths(files: int, sample: int) -> list[str]:
