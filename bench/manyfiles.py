@@ -285,27 +285,55 @@ def _listings(w: Workload, servers: Servers, tree: Path, files: int, log: Callab
     job = {"access": Access("strata", MOUNT, {"master": servers.master_address, "token": servers.token,
                                               "host": servers.elsewhere}).to_json(),
            "op": "find", "full_paths": [MOUNT]}
-    for rep in range(2):
+
+    def local_walk() -> None:
         seconds, count = walk_with_find(tree)
         _check_count("local find", count, files)
         _record(local, seconds, count, "files")
-        seconds, outputs = run_processes([job])
+
+    def client_walk() -> None:
+        _, outputs = run_processes([job])
         _check_count("the fsspec client's find", int(outputs[0]["result"]), files)
         _record(client, outputs[0]["seconds"], files, "files")
         client.extra.setdefault("max_rss", []).append(outputs[0]["max_rss"])
         client.extra.setdefault("rss_growth", []).append(outputs[0]["max_rss"] - outputs[0]["rss_at_start"])
+
+    def fuse_walk() -> None:
+        assert mountpoint is not None
+        seconds, count = walk_with_find(mountpoint)
+        _check_count("find through FUSE", count, files)
+        _record(fuse, seconds, count, "files")
+
+    def namespace_walk() -> None:
+        walked, listed = namespace_listing(tree, files)
+        _record(namespace, listed, files, "files")
+        namespace.extra["first_walk_files_per_s"] = [round(files / walked)]
+
+    for rep in range(2):
+        _attempt(local, rep, local_walk, log)
+        _attempt(client, rep, client_walk, log)
         if mountpoint is not None:
-            seconds, count = walk_with_find(mountpoint)
-            _check_count("find through FUSE", count, files)
-            _record(fuse, seconds, count, "files")
-        log(f"[{w.id}] walk {rep + 1}: local {local.extra['files_per_s'][-1]:,} files/s, client "
-            f"{client.extra['files_per_s'][-1]:,} files/s (+{client.extra['rss_growth'][-1] / 2**20:.0f} MiB), FUSE "
-            f"{fuse.extra['files_per_s'][-1] if fuse.times else '-'} files/s")
-    walked, listed = namespace_listing(tree, files)
-    _record(namespace, listed, files, "files")
-    namespace.extra["first_walk_files_per_s"] = [round(files / walked)]
-    log(f"[{w.id}] the namespace alone lists {namespace.extra['files_per_s'][-1]:,} files/s "
-        f"(its first walk, of the store: {namespace.extra['first_walk_files_per_s'][-1]:,} files/s)")
+            _attempt(fuse, rep, fuse_walk, log)
+        log(f"[{w.id}] walk {rep + 1}: local {_last(local, 'files')} files/s, client {_last(client, 'files')} files/s, "
+            f"FUSE {_last(fuse, 'files')} files/s")
+    _attempt(namespace, 0, namespace_walk, log)
+    log(f"[{w.id}] the namespace alone lists {_last(namespace, 'files')} files/s (its first walk, of the store: "
+        f"{namespace.extra.get('first_walk_files_per_s', ['-'])[-1]} files/s)")
+
+
+def _attempt(series: Series, rep: int, walk: Callable[[], None], log: Callable[[str], None]) -> None:
+    """Run one measurement of `series`; a failure is recorded in it (a result), not raised."""
+    try:
+        walk()
+    except Exception as exc:  # noqa: BLE001 - any failure of a contestant is a result
+        message = f"pass {rep + 1}: {type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
+        series.failures.append(message)
+        log(f"FAILED {series.contestant} {series.phase}: {message}")
+
+
+def _last(series: Series, unit: str) -> str:
+    values = series.extra.get(f"{unit}_per_s")
+    return f"{values[-1]:,}" if values else "-"
 
 
 def _stats(w: Workload, servers: Servers, tree: Path, files: int, stat_files: int,
@@ -333,13 +361,23 @@ def _stats(w: Workload, servers: Servers, tree: Path, files: int, stat_files: in
             continue
         jobs = [{"access": access.to_json(), "op": "stat_files", "full_paths": [access.path(p) for p in share]}
                 for share in (sample[i::STAT_PROCESSES] for i in range(STAT_PROCESSES))]
-        run_processes(jobs)  # warm: the node's worker, FUSE's caches, the kernel's
-        cpu, requests = cpu_seconds(servers.master_pid), _get_status_requests(servers)
-        seconds, outputs = run_processes(jobs)
-        cpu, requests = cpu_seconds(servers.master_pid) - cpu, _get_status_requests(servers) - requests
-        cpu = max(0.0, cpu - idle * seconds)
-        _check_count(f"{cid} stats", int(sum(o["result"] for o in outputs)), len(sample))
-        _record(series, seconds, len(sample), "stats")
+        measured: dict[str, float] = {}
+
+        def stats() -> None:
+            run_processes(jobs)  # warm: the node's worker, FUSE's caches, the kernel's
+            cpu, requests = cpu_seconds(servers.master_pid), _get_status_requests(servers)
+            seconds, outputs = run_processes(jobs)
+            measured["cpu"] = cpu_seconds(servers.master_pid) - cpu
+            measured["requests"] = _get_status_requests(servers) - requests
+            measured["cpu"] = max(0.0, measured["cpu"] - idle * seconds)
+            _check_count(f"{cid} stats", int(sum(o["result"] for o in outputs)), len(sample))
+            _record(series, seconds, len(sample), "stats")
+
+        _attempt(series, 0, stats, log)
+        if not series.times:
+            continue
+        cpu, requests = measured["cpu"], measured["requests"]
+        seconds = series.times[-1]
         series.extra["master_cpu_us_per_stat"] = [round(cpu / len(sample) * 1e6, 1)]
         series.extra["master_get_status"] = [int(requests)]
         if cid.startswith("strata"):

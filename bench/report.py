@@ -259,6 +259,10 @@ def _many_files_targets(w: Workload) -> list[Target]:
         text = f"issue 27: {what}{at}"
         s = w.get(cid, phase)
         value = _per_s(s, unit)
+        if s is not None and value is None and s.failures:
+            targets.append(Target(f"i27-{phase}/{cid}", text, "MISS", None, f">= {needed:,} {unit}/s",
+                                  "every pass failed: " + "; ".join(s.failures)))
+            continue
         if s is None or value is None:
             targets.append(_na(f"i27-{phase}/{cid}", text, (s.skipped if s else "") or w.extra.get("failed", "not measured")))
             continue

@@ -64,6 +64,9 @@ def run_processes(jobs: Sequence[dict[str, Any]], job_dir: Path | None = None) -
                 p.stdin.write("go\n")
                 p.stdin.flush()
             outputs = [json.loads(_expect_line(p, "{")) for p in procs]
+            failed = [o["error"] for o in outputs if "error" in o]
+            if failed:
+                raise RuntimeError(f"{len(failed)} of {len(procs)} reader processes failed: {failed[0]}")
             return time.perf_counter() - start, outputs
         finally:
             for p in procs:
