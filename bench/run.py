@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run = {
         "name": name, "started": started.isoformat(timespec="seconds"), "duration_s": time.monotonic() - t0,
-        "quick": args.quick, "reps": reps, "big_cold_reps": min(reps, args.big_cold_reps), "network": network, "link_check": checked,
+        "quick": args.quick, "partial": only != set(WORKLOADS) or bool(args.contestants), "reps": reps, "big_cold_reps": min(reps, args.big_cold_reps), "network": network, "link_check": checked,
         "settings": {"rate_mbit": args.rate_mbit, "ttfb_ms": args.ttfb_ms, "mem_quota": args.mem,
                      "block_size": settings.block_size, "readahead_blocks": settings.readahead_blocks},
         "machine": {"cpus": os.cpu_count(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
