@@ -169,10 +169,7 @@ def namespace_listing(tree: Path, files: int) -> tuple[float, float]:
     """Seconds a new namespace of the master takes to list the tree recursively in pages (in
     this process, as bench/metadata_memory.py does): the first time (it walks the store),
     then again (from what it holds: the namespace alone)."""
-    from metadata_memory import find
-
-    from strata.cacheserver.namespace.metadata import Namespace
-    from strata.cacheserver.namespace.mounts import MountOptions, MountTable
+    from metadata_memory import MountOptions, MountTable, Namespace, find  # one place names the namespace's modules
 
     async def listing() -> tuple[float, float]:
         table = MountTable(None, allowed_roots=[str(tree)])
