@@ -56,7 +56,23 @@ def read_files(fs: Any, paths: Sequence[str]) -> float:
     return float(total)
 
 
+def stat_files(fs: Any, paths: Sequence[str]) -> float:
+    """Stat each path (os.stat, or the filesystem's info); returns how many were files."""
+    if fs is None:
+        return float(sum(1 for p in paths if os.stat(p).st_size >= 0))
+    return float(sum(1 for p in paths if fs.info(p)["type"] == "file"))
+
+
+def find_files(fs: Any, paths: Sequence[str]) -> float:
+    """Every file below paths[0], as the filesystem's find lists them; returns how many."""
+    return float(len(fs.find(paths[0])))
+
+
 def run_op(name: str, fs: Any, paths: Sequence[str]) -> float:
+    if name == "stat_files":
+        return stat_files(fs, paths)
+    if name == "find":
+        return find_files(fs, paths)
     if name == "read_files":
         return read_files(fs, paths)
     if name == "aggregate":

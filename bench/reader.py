@@ -4,15 +4,18 @@
 
 It builds its filesystem, prints READY, waits for a line on stdin (so several readers start
 together and their import time is not measured), runs the operation and prints one JSON
-line: {"seconds": ..., "cpu": ..., "result": ...} (one per run with "repeat": N; "full_paths"
-instead of "paths" gives paths not under the access's root; "cpu" is the CPU seconds of this
-process, all threads, during the run). `@FILE` in place of the JSON reads it from FILE (a
+line: {"seconds": ..., "cpu": ..., "result": ..., "max_rss": ..., "rss_at_start": ...} (one per run with "repeat":
+N; "full_paths" instead of "paths" gives paths not under the access's root; "cpu" is the CPU
+seconds of this process, all threads, during the run; "max_rss" the most bytes it ever held
+resident, "rss_at_start" those it held when the run began). A run that raises prints
+{"error": "..."} and the process exits. `@FILE` in place of the JSON reads it from FILE (a
 job naming thousands of files is longer than an argument may be).
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -32,10 +35,18 @@ def main() -> None:
     sys.stdin.readline()
     paths = job.get("full_paths") or [access.path(p) for p in job["paths"]]
     for _ in range(int(job.get("repeat", 1))):
+        resident = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
         start, cpu = time.perf_counter(), time.process_time()
-        result = run_op(job["op"], fs, paths)
+        try:
+            result = run_op(job["op"], fs, paths)
+        except Exception as exc:  # noqa: BLE001 - the benchmark records what failed
+            print(json.dumps({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]}), flush=True)
+            raise
         seconds = time.perf_counter() - start
-        print(json.dumps({"seconds": seconds, "cpu": time.process_time() - cpu, "result": result}), flush=True)
+        max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps({"seconds": seconds, "cpu": time.process_time() - cpu, "result": result, "max_rss": max_rss,
+                          "rss_at_start": resident}),
+              flush=True)
     if fs is not None:
         close_filesystem(fs)
 

@@ -76,8 +76,8 @@ def _at_least(share: float) -> Callable[[float], bool]:
 
 
 def judge(workloads: list[Workload], rate_mbit: float = 1000.0) -> list[Target]:
-    """The targets of issue 6, then those of issue 15."""
-    return judge_issue6(workloads) + judge_issue15(workloads, rate_mbit)
+    """The targets of issue 6, then those of issues 15 and 27."""
+    return judge_issue6(workloads) + judge_issue15(workloads, rate_mbit) + judge_issue27(workloads)
 
 
 def judge_issue6(workloads: list[Workload]) -> list[Target]:
@@ -222,6 +222,110 @@ def judge_issue15(workloads: list[Workload], rate_mbit: float) -> list[Target]:
     return targets
 
 
+# Issue 27's targets (set at 1,000,000 files; judged at whatever size was run).
+FILES_PER_S = 50_000          # whole listings through the client and through FUSE
+STATS_PER_S = 50_000          # warm stats by 4 processes on one node
+MASTER_CPU_PER_STAT_US = 50.0
+BYTES_PER_FILE = 200.0        # the master's resident memory per mounted file
+HEALTHZ_S = 1.0               # the slowest /healthz answer while the tree is walked
+REQUEST_S = 1.0               # mount add and report: no walk on the request's path
+
+
+def judge_issue27(workloads: list[Workload]) -> list[Target]:
+    """The many-files workload's lines: each its value, the issue's target, PASS/MISS."""
+    targets: list[Target] = []
+    for w in workloads:
+        if w.id.startswith("manyfiles-"):
+            targets += _many_files_targets(w)
+    return targets
+
+
+def _per_s(s: Series | None, unit: str) -> float | None:
+    values = s.extra.get(f"{unit}_per_s") if s is not None and s.ok else None
+    return float(statistics.median(values)) if values else None
+
+
+def _many_files_targets(w: Workload) -> list[Target]:
+    n = w.extra.get("files", 0)
+    at = f" ({n:,} files)"
+    targets: list[Target] = []
+    local_list, local_stat = _per_s(w.get("local", "list"), "files"), _per_s(w.get("local", "stat"), "stats")
+    for cid, phase, unit, needed, local, what in (
+            ("strata-client", "list", "files", FILES_PER_S, local_list, "whole listing (find) through the fsspec client"),
+            ("strata-fuse", "list", "files", FILES_PER_S, local_list, "whole listing (find) through FUSE"),
+            ("namespace", "list", "files", FILES_PER_S, local_list, "whole listing by the master's namespace alone"),
+            ("strata-sc", "stat", "stats", STATS_PER_S, local_stat, "warm stats, 4 new processes on the node, fsspec"),
+            ("strata-fuse", "stat", "stats", STATS_PER_S, local_stat, "warm stats, 4 new processes, through FUSE")):
+        text = f"issue 27: {what}{at}"
+        s = w.get(cid, phase)
+        value = _per_s(s, unit)
+        if s is not None and value is None and s.failures:
+            targets.append(Target(f"i27-{phase}/{cid}", text, "MISS", None, f">= {needed:,} {unit}/s",
+                                  "every pass failed: " + "; ".join(s.failures)))
+            continue
+        if s is None or value is None:
+            targets.append(_na(f"i27-{phase}/{cid}", text, (s.skipped if s else "") or w.extra.get("failed", "not measured")))
+            continue
+        detail = f"{unit}/s per pass {_fmt_values(s.extra[f'{unit}_per_s'])}"
+        if local:
+            detail += f"; local disk {local:,.0f} {unit}/s ({value / local:.2f}x)"
+        if "rss_growth" in s.extra:
+            detail += (f"; the client process grew by {max(s.extra['rss_growth']) / 2**20:.0f} MiB "
+                       f"(peak {max(s.extra['max_rss']) / 2**20:.0f} MiB)")
+        if "first_walk_files_per_s" in s.extra:
+            detail += f"; a new namespace's first walk (of the store) {s.extra['first_walk_files_per_s'][0]:,} files/s"
+        if "master_get_status" in s.extra:
+            detail += (f"; master {s.extra['master_cpu_us_per_stat'][0]:.1f} us CPU per stat, "
+                       f"{s.extra['master_get_status'][0]:,} GetStatus")
+        targets.append(Target(f"i27-{phase}/{cid}", text, _verdict(value >= needed, s), value, f">= {needed:,} {unit}/s",
+                              detail + _failed(s)))
+    if "failed" in w.extra:
+        targets.append(Target("i27-run", f"issue 27: the many-files workload ran{at}", "MISS", None, "no failure",
+                              w.extra["failed"]))
+        return targets
+    stats = w.extra.get("stat_files", 0)
+    for cid in ("strata-sc", "strata-fuse"):
+        text = f"issue 27: master CPU per stat that reaches it, {cid}{at}"
+        if f"{cid}_master_cpu_s" not in w.extra:
+            targets.append(_na(f"i27-master-cpu/{cid}", text, "not measured"))
+            continue
+        cpu, reached = w.extra[f"{cid}_master_cpu_s"], w.extra[f"{cid}_master_get_status"]
+        per = cpu / reached * 1e6 if reached else cpu / max(1, stats) * 1e6
+        targets.append(Target(f"i27-master-cpu/{cid}", text, "PASS" if per <= MASTER_CPU_PER_STAT_US else "MISS", per,
+                              f"<= {MASTER_CPU_PER_STAT_US:g} us",
+                              f"master {cpu:.2f} CPU s during {stats:,} stats beyond its "
+                              f"{w.extra['master_idle_cpu_per_s']:.3f} CPU s/s at rest, {reached:,.0f} of them reached "
+                              "it as GetStatus" + ("" if reached else " (none: per stat of all)")))
+    for step in ("mount", "find"):
+        per = w.extra[f"bytes_per_file_after_{step}"]
+        others = ", ".join(f"{k}: {w.extra[f'bytes_per_file_after_{k}']:.0f}" for k in ("mount", "find", "stats", "report"))
+        targets.append(Target(f"i27-memory/{step}", f"issue 27: master resident memory per file after the {step}{at}",
+                              "PASS" if per <= BYTES_PER_FILE else "MISS", per, f"<= {BYTES_PER_FILE:g} B",
+                              f"VmRSS {w.extra['rss_before'] / 2**20:.0f} MiB before the mount, "
+                              f"{w.extra[f'rss_after_{step}'] / 2**20:.0f} MiB after; B/file after {others} "
+                              "(the master exposes no tracemalloc: RSS, allocator slack included)"))
+    slowest, failed = w.extra["health_slowest_s"], w.extra["health_failed"]
+    targets.append(Target("i27-healthz", f"issue 27: /healthz answers within {HEALTHZ_S:g} s while the tree is mounted, "
+                          f"walked, stat'ed and reported{at}", "PASS" if slowest <= HEALTHZ_S and not failed else "MISS",
+                          slowest, f"<= {HEALTHZ_S:g} s, none failed",
+                          f"slowest of {w.extra['health_probes']:,} probes (every 50 ms); {failed} failed"
+                          + (f": {'; '.join(w.extra['health_failures'])}" if failed else "")))
+    for key, what in (("mount_add_s", "`mount add`"), ("report_s", "a report right after the mount")):
+        value = w.extra[key]
+        extra = (f"; the report totalled the {n:,} files within {w.extra['totals_wait_s']:g} s: {w.extra['report_totalled']}"
+                 if key == "report_s" else "")
+        targets.append(Target(f"i27-latency/{key}", f"issue 27: {what} answers with no walk on its path{at}",
+                              "PASS" if value <= REQUEST_S else "MISS", value, f"<= {REQUEST_S:g} s",
+                              f"{value:.3f} s{extra}"))
+    dropped, stale = w.extra["workers_dropped"], w.extra["stale_answers"]
+    targets.append(Target("i27-workers", f"issue 27: no worker dropped meanwhile{at}", "PASS" if dropped == 0 else "MISS",
+                          float(dropped), "0 workers", f"{dropped} workers dropped from placement"))
+    targets.append(Target("i27-stale", f"issue 27: no answer served stale from a healthy store{at}",
+                          "PASS" if stale == 0 else "MISS", float(stale), "0 answers",
+                          f"{stale:.0f} answers from metadata older than the sync interval"))
+    return targets
+
+
 def _count(phase: str) -> int:
     return int(phase.split()[0])
 
@@ -312,7 +416,8 @@ def _fmt_values(values: Any) -> str:
 def targets_table(targets: list[Target]) -> list[str]:
     rows = ["| target | measured | needed | verdict | detail |", "|---|---|---|---|---|"]
     for t in targets:
-        value = f"{t.value:.3f}" if t.value is not None and t.threshold != "0 bytes from the store" else (
+        value = (f"{t.value:,.0f}" if abs(t.value) >= 1000 else f"{t.value:.3f}") if (
+            t.value is not None and t.threshold != "0 bytes from the store") else (
             f"{t.value:,.0f} B" if t.value is not None else "")
         rows.append(f"| {t.text} | {value} | {t.threshold} | **{t.verdict}** | {t.detail} |")
     return rows

@@ -25,6 +25,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import datasets  # noqa: E402
+import manyfiles  # noqa: E402
 import report  # noqa: E402
 from contestants import build  # noqa: E402
 from stack import BUCKET, MOUNT, NODE, OTHER_HOST, TOKEN, WRITE_MOUNT, Stack, StackSettings  # noqa: E402
@@ -32,12 +33,14 @@ from results import Workload  # noqa: E402
 from workloads import Runner  # noqa: E402
 
 META_MOUNT = "/bench-meta"
-WORKLOADS = ("aggregate", "linecount", "write", "sharing", "metadata", "training", "spill", "readers")
+WORKLOADS = ("aggregate", "linecount", "write", "sharing", "metadata", "training", "spill", "readers", "manyfiles")
 
 QUICK: dict[str, str | int] = {"agg": "64Mi,128Mi", "text": "128Mi", "write": "64Mi", "share": "64Mi", "files": 1000,
-                               "train": 2000, "spill_mem": "128Mi", "readers": "32Mi", "reps": 3}
+                               "train": 2000, "spill_mem": "128Mi", "readers": "32Mi", "many": 2000, "many_stats": 1000,
+                               "reps": 3}
 FULL: dict[str, str | int] = {"agg": "256Mi,1Gi", "text": "1Gi", "write": "256Mi", "share": "256Mi", "files": 10000,
-                              "train": 100000, "spill_mem": "1Gi", "readers": "256Mi", "reps": 7}
+                              "train": 100000, "spill_mem": "1Gi", "readers": "256Mi", "many": 100000,
+                              "many_stats": 20000, "reps": 7}
 # The spill workload's own stack: MEM as given, an SSD tier this many times larger, and a
 # dataset twice the MEM tier.
 SPILL_SSD_FACTOR = 4
@@ -64,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spill-mem", help="MEM tier of the spill workload's own worker; its dataset is twice that "
                                        "(default 1Gi, quick 128Mi)")
     p.add_argument("--readers-size", help="file the many-readers workload reads (default 256Mi, quick 32Mi)")
+    p.add_argument("--many-files", type=int, help="files of 1 KiB in the many-files workload's file:// store (default "
+                                                   "100000, quick 2000; issue 27's targets are set at 1000000)")
+    p.add_argument("--many-stat-files", type=int, help="of them, files stat'ed by the many-files workload's 4 processes "
+                                                        "(default 20000, quick 1000)")
     p.add_argument("--rate-mbit", type=float, default=1000.0, help="store link bandwidth, Mbit/s (default 1000)")
     p.add_argument("--ttfb-ms", type=float, default=20.0, help="time to first byte added per store request (default 20)")
     p.add_argument("--mem", default="4Gi", help="the Strata worker's MEM tier quota (default 4Gi)")
@@ -158,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     train_files = args.train_files or int(preset["train"])
     spill_mem, = parse_sizes(args.spill_mem or str(preset["spill_mem"]))
     readers_size, = parse_sizes(args.readers_size or str(preset["readers"]))
+    many_files = args.many_files or int(preset["many"])
+    many_stat_files = min(many_files, args.many_stat_files or int(preset["many_stats"]))
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
 
@@ -165,71 +174,87 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     load_start = os.getloadavg()[0]
     local = args.workdir / "data"
-    log("making the data (reused from earlier runs when the sizes match)")
-    agg = [datasets.parquet_dataset(local, f"agg-{datasets.size_label(s)}", s) for s in agg_sizes]
-    text = datasets.text_dataset(local, f"text-{datasets.size_label(text_size)}", text_size)
-    write = datasets.parquet_dataset(local, f"write-{datasets.size_label(write_size)}", write_size, seed=3)
-    share = next((d for d in agg if d.bytes == share_size), None) or datasets.parquet_dataset(
-        local, f"agg-{datasets.size_label(share_size)}", share_size)
-    meta = datasets.small_files_dataset(local, f"meta-{files}", files)
-
-    train = datasets.training_dataset(local, f"train-{train_files}", train_files) if "training" in only else None
-    spill = (datasets.parquet_dataset(local, f"agg-{datasets.size_label(2 * spill_mem)}", 2 * spill_mem)
-             if "spill" in only else None)
-    readers = (datasets.text_dataset(local, f"text-{datasets.size_label(readers_size)}", readers_size)
-               if "readers" in only else None)
-
     settings = StackSettings(rate_mbit=args.rate_mbit, ttfb_ms=args.ttfb_ms, mem_quota=args.mem)
-    wanted = {"aggregate": agg, "linecount": [text], "sharing": [share], "metadata": [meta],
-              "training": [train], "readers": [readers]}
-    needed = {agg[0].name: agg[0]}  # the link check reads it
-    needed.update({d.name: d for w, ds in wanted.items() if w in only for d in ds if d is not None})
     checked, network = "", {}
-
-    def main_workloads(runner: Runner) -> list[Workload]:
-        found = []
-        if "aggregate" in only:
-            found += [runner.aggregation(d) for d in agg]
-        if "linecount" in only:
-            found.append(runner.line_count(text))
-        if "write" in only:
-            found.append(runner.writes(write))
-        if "sharing" in only:
-            found.append(runner.sharing(share))
-        if "metadata" in only:
-            found.append(runner.metadata(meta, META_MOUNT))
-        if train is not None:
-            found.append(runner.training(train))
-        if readers is not None:
-            found.append(runner.many_readers(readers))
-        return found
-
     workloads: list[Workload] = []
-    if only - {"spill"}:
-        checked, network, found = on_stack(settings, args, local, reps, list(needed.values()), meta, main_workloads)
-        workloads += found
-    if "sharing" in only:  # its multi-node case: a stack of SHARING_WORKERS workers
-        nodes_settings = replace(settings, workers=SHARING_WORKERS)
-        checked_nodes, network, found = on_stack(nodes_settings, args, local, reps, [share], None,
-                                                 lambda runner: [runner.sharing_nodes(share)])
-        checked = checked or checked_nodes
-        workloads += found
-    if spill is not None:
-        spill_settings = replace(settings, mem_quota=str(spill_mem), ssd_quota=str(SPILL_SSD_FACTOR * spill_mem))
-        checked_spill, network, found = on_stack(spill_settings, args, local, reps, [spill], None,
-                                                 lambda runner: [runner.spill(spill, spill_mem)])
-        checked = checked or checked_spill
-        workloads += found
+    if only - {"manyfiles"}:  # the many-files workload makes its own tree: none of these
+        log("making the data (reused from earlier runs when the sizes match)")
+        agg = [datasets.parquet_dataset(local, f"agg-{datasets.size_label(s)}", s) for s in agg_sizes]
+        text = datasets.text_dataset(local, f"text-{datasets.size_label(text_size)}", text_size)
+        write = datasets.parquet_dataset(local, f"write-{datasets.size_label(write_size)}", write_size, seed=3)
+        share = next((d for d in agg if d.bytes == share_size), None) or datasets.parquet_dataset(
+            local, f"agg-{datasets.size_label(share_size)}", share_size)
+        meta = datasets.small_files_dataset(local, f"meta-{files}", files)
+
+        train = datasets.training_dataset(local, f"train-{train_files}", train_files) if "training" in only else None
+        spill = (datasets.parquet_dataset(local, f"agg-{datasets.size_label(2 * spill_mem)}", 2 * spill_mem)
+                 if "spill" in only else None)
+        readers = (datasets.text_dataset(local, f"text-{datasets.size_label(readers_size)}", readers_size)
+                   if "readers" in only else None)
+
+        wanted = {"aggregate": agg, "linecount": [text], "sharing": [share], "metadata": [meta],
+                  "training": [train], "readers": [readers]}
+        needed = {agg[0].name: agg[0]}  # the link check reads it
+        needed.update({d.name: d for w, ds in wanted.items() if w in only for d in ds if d is not None})
+
+        def main_workloads(runner: Runner) -> list[Workload]:
+            found = []
+            if "aggregate" in only:
+                found += [runner.aggregation(d) for d in agg]
+            if "linecount" in only:
+                found.append(runner.line_count(text))
+            if "write" in only:
+                found.append(runner.writes(write))
+            if "sharing" in only:
+                found.append(runner.sharing(share))
+            if "metadata" in only:
+                found.append(runner.metadata(meta, META_MOUNT))
+            if train is not None:
+                found.append(runner.training(train))
+            if readers is not None:
+                found.append(runner.many_readers(readers))
+            return found
+
+        if only - {"spill", "manyfiles"}:
+            checked, network, found = on_stack(settings, args, local, reps, list(needed.values()), meta, main_workloads)
+            workloads += found
+        if "sharing" in only:  # its multi-node case: a stack of SHARING_WORKERS workers
+            nodes_settings = replace(settings, workers=SHARING_WORKERS)
+            checked_nodes, network, found = on_stack(nodes_settings, args, local, reps, [share], None,
+                                                     lambda runner: [runner.sharing_nodes(share)])
+            checked = checked or checked_nodes
+            workloads += found
+        if spill is not None:
+            spill_settings = replace(settings, mem_quota=str(spill_mem), ssd_quota=str(SPILL_SSD_FACTOR * spill_mem))
+            checked_spill, network, found = on_stack(spill_settings, args, local, reps, [spill], None,
+                                                     lambda runner: [runner.spill(spill, spill_mem)])
+            checked = checked or checked_spill
+            workloads += found
+
+    if "manyfiles" in only:  # a file:// store on a stack of its own: the master's memory is the tree's alone
+        base = local / f"manyfiles-{many_files}"
+        base.mkdir(parents=True, exist_ok=True)
+        with Stack(replace(settings, local_roots=(str(base),)), args.workdir / "run-manyfiles") as stack:
+            network = network or stack.link.describe()
+            servers = manyfiles.Servers(stack.master_address, stack.master_pid, stack.master_http, TOKEN, NODE,
+                                        OTHER_HOST, fuse=stack.start_dataset_fuse,
+                                        fuse_unavailable=lambda: stack.fuse_unavailable)
+            try:
+                workloads.append(manyfiles.measure(servers, base, many_files, many_stat_files, log))
+            except Exception as exc:  # noqa: BLE001 - a failed workload is a result; the others stand
+                log(f"FAILED manyfiles: {type(exc).__name__}: {exc}")
+                workloads.append(manyfiles.failed(many_files, f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]))
 
     run = {
         "name": name, "started": started.isoformat(timespec="seconds"), "duration_s": time.monotonic() - t0,
-        "quick": args.quick, "reps": reps, "big_cold_reps": min(reps, args.big_cold_reps), "network": network, "link_check": checked,
+        "quick": args.quick, "partial": only != set(WORKLOADS) or bool(args.contestants), "reps": reps, "big_cold_reps": min(reps, args.big_cold_reps), "network": network, "link_check": checked,
         "settings": {"rate_mbit": args.rate_mbit, "ttfb_ms": args.ttfb_ms, "mem_quota": args.mem,
                      "block_size": settings.block_size, "readahead_blocks": settings.readahead_blocks},
         "machine": {"cpus": os.cpu_count(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
                     "load_start": load_start, "load_end": os.getloadavg()[0], "python": sys.version.split()[0]},
         "sizes": {"aggregate": agg_sizes, "text": text_size, "write": write_size, "share": share_size, "files": files,
-                  "train_files": train_files, "spill_mem": spill_mem, "readers": readers_size},
+                  "train_files": train_files, "spill_mem": spill_mem, "readers": readers_size,
+                  "many_files": many_files, "many_stat_files": many_stat_files},
     }
     targets = report.judge(workloads, rate_mbit=args.rate_mbit)
     paths = report.write(args.out, name, run, workloads, targets)

@@ -59,6 +59,7 @@ class StackSettings:
     block_size: str = "16Mi"
     readahead_blocks: int = 2
     workers: int = 1             # more: worker i > 0 on host `{NODE}-{i}` (`Stack.nodes`)
+    local_roots: tuple[str, ...] = ()  # folders file:// mounts may read (localSources.allowedRoots)
 
 
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -89,6 +90,8 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     endpoint_url: str = ""
     master_address: str = ""
+    master_http: int = 0
+    master_pid: int = 0
     worker_http: int = 0
     worker_https: list[int] = field(default_factory=list)
     fuse_mountpoint: Path | None = None
@@ -154,13 +157,15 @@ class Stack:
         port, http = free_port(), free_port()
         # The master hands the readahead policy to the readers with each file's status.
         (root / "master.yaml").write_text(yaml.safe_dump({"blockSize": self.settings.block_size,
-                                                          "cachePolicy": {"readaheadBlocks": self.settings.readahead_blocks}}))
+                                                          "cachePolicy": {"readaheadBlocks": self.settings.readahead_blocks},
+                                                          **self._local_sources()}))
         master, _ = spawn("master", [*self._python(), "-m", "strata.cacheserver", "master",
                                      "--config", str(root / "master.yaml"), "--journal-dir", str(root / "journal"),
                                      "--bind", "127.0.0.1", "--port", str(port), "--http-port", str(http)],
                           self.workdir / "logs" / "master.log", env)
         self.children.append(master)
         self.master_address = f"127.0.0.1:{port}"
+        self.master_http, self.master_pid = http, master.pid
         wait_healthy(master, http)
         for index, node in enumerate(self.nodes):
             self.worker_https.append(self._start_worker(root, env, index, node))
@@ -169,6 +174,9 @@ class Stack:
         wait_until(lambda: len(fs.client.workers(refresh=True)) == self.settings.workers, STARTUP_TIMEOUT,
                    "the workers to register")
         fs.client.close()
+
+    def _local_sources(self) -> dict[str, Any]:
+        return {"localSources": {"allowedRoots": list(self.settings.local_roots)}} if self.settings.local_roots else {}
 
     def _start_worker(self, root: Path, env: dict[str, str], index: int, node: str) -> int:
         """Start worker `index` on host `node`; its HTTP port."""
@@ -182,6 +190,7 @@ class Stack:
             + ([{"medium": "SSD", "quota": self.settings.ssd_quota, "dirs": [str(root / f"ssd{suffix}")]}]
                if self.settings.ssd_quota else []),
             "cachePolicy": {"readaheadBlocks": self.settings.readahead_blocks},
+            **self._local_sources(),
         }
         (root / f"worker{suffix}.yaml").write_text(yaml.safe_dump(config))
         worker_env = {**env, "STRATA_WORKER_ID": f"bench-worker{suffix}", "STRATA_HOSTNAME": node,

@@ -10,6 +10,7 @@ import random
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,58 @@ WRITE_TYPES = tuple(WriteType)
 
 def load1() -> float:
     return os.getloadavg()[0]
+
+
+# A job longer than this goes to the reader in a file (an argument may be at most 128 KiB).
+JOB_ARGUMENT_LIMIT = 100_000
+
+
+def run_processes(jobs: Sequence[dict[str, Any]], job_dir: Path | None = None) -> tuple[float, list[dict[str, Any]]]:
+    """One reader process per job (bench/reader.py), let go at once once all are ready;
+    seconds until the last is done, and what each printed. A long job (thousands of paths)
+    is written to a file in `job_dir` (default: a temporary folder) and passed as @FILE."""
+    with tempfile.TemporaryDirectory(dir=job_dir) as folder:
+        arguments = []
+        for index, job in enumerate(jobs):
+            text = json.dumps(job)
+            if len(text) > JOB_ARGUMENT_LIMIT:
+                path = Path(folder) / f"job-{index}.json"
+                path.write_text(text)
+                text = f"@{path}"
+            arguments.append(text)
+        procs = [subprocess.Popen([sys.executable, "-P", str(BENCH / "reader.py"), argument],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+                 for argument in arguments]
+        try:
+            for p in procs:
+                _expect_line(p, "READY")
+            start = time.perf_counter()
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            outputs = [json.loads(_expect_line(p, "{")) for p in procs]
+            failed = [o["error"] for o in outputs if "error" in o]
+            if failed:
+                raise RuntimeError(f"{len(failed)} of {len(procs)} reader processes failed: {failed[0]}")
+            return time.perf_counter() - start, outputs
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(timeout=30)
+                for stream in (p.stdin, p.stdout):
+                    if stream is not None:
+                        stream.close()
+
+
+def _expect_line(p: subprocess.Popen[str], prefix: str) -> str:
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], READER_TIMEOUT)
+    line = p.stdout.readline() if ready else ""
+    if not line.startswith(prefix):
+        raise RuntimeError(f"reader process said {line!r} (exit code {p.poll()}), expected {prefix}...")
+    return line
 
 
 @dataclass
@@ -341,43 +394,12 @@ class Runner:
         return seconds
 
     def _processes(self, jobs: Sequence[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
-        """One reader process per job (bench/reader.py), let go at once once all are ready;
-        seconds until the last is done, and what each printed."""
-        procs = [subprocess.Popen([sys.executable, "-P", str(BENCH / "reader.py"), json.dumps(job)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
-                 for job in jobs]
-        try:
-            for p in procs:
-                self._expect_line(p, "READY")
-            start = time.perf_counter()
-            for p in procs:
-                assert p.stdin is not None
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            outputs = [json.loads(self._expect_line(p, "{")) for p in procs]
-            return time.perf_counter() - start, outputs
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                p.wait(timeout=30)
-                for stream in (p.stdin, p.stdout):
-                    if stream is not None:
-                        stream.close()
+        return run_processes(jobs)
 
     def _fresh_cache(self, c: Contestant) -> Path:
         folder = Path(c.access.options["cache_storage"]).parent / f"reader-{time.monotonic_ns()}"
         folder.mkdir(parents=True)
         return folder
-
-    @staticmethod
-    def _expect_line(p: subprocess.Popen[str], prefix: str) -> str:
-        assert p.stdout is not None
-        ready, _, _ = select.select([p.stdout], [], [], READER_TIMEOUT)
-        line = p.stdout.readline() if ready else ""
-        if not line.startswith(prefix):
-            raise RuntimeError(f"reader process said {line!r} (exit code {p.poll()}), expected {prefix}...")
-        return line
 
     # -- 5: metadata --------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@
     .venv/bin/python -P scripts/gen-readme-performance.py --check  # exit 1 if it is stale
 
 bench/run.py writes bench/results/<name>.json and <name>.md. The section shows the newest
-committed full run (else the newest quick run): its settings and its table of targets, with
+committed full run (else the newest quick run; a run of some workloads only, `--only`, is
+neither): its settings and its table of targets, with
 a link to every workload's table. tests/unit/test_docs.py fails when the section is stale.
 """
 
@@ -37,7 +38,7 @@ def newest_result(folder: Path = RESULTS) -> Path | None:
             run = json.loads(data.read_text())
         except (OSError, ValueError):
             continue
-        if md.is_file():
+        if md.is_file() and not run.get("partial", False):  # a run of some workloads only is no run to show
             runs.append((not run.get("quick", True), str(run.get("started", "")), md))
     return max(runs)[2] if runs else None
 

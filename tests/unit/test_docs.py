@@ -98,8 +98,10 @@ def test_readme_performance_section_is_current(readme: str) -> None:
 
 def test_performance_section_prefers_the_newest_full_run(tmp_path: Path) -> None:
     for name, quick, started in (("old-full", False, "2026-01-01"), ("new-full", False, "2026-02-01"),
-                                 ("newer-quick", True, "2026-03-01")):
-        (tmp_path / f"{name}.json").write_text(f'{{"quick": {str(quick).lower()}, "started": "{started}"}}')
+                                 ("newer-quick", True, "2026-03-01"), ("newest-partial", False, "2026-04-01")):
+        partial = str(name.endswith("partial")).lower()  # a run of some workloads only (--only) is never shown
+        (tmp_path / f"{name}.json").write_text(f'{{"quick": {str(quick).lower()}, "started": "{started}", '
+                                               f'"partial": {partial}}}')
         (tmp_path / f"{name}.md").write_text(f"# {name}\n\n- started {started}\n\n## Targets\n\n| a |\n|---|\n")
     assert readme_performance.newest_result(tmp_path) == tmp_path / "new-full.md"
     (tmp_path / "new-full.md").unlink()
