@@ -171,6 +171,43 @@ class BlockPlacement(BlockIndex):
             entry.moving = False
         self._drop(entry)
 
+    async def keep_memory(self, deadline: float) -> int:
+        """Before the worker exits: move the MEM tier's blocks to a disk tier, the most
+        recently read first, until `deadline` (time.monotonic()); a restarted worker finds
+        them there. Only MEM blocks among the most recently read blocks of the store that the
+        disk tiers hold below their low watermark move, so that the room made for them (as
+        for any block: the eviction policy's victims go) is made of blocks read before them.
+        Pinned blocks stay. Returns how many moved."""
+        mem = next((t for t in self._tiers if t.medium == MEM), None)
+        disks = [t for t in self._tiers if t.medium != MEM]
+        if mem is None or not disks:
+            return 0
+        room = sum(self._low * t.capacity for t in disks) - sum(
+            e.meta.length for e in self._index.values() if e.tier in disks and e.meta.pinned)
+        chosen = []
+        for entry in sorted((e for e in self._index.values() if not e.meta.pinned),
+                            key=lambda e: -e.meta.last_access):
+            room -= entry.meta.length
+            if room < 0:
+                break
+            if entry.tier is mem:
+                chosen.append(entry)
+        moved = 0
+        for entry in chosen:
+            if time.monotonic() >= deadline:
+                break
+            if not self._evictable(entry, mem):
+                continue  # moving, or dropped meanwhile
+            entry.moving = True
+            try:
+                placed = await self._place(entry.meta.length, disks)
+                if placed is None or not await self._move(entry, *placed):
+                    break
+            finally:
+                entry.moving = False
+            moved += 1
+        return moved
+
     async def _promote(self, entry: Entry) -> None:
         faster = self._tiers[: self._tiers.index(entry.tier)]
         if sole_copy_on_disk(entry.meta, entry.tier):  # it stays on a disk

@@ -6,9 +6,13 @@ a time and a bandwidth budget, while it still serves reads.
 The owners copy each block from this worker as they copy any block another worker holds
 (they ask the master where it is, then read it checked in transit): the blocks are handed
 over as blocks "not in the store", so a copy that fails is never fetched from the store
-instead (the hand-off never costs the store a byte). A worker that stops without leaving
-(a restart, a rolling update) keeps its blocks on its disk tiers and hands nothing off; a
-worker killed without warning loses only its own blocks, as before.
+instead (the hand-off never costs the store a byte). A worker killed without warning loses
+only its own blocks, as before.
+
+A worker that stops without leaving (a restart, a rolling update, an eviction) hands nothing
+off: it keeps its disk tiers' blocks where they are, and moves the blocks of its MEM tier
+(lost with the process) to a disk tier within the same budget, the most recently read first
+(BlockStore.keep_memory).
 """
 
 from __future__ import annotations
@@ -64,23 +68,17 @@ class Handoff:
 
     async def run(self) -> HandoffResult | None:
         """Hand off what the budget allows if this worker leaves the cluster (the master lists
-        it decommissioning); None when it does not leave or no worker stays. Never raises:
-        the worker's exit must not wait on a failed hand-off."""
+        it decommissioning); else (or when no worker stays) keep its MEM blocks on its disk
+        tiers, and return None. Never raises: the worker's exit must not wait on a failed
+        hand-off."""
         if self.settings.seconds <= 0:
             return None
         deadline = time.monotonic() + self.settings.seconds
-        try:
-            await asyncio.wait_for(self._peers.refresh(), REFRESH_TIMEOUT)
-        except (StrataError, TimeoutError) as exc:
-            log.warning("not handing off cached blocks: the master did not list the workers (%s)", exc)
-            return None
-        listed = self._peers.listed()
-        me = next((w for w in listed if w.worker_id == self._worker_id), None)
-        if me is None or not me.decommissioning:
-            return None  # a restart: its blocks stay on its disk tiers
-        staying = {w.worker_id: w for w in listed if w.worker_id != self._worker_id and not w.decommissioning}
+        staying = await self._staying()
         if not staying:
-            log.warning("not handing off cached blocks: no worker stays in the cluster")
+            moved = await self._store.keep_memory(deadline)
+            if moved:
+                log.info("moved %d block(s) of the MEM tier to a disk tier before exiting", moved)
             return None
         result = HandoffResult()
         started = time.monotonic()
@@ -94,6 +92,23 @@ class Handoff:
                  "already, %d not copied, %d left for lack of time", result.blocks, result.bytes,
                  time.monotonic() - started, result.held_elsewhere, result.failed, result.left)
         return result
+
+    async def _staying(self) -> dict[str, pb.WorkerInfo]:
+        """The workers that stay, by id, if this one leaves the cluster; empty if it does not
+        (or the master does not say)."""
+        try:
+            await asyncio.wait_for(self._peers.refresh(), REFRESH_TIMEOUT)
+        except (StrataError, TimeoutError) as exc:
+            log.warning("not handing off cached blocks: the master did not list the workers (%s)", exc)
+            return {}
+        listed = self._peers.listed()
+        me = next((w for w in listed if w.worker_id == self._worker_id), None)
+        if me is None or not me.decommissioning:
+            return {}  # a restart: its disk tiers keep their blocks
+        staying = {w.worker_id: w for w in listed if w.worker_id != self._worker_id and not w.decommissioning}
+        if not staying:
+            log.warning("not handing off cached blocks: no worker stays in the cluster")
+        return staying
 
     async def _hand(self, blocks: list[CachedBlock], staying: dict[str, pb.WorkerInfo], deadline: float,
                     started: float, result: HandoffResult) -> None:

@@ -379,6 +379,37 @@ async def test_demotion_mem_to_ssd_then_drop(make_store: Any, recorder: Any, dir
     check_invariants(store, dirs, recorder)
 
 
+async def test_memory_blocks_go_to_a_disk_tier_before_exit_and_are_found_again(
+        make_store: Any, dirs: Any, recorder: Any) -> None:
+    """A MEM tier is lost with the process (or the pod): before the worker exits its blocks
+    move to a disk tier, the most recently read first, as far as the disk takes them below
+    its low watermark, and the next run finds them there."""
+    tiers = (("MEM", 4 * U), ("SSD", 8 * U))
+    store = await make_store(*tiers, high_watermark=1.0, low_watermark=0.5)
+    for i in range(4):
+        await store.put(key(i), payload(U, seed=i))
+    store.set_pinned(lambda k: k.index == 3, True)
+    assert await store.keep_memory(time.monotonic() + 30) == 3
+    assert media_of(store) == {0: "SSD", 1: "SSD", 2: "SSD", 3: "MEM"}  # pinned stays
+    check_invariants(store, dirs, recorder)
+    await store.close()
+    again = await make_store(*tiers)
+    assert {i for i, medium in media_of(again).items() if medium == "SSD"} == {0, 1, 2}
+    assert await again.read(key(1), 0, U) == payload(U, seed=1)
+
+
+async def test_only_the_hottest_memory_blocks_take_the_disk_before_exit(make_store: Any) -> None:
+    store = await make_store(("MEM", 4 * U), ("SSD", 2 * U), high_watermark=1.0, low_watermark=0.5)
+    for i in range(3):
+        await store.put(key(i), payload(U, seed=i))
+    for i in (2, 0, 1):  # read order: 1 is the hottest
+        await asyncio.sleep(0.01)
+        await store.read(key(i), 0, 1)
+    assert await store.keep_memory(time.monotonic() - 1) == 0  # no time left: nothing moves
+    assert await store.keep_memory(time.monotonic() + 30) == 1  # the disk's room below its low watermark
+    assert media_of(store) == {0: "MEM", 1: "SSD", 2: "MEM"}
+
+
 async def test_demotion_skips_a_tier_that_cannot_take_the_block(make_store: Any, recorder: Any) -> None:
     store = await make_store(("MEM", 2 * U), ("SSD", 2 * U), ("HDD", 8 * U),
                              high_watermark=1.0, low_watermark=0.5)
