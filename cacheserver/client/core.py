@@ -259,7 +259,8 @@ class StrataClient(Links):
     def ls_pages(self, path: str, recursive: bool = False) -> Iterator[list[pb.FileInfo]]:
         """`ls` page by page, as the master sends them (ListStatusPages): a tree of any size,
         held one page at a time. Each page must come within master_timeout of the one
-        before (the first may wait on the store's walk); the stream has no limit in all."""
+        before; while the store's walk keeps the first back, the master sends empty pages
+        (skipped here) to say it is still at it. The stream has no limit in all."""
         sent = time.monotonic()
         what = f"ls {path} (master {self.master_address})"
         stream = self.master.ListStatusPages(pb.ListStatusRequest(path=path, recursive=recursive))
@@ -293,6 +294,8 @@ class StrataClient(Links):
                 finally:
                     watchdog.cancel()
                 files = list(page.files)
+                if not files:
+                    continue  # the master is still walking the store
                 self._hold(files, sent)
                 yield files
         finally:

@@ -3,8 +3,11 @@ renames and times, with the cached blocks of removed paths freed on the workers.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 from strata.contract.errors import InvalidArgument, ResourceExhausted
 from strata.contract.proto import strata_pb2 as pb
@@ -20,6 +23,11 @@ from .writes import Writes
 # Entries a page of ListStatusPages may hold at most: ~5,000 * 4 KiB paths stays well below
 # the 64 MiB message limit.
 MAX_LIST_PAGE_ENTRIES = 5000
+# Seconds between the empty pages a listing sends while the store's walk keeps its first page
+# back: well below any reader's wait for a page (a client's master_timeout, 30 s by default).
+LISTING_KEEPALIVE_SECONDS = 2.0
+
+T = TypeVar("T")
 
 
 class Files:
@@ -62,8 +70,9 @@ class Files:
         if request.page_size > MAX_LIST_PAGE_ENTRIES:
             raise InvalidArgument(f"a listing's page holds at most {MAX_LIST_PAGE_ENTRIES} entries, "
                                   f"asked for {request.page_size}")
-        async for page in self._listing_pages(request, request.page_size or LIST_PAGE_ENTRIES):
-            yield page
+        async for page in with_keepalives(self._listing_pages(request, request.page_size or LIST_PAGE_ENTRIES),
+                                          LISTING_KEEPALIVE_SECONDS):
+            yield page or pb.ListStatusResponse()  # empty: still walking the store
 
     async def _listing_pages(self, request: pb.ListStatusRequest, size: int) -> AsyncIterator[pb.ListStatusResponse]:
         """A listing as messages of at most `size` entries, each made once the one before
@@ -95,3 +104,28 @@ class Files:
 
     async def set_times(self, request: pb.SetTimesRequest) -> pb.FileInfo:
         return self.infos.of(await self.namespace.set_mtime(received(request.path), request.mtime_unix_ms))
+
+
+async def with_keepalives(pages: AsyncIterator[T], every: float) -> AsyncIterator[T | None]:
+    """The items of `pages`, with a None in between whenever `every` seconds pass without
+    one (the first page of a listing waits for the store's walk, which takes minutes on
+    millions of files: the reader hears that the master is still at it)."""
+    ahead = pages.__aiter__()
+    waiting: asyncio.Future[T] = asyncio.ensure_future(ahead.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=every)
+            if not done:
+                yield None
+                continue
+            try:
+                item = waiting.result()
+            except StopAsyncIteration:
+                return
+            yield item
+            waiting = asyncio.ensure_future(ahead.__anext__())
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await waiting
