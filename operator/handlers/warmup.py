@@ -21,6 +21,9 @@ from strata.operator.warmup import GatedPod, is_gated
 
 log = logging.getLogger(__name__)
 
+# The index's id: kopf passes each index to handlers as a keyword argument named by it.
+INDEX = "warm_gated_pods"
+
 
 def gated_pods(index: Iterable[Iterable[GatedPod]]) -> list[GatedPod]:
     """The pods the index holds now (a copy: kopf changes the index while a round runs)."""
@@ -46,14 +49,14 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     def carries_gate(body: kopf.Body, **_: Any) -> bool:
         return is_gated(body)
 
-    @kopf.index("", "v1", "pods", when=carries_gate, registry=registry)
+    @kopf.index("", "v1", "pods", id=INDEX, when=carries_gate, registry=registry)
     def warm_gated_pods(body: kopf.Body, **_: Any) -> dict[str, GatedPod]:
         pod = GatedPod.of(body)
         return {pod.uid: pod}
 
     @kopf.on.startup(id="warm-gate", registry=registry)
     async def start_checking(memo: kopf.Memo, **kwargs: Any) -> None:
-        index = kwargs["warm_gated_pods"]  # kopf passes each index by its function's name
+        index = kwargs[INDEX]
         memo["warm_gate"] = asyncio.create_task(keep_checking(memo, index, interval), name="warm-gate")
 
     @kopf.on.cleanup(id="warm-gate", registry=registry)

@@ -6,12 +6,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kopf
 import pytest
 
 from strata.contract.proto import strata_pb2 as pb
+from strata.operator.handlers.warmup import INDEX, register
 from strata.operator.locality import MountRef
 from strata.operator.reconcile import ObjectState
 from strata.operator.reconcile.warmup import WarmState, check_gated_pods
+from strata.operator.settings import OperatorSettings
 from strata.operator.warmup import (
     DEFAULT_WARM_TIMEOUT,
     WARM_GATE,
@@ -188,3 +191,10 @@ async def test_a_missing_mount_still_ends_at_the_timeout_and_a_deleted_pod_is_fo
     assert "uid-gone" in state.started
     assert await check_gated_pods(world.deps, [], state) == []
     assert state.started == {}
+
+
+def test_the_checks_get_the_index_of_gated_pods_by_its_id() -> None:
+    """kopf hands an index to the startup handler under the index's id, not its function's name."""
+    registry = kopf.OperatorRegistry()
+    register(registry, OperatorSettings())
+    assert [h.id for h in registry._indexing.get_all_handlers()] == [INDEX]
