@@ -54,6 +54,7 @@ KINDS: Mapping[str, Kind] = {
     "PodDisruptionBudget": Kind("poddisruptionbudgets"),
     "MutatingWebhookConfiguration": Kind("mutatingwebhookconfigurations", namespaced=False),
     "Pod": Kind("pods"),
+    "Event": Kind("events"),
     c.CACHE_CLUSTER_KIND: Kind(c.CACHE_CLUSTER_PLURAL),
     c.MOUNT_KIND: Kind(c.MOUNT_PLURAL),
 }

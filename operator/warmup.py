@@ -34,6 +34,9 @@ WARM_GATE: Final = f"{c.GROUP}/warm"
 DEFAULT_WARM_TIMEOUT: Final = 600.0
 # The longest `warmTimeout` taken: a pod is never held longer than a day.
 MAX_WARM_TIMEOUT: Final = 86400.0
+# Who an Event about a released pod says posted it, and the longest message it carries.
+EVENT_SOURCE: Final = "strata-operator"
+EVENT_MESSAGE_MAX: Final = 1024
 
 
 @dataclass(frozen=True)
@@ -156,9 +159,8 @@ class GatedPod:
                    created, tuple(warm_volumes(pod)[0]))
 
     def reference(self) -> Obj:
-        """What an Event about the pod names."""
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"namespace": self.namespace, "name": self.name, "uid": self.uid}}
+        """The pod as an Event's involvedObject names it."""
+        return {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace, "name": self.name, "uid": self.uid}
 
 
 @dataclass(frozen=True)
@@ -231,3 +233,16 @@ def release_of(pod: GatedPod, warmths: Sequence[Warmth], now: datetime) -> Relea
         return Release("timeout", f"Started after waiting {waited:.0f}s ({csi.ATTR_WARM_TIMEOUT} {timeout:g}s) "
                                   f"for data that is not warm: {shown}.")
     return None
+
+
+def release_event(pod: GatedPod, type_: str, reason: str, message: str, now: datetime) -> Obj:
+    """The Event (core v1) that tells a released pod's owner why it was released."""
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{pod.name}.{reason.lower()}-{int(now.timestamp())}", "namespace": pod.namespace},
+        "involvedObject": pod.reference(),
+        "type": type_, "reason": reason, "message": message[:EVENT_MESSAGE_MAX],
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        "source": {"component": EVENT_SOURCE}, "reportingComponent": EVENT_SOURCE,
+    }

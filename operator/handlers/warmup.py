@@ -1,8 +1,8 @@
 """The warm-up gate's handlers: an index of the pods that carry the gate `strata.dev/warm`
 (kopf keeps it from its watch of pods; a pod leaves it when its gate is taken off or it is
 deleted, so a pod deleted while gated is simply forgotten), and one task that checks them
-every `warm_check_interval` seconds (strata.operator.reconcile.warmup) and posts an Event on
-each pod it releases. Indexing adds no finalizer and writes nothing to the pods.
+every `warm_check_interval` seconds (strata.operator.reconcile.warmup), which posts an Event
+on each pod it releases (kopf.event posts only from kopf's own per-object tasks). Indexing adds no finalizer and writes nothing to the pods.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
@@ -40,7 +40,7 @@ async def keep_checking(memo: kopf.Memo, index: kopf.Index[str, GatedPod], inter
             log.warning("checking the pods held by the warm-up gate failed, retrying: %s", exc)
             continue
         for pod, note in released:
-            kopf.event(kopf.Body(cast(kopf.RawBody, pod.reference())), type=note.type, reason=note.reason, message=note.message)
+            log.info("pod %s/%s released: %s %s", pod.namespace, pod.name, note.reason, note.message)
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:

@@ -29,6 +29,7 @@ from strata.operator.warmup import (
     data_path,
     gates_without_warm,
     needs_load,
+    release_event,
     release_of,
     warmth_of,
 )
@@ -105,7 +106,8 @@ async def _release(deps: Deps, pod: GatedPod) -> bool:
 
 
 async def check_pod(deps: Deps, pod: GatedPod, state: WarmState, read: dict[MountRef, Any]) -> Note | None:
-    """Check one gated pod; release it when its data is warm or its time is up, and say so."""
+    """Check one gated pod; release it when its data is warm or its time is up, and post an
+    Event on it that says why (the Note returned)."""
     warmths = []
     for volume in pod.volumes:
         try:
@@ -119,12 +121,18 @@ async def check_pod(deps: Deps, pod: GatedPod, state: WarmState, read: dict[Moun
         return None
     log.info("released pod %s/%s (%s): %s", pod.namespace, pod.name, release.reason, release.message)
     if release.reason == "warm":
-        return Note("Normal", WARMED_UP, release.message)
-    return Note("Warning", WARM_UP_TIMED_OUT, release.message)
+        note = Note("Normal", WARMED_UP, release.message)
+    else:
+        note = Note("Warning", WARM_UP_TIMED_OUT, release.message)
+    try:
+        await deps.kube.create(release_event(pod, note.type, note.reason, note.message, deps.clock()))
+    except KubeError as exc:  # the pod is released all the same
+        log.warning("cannot post the Event on pod %s/%s: %s", pod.namespace, pod.name, exc)
+    return note
 
 
 async def check_gated_pods(deps: Deps, pods: Sequence[GatedPod], state: WarmState) -> list[tuple[GatedPod, Note]]:
-    """One round over the gated pods: the Events to post for those released. A pod whose
+    """One round over the gated pods: the Events posted on those released. A pod whose
     check fails is checked again next round (and released at its timeout all the same)."""
     state.keep_only({pod.uid for pod in pods})
     read: dict[MountRef, Any] = {}

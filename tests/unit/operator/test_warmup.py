@@ -198,3 +198,14 @@ def test_the_checks_get_the_index_of_gated_pods_by_its_id() -> None:
     registry = kopf.OperatorRegistry()
     register(registry, OperatorSettings())
     assert [h.id for h in registry._indexing.get_all_handlers()] == [INDEX]
+
+
+async def test_a_released_pod_gets_an_event_that_says_why(world: World) -> None:
+    pod = GatedPod.of(world.kube.put(warm_pod(warmPercent="90", warmTimeout="30s")))
+    world.clock.now = at(31)
+    await check_gated_pods(world.deps, [pod], WarmState())
+    (event,) = [o for (kind, _, _), o in world.kube.objects.items() if kind == "Event"]
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "job",
+                                       "uid": "uid-job"}
+    assert (event["type"], event["reason"]) == ("Warning", "WarmUpTimedOut")
+    assert "warmTimeout 30s" in event["message"] and event["source"] == {"component": "strata-operator"}
