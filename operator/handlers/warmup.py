@@ -2,7 +2,8 @@
 (kopf keeps it from its watch of pods; a pod leaves it when its gate is taken off or it is
 deleted, so a pod deleted while gated is simply forgotten), and one task that checks them
 every `warm_check_interval` seconds (strata.operator.reconcile.warmup), which posts an Event
-on each pod it releases (kopf.event posts only from kopf's own per-object tasks). Indexing adds no finalizer and writes nothing to the pods.
+on each pod it releases (kopf.event posts only from kopf's own per-object tasks). Indexing
+adds no finalizer and writes nothing to the pods.
 """
 
 from __future__ import annotations
