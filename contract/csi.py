@@ -17,6 +17,10 @@ ATTR_MASTER: Final = "masterAddress"     # without a Mount: the master's HOST:PO
 ATTR_PATH: Final = "path"                # ... and the namespace path to show
 ATTR_READ_ONLY: Final = "readOnly"       # "true": mount read-only
 ATTR_WRITE_TYPE: Final = "writeType"     # MUST_CACHE | CACHE_THROUGH | THROUGH | ASYNC_THROUGH
+# Read by the operator, not the node plugin: hold the pod (a scheduling gate) until this
+# percentage of the volume's data is cached, or at most warmTimeout (a duration).
+ATTR_WARM_PERCENT: Final = "warmPercent"
+ATTR_WARM_TIMEOUT: Final = "warmTimeout"
 # Secrets (nodePublishSecretRef, provisioner secrets, `<cluster>-auth`): the data credential
 # (read and write files) under SECRET_DATA_TOKEN, the only one a volume uses. A volume's own
 # secrets may name it SECRET_TOKEN instead (a Secret made for one volume).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +53,8 @@ KINDS: Mapping[str, Kind] = {
     "PersistentVolumeClaim": Kind("persistentvolumeclaims"),
     "PodDisruptionBudget": Kind("poddisruptionbudgets"),
     "MutatingWebhookConfiguration": Kind("mutatingwebhookconfigurations", namespaced=False),
+    "Pod": Kind("pods"),
+    "Event": Kind("events"),
     c.CACHE_CLUSTER_KIND: Kind(c.CACHE_CLUSTER_PLURAL),
     c.MOUNT_KIND: Kind(c.MOUNT_PLURAL),
 }
@@ -81,6 +83,8 @@ class KubeAPI(Protocol):
         ...
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None: ...
+
+    async def set_scheduling_gates(self, pod: Obj, gates: Sequence[Obj]) -> bool: ...
 
 
 @functools.cache
@@ -188,6 +192,22 @@ class Kube:
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+    async def set_scheduling_gates(self, pod: Obj, gates: Sequence[Obj]) -> bool:
+        """Set a pod's scheduling gates (Kubernetes lets them only be removed); the
+        resourceVersion makes a concurrent change fail instead of being overwritten. False
+        when the pod is gone or changed meanwhile (read it again)."""
+        meta = pod["metadata"]
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"schedulingGates": list(gates)}}
+        try:
+            await self._call(self._dynamic.patch(_resource("v1", "Pod"), body=patch, name=meta["name"],
+                                                 namespace=meta["namespace"], content_type=_MERGE_PATCH,
+                                                 **self._options))
+        except KubeError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         body = {"apiVersion": api_version, "kind": kind,

@@ -53,6 +53,9 @@ class OperatorSettings(EnvironmentSettings):
     report_ttl: float = Field(default=5.0, ge=0)
     # Seconds to wait before re-checking a step that is not ready yet.
     retry_delay: float = Field(default=5.0, gt=0)
+    # Seconds between checks of the pods held by the warm-up gate (strata.dev/warm): how late
+    # a pod may start after its data is warm or its warmTimeout is up.
+    warm_check_interval: float = Field(default=5.0, gt=0)
     # The operator's own namespace (the chart sets it from the pod): where the Secrets the
     # operator keeps for itself and the CSI node plugin live.
     namespace: str = ""

@@ -47,11 +47,12 @@ class LoadJob:
         """The job's progress for Report: its path, why it failed, and (once done) how many
         of its bytes the cache holds now, so a preload whose blocks were evicted or lost with
         a worker shows as no longer whole. Workers report new blocks with their next
-        heartbeat: for `settle` seconds after the end, what they answered counts too."""
+        heartbeat: for `settle` seconds after the end, what they answered counts too. While the
+        job runs, bytes_cached is what the cache holds of the files listed so far."""
         progress = pb.LoadProgress()
         progress.CopyFrom(self.progress)
         progress.path = self.path
-        if self.progress.done and self.error is None:
+        if self.error is None:
             held = sum(blocks.cached_bytes_of_file(f.mount_id, f.path, f.version) for f in self.files)
             settling = self.finished_at is not None and time.monotonic() - self.finished_at < settle
             progress.bytes_cached = max(held, self.progress.bytes_loaded) if settling else held

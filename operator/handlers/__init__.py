@@ -1,8 +1,9 @@
 """kopf handlers: thin functions that parse nothing themselves and call the reconcile steps.
 
 `register(registry, settings)` adds them all to a kopf registry. One module per concern:
-lifecycle (startup, cleanup, kopf settings), cluster, mount, admission (the locality webhook,
-on when STRATA_OPERATOR_WEBHOOK_ENABLED) and metrics (/metrics, on when
+lifecycle (startup, cleanup, kopf settings), cluster, mount, warmup (the pods the warm-up
+gate holds), admission (the locality webhook and the warm-up gate it sets, on when
+STRATA_OPERATOR_WEBHOOK_ENABLED) and metrics (/metrics, on when
 STRATA_OPERATOR_METRICS_PORT is set).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import kopf
 
-from strata.operator.handlers import admission, cluster, lifecycle, metrics, mount
+from strata.operator.handlers import admission, cluster, lifecycle, metrics, mount, warmup
 from strata.operator.settings import MetricsSettings, OperatorSettings, WebhookSettings
 
 
@@ -29,6 +30,7 @@ def register(
     phases = metrics.MountPhases(expiry=3 * settings.reconcile_interval + settings.rpc_timeout)
     collectors.register(phases)
     mount.register(registry, settings, phases)
+    warmup.register(registry, settings)
     admission.register(registry, webhook or WebhookSettings(), admission.AdmissionMetrics(collectors),
                        settings.namespace)
     metrics.register(registry, metrics_settings or MetricsSettings(), collectors)

@@ -7,6 +7,8 @@ CA put in the configuration's caBundle; strata.operator.reconcile.webhook), or f
 else keeps in `cert_dir` (`certificate: files`, e.g. cert-manager's). The handler never fails
 a pod: every error, slow API read or missing object ends in "no change" (a denial from here
 would block the pod, which failurePolicy Ignore does not cover). A pod without a Strata volume costs no API call.
+The same handler adds the warm-up scheduling gate (strata.operator.warmup) to a pod whose
+Strata volume asks for it; that needs no API call either.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from strata.operator.locality import (
 from strata.operator.reconcile.common import utcnow
 from strata.operator.reconcile.webhook import CertificatePlace, ensure_certificate
 from strata.operator.settings import WebhookSettings
+from strata.operator.warmup import WARM_GATE, gate_for
 
 log = logging.getLogger(__name__)
 
@@ -176,13 +179,19 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings, metrics
                     side_effects=False, registry=registry)
     async def locality(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, warnings: list[str],
                        operation: str | None = None, **_: Any) -> None:
-        """Add affinity to the nodes holding the pod's data; never refuse the pod."""
+        """Add affinity to the nodes holding the pod's data, and the warm-up gate when a volume
+        asks for it (strata.operator.warmup); never refuse the pod."""
         # kopf filters by `operations` only in webhook configurations it manages itself.
         if operation != "CREATE" or not mounts_of(body):
             metrics.reviews.labels("skipped").inc()
             return
         started = time.monotonic()
         name = body.metadata.name or body.metadata.get("generateName", "")
+        gates, gate_notes = gate_for(body)
+        warnings.extend(gate_notes)
+        if gates is not None:
+            patch.spec["schedulingGates"] = gates
+            log.info("pod %s/%s: held by %s until its data is cached", body.metadata.namespace, name, WARM_GATE)
         try:
             decision = await review(deps_of(memo).kube, body, webhook_settings.lookup_timeout)
         except Exception as exc:  # noqa: BLE001 - a failed lookup must not block the pod

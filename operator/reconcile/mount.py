@@ -56,7 +56,7 @@ PRELOAD_RETRY_MAX = 3600.0
 
 
 @dataclass(frozen=True)
-class _Target:
+class MasterTarget:
     """The cluster a Mount lives in, once its master can be called."""
 
     cluster: str
@@ -124,7 +124,7 @@ def _store_patience(deps: Deps, state: ObjectState, phase: str, problem: Problem
                                       f"until it answers (tried every {deps.settings.reconcile_interval:.0f}s).")
 
 
-def _find(report: pb.ReportResponse, path: str) -> pb.MountReport | None:
+def mount_report(report: pb.ReportResponse, path: str) -> pb.MountReport | None:
     return next((m for m in report.mounts if m.mount.path == path), None)
 
 
@@ -148,7 +148,7 @@ async def _other_mounts(deps: Deps, body: Mapping[str, Any], spec: MountSpec) ->
     return others
 
 
-async def _target(deps: Deps, namespace: str, spec: MountSpec, *, ready: bool = True) -> _Target | Problem:
+async def master_target(deps: Deps, namespace: str, spec: MountSpec, *, ready: bool = True) -> MasterTarget | Problem:
     """The cluster's master and token; with `ready`, only once the cluster says its master is ready."""
     cluster = await deps.kube.get(c.API_VERSION, c.CACHE_CLUSTER_KIND, namespace, spec.cluster)
     if cluster is None:
@@ -161,7 +161,7 @@ async def _target(deps: Deps, namespace: str, spec: MountSpec, *, ready: bool = 
     token = await read_token(deps, namespace, spec.cluster)
     if token is None:
         return Problem(Reason.CLUSTER_NOT_READY, f"Waiting for the token Secret of CacheCluster {spec.cluster}.")
-    return _Target(spec.cluster, master_endpoint(spec.cluster, namespace, deps.settings.cluster_domain), token)
+    return MasterTarget(spec.cluster, master_endpoint(spec.cluster, namespace, deps.settings.cluster_domain), token)
 
 
 async def _credentials(deps: Deps, namespace: str, spec: MountSpec) -> dict[str, str] | Problem:
@@ -197,7 +197,7 @@ def _backoff(deps: Deps, retry: Retry | None, problem: Problem, now: datetime) -
     return Retry(now + timedelta(seconds=delay), failures, problem)
 
 
-async def _preload(deps: Deps, target: _Target, spec: MountSpec, state: ObjectState,
+async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: ObjectState,
                    report: pb.MountReport) -> PreloadObservation:
     """Load each preload path the master has no load of (never started, or the master
     restarted), and again each one that failed or whose bytes the cache no longer holds, with
@@ -241,7 +241,7 @@ async def _preload(deps: Deps, target: _Target, spec: MountSpec, state: ObjectSt
 async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: ObjectState,
                    generation: int) -> MountObservation:
     namespace = body["metadata"]["namespace"]
-    target = await _target(deps, namespace, spec)
+    target = await master_target(deps, namespace, spec)
     if isinstance(target, Problem):
         return MountObservation(generation, MountPhase.PENDING, target)
     older = [o for o in await _other_mounts(deps, body, spec) if _older(o, body)]
@@ -263,7 +263,7 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
     preload: PreloadObservation | None = None
     try:
         report = await deps.masters.report(target.endpoint, target.token)
-        mounted = _find(report, spec.path)
+        mounted = mount_report(report, spec.path)
         # A mount the master cannot use (its credentials sealed with another cluster key)
         # is mounted again: the same data keeps its mount id, and its unpersisted files.
         current = mounted is not None and state.fingerprint == fingerprint and (
@@ -279,7 +279,7 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
                 log.info("mounted %s at %s on %s (mount id %d)", shown_url(spec.source), spec.path, target.endpoint,
                          answer.mount.mount_id)
             deps.masters.invalidate(target.endpoint)
-            mounted = _find(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)
+            mounted = mount_report(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)
         if mounted is not None and spec.preload_paths():
             preload = await _preload(deps, target, spec, state, mounted)
     except StrataError as exc:
@@ -339,7 +339,7 @@ async def remove_mount(deps: Deps, body: Mapping[str, Any]) -> Outcome:
     except InvalidArgument:
         return Outcome.ok("the spec was never valid: nothing was mounted")
     try:
-        target = await _target(deps, key.namespace, spec, ready=False)
+        target = await master_target(deps, key.namespace, spec, ready=False)
     except KubeError as exc:
         if exc.status not in (401, 403):
             raise

@@ -192,6 +192,32 @@ def test_warm_data_is_read_while_the_store_is_down(start_cluster: Any, bucket: s
         metric(cluster.master.metrics(), "strata_master_stale_metadata_answers", '{mount="/strict"}')
 
 
+def test_a_running_load_reports_what_the_cache_holds_of_it_so_far(start_cluster: Any, bucket: str,
+                                                                   proxy: StoreProxy) -> None:
+    """The operator's warm-up gate releases a held pod on the share of its data a load holds,
+    before the load ends: one file is cached, the other's fetch waits behind the proxy."""
+    cluster: Cluster = start_cluster(workers=1)
+    a, b = payload(BLOCK_SIZE), payload(BLOCK_SIZE // 2)
+    cluster.s3.put_object(bucket, "set/a", a)
+    cluster.s3.put_object(bucket, "set/b", b)
+    mount_through(cluster, proxy, "/run", bucket)
+    fs = cluster.fs()
+    assert fs.cat_file("/run/set/a") == a
+    wait_until(lambda: fs.info("/run/set/a")["cached_bytes"] == len(a), 10, "a's block to be reported")
+
+    def load() -> Any:
+        (report,) = [m for m in fs.client.report().mounts if m.mount.path == "/run"]
+        return next((load for load in report.loads if load.path == "/run/set"), None)
+
+    with ThreadPoolExecutor(1) as pool, proxy.holding(f"GET /{bucket}/set/b".encode()):
+        loading = pool.submit(lambda: list(fs.client.load("/run/set")))
+        running = wait_until(lambda: (r := load()) and not r.done and r.bytes_cached == len(a) and r, 10,
+                             "the running load to report a's bytes as cached")
+        assert running.bytes_total == len(a) + len(b)
+    assert loading.result(timeout=60)[-1].done
+    wait_until(lambda: load().bytes_cached == len(a) + len(b), 10, "the whole load to be reported cached")
+
+
 def test_a_file_deleted_in_the_store_is_not_served_stale(start_cluster: Any, bucket: str, proxy: StoreProxy) -> None:
     cluster: Cluster = start_cluster(workers=1)
     cluster.s3.put_object(bucket, "gone", b"soon gone")

@@ -8,7 +8,8 @@ CSI node plugin's reads are recorded from cacheserver/csi/kube.py the same way."
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -21,7 +22,9 @@ from strata.operator.handlers.admission import certificate_place, review
 from strata.operator.reconcile.webhook import ensure_certificate
 from strata.operator.kube import KINDS, Obj
 from strata.operator.reconcile import ObjectState, reconcile_cluster, reconcile_mount, remove_mount
+from strata.operator.reconcile.warmup import WarmState, check_gated_pods
 from strata.operator.settings import WebhookSettings
+from strata.operator.warmup import WARM_GATE, GatedPod
 from tests.unit.chart.conftest import NAMESPACE, Render
 from tests.unit.operator.conftest import (  # noqa: F401 - fixtures used by `world`
     FakeKube,
@@ -85,6 +88,10 @@ class RecordingKube:
         self._note(["patch"], api_version, kind, namespace, name, "status")
         await self.inner.apply_status(api_version, kind, namespace, name, status)
 
+    async def set_scheduling_gates(self, pod: Obj, gates: Sequence[Obj]) -> bool:
+        self._note(["patch"], "v1", "Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
+        return await self.inner.set_scheduling_gates(pod, gates)
+
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
@@ -117,6 +124,13 @@ async def recorded(world: World) -> RecordingKube:
     pod = {"metadata": {"namespace": "ns", "name": "reader"},
            "spec": {"volumes": [{"name": "d", "csi": {"driver": csi.DRIVER_NAME, "volumeAttributes": {"mount": "data"}}}]}}
     assert (await review(kube, pod, timeout=5)).affinity is not None
+    # The warm-up gate: a held pod is checked (its Mount's data loaded) and released.
+    pod["spec"]["volumes"][0]["csi"]["volumeAttributes"]["warmPercent"] = "100"
+    pod["spec"]["schedulingGates"] = [{"name": WARM_GATE}]
+    pod["metadata"]["resourceVersion"] = "1"
+    held = world.kube.put({"apiVersion": "v1", "kind": "Pod", **pod})
+    world.clock.now += timedelta(days=1)  # its timeout is up
+    assert await check_gated_pods(world.deps, [GatedPod.of(held)], WarmState())
     deleting = world.kube.obj("Mount", "data")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
     assert (await remove_mount(world.deps, deleting)).done
@@ -139,10 +153,11 @@ def operator_requests(recorded: RecordingKube) -> set[Request]:
 
 # kopf, as configured in operator/handlers/lifecycle.py: it watches CacheClusters and Mounts
 # and patches their finalizers and annotations, posts Events (warnings), and keeps alive in
-# its peering object; it scans CRDs (and, when not cluster-wide, namespaces).
+# its peering object; it scans CRDs (and, when not cluster-wide, namespaces); it lists and
+# watches pods for the warm-up gate's index (operator/handlers/warmup.py).
 KOPF_REQUESTS: set[Request] = {
     (verb, c.GROUP, plural) for verb in ("list", "watch", "patch") for plural in (c.CACHE_CLUSTER_PLURAL, c.MOUNT_PLURAL)
-} | {("create", "", "events")}
+} | {("create", "", "events"), ("list", "", "pods"), ("watch", "", "pods")}
 PEERING_VERBS = ("list", "watch", "patch")  # kopf never GETs it (the API server's audit log shows)
 DISCOVERY = {("list", "apiextensions.k8s.io", "customresourcedefinitions"),
              ("watch", "apiextensions.k8s.io", "customresourcedefinitions")}
@@ -257,15 +272,17 @@ def _uninstall_hook(obj: Obj) -> bool:
 
 
 def test_rbac_grants_no_more_than_it_needs(render: Render) -> None:
-    """No wildcards, no deletes, no pods, and write access only to what the operator applies
-    (the uninstall hook's delete is checked below)."""
+    """No wildcards, no deletes, no nodes, pods only as the warm-up gate needs them, and write
+    access only to what the operator applies (the uninstall hook's delete is checked below)."""
     for obj in render():
         if _uninstall_hook(obj):
             continue
         for rule in obj.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
             assert not {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"} & set(rule["verbs"])
-            assert not {"pods", "nodes", "persistentvolumes"} & set(rule["resources"]), rule
+            assert not {"nodes", "persistentvolumes"} & set(rule["resources"]), rule
+            if "pods" in rule["resources"]:
+                assert rule["resources"] == ["pods"] and rule["verbs"] == ["get", "list", "watch", "patch"], rule
 
 
 class RecordingReader(PathObjects):

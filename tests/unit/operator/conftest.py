@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -220,6 +220,13 @@ class FakeKube:
     async def apply_status(self, api_version: str, kind: str, namespace: str, name: str, status: Obj) -> None:
         self.status_writes.append((kind, name, copy.deepcopy(status)))
         self.objects[(kind, namespace, name)]["status"] = copy.deepcopy(status)
+
+    async def set_scheduling_gates(self, pod: Obj, gates: Sequence[Obj]) -> bool:
+        stored = self.objects.get(("Pod", pod["metadata"]["namespace"], pod["metadata"]["name"]))
+        if stored is None or stored["metadata"].get("resourceVersion") != pod["metadata"].get("resourceVersion"):
+            return False
+        stored["spec"]["schedulingGates"] = copy.deepcopy(list(gates))
+        return True
 
     def applied_kinds(self) -> list[str]:
         return [m["kind"] for m in self.applied]

@@ -33,6 +33,7 @@ from strata.operator.handlers import register
 from strata.operator.handlers.admission import HANDLER_ID, webhook_server
 from strata.operator.kube import KubeError, Obj
 from strata.operator.locality import APPLIED_ANNOTATION
+from strata.operator.warmup import WARM_GATE
 from strata.operator.master import Masters
 from strata.operator.reconcile import Deps
 from strata.operator.settings import MetricsSettings, OperatorSettings, WebhookSettings
@@ -319,3 +320,29 @@ async def test_metrics_count_reviews(settings: WebhookSettings) -> None:
     assert 'strata_operator_locality_reviews_total{result="skipped"} 1.0' in text
     assert "strata_operator_locality_review_seconds_count 1.0" in text
     assert "python_info" in text
+
+
+def warm_strata_pod(**attributes: str) -> Obj:
+    pod = strata_pod()
+    pod["spec"]["volumes"][0]["csi"]["volumeAttributes"].update(attributes)
+    return pod
+
+
+async def test_a_volume_asking_to_start_warm_gets_the_gate_whatever_the_lookup(settings: WebhookSettings) -> None:
+    pod = warm_strata_pod(warmPercent="90")
+    after = patched(pod, await Webhook(data_world(), settings).admit(pod))
+    assert after["spec"]["schedulingGates"] == [{"name": WARM_GATE}]
+    assert after["spec"]["affinity"]["nodeAffinity"]  # placed as before
+    for kube in (RefusingKube(500), RefusingKube(403)):
+        response = await Webhook(kube, settings).admit(pod)
+        assert response["allowed"] is True
+        assert patched(pod, response)["spec"]["schedulingGates"] == [{"name": WARM_GATE}]
+    assert "schedulingGates" not in patched(strata_pod(), await Webhook(data_world(), settings).admit(strata_pod()))["spec"]
+
+
+async def test_an_unreadable_warm_percentage_is_a_warning_and_no_gate(settings: WebhookSettings) -> None:
+    pod = warm_strata_pod(warmPercent="most")
+    response = await Webhook(data_world(), settings).admit(pod)
+    assert "schedulingGates" not in patched(pod, response)["spec"]
+    assert response["warnings"] == ["volume 'data': warmPercent 'most' is not a number; write e.g. \"90\"; it does "
+                                    "not hold the pod until warm"]
