@@ -15,7 +15,7 @@ def test_defaults() -> None:
         "image_pull_policy": "IfNotPresent", "cluster_domain": "", "reconcile_interval": 30.0, "rpc_timeout": 10.0,
         "unmount_timeout": 60.0, "store_patience": 120.0, "report_ttl": 5.0, "retry_delay": 5.0, "namespace": "",
         "csi_tokens_secret": "", "kept_tokens_secret": "", "tenant_role": "", "service_account": "",
-        "node_cache_root": "/var/lib/strata/cache",
+        "node_cache_root": "/var/lib/strata/cache", "warm_check_interval": 5.0,
     }
     assert MetricsSettings().model_dump() == {"port": 0, "bind": "0.0.0.0"}
     assert WebhookSettings().model_dump() == {
