@@ -10,9 +10,8 @@ import hashlib
 import threading
 from collections.abc import Iterable
 
-from cachetools import TTLCache
-
 from strata.contract.proto import strata_pb2 as pb
+from ..common.pathmap import PathMap
 from ..common.paths import is_under
 from .settings import DEFAULT_ATTR_TIMEOUT
 
@@ -52,29 +51,31 @@ def attr_timeout_for(mounts: Iterable[pb.MountInfo], root: str) -> float:
 
 class AttrCache:
     """FileInfo by namespace path for `ttl` seconds (at most REMEMBERED paths, the least
-    recently used go first), dropped when this mount changes the path."""
+    recently used go first), dropped with the tree below it when this mount changes the path
+    (a PathMap, shared by the mount's threads under this cache's lock)."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
-        self._entries: TTLCache[str, pb.FileInfo] | None = TTLCache(REMEMBERED, ttl) if ttl > 0 else None
+        self._entries: PathMap[pb.FileInfo] | None = PathMap(limit=REMEMBERED, ttl=ttl) if ttl > 0 else None
         self._lock = threading.Lock()
 
     def get(self, path: str) -> pb.FileInfo | None:
         if self._entries is None:
             return None
         with self._lock:
-            return self._entries.get(path)
+            info = self._entries.get(path)
+            self._entries.touch(path)
+            return info
 
     def put(self, info: pb.FileInfo) -> None:
         if self._entries is None:
             return
         with self._lock:
-            self._entries[info.path] = info
+            self._entries.put(info.path, info)
 
     def drop(self, path: str) -> None:
         """Forget `path` and everything below it."""
         if self._entries is None:
             return
         with self._lock:
-            for key in [k for k in self._entries if is_under(k, path)]:
-                del self._entries[key]
+            self._entries.drop_tree(path)

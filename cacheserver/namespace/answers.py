@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.contract.errors import DeadlineExceeded, NotFound, Unavailable
+from ..common.pathmap import PathMap
 from ..settings import StoreTimeouts
 from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
@@ -76,22 +77,25 @@ def _nameable(mount: Mount, where: str, statuses: list[UfsStatus]) -> list[UfsSt
 
 
 class _MountCache:
-    """What one mount's store said, by (kind, relative path); kinds: info, list, walk."""
+    """What one mount's store said, by relative path and kind (info, list, walk): a PathMap of
+    the kinds said of each path, so that a change forgets its tree at the cost of what is held
+    there."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[str, str], _Fetched] = {}
+        self.entries: PathMap[dict[str, _Fetched]] = PathMap()
         self.flights: dict[tuple[str, str], tuple[float, asyncio.Task[Any]]] = {}
         # Bumped by every invalidation: a store request that started before it must not
         # store its (possibly stale) answer.
         self.epoch = 0
 
+    def get(self, kind: str, rel: str) -> _Fetched | None:
+        said = self.entries.get(rel)
+        return None if said is None else said.get(kind)
+
     def drop(self, rel: str) -> None:
         """Forget `rel`, everything below it and its ancestors (whose listings show it)."""
-        self.entries = {
-            key: value
-            for key, value in self.entries.items()
-            if not (rel_under(key[1], rel) or rel_under(rel, key[1]))
-        }
+        self.entries.drop_tree(rel)
+        self.entries.drop_ancestors(rel)
         self.flights.clear()
         self.epoch += 1
 
@@ -99,9 +103,16 @@ class _MountCache:
                  listings: dict[str, Folder] | None = None) -> None:
         """Keep a store's answer; a walk's with the listings of the folders it found
         (`walk_listings`)."""
-        self.entries[(kind, rel)] = _Fetched(value, started)
+        self._keep(kind, rel, _Fetched(value, started))
         for directory, listed in (listings or {}).items():
-            self.entries[("list", directory)] = _Fetched(listed, started)
+            self._keep("list", directory, _Fetched(listed, started))
+
+    def _keep(self, kind: str, rel: str, fetched: _Fetched) -> None:
+        said = self.entries.get(rel)
+        if said is None:
+            self.entries.put(rel, {kind: fetched})
+        else:
+            said[kind] = fetched
 
 
 def walk_listings(rel: str, walked: Statuses | None) -> dict[str, Folder]:
@@ -139,7 +150,7 @@ class StoreAnswers:
         return self._caches.setdefault(mount.mount_id, _MountCache())
 
     def _cached(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
-        hit = self._cache(mount).entries.get((kind, rel))
+        hit = self._cache(mount).get(kind, rel)
         if hit is not None and _fresh(hit.started, time.monotonic(), mount.options.metadata_sync_interval):
             return hit
         return None
@@ -174,11 +185,11 @@ class StoreAnswers:
     def _stale(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
         """The last answer the store gave for (kind, rel), however old; for "info" also
         what the parent's listing said."""
-        entries = self._cache(mount).entries
-        hit = entries.get((kind, rel))
+        cache = self._cache(mount)
+        hit = cache.get(kind, rel)
         if hit is not None or kind != "info":
             return hit
-        listing = entries.get(("list", rel_parent(rel)))
+        listing = cache.get("list", rel_parent(rel))
         if listing is None or listing.value is None:
             return None
         return _Fetched(listing.listed(rel), listing.started)
