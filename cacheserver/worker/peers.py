@@ -51,7 +51,6 @@ class Peers:
         self.worker_id = worker_id
         self.settings = settings or PeerSettings()
         self._workers: dict[str, pb.WorkerInfo] = {}
-        self._listed = False  # the master's list taken at least once
         self._tasks = BackgroundTasks()
         self._channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
             lambda address: aio_channel(address, token), retire=self._close_channel)
@@ -66,16 +65,10 @@ class Peers:
     def update(self, workers: list[pb.WorkerInfo]) -> None:
         """Take the master's list of live workers."""
         self._workers = {w.worker_id: w for w in workers}
-        self._listed = True
 
     def listed(self) -> list[pb.WorkerInfo]:
         """The live workers as the master last listed them, this one included."""
         return list(self._workers.values())
-
-    def alone(self) -> bool:
-        """Is this worker the only live one, as the master last listed them? (A worker that
-        joined since is seen at the next refresh, within PEER_REFRESH_SECONDS.)"""
-        return self._listed and all(w == self.worker_id for w in self._workers)
 
     async def refresh(self) -> None:
         self.update(await self._link.list_workers())
@@ -130,8 +123,8 @@ class Peers:
         master's block index says), or none sent it whole and checked within `peer_wait`
         seconds: the caller fetches it from the store. Never waits longer, never raises."""
         length = length or key_of(ref).length - offset
-        if self.alone() or time.monotonic() < self._locate_after:
-            return None  # no other worker to hold it: the master is not asked
+        if time.monotonic() < self._locate_after:
+            return None
         wait = self.settings.peer_wait
         deadline = time.monotonic() + wait
         try:

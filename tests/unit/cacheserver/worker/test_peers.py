@@ -118,28 +118,3 @@ async def test_the_master_says_where_blocks_are_from_its_index_and_bounds_the_qu
     with pytest.raises(InvalidArgument, match=f"at most {MAX_LOCATE_BLOCKS}"):
         await parts.link.client.locate_blocks([refs[0]] * (MAX_LOCATE_BLOCKS + 1))
 
-
-async def test_a_worker_alone_fetches_its_misses_without_asking_the_master_where_they_are(
-        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no other live worker no block can be held elsewhere: a miss goes to the store
-    at once instead of costing a question to the master per block (a spy counts them)."""
-    await cluster.mount()
-    cluster.put("m/alone", DATA)
-    parts = await cluster.worker("w1")
-    info = await cluster.status("/m/alone")
-    asked: list[int] = []
-    locate = parts.link.client.locate_blocks
-
-    async def counted(refs: list[pb.BlockRef], **kwargs: object) -> list[pb.BlockLocation]:
-        asked.append(len(refs))
-        return await locate(refs, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(parts.link.client, "locate_blocks", counted)
-    await parts.peers.refresh()
-    assert await parts.peers.held_elsewhere(ref_for(info, 0)) is None
-    assert asked == []
-
-    await cluster.worker("w2")
-    await parts.peers.refresh()  # another worker: a miss may be held there
-    assert await parts.peers.held_elsewhere(ref_for(info, 1)) is None
-    assert asked == [1]
