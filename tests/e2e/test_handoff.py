@@ -4,26 +4,18 @@ the store again. Store bytes are read from the workers' own /metrics."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
-from kit import Cluster, wait_until
+from kit import Cluster
 from test_strata import (  # noqa: F401 - the module's fixtures (strata, s3) come with it
-    _big_file,
-    _bucket,
     _read_all,
     _wait_workers,
     _worker_metrics,
     _worker_pods,
-    cache_cluster,
     s3,
-    s3_mount,
     strata,
-    wait_ready,
 )
+from test_warm_peers import preloaded_dataset
 
-Obj = dict[str, Any]
 # The share of a warm dataset a full read after a scale-in may fetch from the store (issue
 # target: 5%).
 STORE_SHARE_AFTER_SCALE_IN = 0.05
@@ -40,22 +32,8 @@ def test_a_scale_in_hands_the_leaving_workers_blocks_to_the_workers_that_stay(
     strata: Cluster, namespace: str, s3: dict[str, str]  # noqa: F811
 ) -> None:
     """Before: the leaving worker's share of the dataset (a third) was fetched again."""
-    files = {f"handoff/part-{i:02d}.bin": _big_file(2 << 20, f"handoff{i}") for i in range(16)}  # 1Mi blocks
+    files = preloaded_dataset(strata, namespace, s3, "handoff")
     size = sum(map(len, files.values()))
-    _bucket(s3, "e2e-handoff", files)
-    secret, mount = s3_mount(s3, bucket="e2e-handoff")
-    mount["spec"]["preload"] = {"onCreate": True}
-    strata.apply([cache_cluster(workers=3), secret, mount], namespace)
-    wait_ready(strata, namespace)
-
-    def preloaded() -> Obj | None:
-        m = strata.get("mount", "data", namespace)
-        status = m.get("status") or {}
-        done = status.get("preload", {}).get("phase") == "Succeeded"
-        return m if done and status.get("cache", {}).get("cachedPercentage") == 100 else None
-
-    wait_until(preloaded, timeout=300, what="the preload to succeed with the whole dataset cached",
-               diagnose=lambda: json.dumps(strata.get("mount", "data", namespace).get("status"), indent=1))
     before = _by_worker(strata, namespace, "strata_worker_ufs_bytes_read")
     held = _by_worker(strata, namespace, "strata_worker_tier_used_bytes")
     strata.kubectl("scale", "cachecluster", "demo", "-n", namespace, "--replicas=2")

@@ -42,25 +42,32 @@ def _read_on(cluster: Cluster, namespace: str, names: list[str], nodes: list[str
             assert out[key] == hashlib.sha256(body).hexdigest(), (name, key)
 
 
-def test_pods_on_every_worker_node_read_a_preloaded_dataset_with_no_store_bytes(
-    strata: Cluster, namespace: str, s3: dict[str, str]  # noqa: F811
-) -> None:
-    files = {f"warm/part-{i:02d}.bin": _big_file(2 << 20, f"warm{i}") for i in range(16)}  # 1Mi blocks
-    size = sum(map(len, files.values()))
-    _bucket(s3, "e2e-warm", files)
-    secret, mount = s3_mount(s3, bucket="e2e-warm")
+def preloaded_dataset(cluster: Cluster, namespace: str, s3: dict[str, str], name: str) -> dict[str, bytes]:
+    """16 files of 2 MiB (1 MiB blocks) in bucket `e2e-<name>`, mounted with a preload on a
+    cluster of 3 workers, once the preload has cached the whole dataset; the files by key."""
+    files = {f"{name}/part-{i:02d}.bin": _big_file(2 << 20, f"{name}{i}") for i in range(16)}
+    _bucket(s3, f"e2e-{name}", files)
+    secret, mount = s3_mount(s3, bucket=f"e2e-{name}")
     mount["spec"]["preload"] = {"onCreate": True}
-    strata.apply([cache_cluster(workers=3), secret, mount], namespace)
-    wait_ready(strata, namespace)
+    cluster.apply([cache_cluster(workers=3), secret, mount], namespace)
+    wait_ready(cluster, namespace)
 
     def preloaded() -> Obj | None:
-        m = strata.get("mount", "data", namespace)
+        m = cluster.get("mount", "data", namespace)
         status = m.get("status") or {}
         done = status.get("preload", {}).get("phase") == "Succeeded"
         return m if done and status.get("cache", {}).get("cachedPercentage") == 100 else None
 
     wait_until(preloaded, timeout=300, what="the preload to succeed with the whole dataset cached",
-               diagnose=lambda: json.dumps(strata.get("mount", "data", namespace).get("status"), indent=1))
+               diagnose=lambda: json.dumps(cluster.get("mount", "data", namespace).get("status"), indent=1))
+    return files
+
+
+def test_pods_on_every_worker_node_read_a_preloaded_dataset_with_no_store_bytes(
+    strata: Cluster, namespace: str, s3: dict[str, str]  # noqa: F811
+) -> None:
+    files = preloaded_dataset(strata, namespace, s3, "warm")
+    size = sum(map(len, files.values()))
     loaded = _summed(strata, namespace, "strata_worker_ufs_bytes_read")
     assert loaded >= size, f"the preload read {loaded} bytes of a {size}-byte dataset"
     nodes = sorted({p["spec"]["nodeName"] for p in _worker_pods(strata, namespace)})
