@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.contract.errors import DeadlineExceeded, NotFound, Unavailable
+from .. import heap
 from ..common.pathmap import PathMap
 from ..settings import StoreTimeouts
 from ..ufs import UfsStatus
@@ -227,7 +228,13 @@ class StoreAnswers:
         answer = await self._ask_store(mount, kind, rel)
         if kind != "walk":
             return answer, None
-        return answer, await asyncio.to_thread(walk_listings, rel, answer)
+
+        def listings() -> dict[str, Folder]:
+            found = walk_listings(rel, answer)
+            heap.trim()  # the walk's short-lived objects are gone: give their pages back
+            return found
+
+        return answer, await asyncio.to_thread(listings)
 
     async def _ask_store(self, mount: Mount, kind: str, rel: str) -> Any:
         store = self._mounts.store(mount)

@@ -3,9 +3,12 @@
 The master keeps what a store listed for as long as the mount's metadata sync interval (an
 hour, say) and a walk of a tree lists every file in it. As `UfsStatus` objects, a file cost
 ~320 bytes and one object the garbage collector looks at in each full collection (seconds of
-the master's time at a million files). Here a file is its path and version strings (often
-shared with the walk that listed it), two 8-byte numbers and a byte, and its position in its
-folder's listing (`Folder`): ~180 bytes, and nothing the collector looks at. `UfsStatus` objects are made again when an entry is read.
+the master's time at a million files). Here a file is its path and version as UTF-8 bytes in
+two shared buffers (`Texts`), two 8-byte numbers and a byte, and its position in its folder's
+listing (`Folder`): ~80 bytes with the paths a store gives, nothing the collector looks at,
+and no small object a file: a walk's short-lived objects, freed, leave the allocator's pages
+empty (a string a file kept among them held those pages, so the resident size stayed at
+twice what was held). `UfsStatus` objects are made again when an entry is read.
 """
 
 from __future__ import annotations
@@ -40,14 +43,58 @@ class _Listing(Sequence[UfsStatus]):
         return self._entry(index)
 
 
+class Texts(Sequence[str]):
+    """Strings kept as UTF-8 in one buffer with the end of each (8 bytes a string besides
+    its bytes, where a `str` object costs ~50), made again when read."""
+
+    __slots__ = ("_bytes", "_ends")
+
+    def __init__(self) -> None:
+        self._bytes = bytearray()
+        self._ends = array("q")
+
+    def append(self, text: str) -> None:
+        self._bytes += text.encode("utf-8", "surrogateescape")
+        self._ends.append(len(self._bytes))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self._ends)
+        if not 0 <= index < len(self._ends):
+            raise IndexError(f"index {index} of {len(self._ends)} strings")
+        return self.text(index)
+
+    def text(self, index: int) -> str:
+        """The string at `index`, 0 <= index < len(self) (the listings' fast path)."""
+        end = self._ends[index]
+        return self._bytes[self._ends[index - 1] if index else 0:end].decode("utf-8", "surrogateescape")
+
+    def __iter__(self) -> Iterator[str]:
+        data, start = self._bytes, 0
+        for end in self._ends:
+            yield data[start:end].decode("utf-8", "surrogateescape")
+            start = end
+
+
 class Statuses(_Listing):
     """Statuses sorted by path (as stores' listings and walks come), kept as columns."""
 
     __slots__ = ("_paths", "_versions", "_lengths", "_mtimes", "_dirs")
 
     def __init__(self, statuses: Iterable[UfsStatus] = ()) -> None:
-        self._paths: list[str] = []
-        self._versions: list[str] = []
+        self._paths = Texts()
+        self._versions = Texts()
         self._lengths = array("q")
         self._mtimes = array("q")
         self._dirs = bytearray()
@@ -66,8 +113,16 @@ class Statuses(_Listing):
         return len(self._paths)
 
     def _entry(self, index: int) -> UfsStatus:
-        return UfsStatus(self._paths[index], bool(self._dirs[index]), self._lengths[index], self._mtimes[index],
-                         self._versions[index])
+        if index < 0:
+            index += len(self._lengths)
+        if not 0 <= index < len(self._lengths):
+            raise IndexError(f"index {index} of {len(self._lengths)} statuses")
+        return self.at(index)
+
+    def at(self, index: int) -> UfsStatus:
+        """The entry at `index`, 0 <= index < len(self) (the listings' fast path)."""
+        return UfsStatus(self._paths.text(index), bool(self._dirs[index]), self._lengths[index], self._mtimes[index],
+                         self._versions.text(index))
 
     def __iter__(self) -> Iterator[UfsStatus]:
         for path, is_dir, length, mtime, version in zip(self._paths, self._dirs, self._lengths, self._mtimes,
@@ -75,7 +130,7 @@ class Statuses(_Listing):
             yield UfsStatus(path, bool(is_dir), length, mtime, version)
 
     @property
-    def paths(self) -> Sequence[str]:
+    def paths(self) -> Texts:
         return self._paths
 
     def find(self, rel: str) -> UfsStatus | None:
@@ -105,15 +160,15 @@ class Folder(_Listing):
         return self._walk[self._at[index]]
 
     def __iter__(self) -> Iterator[UfsStatus]:
-        walk = self._walk
+        at = self._walk.at
         for position in self._at:
-            yield walk[position]
+            yield at(position)
 
     def find(self, rel: str) -> UfsStatus | None:
         """The status of `rel`, by bisection; None if it is not in this folder."""
         paths = self._walk.paths
-        at = bisect.bisect_left(self._at, rel, key=lambda position: paths[position])
-        return self[at] if at < len(self._at) and paths[self._at[at]] == rel else None
+        at = bisect.bisect_left(self._at, rel, key=paths.text)
+        return self[at] if at < len(self._at) and paths.text(self._at[at]) == rel else None
 
 
 def find_listed(statuses: Sequence[UfsStatus], rel: str) -> UfsStatus | None:
