@@ -5,6 +5,7 @@ file:// store; store bytes are the workers' `strata_worker_ufs_bytes_read`."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from strata.contract.proto import strata_pb2 as pb
 from .conftest import BLOCK_SIZE, Cluster, allow
 
 MiB = 1024 * 1024
+WINDOW = 3.0  # seconds: the span over which the bandwidth is kept
 
 
 def dataset(root: Path, count: int, size: int) -> dict[str, bytes]:
@@ -46,11 +48,29 @@ def test_a_load_with_a_bandwidth_keeps_to_it_over_all_workers_and_caches_everyth
     cluster.fs().client.mount("/d", f"file://{source}")
     limit = 12 * MiB
 
-    last, took = load(cluster, "/d/set", bandwidth=limit)
+    samples: list[tuple[float, float]] = []  # (time, store bytes so far)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            samples.append((time.monotonic(), cluster.total_metric("strata_worker_ufs_bytes_read")))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        last, took = load(cluster, "/d/set", bandwidth=limit)
+    finally:
+        stop.set()
+        sampler.join()
 
     rate = total / took
-    print(f"loaded {total / MiB:.0f} MiB in {took:.2f}s: {rate / MiB:.2f} MiB/s at a limit of {limit / MiB:.0f} MiB/s")
+    window = WINDOW * limit  # what the limit allows over any WINDOW seconds
+    burst = max(b1 - b0 for t0, b0 in samples for t1, b1 in samples if 0 < t1 - t0 <= WINDOW)
+    print(f"loaded {total / MiB:.0f} MiB in {took:.2f}s: {rate / MiB:.2f} MiB/s at a limit of {limit / MiB:.0f} MiB/s; "
+          f"at most {burst / MiB:.0f} MiB in any {WINDOW:.0f}s (the limit: {window / MiB:.0f} MiB)")
     assert rate <= 1.1 * limit, f"{rate / MiB:.2f} MiB/s is more than 10% over the limit of {limit / MiB} MiB/s"
+    # The pace is kept a block at a time: one block more than the window's share at most.
+    assert burst <= 1.1 * window + BLOCK_SIZE, f"{burst / MiB:.0f} MiB in {WINDOW}s"
     assert cluster.total_metric("strata_worker_ufs_bytes_read") == total
     assert last.bytes_fetched == total
     assert all(cluster.worker_metric(i, "strata_worker_ufs_bytes_read") > 0 for i in range(2)), \
