@@ -152,7 +152,7 @@ class Loads:
                 answer = await self.link.cache_blocks(workers[worker_id], batch,
                                                       f"loading {entry.path} on worker {worker_id}")
             job.update(bytes_loaded=job.progress.bytes_loaded + sum(_length(r) for r in batch),
-                       bytes_fetched=job.progress.bytes_fetched + answer.bytes_fetched)
+                       bytes_fetched=job.progress.bytes_fetched + answer.bytes_from_store)
 
         per_call = 1 if job.pacer.rate else LOAD_BATCH_BLOCKS
         await asyncio.gather(*(
