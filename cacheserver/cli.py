@@ -16,7 +16,7 @@ from strata.contract import constants
 from strata.contract.errors import InvalidArgument, StrataError
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
-from strata.contract.units import format_size, parse_duration
+from strata.contract.units import format_size, parse_duration, parse_size
 from . import localcluster
 from .auth import load_credentials
 from .client import localstate
@@ -302,7 +302,9 @@ def cmd_fs_load(args: argparse.Namespace) -> int:
     async def follow(master: MasterClient) -> pb.LoadProgress | None:
         nonlocal bar
         last = None
-        async for progress in master.load(args.path, timeout=LOAD_TIMEOUT, what=f"load {args.path}"):
+        bandwidth = parse_size(args.bandwidth, what="--bandwidth") if args.bandwidth else 0
+        async for progress in master.load(args.path, bandwidth=bandwidth, refresh=args.refresh, timeout=LOAD_TIMEOUT,
+                                          what=f"load {args.path}"):
             last = progress
             if bar is None and progress.bytes_total:
                 bar = tqdm(total=progress.bytes_total, unit="B", unit_scale=True, unit_divisor=1024,
@@ -503,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(fs, "load", cmd_fs_load, "load a file or directory into the cache")
     p.add_argument("path")
     p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--bandwidth", help="bytes a second the load may fetch, all workers together (e.g. 50Mi)")
+    p.add_argument("--refresh", action="store_true", help="ask the store again first: changed objects load anew")
     add(fs, "free", cmd_fs_free, "free a path's cached blocks").add_argument("path")
     add(fs, "pin", cmd_fs_pin, "never evict a path's blocks").add_argument("path")
     add(fs, "unpin", cmd_fs_unpin, "let a path's blocks be evicted again").add_argument("path")

@@ -125,9 +125,13 @@ class MasterClient:
         request = pb.SetPinnedRequest(path=path, pinned=pinned)
         await self._answer(self.stub.SetPinned(request, timeout=self.timeout), what)
 
-    async def load(self, path: str, *, timeout: float | None = None, what: str = "") -> AsyncGenerator[pb.LoadProgress, None]:
-        """The progress of loading `path` into the cache, message by message, until it ends."""
-        call = self.stub.Load(pb.LoadRequest(path=path), timeout=self._deadline(timeout))
+    async def load(self, path: str, *, bandwidth: int = 0, refresh: bool = False, timeout: float | None = None,
+                   what: str = "") -> AsyncGenerator[pb.LoadProgress, None]:
+        """The progress of loading `path` into the cache, message by message, until it ends;
+        at most `bandwidth` bytes a second (0: no limit), after asking the store again with
+        `refresh`."""
+        request = pb.LoadRequest(path=path, bandwidth=bandwidth, refresh=refresh)
+        call = self.stub.Load(request, timeout=self._deadline(timeout))
         try:
             async for progress in call:
                 yield cast(pb.LoadProgress, progress)
@@ -136,11 +140,12 @@ class MasterClient:
         finally:
             call.cancel()
 
-    async def start_load(self, path: str, *, what: str = "") -> pb.LoadProgress | None:
-        """Start loading `path` into the cache and return its first progress message (None if
-        the load finished without one). The master goes on after the stream is cancelled;
-        progress is followed through Report."""
-        progress = self.load(path, what=what)
+    async def start_load(self, path: str, *, bandwidth: int = 0, refresh: bool = False,
+                         what: str = "") -> pb.LoadProgress | None:
+        """Start loading `path` into the cache (see `load`) and return its first progress
+        message (None if the load finished without one). The master goes on after the stream
+        is cancelled; progress is followed through Report."""
+        progress = self.load(path, bandwidth=bandwidth, refresh=refresh, what=what)
         try:
             return await anext(progress, None)
         finally:

@@ -20,6 +20,7 @@ from strata.contract.constants import DEFAULT_BLOCK_SIZE
 from strata.contract.errors import InvalidArgument
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.units import parse_duration, parse_size
+from strata.operator.cron import Schedule
 
 _M = TypeVar("_M", bound=BaseModel)
 Locality = Literal["Preferred", "Required", "Disabled"]
@@ -226,6 +227,25 @@ class Preload(_Spec):
     on_create: bool = Field(False, alias="onCreate")
     # Paths inside the mount (relative to spec.path), loaded once the source is mounted.
     paths: tuple[str, ...] = ()
+    # Cron (5 fields, UTC): load again at these times, after asking the store what changed.
+    schedule: Schedule | None = None
+    # Bytes a second every load of the preload may fetch, all workers together; 0: no limit.
+    bandwidth: int = Field(0, ge=0)
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _schedule(cls, v: Any) -> Schedule | None:
+        if v is None or isinstance(v, Schedule):
+            return v
+        try:
+            return Schedule.parse(str(v))
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("bandwidth", mode="before")
+    @classmethod
+    def _bandwidth(cls, v: Any) -> int:
+        return _size(v, "bandwidth (bytes a second)")
 
 
 class MountSpec(_Spec):

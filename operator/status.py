@@ -277,6 +277,7 @@ class PreloadObservation:
 
     loads: tuple[pb.LoadProgress | None, ...]
     problems: tuple[Problem, ...] = ()
+    next_run: datetime | None = None  # with a schedule: when the next run is due
 
 
 @dataclass(frozen=True)
@@ -291,15 +292,49 @@ class MountObservation:
     preload: PreloadObservation | None = None  # None: no preload asked for
 
 
-def _preload(obs: PreloadObservation) -> tuple[Status, Condition]:
+# What status.preload keeps from the status before when the master shows no run (it
+# restarted, or cannot be reached): when the last run was, and the next is due.
+KEPT_PRELOAD_FIELDS = ("lastRun", "nextRun")
+
+
+def _ms_timestamp(unix_ms: int) -> str:
+    return timestamp(datetime.fromtimestamp(unix_ms / 1000, tz=UTC))
+
+
+def preload_run(loads: Sequence[pb.LoadProgress | None]) -> Status | None:
+    """The run the master's loads of the preload paths make up: started with the first,
+    ended with the last; None unless every path has a load the master timed."""
+    if not loads or any(load is None or load.started_unix_ms <= 0 for load in loads):
+        return None
+    known = [load for load in loads if load is not None]
+    run: Status = {"start": _ms_timestamp(min(load.started_unix_ms for load in known)),
+                   "result": "Running", "bytesFetched": sum(load.bytes_fetched for load in known)}
+    if all(load.done for load in known):
+        run["end"] = _ms_timestamp(max(load.finished_unix_ms for load in known))
+        run["result"] = "Failed" if any(load.error for load in known) else "Succeeded"
+    return run
+
+
+def _runs(obs: PreloadObservation, before: Mapping[str, Any]) -> Status:
+    """lastRun from the master's loads, else as the status before had it; nextRun."""
+    status: Status = {}
+    run = preload_run(obs.loads) or before.get("lastRun")
+    if run:
+        status["lastRun"] = dict(run)
+    if obs.next_run is not None:
+        status["nextRun"] = timestamp(obs.next_run)
+    return status
+
+
+def _preload(obs: PreloadObservation, before: Mapping[str, Any]) -> tuple[Status, Condition]:
     """Succeeded only when every path's load finished and the cache holds all its bytes."""
     known = [load for load in obs.loads if load is not None]
-    status: Status = {}
+    status: Status = _runs(obs, before)
     if known:
-        status = {
+        status.update({
             "bytesLoaded": approximate_quantity(sum(load.bytes_loaded for load in known)),
             "bytesTotal": approximate_quantity(sum(load.bytes_total for load in known)),
-        }
+        })
     if obs.problems:
         message = " ".join(problem.message for problem in obs.problems)
         return {"phase": PreloadPhase.FAILED, **status}, Condition(c.PRELOADED, False, obs.problems[0].reason, message)
@@ -348,9 +383,12 @@ def mount_status(obs: MountObservation, previous: Mapping[str, Any], now: dateti
             cache["cachedPercentage"] = min(100.0, round(100.0 * report.cached_bytes / report.ufs_total_bytes, 1))
         status["cache"] = cache
         status["pendingUploads"] = _pending_uploads(report.pending_uploads)
+    before = previous.get("preload") or {}
     if obs.preload is not None and mounted:
-        status["preload"], preloaded = _preload(obs.preload)
+        status["preload"], preloaded = _preload(obs.preload, before)
         conditions.append(preloaded)
+    elif not mounted and (kept := {k: before[k] for k in KEPT_PRELOAD_FIELDS if k in before}):
+        status["preload"] = kept  # a schedule's runs are counted from the last one
     status["conditions"] = merge_conditions(
         previous.get("conditions", []), conditions, now=now, generation=obs.generation
     )

@@ -333,10 +333,13 @@ class StrataClient(Links):
     def mounts(self) -> list[pb.MountInfo]:
         return list(self.call("ListMounts", pb.ListMountsRequest(), what="listing mounts").mounts)
 
-    def load(self, path: str) -> Iterator[pb.LoadProgress]:
+    def load(self, path: str, *, bandwidth: int = 0, refresh: bool = False) -> Iterator[pb.LoadProgress]:
+        """Load `path` into the cache, at most `bandwidth` bytes a second (0: no limit), after
+        asking the store again with `refresh`; its progress until it ends."""
         check_limits(path)
         try:
-            yield from self.master.Load(pb.LoadRequest(path=path), timeout=24 * 3600)
+            request = pb.LoadRequest(path=path, bandwidth=bandwidth, refresh=refresh)
+            yield from self.master.Load(request, timeout=24 * 3600)
         except grpc.RpcError as exc:
             raise error_of(exc, f"load {path}") from exc
 

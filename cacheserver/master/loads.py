@@ -12,24 +12,35 @@ from strata.contract.config import ServerConfig
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..common.blockrefs import key_of
+from ..common.pacing import Pacer
 from ..namespace.entries import FileEntry
 from ..namespace.tree import Namespace
 from ..common.paths import is_under, received
 from ..placement import rank_workers
 from .blocks import BlockIndex
-from .membership import Membership
+from .membership import Membership, WorkerRecord
 from .workerlink import WorkerLink
 
 log = logging.getLogger(__name__)
 
-# How many CacheBlocks calls a load keeps in flight, and how many blocks each carries.
+# How many CacheBlocks calls a load keeps in flight, and how many blocks each carries (one
+# when the load has a bandwidth: the pace is kept a block at a time).
 LOAD_CONCURRENCY = 4
 LOAD_BATCH_BLOCKS = 2
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _length(ref: pb.BlockRef) -> int:
+    return min(ref.block_size, ref.file_length - ref.index * ref.block_size)
 
 
 @dataclass
 class LoadJob:
     path: str
+    pacer: Pacer  # the load's bandwidth
     progress: pb.LoadProgress = field(default_factory=pb.LoadProgress)
     error: StrataError | None = None
     task: asyncio.Task[None] | None = None
@@ -67,19 +78,23 @@ class Loads:
     """The load jobs by path: one job a path at a time, kept (done) for Report."""
 
     def __init__(self, *, config: ServerConfig, namespace: Namespace, membership: Membership,
-                 link: WorkerLink) -> None:
+                 blocks: BlockIndex, link: WorkerLink) -> None:
         self.config = config
         self.namespace = namespace
         self.membership = membership
+        self.blocks = blocks
         self.link = link
         self.loads: dict[str, LoadJob] = {}
 
     async def load(self, request: pb.LoadRequest) -> AsyncIterator[pb.LoadProgress]:
         path = received(request.path)
+        if request.refresh:
+            self.namespace.invalidate(path)
         await self.namespace.get_status(path)  # NotFound now rather than inside the job
         job = self.loads.get(path)
         if job is None or job.progress.done:
-            job = LoadJob(path=path)
+            job = LoadJob(path=path, pacer=Pacer(request.bandwidth))
+            job.progress.started_unix_ms = _now_ms()
             self.loads[path] = job
             job.task = asyncio.ensure_future(self._run_load(job))
         while True:
@@ -113,7 +128,7 @@ class Loads:
                 log.warning("load of %s failed: %s", job.path, job.error)
                 job.update(error=str(job.error))
             job.finished_at = time.monotonic()
-            job.update(done=True)
+            job.update(done=True, finished_unix_ms=_now_ms())
 
     async def _load_file(self, job: LoadJob, entry: FileEntry, semaphore: asyncio.Semaphore) -> None:
         size = entry.block_size or self.config.block_size
@@ -132,15 +147,24 @@ class Loads:
 
         async def send(worker_id: str, batch: list[pb.BlockRef]) -> None:
             async with semaphore:
-                await self.link.cache_blocks(workers[worker_id], batch, f"loading {entry.path} on worker {worker_id}")
-            job.update(bytes_loaded=job.progress.bytes_loaded + sum(min(r.block_size, r.file_length - r.index * r.block_size) for r in batch))
+                # Only what no live worker holds is paced: a cached block costs the store nothing.
+                await job.pacer.take(sum(_length(r) for r in batch if not self._held(r, workers)))
+                answer = await self.link.cache_blocks(workers[worker_id], batch,
+                                                      f"loading {entry.path} on worker {worker_id}")
+            job.update(bytes_loaded=job.progress.bytes_loaded + sum(_length(r) for r in batch),
+                       bytes_fetched=job.progress.bytes_fetched + answer.bytes_from_store)
 
+        per_call = 1 if job.pacer.rate else LOAD_BATCH_BLOCKS
         await asyncio.gather(*(
-            send(worker_id, batch[i:i + LOAD_BATCH_BLOCKS])
+            send(worker_id, batch[i:i + per_call])
             for worker_id, batch in by_owner.items()
-            for i in range(0, len(batch), LOAD_BATCH_BLOCKS)
+            for i in range(0, len(batch), per_call)
         ))
         job.update(files_loaded=job.progress.files_loaded + 1)
+
+    def _held(self, ref: pb.BlockRef, workers: dict[str, WorkerRecord]) -> bool:
+        """Whether a live worker holds the block (as far as the block index knows)."""
+        return not self.blocks.holders(key_of(ref)).isdisjoint(workers)
 
     def drop_under(self, path: str) -> None:
         """Cancel and forget the jobs at or below `path` (an unmounted mount's)."""

@@ -143,7 +143,7 @@ def build_parts(config: ServerConfig, mounts: MountTable, namespace: Namespace, 
     link = WorkerLink(membership, token, background)
     totals = StoreTotals(mounts, background)
     writes = Writes(mounts=mounts, namespace=namespace, infos=infos, background=background)
-    loads = Loads(config=config, namespace=namespace, membership=membership, link=link)
+    loads = Loads(config=config, namespace=namespace, membership=membership, blocks=blocks, link=link)
     locations = Locations(config=config, namespace=namespace, blocks=blocks, membership=membership, infos=infos)
     mounting = Mounting(config=config, mounts=mounts, namespace=namespace, totals=totals, loads=loads, link=link,
                         background=background)

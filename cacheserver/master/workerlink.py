@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 import grpc
 
@@ -52,10 +53,12 @@ class WorkerLink:
         results = await self.broadcast("free", "FreeBlocks", request)
         return sum(r.bytes_freed for r in results)  # type: ignore[attr-defined]
 
-    async def cache_blocks(self, record: WorkerRecord, blocks: list[pb.BlockRef], what: str) -> None:
-        """Have one worker cache `blocks`; its failure as the StrataError its status names."""
+    async def cache_blocks(self, record: WorkerRecord, blocks: list[pb.BlockRef], what: str) -> pb.CacheBlocksResponse:
+        """Have one worker cache `blocks` (how many bytes it had to fetch); its failure as the
+        StrataError its status names."""
         try:
-            await self._stub(record).CacheBlocks(pb.CacheBlocksRequest(blocks=blocks), timeout=600)
+            return cast(pb.CacheBlocksResponse,
+                        await self._stub(record).CacheBlocks(pb.CacheBlocksRequest(blocks=blocks), timeout=600))
         except grpc.RpcError as exc:
             raise error_of(exc, what) from exc
 

@@ -218,13 +218,15 @@ class BlockReads:
 
     # -- the cache ---------------------------------------------------------------------------
 
-    async def ensure_cached(self, ref: pb.BlockRef, *, promote: bool = False) -> tuple[CachedBlock, bool]:
-        """The block in the store, fetched from the mount's store on a miss."""
+    async def ensure_cached(self, ref: pb.BlockRef, *, promote: bool = False,
+                            on_store: Callable[[int], None] | None = None) -> tuple[CachedBlock, bool]:
+        """The block in the store, fetched from the mount's store on a miss (`on_store` is
+        told the bytes read from the store, not from a peer)."""
         key = key_of(ref)
         mount = await self.mounts.get(ref.mount_id)
 
         async def fetch() -> bytes:
-            return await self._read_missed(ref, 0, key.length)
+            return await self._read_missed(ref, 0, key.length, on_store)
 
         block, hit = await self.store.get_or_fetch(
             key, fetch, promote=promote, pin=mount.is_pinned(ref.path)
@@ -235,23 +237,29 @@ class BlockReads:
             self.counters.hit_bytes_by_medium[block.medium] += block.length
         return block, hit
 
-    async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int]:
-        """Have the blocks cached (a load); (bytes cached, bytes of them fetched now)."""
+    async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int, int]:
+        """Have the blocks cached (a load); (bytes cached, bytes of them fetched now, bytes
+        of those read from the store rather than copied from a peer)."""
         semaphore = asyncio.Semaphore(CACHE_BLOCKS_CONCURRENCY)
-        cached = fetched = 0
+        cached = fetched = from_store = 0
+
+        def stored(n: int) -> None:
+            nonlocal from_store
+            from_store += n
 
         async def one(ref: pb.BlockRef) -> None:
             nonlocal cached, fetched
             async with semaphore:
-                block, hit = await self.ensure_cached(ref)
+                block, hit = await self.ensure_cached(ref, on_store=stored)
             cached += block.length
             if not hit:
                 fetched += block.length
 
         await asyncio.gather(*(one(ref) for ref in refs))
-        return cached, fetched
+        return cached, fetched, from_store
 
-    async def _read_missed(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
+    async def _read_missed(self, ref: pb.BlockRef, offset: int, length: int,
+                           on_store: Callable[[int], None] | None = None) -> bytes:
         """Bytes [offset, offset+length) of a block this worker misses: from a live worker
         that holds it (checked in transit), else from the store. The namespace is asked for
         the version a store fetch needs while the holders are: a master that does not answer
@@ -270,7 +278,10 @@ class BlockReads:
             self.counters.peer_bytes_read += len(data)
             return data
         start = key_of(ref).offset + offset
-        return await self._read_store(ref, start, start + length, version)
+        data = await self._read_store(ref, start, start + length, version)
+        if on_store is not None:
+            on_store(len(data))
+        return data
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes of a block not cached here, when the cache cannot take the block: from the

@@ -49,8 +49,8 @@ class WorkerService(pb_grpc.WorkerServicer):
     async def CacheBlocks(self, request: pb.CacheBlocksRequest, context: grpc.aio.ServicerContext) -> pb.CacheBlocksResponse:
         for ref in request.blocks:
             check_limits(ref.path, what="block path")
-        cached, fetched = await self._reads.cache_blocks(list(request.blocks))
-        return pb.CacheBlocksResponse(bytes_cached=cached, bytes_fetched=fetched)
+        cached, fetched, from_store = await self._reads.cache_blocks(list(request.blocks))
+        return pb.CacheBlocksResponse(bytes_cached=cached, bytes_fetched=fetched, bytes_from_store=from_store)
 
     @rpcutil.unary
     async def WriteFile(self, request_iterator: AsyncIterator[pb.WriteFileChunk], context: grpc.aio.ServicerContext) -> pb.WriteFileResponse:

@@ -50,10 +50,10 @@ def log_outcome(outcome: Outcome, logger: logging.Logger | logging.LoggerAdapter
 
 def next_delay(outcome: Outcome, settings: OperatorSettings) -> float:
     """Check again soon while progressing; otherwise at the regular interval (a stalled
-    object may be fixed outside itself, e.g. by creating a Secret)."""
-    if outcome.done or outcome.stalled:
-        return settings.reconcile_interval
-    return settings.retry_delay
+    object may be fixed outside itself, e.g. by creating a Secret); sooner if the reconcile
+    asked (a scheduled run is due)."""
+    delay = settings.reconcile_interval if outcome.done or outcome.stalled else settings.retry_delay
+    return delay if outcome.recheck_in is None else min(delay, outcome.recheck_in)
 
 
 Step = Callable[[Deps, kopf.Body, kopf.Memo], Awaitable[Outcome]]

@@ -54,6 +54,9 @@ class ObjectState:
     preload_retries: dict[str, Retry] = field(default_factory=dict)
     # Mount: since when its store has not answered (None while it does).
     store_away_since: datetime | None = None
+    # Mount: the scheduled time whose preload run this operator started last (a run the
+    # master timed a little early by its clock is not started twice).
+    scheduled_run: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,15 @@ class Outcome:
     message: str = ""
     stalled: bool = False
     notes: tuple[Note, ...] = ()
+    # Seconds after which to reconcile again at the latest (a scheduled run is due), if
+    # sooner than the handlers' own pace.
+    recheck_in: float | None = None
 
     def telling(self, notes: Sequence[Note]) -> Outcome:
         return replace(self, notes=tuple(notes))
+
+    def again_in(self, seconds: float | None) -> Outcome:
+        return replace(self, recheck_in=seconds)
 
     @classmethod
     def ok(cls, message: str = "") -> Outcome:

@@ -40,6 +40,7 @@ from strata.operator.reconcile.common import (
     secret_data,
     write_status,
 )
+from strata.operator.reconcile.schedule import run_when_due
 from strata.operator.status import (
     MountObservation,
     PreloadObservation,
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 
 # The longest wait before loading a failed or no longer whole preload again (seconds).
 PRELOAD_RETRY_MAX = 3600.0
+# Seconds after a scheduled time to reconcile (a timer may wake a little early), and the
+# shortest wait between checks of a schedule.
+SCHEDULE_RECHECK_MIN = 0.5
 
 
 @dataclass(frozen=True)
@@ -198,13 +202,16 @@ def _backoff(deps: Deps, retry: Retry | None, problem: Problem, now: datetime) -
 
 
 async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: ObjectState,
-                   report: pb.MountReport) -> PreloadObservation:
-    """Load each preload path the master has no load of (never started, or the master
-    restarted), and again each one that failed or whose bytes the cache no longer holds, with
-    a backoff from `reconcile_interval` doubling up to PRELOAD_RETRY_MAX. What is whole is
-    left alone: an operator restart starts nothing that is already true. The master keeps
-    loading after we hang up."""
+                   report: pb.MountReport, body: Mapping[str, Any]) -> PreloadObservation:
+    """Start the scheduled run when it is due (see `schedule`). Load each preload path the
+    master has no load of (never started, or the master restarted), and again each one that
+    failed or whose bytes the cache no longer holds, with a backoff from `reconcile_interval`
+    doubling up to PRELOAD_RETRY_MAX. What is whole is left alone: an operator restart starts
+    nothing that is already true. The master keeps loading after we hang up."""
     loads = {load.path: load for load in report.loads}
+    before = (body.get("status") or {}).get("preload") or {}
+    next_run = await run_when_due(deps, target.endpoint, target.token, spec, state, loads, before,
+                                  body["metadata"].get("creationTimestamp"))
     now = deps.clock()
     problems: list[Problem] = []
     started = False
@@ -221,7 +228,8 @@ async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: Obj
             problems.append(Problem(problem.reason, f"{problem.message} Trying again at {timestamp(retry.at)}."))
             continue
         try:
-            await deps.masters.client(target.endpoint, target.token).start_load(path)
+            first = await deps.masters.client(target.endpoint, target.token).start_load(
+                path, bandwidth=spec.preload.bandwidth)
         except (NotFound, InvalidArgument) as exc:
             problem = Problem(Reason.PRELOAD_FAILED,
                               f"Cannot preload {path}: {exc}. Fix spec.preload.paths (paths inside the mount).")
@@ -229,13 +237,16 @@ async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: Obj
             problems.append(problem)
             continue
         started = True
+        if first is not None and load is None:  # shown as running from now on
+            first.path = path
+            loads[path] = first
         log.info("started preload of %s on %s%s", path, target.endpoint, f" ({trouble.message})" if trouble else "")
         if trouble is not None:
             state.preload_retries[path] = _backoff(deps, retry, trouble, now)
             problems.append(Problem(trouble.reason, f"{trouble.message} Loading it again."))
     if started:
         deps.masters.invalidate(target.endpoint)
-    return PreloadObservation(tuple(loads.get(p) for p in spec.preload_paths()), tuple(problems))
+    return PreloadObservation(tuple(loads.get(p) for p in spec.preload_paths()), tuple(problems), next_run)
 
 
 async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: ObjectState,
@@ -281,7 +292,7 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
             deps.masters.invalidate(target.endpoint)
             mounted = mount_report(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)
         if mounted is not None and spec.preload_paths():
-            preload = await _preload(deps, target, spec, state, mounted)
+            preload = await _preload(deps, target, spec, state, mounted, body)
     except StrataError as exc:
         state.fingerprint = None
         phase, problem = mount_problem(exc, spec, target.endpoint)
@@ -306,10 +317,20 @@ async def reconcile_mount(deps: Deps, body: Mapping[str, Any], state: ObjectStat
     notes = mount_notes(previous, status)
     message = obs.problem.message if obs.problem else "mounted"
     if obs.phase == MountPhase.MOUNTED:
-        return Outcome.ok(message).telling(notes)
+        return Outcome.ok(message).telling(notes).again_in(_schedule_recheck(deps, obs.preload))
     if obs.phase == MountPhase.FAILED:
         return Outcome.stuck(message).telling(notes)
     return Outcome.waiting(message).telling(notes)
+
+
+def _schedule_recheck(deps: Deps, preload: PreloadObservation | None) -> float | None:
+    """With a schedule: just after its next time, or soon while a load runs (its end makes
+    lastRun, and a run that is due waits for it)."""
+    if preload is None or preload.next_run is None:
+        return None
+    if any(load is not None and not load.done for load in preload.loads):
+        return deps.settings.retry_delay
+    return max(SCHEDULE_RECHECK_MIN, (preload.next_run - deps.clock()).total_seconds() + SCHEDULE_RECHECK_MIN)
 
 
 def _seconds_since(stamp: str, now: datetime) -> float:

@@ -82,7 +82,7 @@ def test_mount_and_cache_commands_ask_the_master_with_the_token(master: tuple[Ti
     assert run(address, "fs", "free", "/logs") == 0
     assert run(address, "fs", "pin", "/logs") == 0
     assert run(address, "fs", "unpin", "/logs") == 0
-    assert run(address, "fs", "load", "-q", "/logs") == 0
+    assert run(address, "fs", "load", "-q", "/logs", "--bandwidth", "50Mi", "--refresh") == 0
     assert run(address, "report") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "mounted /logs -> file:///tmp/logs"
@@ -96,6 +96,8 @@ def test_mount_and_cache_commands_ask_the_master_with_the_token(master: tuple[Ti
     assert mount.check and not mount.replace and mount.options.read_only and dict(mount.options.options) == {"a": "b"}
     assert not unmount.free
     assert [r.pinned for m, r, _ in servicer.calls if m == "SetPinned"] == [True, False]
+    (load,) = [r for m, r, _ in servicer.calls if m == "Load"]
+    assert load.path == "/logs" and load.bandwidth == 50 << 20 and load.refresh
 
 
 def test_an_absent_master_is_one_line_naming_the_call_and_the_master(capsys: pytest.CaptureFixture[str]) -> None:

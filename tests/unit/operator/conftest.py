@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -45,6 +45,8 @@ class MasterState:
     calls: list[tuple[str, Any]] = field(default_factory=list)
     next_id: int = 1
     unmount_delay: float = 0.0  # seconds each Unmount takes
+    # With a clock, a Load started now is timed by it, as a real master times its loads.
+    load_clock: Callable[[], datetime] | None = None
 
     def count(self, method: str) -> int:
         return sum(1 for name, _ in self.calls if name == method)
@@ -122,8 +124,9 @@ class FakeMaster(pb_grpc.MasterServicer):  # type: ignore[misc]
 
     async def Load(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[pb.LoadProgress]:  # noqa: N802
         await self._check(context, "Load", request)
-        self.state.set_load(request.path, bytes_total=100, files_total=2)
-        yield pb.LoadProgress(bytes_loaded=0, bytes_total=100, files_total=2)
+        started = {"started_unix_ms": int(self.state.load_clock().timestamp() * 1000)} if self.state.load_clock else {}
+        self.state.set_load(request.path, bytes_total=100, files_total=2, **started)
+        yield pb.LoadProgress(bytes_loaded=0, bytes_total=100, files_total=2, **started)
 
 
 @dataclass

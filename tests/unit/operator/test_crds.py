@@ -298,6 +298,9 @@ def test_long_cluster_name_is_refused() -> None:
         ({"metadataSync": {"interval": "soon"}}, "does not match"),
         ({"ttl": "1 day"}, "does not match"),
         ({"preload": {"paths": ["../etc"]}}, "stay inside the mount"),
+        ({"preload": {"schedule": "daily"}}, "does not match"),
+        ({"preload": {"schedule": "0 3 * *"}}, "does not match"),
+        ({"preload": {"bandwidth": "fast"}}, "does not match"),
         ({"readType": "SOMETIMES"}, "is not one of"),
     ],
 )
@@ -364,3 +367,10 @@ def test_an_object_not_yet_observed_has_a_generation_no_object_has(crd: dict[str
     filled = apply_defaults(schema_of(crd), {"metadata": {"generation": 1}, "spec": {}})
     assert filled["status"] == {"observedGeneration": -1}
     jsonschema.validate(filled["status"], status)
+
+
+def test_a_preload_schedule_and_bandwidth_are_accepted_and_parse() -> None:
+    spec = admit(MOUNT, mount(preload={"paths": ["/train"], "schedule": "*/15 3-5 * * 1-5", "bandwidth": "50Mi"}))["spec"]
+    parsed = MountSpec.model_validate(spec)
+    assert parsed.preload.schedule is not None and parsed.preload.schedule.text == "*/15 3-5 * * 1-5"
+    assert parsed.preload.bandwidth == 50 << 20

@@ -118,3 +118,19 @@ async def test_the_master_says_where_blocks_are_from_its_index_and_bounds_the_qu
     with pytest.raises(InvalidArgument, match=f"at most {MAX_LOCATE_BLOCKS}"):
         await parts.link.client.locate_blocks([refs[0]] * (MAX_LOCATE_BLOCKS + 1))
 
+
+
+async def test_cache_blocks_tells_the_store_bytes_apart_from_a_peers_copy(
+        cluster: Cluster, served: tuple[WorkerParts, grpc.aio.Server]) -> None:
+    """A load asks the block's owner; a block another worker holds is copied from it, which
+    costs the store nothing (what a load's bytes_fetched counts)."""
+    holder, _ = served
+    cluster.put("m/p.bin", DATA)
+    info = await cluster.status("/m/p.bin")
+    refs = [ref_for(info, i) for i in range(len(DATA) // BLOCK + 1)]
+    assert await holder.reads.cache_blocks(refs[:2]) == (2 * BLOCK, 2 * BLOCK, 2 * BLOCK)
+    await holder.membership.heartbeat_once()
+    other = await cluster.worker("w2")
+    await other.peers.refresh()
+    rest = len(DATA) - 2 * BLOCK
+    assert await other.reads.cache_blocks(refs) == (len(DATA), len(DATA), rest)

@@ -163,8 +163,8 @@ async def test_cache_blocks_counts_what_it_fetched(cluster: Cluster) -> None:
     reads = (await cluster.worker()).reads
     info = await cluster.status("/m/l.bin")
     refs = [ref_for(info, i) for i in range(3)]
-    assert await reads.cache_blocks(refs[:1]) == (BLOCK, BLOCK)
-    assert await reads.cache_blocks(refs) == (2 * BLOCK + 1, BLOCK + 1)
+    assert await reads.cache_blocks(refs[:1]) == (BLOCK, BLOCK, BLOCK)
+    assert await reads.cache_blocks(refs) == (2 * BLOCK + 1, BLOCK + 1, BLOCK + 1)
 
 
 @pytest.mark.usefixtures("quick_retries")
