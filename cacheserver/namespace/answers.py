@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .permissions import is_upload_path
 from .relpaths import rel_parent, rel_under
-from .statuses import Folder, Statuses, find_listed
+from .statuses import Folder, InOrder, Statuses, find_listed
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,10 @@ class StoreAnswers:
         self.stale_served: dict[str, int] = {}
 
     def _cache(self, mount: Mount) -> _MountCache:
-        return self._caches.setdefault(mount.mount_id, _MountCache())
+        cache = self._caches.get(mount.mount_id)
+        if cache is None:
+            cache = self._caches[mount.mount_id] = _MountCache()
+        return cache
 
     def _cached(self, mount: Mount, kind: str, rel: str) -> Fetched | None:
         hit = self._cache(mount).get(kind, rel)
@@ -256,14 +259,18 @@ class StoreAnswers:
         the store said it, from the path's own entry or its parent's listing, whichever the
         store gave later (so a stat and a listing never disagree about a file put into the
         store meanwhile); None if it cannot."""
-        return self._known_status_with(mount, rel, self._cached(mount, "list", rel_parent(rel)))
+        listing = self._cached(mount, "list", rel_parent(rel))
+        return self._known_status_with(mount, rel, listing, None if listing is None else listing.value)
 
-    def _known_status_with(self, mount: Mount, rel: str, listing: Fetched | None) -> Fetched | None:
-        """`_known_status` given the fresh cached listing of `rel`'s folder (None: none),
-        which a page of a listing looks up once for all its entries."""
+    def _known_status_with(self, mount: Mount, rel: str, listing: Fetched | None,
+                           statuses: Sequence[UfsStatus] | InOrder | None) -> Fetched | None:
+        """`_known_status` given the fresh cached listing of `rel`'s folder (None: none) and
+        its statuses (or lookups in them in order), which a page of a listing looks up once
+        for all its entries."""
         hit = self._cached(mount, "info", rel)
-        if listing is not None and listing.value is not None and (hit is None or listing.started > hit.started):
-            return Fetched(listing.listed(rel), listing.started)
+        if listing is not None and statuses is not None and (hit is None or listing.started > hit.started):
+            found = statuses.find(rel) if isinstance(statuses, InOrder) else find_listed(statuses, rel)
+            return Fetched(found, listing.started)
         return hit
 
     async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:

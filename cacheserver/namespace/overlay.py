@@ -39,6 +39,7 @@ from .entries import FileEntry, OverlayEntry
 from .mounts import Mount, MountTable
 from ..common.paths import is_under, join, name, relative
 from .relpaths import rel_parent
+from .statuses import InOrder
 from .statefile import StateFile
 
 STATE_FILE = "namespace.json"
@@ -201,7 +202,7 @@ class NamespaceOverlay(StoreAnswers):
         folder's cached listing is looked up once for the page, not once for each entry."""
         now = time.monotonic()
         mounts: dict[int, Mount | None] = {}
-        listings: dict[tuple[int, str], Fetched | None] = {}
+        listings: dict[tuple[int, str], tuple[Fetched | None, InOrder | None]] = {}
         out: list[float] = []
         for entry in entries:
             if entry.mount_id not in mounts:
@@ -217,8 +218,9 @@ class NamespaceOverlay(StoreAnswers):
                 continue
             folder = (mount.mount_id, rel_parent(rel))
             if folder not in listings:
-                listings[folder] = self._cached(mount, "list", folder[1])
-            known = self._known_status_with(mount, rel, listings[folder])  # None when the answer was served stale
+                listing = self._cached(mount, "list", folder[1])
+                listings[folder] = listing, None if listing is None or listing.value is None else InOrder(listing.value)
+            known = self._known_status_with(mount, rel, *listings[folder])  # None when the answer was served stale
             if known is None or known.value is None or not self._answers(mount, known.value, entry):
                 out.append(0.0)  # not what the master answers now (an invalidation, a newer answer)
                 continue
