@@ -133,7 +133,10 @@ class NamespaceOverlay(StoreAnswers):
     # -- entries ----------------------------------------------------------------------------------
 
     def _pinned(self, mount: Mount, path: str) -> bool:
-        return mount.options.pin or any(is_under(path, p) for p in self._pins.get(mount.mount_id, ()))
+        if mount.options.pin:
+            return True
+        pins = self._pins.get(mount.mount_id)
+        return bool(pins) and any(is_under(path, p) for p in pins)
 
     def _dir_entry(self, path: str, mount: Mount | None, mtime_unix_ms: int = 0) -> FileEntry:
         return FileEntry(
