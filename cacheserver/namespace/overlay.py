@@ -136,7 +136,7 @@ class NamespaceOverlay(StoreAnswers):
         if mount.options.pin:
             return True
         pins = self._pins.get(mount.mount_id)
-        return bool(pins) and any(is_under(path, p) for p in pins)
+        return pins is not None and any(is_under(path, p) for p in pins)
 
     def _dir_entry(self, path: str, mount: Mount | None, mtime_unix_ms: int = 0) -> FileEntry:
         return FileEntry(
