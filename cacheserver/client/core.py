@@ -101,8 +101,11 @@ class StrataClient(Links):
         grace = self.settings.master_outage_grace
         now = time.monotonic()
         with self._lock:
+            if grace:
+                self._held.put_many(HeldAnswer(now, sent + info.valid_for_ms / 1000, info) for info in infos)
+                return
             for info in infos:
-                if info.valid_for_ms or grace:
+                if info.valid_for_ms:
                     self._held.put(HeldAnswer(now, sent + info.valid_for_ms / 1000, info))
                 else:
                     self._held.drop(info.path)  # an earlier answer must not outlive this one
