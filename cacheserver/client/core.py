@@ -36,7 +36,7 @@ import logging
 import mmap
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import grpc
@@ -101,8 +101,11 @@ class StrataClient(Links):
         grace = self.settings.master_outage_grace
         now = time.monotonic()
         with self._lock:
+            if grace:
+                self._held.put_many(HeldAnswer(now, sent + info.valid_for_ms / 1000, info) for info in infos)
+                return
             for info in infos:
-                if info.valid_for_ms or grace:
+                if info.valid_for_ms:
                     self._held.put(HeldAnswer(now, sent + info.valid_for_ms / 1000, info))
                 else:
                     self._held.drop(info.path)  # an earlier answer must not outlive this one
@@ -265,23 +268,15 @@ class StrataClient(Links):
         what = f"ls {path} (master {self.master_address})"
         stream = self.master.ListStatusPages(pb.ListStatusRequest(path=path, recursive=recursive))
         timeout = self.settings.master_timeout
-        stalled = threading.Event()
-
-        def give_up() -> None:
-            stalled.set()
-            stream.cancel()
-
+        watch = StallWatch(stream.cancel, timeout)
         try:
             while True:
-                watchdog = threading.Timer(timeout, give_up)
-                watchdog.daemon = True
-                watchdog.start()
                 try:
                     page = next(stream)
                 except StopIteration:
                     return
                 except grpc.RpcError as exc:
-                    if stalled.is_set():
+                    if watch.stalled:
                         raise DeadlineExceeded(f"{what}: no page of the listing within {timeout:g}s") from exc
                     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a master older than ListStatusPages
                         response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive),
@@ -291,14 +286,16 @@ class StrataClient(Links):
                         yield files
                         return
                     raise error_of(exc, what) from exc
-                finally:
-                    watchdog.cancel()
                 files = list(page.files)
                 if not files:
+                    watch.heard()
                     continue  # the master is still walking the store
                 self._hold(files, sent)
+                watch.pause()  # the caller's time with the page is not the master's
                 yield files
+                watch.heard()
         finally:
+            watch.stop()
             stream.cancel()
 
     def _changing(self, method: str, request: Any, *, what: str, paths: Iterable[str], below: bool = True) -> Any:
@@ -531,3 +528,41 @@ class StrataClient(Links):
             raise error_of(exc, f"copying {src} to {dst} through worker {worker.worker_id}") from exc
         finally:
             self.drop_held(dst)
+
+
+class StallWatch:
+    """Calls `give_up` once `timeout` seconds pass without a page of a listing while one is
+    awaited (`heard` starts the wait again, `pause` holds it while the reader has the page):
+    one thread for the whole listing, where a timer a page started a thread for each."""
+
+    def __init__(self, give_up: Callable[[], None], timeout: float) -> None:
+        self.stalled = False
+        self._give_up = give_up
+        self._timeout = timeout
+        self._since: float | None = time.monotonic()  # None: paused
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="strata-list-watch", daemon=True).start()
+
+    def heard(self) -> None:
+        with self._lock:
+            self._since = time.monotonic()
+
+    def pause(self) -> None:
+        with self._lock:
+            self._since = None
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        wait = self._timeout
+        while not self._done.wait(wait):
+            with self._lock:
+                since = self._since
+                if since is not None and time.monotonic() - since >= self._timeout:
+                    self.stalled = True
+            if self.stalled:
+                self._give_up()
+                return
+            wait = self._timeout if since is None else max(0.01, since + self._timeout - time.monotonic())

@@ -3,6 +3,7 @@ answer the same (FileInfo.valid_for_ms) and to go on with while it cannot be rea
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from strata.contract.proto import strata_pb2 as pb
@@ -42,6 +43,10 @@ class HeldAnswers:
 
     def put(self, held: HeldAnswer) -> None:
         self._answers.put(held.info.path, held)
+
+    def put_many(self, helds: Iterable[HeldAnswer]) -> None:
+        """`put` of each (a page of a listing), at the cost of one bound check."""
+        self._answers.put_many((held.info.path, held) for held in helds)
 
     def drop(self, path: str, *, below: bool = False, version: str | None = None) -> None:
         """Forget `path` (only an answer of `version`, if given) and, with `below`,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -66,12 +66,25 @@ class PathMap(Generic[V]):
     def put(self, path: str, value: V) -> None:
         """Hold `value` for `path` (replacing what was held), the last to go; the least
         recently used go while more than `limit` are held."""
+        self.put_many([(path, value)])
+
+    def put_many(self, items: Iterable[tuple[str, V]]) -> None:
+        """`put` of each of `items` in turn (a page of a listing), the bound kept once they
+        are all in: what is held then is what one `put` after another leaves."""
         until = float("inf") if self.ttl is None else self._clock() + self.ttl
-        self._values[path] = (value, until)
-        self._values.move_to_end(path)
-        self._link(path)
-        while self.limit is not None and len(self._values) > self.limit:
-            gone, _ = self._values.popitem(last=False)
+        values = self._values
+        folder, below = None, None  # the folder of the path linked last, and its index
+        for path, value in items:
+            values[path] = (value, until)
+            values.move_to_end(path)
+            up = _parent(path)
+            if below is not None and up == folder:
+                below.add(path)  # its folder is linked already: the path before was in it
+            else:
+                self._link(path)
+                folder, below = up, self._below.get(up) if up is not None else None
+        while self.limit is not None and len(values) > self.limit:
+            gone, _ = values.popitem(last=False)
             self._unlink(gone)
 
     def pop(self, path: str) -> V | None:

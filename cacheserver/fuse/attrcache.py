@@ -68,10 +68,14 @@ class AttrCache:
             return info
 
     def put(self, info: pb.FileInfo) -> None:
+        self.put_many([info])
+
+    def put_many(self, infos: Iterable[pb.FileInfo]) -> None:
+        """`put` of each (a page of a listing), under one hold of the lock."""
         if self._entries is None:
             return
         with self._lock:
-            self._entries.put(info.path, info)
+            self._entries.put_many((info.path, info) for info in infos)
 
     def drop(self, path: str) -> None:
         """Forget `path` and everything below it."""

@@ -29,8 +29,8 @@ class Directories(OperationsState):
             for entries in self.client.ls_pages(ns):  # a folder of any size, a page at a time
                 if len(entries) == 1 and entries[0].path == ns and not entries[0].is_dir:
                     raise FuseError(errno.ENOTDIR)
+                self._attrs.put_many(entries)
                 for entry in entries:
-                    self._attrs.put(entry)
                     names[entry.name] = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
         except NotFound:
             if ns not in self._new_dirs:

@@ -79,7 +79,7 @@ class Files:
         was taken (gRPC's flow control paces a slow reader; between pages the master serves
         other requests)."""
         async for entries in self.namespace.list_pages(received(request.path), recursive=request.recursive, page=size):
-            yield pb.ListStatusResponse(files=[self.infos.of(e, reusable=True) for e in entries])
+            yield self.infos.page(entries)
 
     async def delete(self, request: pb.DeleteRequest) -> pb.DeleteResponse:
         path = received(request.path)

@@ -3,6 +3,9 @@ entries as clients get them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from strata.contract.config import ServerConfig
 from strata.contract.modes import ReadType, WriteType
 from strata.contract.proto import strata_pb2 as pb
@@ -64,21 +67,27 @@ class FileInfos:
     def of(self, entry: FileEntry, *, reusable: bool = False) -> pb.FileInfo:
         """`entry` as a client gets it; `reusable`: an answer of GetStatus or ListStatus, with
         how long the client may reuse it (Namespace.valid_for)."""
-        cached = 0 if entry.is_dir else self.blocks.cached_bytes_of_file(entry.mount_id, entry.path, entry.version)
-        return pb.FileInfo(
-            path=entry.path,
-            name=entry.name,
-            is_dir=entry.is_dir,
-            length=entry.length,
-            mtime_unix_ms=entry.mtime_unix_ms,
-            version=entry.version,
-            block_size=entry.block_size,
-            persisted=entry.persisted,
-            cached_bytes=cached,
-            pinned=entry.pinned,
-            mount_id=entry.mount_id,
-            read_only=entry.read_only,
-            readahead_blocks=0 if entry.is_dir else self.config.cache_policy.readahead_blocks,
-            store_version=entry.store_version,
-            valid_for_ms=int(self.namespace.valid_for(entry) * 1000) if reusable else 0,
-        )
+        return pb.FileInfo(**self._fields(entry, self.namespace.valid_for(entry) if reusable else 0.0))
+
+    def page(self, entries: Sequence[FileEntry]) -> pb.ListStatusResponse:
+        """A page of a listing: each entry as `of` makes it (reusable), made in place in the
+        page's message (not made, then copied in) with the page's reuse times reckoned
+        together (Namespace.valid_for_each)."""
+        response = pb.ListStatusResponse()
+        add = response.files.add
+        for entry, valid_for in zip(entries, self.namespace.valid_for_each(entries)):
+            add(**self._fields(entry, valid_for))
+        return response
+
+    def _fields(self, entry: FileEntry, valid_for: float) -> dict[str, Any]:
+        """The FileInfo fields of `entry`, reusable for `valid_for` seconds."""
+        file = not entry.is_dir
+        return {
+            "path": entry.path, "name": entry.name, "is_dir": entry.is_dir, "length": entry.length,
+            "mtime_unix_ms": entry.mtime_unix_ms, "version": entry.version, "block_size": entry.block_size,
+            "persisted": entry.persisted, "pinned": entry.pinned, "mount_id": entry.mount_id,
+            "read_only": entry.read_only, "store_version": entry.store_version,
+            "cached_bytes": self.blocks.cached_bytes_of_file(entry.mount_id, entry.path, entry.version) if file else 0,
+            "readahead_blocks": self.config.cache_policy.readahead_blocks if file else 0,
+            "valid_for_ms": int(valid_for * 1000),
+        }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +32,13 @@ from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .permissions import is_upload_path
 from .relpaths import rel_parent, rel_under
-from .statuses import Folder, Statuses, find_listed
+from .statuses import Folder, InOrder, Statuses, find_listed
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class _Fetched:
+class Fetched:
     value: Any
     started: float  # time.monotonic() when the store request began
 
@@ -83,13 +83,13 @@ class _MountCache:
     there."""
 
     def __init__(self) -> None:
-        self.entries: PathMap[dict[str, _Fetched]] = PathMap()
+        self.entries: PathMap[dict[str, Fetched]] = PathMap()
         self.flights: dict[tuple[str, str], tuple[float, asyncio.Task[Any]]] = {}
         # Bumped by every invalidation: a store request that started before it must not
         # store its (possibly stale) answer.
         self.epoch = 0
 
-    def get(self, kind: str, rel: str) -> _Fetched | None:
+    def get(self, kind: str, rel: str) -> Fetched | None:
         said = self.entries.get(rel)
         return None if said is None else said.get(kind)
 
@@ -104,11 +104,11 @@ class _MountCache:
                  listings: dict[str, Folder] | None = None) -> None:
         """Keep a store's answer; a walk's with the listings of the folders it found
         (`walk_listings`)."""
-        self._keep(kind, rel, _Fetched(value, started))
+        self._keep(kind, rel, Fetched(value, started))
         for directory, listed in (listings or {}).items():
-            self._keep("list", directory, _Fetched(listed, started))
+            self._keep("list", directory, Fetched(listed, started))
 
-    def _keep(self, kind: str, rel: str, fetched: _Fetched) -> None:
+    def _keep(self, kind: str, rel: str, fetched: Fetched) -> None:
         said = self.entries.get(rel)
         if said is None:
             self.entries.put(rel, {kind: fetched})
@@ -148,9 +148,12 @@ class StoreAnswers:
         self.stale_served: dict[str, int] = {}
 
     def _cache(self, mount: Mount) -> _MountCache:
-        return self._caches.setdefault(mount.mount_id, _MountCache())
+        cache = self._caches.get(mount.mount_id)
+        if cache is None:
+            cache = self._caches[mount.mount_id] = _MountCache()
+        return cache
 
-    def _cached(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
+    def _cached(self, mount: Mount, kind: str, rel: str) -> Fetched | None:
         hit = self._cache(mount).get(kind, rel)
         if hit is not None and _fresh(hit.started, time.monotonic(), mount.options.metadata_sync_interval):
             return hit
@@ -183,7 +186,7 @@ class StoreAnswers:
                     mount.path, kind, rel, time.monotonic() - stale.started, reason)
         return stale.value
 
-    def _stale(self, mount: Mount, kind: str, rel: str) -> _Fetched | None:
+    def _stale(self, mount: Mount, kind: str, rel: str) -> Fetched | None:
         """The last answer the store gave for (kind, rel), however old; for "info" also
         what the parent's listing said."""
         cache = self._cache(mount)
@@ -193,7 +196,7 @@ class StoreAnswers:
         listing = cache.get("list", rel_parent(rel))
         if listing is None or listing.value is None:
             return None
-        return _Fetched(listing.listed(rel), listing.started)
+        return Fetched(listing.listed(rel), listing.started)
 
     async def _fetch_from_store(self, mount: Mount, kind: str, rel: str) -> Any:
         cache = self._cache(mount)
@@ -258,15 +261,23 @@ class StoreAnswers:
 
         return kept() if kind == "list" else await asyncio.to_thread(kept)
 
-    def _known_status(self, mount: Mount, rel: str) -> _Fetched | None:
+    def _known_status(self, mount: Mount, rel: str) -> Fetched | None:
         """What the cache can say is at `rel` (its value the status, None: nothing) and when
         the store said it, from the path's own entry or its parent's listing, whichever the
         store gave later (so a stat and a listing never disagree about a file put into the
         store meanwhile); None if it cannot."""
-        hit = self._cached(mount, "info", rel)
         listing = self._cached(mount, "list", rel_parent(rel))
-        if listing is not None and listing.value is not None and (hit is None or listing.started > hit.started):
-            return _Fetched(listing.listed(rel), listing.started)
+        return self._known_status_with(mount, rel, listing, None if listing is None else listing.value)
+
+    def _known_status_with(self, mount: Mount, rel: str, listing: Fetched | None,
+                           statuses: Sequence[UfsStatus] | InOrder | None) -> Fetched | None:
+        """`_known_status` given the fresh cached listing of `rel`'s folder (None: none) and
+        its statuses (or lookups in them in order), which a page of a listing looks up once
+        for all its entries."""
+        hit = self._cached(mount, "info", rel)
+        if listing is not None and statuses is not None and (hit is None or listing.started > hit.started):
+            found = statuses.find(rel) if isinstance(statuses, InOrder) else find_listed(statuses, rel)
+            return Fetched(found, listing.started)
         return hit
 
     async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:

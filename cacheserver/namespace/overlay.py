@@ -27,16 +27,19 @@ roots and the directories holding mounts.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from strata.contract.errors import InvalidArgument
 from ..settings import StoreTimeouts
 from ..ufs import UfsStatus
-from .answers import StoreAnswers
+from .answers import StoreAnswers, Fetched
 from .entries import FileEntry, OverlayEntry
 from .mounts import Mount, MountTable
 from ..common.paths import is_under, join, name, relative
+from .relpaths import rel_parent
+from .statuses import InOrder
 from .statefile import StateFile
 
 STATE_FILE = "namespace.json"
@@ -130,7 +133,10 @@ class NamespaceOverlay(StoreAnswers):
     # -- entries ----------------------------------------------------------------------------------
 
     def _pinned(self, mount: Mount, path: str) -> bool:
-        return mount.options.pin or any(is_under(path, p) for p in self._pins.get(mount.mount_id, ()))
+        if mount.options.pin:
+            return True
+        pins = self._pins.get(mount.mount_id)
+        return pins is not None and any(is_under(path, p) for p in pins)
 
     def _dir_entry(self, path: str, mount: Mount | None, mtime_unix_ms: int = 0) -> FileEntry:
         return FileEntry(
@@ -192,15 +198,44 @@ class NamespaceOverlay(StoreAnswers):
         change through Strata comes first (see the module docstring): what is left of the
         freshness of the cached store answer that gives it, on read-only mounts; 0 wherever
         the master may answer otherwise at any moment."""
-        mount = self._mounts.by_id(entry.mount_id)
-        if mount is None or not mount.options.read_only or not is_under(entry.path, mount.path):
-            return 0.0  # the directories holding mounts (mount id 0), and writable mounts
-        interval = mount.options.metadata_sync_interval
-        rel = relative(entry.path, mount.path)
-        if interval == 0 or rel == "" or entry.path in self._overlay:
-            return 0.0
-        known = self._known_status(mount, rel)  # None when the answer was served stale
-        if known is None or known.value is None or self._status_entry(mount, known.value) != entry:
-            return 0.0  # not what the master answers now (an invalidation, a newer answer)
-        left = MAX_ANSWER_REUSE if interval < 0 else known.started + interval - time.monotonic()
-        return max(0.0, min(left, MAX_ANSWER_REUSE))
+        return self.valid_for_each([entry])[0]
+
+    def valid_for_each(self, entries: Sequence[FileEntry]) -> list[float]:
+        """`valid_for` of each of `entries` (a page of a listing): each mount and each
+        folder's cached listing is looked up once for the page, not once for each entry."""
+        now = time.monotonic()
+        mounts: dict[int, Mount | None] = {}
+        listings: dict[tuple[int, str], tuple[Fetched | None, InOrder | None]] = {}
+        out: list[float] = []
+        for entry in entries:
+            if entry.mount_id not in mounts:
+                mounts[entry.mount_id] = self._mounts.by_id(entry.mount_id)
+            mount = mounts[entry.mount_id]
+            if mount is None or not mount.options.read_only or not is_under(entry.path, mount.path):
+                out.append(0.0)  # the directories holding mounts (mount id 0), and writable mounts
+                continue
+            interval = mount.options.metadata_sync_interval
+            rel = relative(entry.path, mount.path)
+            if interval == 0 or rel == "" or entry.path in self._overlay:
+                out.append(0.0)
+                continue
+            folder = (mount.mount_id, rel_parent(rel))
+            if folder not in listings:
+                listing = self._cached(mount, "list", folder[1])
+                listings[folder] = listing, None if listing is None or listing.value is None else InOrder(listing.value)
+            known = self._known_status_with(mount, rel, *listings[folder])  # None when the answer was served stale
+            if known is None or known.value is None or not self._answers(mount, known.value, entry):
+                out.append(0.0)  # not what the master answers now (an invalidation, a newer answer)
+                continue
+            left = MAX_ANSWER_REUSE if interval < 0 else known.started + interval - now
+            out.append(max(0.0, min(left, MAX_ANSWER_REUSE)))
+        return out
+
+    def _answers(self, mount: Mount, status: UfsStatus, entry: FileEntry) -> bool:
+        """Whether `entry` is what the master answers from the store's `status` now (the
+        store entry `_status_entry` makes, compared field by field without making it)."""
+        return (entry.version == status.version and entry.store_version == status.version
+                and entry.length == status.length and entry.mtime_unix_ms == status.mtime_unix_ms
+                and entry.is_dir == status.is_dir and entry.persisted and entry.mount_id == mount.mount_id
+                and entry.block_size == self._block_size and entry.read_only == mount.options.read_only
+                and entry.path == join(mount.path, status.path) and entry.pinned == self._pinned(mount, entry.path))

@@ -135,8 +135,16 @@ class Statuses(_Listing):
 
     def find(self, rel: str) -> UfsStatus | None:
         """The status of `rel`, by bisection of the paths; None if it is not listed."""
-        at = bisect.bisect_left(self._paths, rel)
+        at = self.position(rel)
         return self[at] if at < len(self._paths) and self._paths[at] == rel else None
+
+    def position(self, rel: str) -> int:
+        """Where `rel` is or would be in this listing (by bisection)."""
+        return bisect.bisect_left(range(len(self._paths)), rel, key=self._paths.text)
+
+    def path_at(self, index: int) -> str:
+        """The path at `index`, 0 <= index < len(self)."""
+        return self._paths.text(index)
 
 
 class Folder(_Listing):
@@ -166,9 +174,16 @@ class Folder(_Listing):
 
     def find(self, rel: str) -> UfsStatus | None:
         """The status of `rel`, by bisection; None if it is not in this folder."""
+        at = self.position(rel)
+        return self[at] if at < len(self._at) and self.path_at(at) == rel else None
+
+    def position(self, rel: str) -> int:
+        """Where `rel` is or would be in this folder (by bisection)."""
         paths = self._walk.paths
-        at = bisect.bisect_left(self._at, rel, key=paths.text)
-        return self[at] if at < len(self._at) and paths.text(self._at[at]) == rel else None
+        return bisect.bisect_left(self._at, rel, key=paths.text)
+
+    def path_at(self, index: int) -> str:
+        return self._walk.path_at(self._at[index])
 
 
 def find_listed(statuses: Sequence[UfsStatus], rel: str) -> UfsStatus | None:
@@ -179,3 +194,28 @@ def find_listed(statuses: Sequence[UfsStatus], rel: str) -> UfsStatus | None:
         return statuses.find(rel)
     at = bisect.bisect_left(statuses, rel, key=lambda s: s.path)
     return statuses[at] if at < len(statuses) and statuses[at].path == rel else None
+
+
+class InOrder:
+    """Lookups in a listing sorted by path of paths asked for in that order (the entries of a
+    page of a listing): each tries the entry after the one found last before it bisects, so
+    a page of a folder costs a step an entry."""
+
+    __slots__ = ("_statuses", "_next")
+
+    def __init__(self, statuses: Sequence[UfsStatus]) -> None:
+        self._statuses = statuses
+        self._next = 0
+
+    def find(self, rel: str) -> UfsStatus | None:
+        """The status of `rel`, None if it is not listed."""
+        statuses = self._statuses
+        if not isinstance(statuses, (Statuses, Folder)):
+            return find_listed(statuses, rel)
+        at = self._next
+        if at >= len(statuses) or statuses.path_at(at) != rel:
+            at = statuses.position(rel)
+            if at >= len(statuses) or statuses.path_at(at) != rel:
+                return None
+        self._next = at + 1
+        return statuses[at]

@@ -22,7 +22,7 @@ import pytest
 from strata.contract.errors import ResourceExhausted
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import Cluster, allow, wait_until
+from .conftest import Cluster, allow, metric, wait_until
 from .test_fuse import FuseProcess, mount_fuse  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(600)
@@ -163,3 +163,29 @@ def test_a_listing_larger_than_the_message_limit_lists_whole(
     assert [f.path for f in fs.client.ls("/long", recursive=True) if not f.is_dir] == expected
     mnt = mount_fuse(cluster).path
     assert sorted(os.listdir(mnt / "long" / deep.relative_to(root))) == sorted(names)
+
+
+def test_a_tree_of_many_pages_lists_every_entry_once_with_its_size_through_the_client_and_fuse(
+        start_cluster: Any, tmp_path: Path, mount_fuse: Callable[..., FuseProcess]) -> None:
+    root = tmp_path / "paged"
+    sizes: dict[str, int] = {}
+    for folder in range(3):
+        (root / f"d{folder}").mkdir(parents=True)
+        for i in range(2500):  # a folder is 3 pages of the master's listing (1,000 entries a page)
+            rel = f"d{folder}/f{i:05d}"
+            sizes[rel] = folder * 3000 + i
+            (root / rel).write_bytes(b"x" * sizes[rel])
+    cluster: Cluster = start_cluster(workers=1, **allow(tmp_path))
+    fs = cluster.fs()
+    fs.client.mount("/paged", f"file://{root}", pb.MountOptions(read_only=True, metadata_sync_interval=3600))
+    found = fs.find("/paged", detail=True)
+    assert {p.removeprefix("/paged/"): e["size"] for p, e in found.items()} == sizes
+    assert sum(len(page) for page in fs.client.ls_pages("/paged", recursive=True)) == len(sizes) + 3
+    mnt = mount_fuse(cluster).path / "paged"
+    listed = [f"{folder}/{name}" for folder in sorted(os.listdir(mnt)) for name in os.listdir(mnt / folder)]
+    assert sorted(listed) == sorted(sizes) and len(listed) == len(set(listed))
+    stats_before = metric(cluster.master.metrics(), "strata_master_metadata_requests", '{method="GetStatus"}')
+    # `ls -l` of each folder: the sizes come from the listing, not a question to the master a file.
+    assert {rel: (mnt / rel).stat().st_size for rel in listed} == sizes
+    stats_after = metric(cluster.master.metrics(), "strata_master_metadata_requests", '{method="GetStatus"}')
+    assert stats_after - stats_before < 10

@@ -21,7 +21,7 @@ from threadmaster import MASTER_TOKEN, Run, threaded_master
 from strata.cacheserver.auth import Credentials
 from strata.cacheserver.common.blockwire import ok_reply, reply_line
 from strata.cacheserver.common.checksums import CHUNK_SIZE, compute_checksums
-from strata.cacheserver.client.core import StrataClient
+from strata.cacheserver.client.core import StrataClient, StallWatch
 from strata.cacheserver.client.settings import ClientSettings
 from strata.cacheserver.master.server import MasterHandle
 from strata.contract import rpc
@@ -259,3 +259,40 @@ def test_an_answer_not_to_reuse_replaces_the_one_held(master: tuple[MasterHandle
     finally:
         client.close()
         other.close()
+
+
+def test_a_listing_of_many_pages_gives_every_entry_once_with_its_size(master: tuple[MasterHandle, Run[Any]],
+                                                                      tmp_path: Path) -> None:
+    handle, _ = master
+    store = tmp_path / "many"
+    for folder in range(3):
+        (store / f"d{folder}").mkdir(parents=True)
+        for i in range(900):
+            (store / f"d{folder}" / f"f{i:04d}").write_bytes(b"x" * (folder * 1000 + i))
+    client = StrataClient(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, host="h")
+    try:
+        client.mount("/many", f"file://{store}", pb.MountOptions(read_only=True, metadata_sync_interval=60))
+        pages = list(client.ls_pages("/many", recursive=True))
+        assert len(pages) > 2 and all(len(page) <= 1000 for page in pages)  # the master's default page
+        files = [e for page in pages for e in page if not e.is_dir]
+        assert len(files) == len({e.path for e in files}) == 2700
+        assert all(e.length == int(e.path[-7]) * 1000 + int(e.path[-4:]) for e in files)
+        assert all(e.valid_for_ms > 50_000 for page in pages for e in page)
+    finally:
+        client.close()
+
+
+def test_a_listing_gives_up_when_no_page_comes_in_time_and_not_while_its_reader_holds_one() -> None:
+    stopped = threading.Event()
+    watch = StallWatch(stopped.set, 0.3)
+    watch.pause()  # the reader takes its time with a page
+    assert not stopped.wait(0.6) and not watch.stalled
+    watch.heard()  # waiting for the next one again
+    assert stopped.wait(2) and watch.stalled
+    quiet = threading.Event()
+    heard = StallWatch(quiet.set, 0.3)
+    for _ in range(6):  # pages keep coming within the timeout
+        time.sleep(0.1)
+        heard.heard()
+    heard.stop()
+    assert not quiet.wait(0.5) and not heard.stalled

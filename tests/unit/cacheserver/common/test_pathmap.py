@@ -124,3 +124,19 @@ def test_a_drop_visits_only_what_is_held_in_the_tree_however_much_is_held_elsewh
     assert held.drop_tree("/tree") == 10
     assert _Watched.looks == 0
     assert len(held) == 100_000
+
+
+def test_a_page_put_at_once_leaves_what_one_put_after_another_leaves() -> None:
+    page = [(f"/m/d{folder}/f{i}", folder * 10 + i) for folder in range(4) for i in range(5)]
+    one_by_one: PathMap[int] = PathMap(limit=12)
+    at_once: PathMap[int] = PathMap(limit=12)
+    for held in (one_by_one, at_once):
+        held.put("/m/d0/f0", -1)
+        held.put("/x/y", 99)
+    for path, value in page:
+        one_by_one.put(path, value)
+    at_once.put_many(page)
+    paths = [p for p, _ in page] + ["/x/y"]
+    assert _held(at_once, paths) == _held(one_by_one, paths) == [p for p, _ in page[-12:]]
+    assert at_once._below == one_by_one._below  # the index too: only what leads to what is held
+    assert at_once.drop_below("/m/d2") == 5 and at_once.get("/m/d3/f4") == 34

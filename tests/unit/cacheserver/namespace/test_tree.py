@@ -406,6 +406,25 @@ async def test_an_answer_served_stale_is_not_reusable() -> None:
     assert env.ns.valid_for(stale) == 0
 
 
+async def test_a_page_of_a_walk_is_reusable_entry_by_entry_as_each_alone_is() -> None:
+    interval = 30.0
+    env = Env(None, metadata_sync_interval=interval, read_only=True)
+    for folder in ("a", "b", "c"):
+        for i in range(50):
+            env.put(f"{folder}/f{i:03d}", b"x" * i)
+    walked = [e async for page in env.ns.list_pages("/m", recursive=True, page=1000) for e in page]
+    assert len(walked) == 3 + 150
+    env.put("b/f007", b"changed")
+    env.ns.invalidate("/m/b/f007")  # as when a worker found it changed in the store
+    together = env.ns.valid_for_each(walked)
+    alone = [env.ns.valid_for(e) for e in walked]
+    assert [round(v) for v in together] == [round(v) for v in alone]
+    by_path = dict(zip(paths(walked), together))
+    assert by_path["/m/b/f007"] == 0  # the master no longer answers it
+    # The invalidation forgot the listings above the file; the other folders' stay fresh.
+    assert all(interval - 1 < v <= interval for p, v in by_path.items() if p.startswith(("/m/a/", "/m/c/")))
+
+
 async def test_a_listing_answers_stats_from_an_index() -> None:
     env = Env(None, metadata_sync_interval=-1, read_only=True)
     for i in range(2000):
