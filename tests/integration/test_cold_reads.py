@@ -41,6 +41,12 @@ def master_lists(cluster: Cluster) -> float:
     return metric(text, "strata_store_request_seconds_count", '{operation="list"}')
 
 
+def master_calls(cluster: Cluster, method: str) -> float:
+    """Calls of `method` the master has answered (its request metrics)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in cluster.master.metrics().splitlines()
+               if line.startswith("strata_master_requests_total{") and f'method="{method}"' in line)
+
+
 def read(fs: Any, path: str) -> bytes:
     with fs.open(path, "rb") as f:
         return f.read()  # type: ignore[no-any-return]
@@ -65,9 +71,13 @@ def test_each_cold_small_file_of_a_folder_costs_one_get_and_no_head(start_cluste
     # The master's look at the folder runs beside the first read: a page from the file on,
     # which reaches the folder's end, then one from its beginning. Wait until both answered.
     wait_until(lambda: master_lists(cluster) >= lists + 2, 30, "the master's look at the folder")
+    locates = master_calls(cluster, "LocateBlocks")
     with cluster.s3.recording() as rec:
         for key in order[1:]:
             assert read(fs, f"/m/{key}") == files[key], key
+    # No worker held a byte of these files when the master gave their status: the worker
+    # went to the store without asking it where their blocks are.
+    assert master_calls(cluster, "LocateBlocks") == locates
     heads = rec.matching("HEAD")
     assert heads == [], f"{len(heads)} HEADs for {FILES - 1} files: {[h.path for h in heads][:5]}"
     gets = rec.matching("GET")
