@@ -281,6 +281,15 @@ class StoreAnswers:
             return await self._fetch(mount, "info", rel)  # type: ignore[no-any-return]
         return known.value  # type: ignore[no-any-return]
 
+    def _keep_listed(self, mount: Mount, cache: _MountCache, folder: str, statuses: list[UfsStatus],
+                     started: float) -> None:
+        """Keep the files of a page of `folder`'s listing, asked at `started`, as their
+        statuses, except where the store gave one later."""
+        for status in _nameable(mount, self._mounts.store(mount).url(folder), statuses):
+            held = cache.get("info", status.path)
+            if not (status.is_dir or is_upload_path(status.path)) and (held is None or held.started < started):
+                cache.remember("info", status.path, status, started)
+
     def _look_around(self, mount: Mount, rel: str) -> None:
         """On a miss of `rel`'s status, learn in the background what one page of its folder's
         listing says of the files from `rel` on (`Store.listed_from`: S3), unless a look at
@@ -304,23 +313,20 @@ class StoreAnswers:
             store = self._mounts.store(mount)
             try:
                 page = await store.listed_from(folder, LOOK_AROUND, start=rel)
-                if page is None:
+                if page is None or cache.epoch != epoch:
                     return
-                pages = [page]
-                if page.reaches_end and (from_start := await store.listed_from(folder, LOOK_AROUND)) is not None:
-                    pages.append(from_start)
-                if cache.epoch != epoch:
+                self._keep_listed(mount, cache, folder, page.statuses, started)
+                if not page.reaches_end:
                     return
-                whole = pages[-1] if len(pages) == 2 and pages[-1].reaches_end else None
-                if whole is not None and whole.statuses:
+                whole = await store.listed_from(folder, LOOK_AROUND)
+                if whole is None or cache.epoch != epoch:
+                    return
+                if whole.reaches_end and whole.statuses:
                     listed = _nameable(mount, store.url(folder), whole.statuses)
                     cache.remember("list", folder, Statuses(s for s in listed
                                                             if s.path != folder and not is_upload_path(s.path)), started)
-                    return
-                for status in _nameable(mount, store.url(folder), [s for p in pages for s in p.statuses]):
-                    held = cache.get("info", status.path)
-                    if not (status.is_dir or is_upload_path(status.path)) and (held is None or held.started < started):
-                        cache.remember("info", status.path, status, started)
+                else:
+                    self._keep_listed(mount, cache, folder, whole.statuses, started)
             except StrataError as exc:  # the miss asked on its own: this was a bonus
                 log.debug("mount %s: no look around %r: %s", mount.path, rel, exc)
             finally:
