@@ -24,10 +24,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from strata.contract.errors import DeadlineExceeded, NotFound, StrataError, Unavailable
-from ..background import BackgroundTasks
+from strata.contract.errors import DeadlineExceeded, NotFound, Unavailable
 from ..common.pathmap import PathMap
 from ..settings import StoreTimeouts
+from strata.contract.errors import StrataError
+from ..background import BackgroundTasks
 from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .permissions import is_upload_path

@@ -277,16 +277,12 @@ class BlockReads:
         """Bytes [offset, offset+length) of a block this worker misses: from a live worker
         that holds it (checked in transit), else from the store. The namespace is asked for
         the version a store fetch needs while the holders are: a master that does not answer
-        costs the reader one wait, not two in a row. A file the master said a moment ago no
-        worker holds goes to the store at once (HELD_NOWHERE_FOR)."""
-        start = key_of(ref).offset + offset
-        if self._held_nowhere.get((ref.path, ref.version)):
-            return await self._read_store(ref, start, start + length)
+        costs the reader one wait, not two in a row."""
         version = asyncio.ensure_future(self._store_version(ref))
         # Its refusal matters only to a store fetch (which awaits it and gets it then).
         version.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            data = await self._held_elsewhere(ref, offset, length)
+            data = await self._from_peers(ref, offset, length)
         except BaseException:
             version.cancel()
             raise
@@ -295,7 +291,16 @@ class BlockReads:
             self.counters.peer_reads += 1
             self.counters.peer_bytes_read += len(data)
             return data
+        start = key_of(ref).offset + offset
         return await self._read_store(ref, start, start + length, version)
+
+    async def _from_peers(self, ref: pb.BlockRef, offset: int, length: int) -> bytes | None:
+        """The bytes from a live worker holding the block (`held_elsewhere`); None at once,
+        without asking the master where the block is, for a file it said a moment ago no
+        worker holds (HELD_NOWHERE_FOR): the store serves it."""
+        if self._held_nowhere.get((ref.path, ref.version)):
+            return None
+        return await self._held_elsewhere(ref, offset, length)
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes of a block not cached here, when the cache cannot take the block: from the
