@@ -130,6 +130,7 @@ class MasterParts:
     async def close(self) -> None:
         self.loads.close()
         await self.background.close()
+        await self.namespace.close()
         await self.link.close()
 
 

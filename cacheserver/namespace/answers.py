@@ -28,6 +28,8 @@ from strata.contract.errors import DeadlineExceeded, NotFound, Unavailable
 from .. import heap
 from ..common.pathmap import PathMap
 from ..settings import StoreTimeouts
+from strata.contract.errors import StrataError
+from ..background import BackgroundTasks
 from ..ufs import UfsStatus
 from .mounts import Mount, MountTable
 from .permissions import is_upload_path
@@ -35,6 +37,10 @@ from .relpaths import rel_parent, rel_under
 from .statuses import Folder, InOrder, Statuses, find_listed
 
 log = logging.getLogger(__name__)
+
+# Files' statuses one look around a missed one asks for (`StoreAnswers._look_around`): one
+# page of an S3 listing, its most (~250 KiB of answer, a few milliseconds on the wire).
+LOOK_AROUND = 1000
 
 
 @dataclass(slots=True)
@@ -146,6 +152,13 @@ class StoreAnswers:
         # Answers given from expired metadata because the store could not be reached, by
         # mount path (a metric).
         self.stale_served: dict[str, int] = {}
+        # Looks around missed files under way, by (mount id, folder): one a folder at a time.
+        self._looking: set[tuple[int, str]] = set()
+        self._looks = BackgroundTasks()
+
+    async def close(self) -> None:
+        """Stop the looks around missed files under way."""
+        await self._looks.close()
 
     def _cache(self, mount: Mount) -> _MountCache:
         cache = self._caches.get(mount.mount_id)
@@ -283,5 +296,59 @@ class StoreAnswers:
     async def _store_status(self, mount: Mount, rel: str) -> UfsStatus | None:
         known = self._known_status(mount, rel)
         if known is None:
+            self._look_around(mount, rel)
             return await self._fetch(mount, "info", rel)  # type: ignore[no-any-return]
         return known.value  # type: ignore[no-any-return]
+
+    def _keep_listed(self, mount: Mount, cache: _MountCache, folder: str, statuses: list[UfsStatus],
+                     started: float) -> None:
+        """Keep the files of a page of `folder`'s listing, asked at `started`, as their
+        statuses, except where the store gave one later."""
+        for status in _nameable(mount, self._mounts.store(mount).url(folder), statuses):
+            held = cache.get("info", status.path)
+            if not (status.is_dir or is_upload_path(status.path)) and (held is None or held.started < started):
+                cache.remember("info", status.path, status, started)
+
+    def _look_around(self, mount: Mount, rel: str) -> None:
+        """On a miss of `rel`'s status, learn in the background what one page of its folder's
+        listing says of the files from `rel` on (`Store.listed_from`: S3), unless a look at
+        that folder is under way: a reader of a folder's files in any order (a training
+        loader's shuffled epoch) then finds the next ones' statuses known, each as fresh as
+        the mount's sync interval allows, instead of paying a store request (a HEAD) before
+        each file's read. A page that reaches the folder's end is followed by one from its
+        beginning: when that one reaches the end too, it is the folder's whole listing, kept
+        as such. The miss itself asks for its own status as before and waits for nothing
+        more; what the pages said is dropped if a change made through Strata came meanwhile,
+        and never replaces a status the store gave later."""
+        folder = rel_parent(rel)
+        looking = (mount.mount_id, folder)
+        if mount.options.metadata_sync_interval == 0 or looking in self._looking or is_upload_path(rel):
+            return
+        self._looking.add(looking)
+        cache = self._cache(mount)
+        epoch, started = cache.epoch, time.monotonic()
+
+        async def look() -> None:
+            store = self._mounts.store(mount)
+            try:
+                page = await store.listed_from(folder, LOOK_AROUND, start=rel)
+                if page is None or cache.epoch != epoch:
+                    return
+                self._keep_listed(mount, cache, folder, page.statuses, started)
+                if not page.reaches_end:
+                    return
+                whole = await store.listed_from(folder, LOOK_AROUND)
+                if whole is None or cache.epoch != epoch:
+                    return
+                if whole.reaches_end and whole.statuses:
+                    listed = _nameable(mount, store.url(folder), whole.statuses)
+                    cache.remember("list", folder, Statuses(s for s in listed
+                                                            if s.path != folder and not is_upload_path(s.path)), started)
+                else:
+                    self._keep_listed(mount, cache, folder, whole.statuses, started)
+            except StrataError as exc:  # the miss asked on its own: this was a bonus
+                log.debug("mount %s: no look around %r: %s", mount.path, rel, exc)
+            finally:
+                self._looking.discard(looking)
+
+        self._looks.spawn(look(), f"look-around-{mount.mount_id}")

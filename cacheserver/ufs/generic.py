@@ -19,7 +19,7 @@ from ..settings import RetrySettings, StoreTimeouts
 from .calls import STORE_THREADS, Progress, StoreCalls, StoreThreads
 from .errors import VersionChanged, _ShortAnswer, s3_error
 from .options import storage_options
-from .status import StoreTotals, UfsStatus, _mtime_seconds, _size_mtime_version, _upload_rel
+from .status import ListedPage, StoreTotals, UfsStatus, _mtime_seconds, _size_mtime_version, _upload_rel
 
 
 class FsspecStore(StoreCalls):
@@ -158,6 +158,13 @@ class FsspecStore(StoreCalls):
         if not out and rel.strip("/"):
             await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
         return out
+
+    async def listed_from(self, folder: str, limit: int, start: str = "") -> ListedPage | None:
+        """One page of the listing of `folder`: at most `limit` entries from `start` (a path
+        in it, included; "" for its beginning) on in the listing's order, for the price of
+        one request. None where a store lists a folder only whole (`ls`); only S3 pages."""
+        self._path(folder)
+        return None
 
     async def _ls(self, rel: str, path: str) -> list[dict[str, Any]]:
         """What the filesystem lists at `rel` (at `path`): fsspec's `ls`."""

@@ -12,12 +12,24 @@ from typing import Any
 from fsspec.spec import AbstractFileSystem
 from s3fs.core import calculate_chunksize
 
+from strata.contract.errors import InvalidArgument
 from .errors import VersionChanged, s3_error
 from .generic import FsspecStore
-from .status import TOTALS_DUTY, StoreTotals, UfsStatus, _upload_rel
+from .status import TOTALS_DUTY, ListedPage, StoreTotals, UfsStatus, _upload_rel
 
 # Bytes: the largest object S3 copies in one CopyObject call.
 _S3_COPY_LIMIT = 5 * 2**30
+
+
+def _key_before(key: str) -> str:
+    """A string just below `key` in S3's order (by UTF-8 bytes) that no likely key lies
+    between: its last character one lower, then U+10FFFF, the highest character (the key
+    itself, without its last character, where that cannot be made)."""
+    code = ord(key[-1]) - 1
+    if 0xD800 <= code <= 0xDFFF:  # surrogates are no characters: the one below them
+        code = 0xD7FF
+    below = key[:-1] + chr(code) + "\U0010ffff" if code >= 0 else key[:-1]
+    return below if len(below.encode("utf-8")) <= 1024 else key[:-1]
 
 
 class S3Store(FsspecStore):
@@ -49,6 +61,31 @@ class S3Store(FsspecStore):
 
         # An empty prefix is a valid (empty) mount; the bucket must exist.
         await self._call("check", "", list_one)
+
+    async def listed_from(self, folder: str, limit: int, start: str = "") -> ListedPage | None:
+        """One list_objects_v2 page of `folder` (its files, and its subfolders as S3's common
+        prefixes), from `start`'s key on (StartAfter just below it, `_key_before`). Folder
+        markers (keys ending in "/") are left out, as `ls` leaves them out."""
+        if not 0 < limit <= 1000:
+            raise InvalidArgument(f"a listing page holds 1 to 1000 entries, got {limit}")
+        bucket, _, key = self._path(folder).partition("/")
+        prefix = key.strip("/") + "/" if key.strip("/") else ""
+        if start and not start.startswith(folder.strip("/") + "/" if folder.strip("/") else ""):
+            raise InvalidArgument(f"a listing of {folder!r} cannot start at {start!r}, which is not in it")
+        after = {"StartAfter": _key_before(self._path(start).partition("/")[2])} if start else {}
+
+        async def page() -> Any:
+            fs = await self._filesystem()
+            return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="/",
+                                     MaxKeys=limit, **after)
+
+        answer = await self._call("list", folder, page)
+        found = [self._status({"name": f"{bucket}/{item['Key']}", "type": "file", "size": item.get("Size"),
+                               "ETag": item.get("ETag"), "LastModified": item.get("LastModified")})
+                 for item in answer.get("Contents", ()) if not str(item["Key"]).endswith("/")]
+        found += [self._status({"name": f"{bucket}/{str(item['Prefix']).rstrip('/')}", "type": "directory"})
+                  for item in answer.get("CommonPrefixes", ()) if str(item["Prefix"]).strip("/")]
+        return ListedPage(sorted(found, key=lambda s: s.path), not answer.get("IsTruncated"))
 
     async def totals(self, rel: str = "") -> StoreTotals:
         self._path(rel)

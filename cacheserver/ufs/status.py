@@ -45,6 +45,14 @@ class UfsStatus(NamedTuple):
         return self.path.rpartition("/")[2]
 
 
+class ListedPage(NamedTuple):
+    """One page of a folder's listing (`Store.listed_from`): its files and subfolders, sorted
+    by path, and whether it reaches the folder's end (no more entries after the last)."""
+
+    statuses: list[UfsStatus]
+    reaches_end: bool
+
+
 def _mtime_seconds(info: Mapping[str, Any]) -> float:
     for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created", "timeCreated"):
         value = info.get(key)

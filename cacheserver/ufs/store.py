@@ -14,7 +14,7 @@ from .generic import FsspecStore
 from .local import LocalStore
 from .options import filesystem_class, is_local
 from .s3 import S3Store
-from .status import StoreTotals, UfsStatus
+from .status import ListedPage, StoreTotals, UfsStatus
 
 
 class Store:
@@ -61,6 +61,9 @@ class Store:
 
     async def ls(self, rel: str) -> list[UfsStatus]:
         return await self._backend.ls(rel)
+
+    async def listed_from(self, folder: str, limit: int, start: str = "") -> ListedPage | None:
+        return await self._backend.listed_from(folder, limit, start)
 
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
         return await self._backend.walk(rel, with_dirs=with_dirs)

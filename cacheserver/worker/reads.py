@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from cachetools import TTLCache
+
 from strata.contract.config import ServerConfig
 from strata.contract.constants import MAX_READAHEAD_BLOCKS
 from strata.contract.errors import (
@@ -32,7 +34,7 @@ from ..common.blockrefs import key_of
 from ..common.checksums import CHUNK_SIZE, compute_checksums
 from ..namespace.permissions import is_upload_path
 from ..ufs import VersionChanged
-from .geometry import STATUS_PATIENCE, FileStatuses
+from .geometry import STATUS_PATIENCE, STATUSES_KEPT, FileStatuses
 from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
@@ -43,6 +45,12 @@ log = logging.getLogger(__name__)
 READAHEAD_CONCURRENCY = 4
 # Blocks one CacheBlocks call fetches at once (a load sends a few blocks per call).
 CACHE_BLOCKS_CONCURRENCY = 4
+# Seconds after the master answered a one-block file's status with no byte of it cached
+# anywhere (FileInfo.cached_bytes 0) during which a miss of its block goes to the store
+# without asking the master where it is (LocateBlocks answers from the same block index). A
+# block another worker caches within that time is fetched from the store once more: the
+# right bytes, one request; a cold open saves a master round trip before its store read.
+HELD_NOWHERE_FOR = 1.0
 
 
 @dataclass
@@ -151,10 +159,24 @@ class BlockReads:
         self.kept = KeptStatuses(current=mounts.is_current)
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
-                                     on_answer=self.kept.put, kept=self.kept.get)
+                                     on_answer=self._answered, kept=self.kept.get)
+        # (path, version) of files the master said no worker holds a byte of, for a second.
+        self._held_nowhere: TTLCache[tuple[str, str], bool] = TTLCache(maxsize=STATUSES_KEPT, ttl=HELD_NOWHERE_FOR)
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._tasks = BackgroundTasks()
+
+    def _answered(self, info: pb.FileInfo, sent: float) -> None:
+        """Take the master's answer to a status question sent at `sent`: kept for the node's
+        opens, and noted while HELD_NOWHERE_FOR when no worker held a byte of the file and
+        it is one block (the blocks of a larger one are fetched by several workers at once,
+        in a load: one may hold a block moments after the master said none did)."""
+        self.kept.put(info, sent)
+        file = (info.path, info.version)
+        if info.persisted and not info.is_dir and info.cached_bytes == 0 and info.length <= info.block_size:
+            self._held_nowhere[file] = True
+        else:
+            self._held_nowhere.pop(file, None)
 
     # -- what a miss may fetch ---------------------------------------------------------------
 
@@ -268,7 +290,7 @@ class BlockReads:
         # Its refusal matters only to a store fetch (which awaits it and gets it then).
         version.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            data = await self._held_elsewhere(ref, offset, length)
+            data = await self._from_peers(ref, offset, length)
         except BaseException:
             version.cancel()
             raise
@@ -282,6 +304,14 @@ class BlockReads:
         if on_store is not None:
             on_store(len(data))
         return data
+
+    async def _from_peers(self, ref: pb.BlockRef, offset: int, length: int) -> bytes | None:
+        """The bytes from a live worker holding the block (`held_elsewhere`); None at once,
+        without asking the master where the block is, for a file it said a moment ago no
+        worker holds (HELD_NOWHERE_FOR): the store serves it."""
+        if self._held_nowhere.get((ref.path, ref.version)):
+            return None
+        return await self._held_elsewhere(ref, offset, length)
 
     async def read_uncached(self, ref: pb.BlockRef, offset: int, length: int) -> bytes:
         """Bytes of a block not cached here, when the cache cannot take the block: from the
@@ -437,7 +467,7 @@ class BlockReads:
     async def _ask_status(self, path: str) -> pb.FileInfo:
         sent = time.monotonic()
         info = await self._link.file_status(path)
-        self.kept.put(info, sent)
+        self._answered(info, sent)
         return info
 
     async def open_path(self, path: str, read_type: int, *, whole_below: int, fetch: bool,

@@ -673,6 +673,33 @@ async def test_a_read_of_a_version_on_s3_is_one_conditional_get(s3_server: Any, 
         assert len(seen.requests) == 1  # the store refused it (412): not retried, no second look
 
 
+async def test_a_page_of_an_s3_folder_starts_at_the_file_asked_for(s3_server: Any, bucket: str) -> None:
+    # f10 sorts between f1 and f2: a start "just below f2" must not take f1x keys along.
+    for name in ("f0", "f1", "f10", "f2", "f3", "sub/x", "sub/y", "zz/", "../../elsewhere"):
+        s3_server.put_object(bucket, f"data/ds/{name}" if not name.startswith("..") else "outside", b"x" * 7)
+    async with Store(f"s3://{bucket}/data", s3_server.storage_options()) as store:
+        with s3_server.recording() as seen:
+            page = await store.listed_from("ds", 3, start="ds/f2")
+        assert len(seen.requests) == 1 and seen.requests[0].method == "GET"
+        assert [s.path for s in page.statuses] == ["ds/f2", "ds/f3", "ds/sub"] and not page.reaches_end
+        f2 = page.statuses[0]
+        assert (f2.is_dir, f2.length, f2.version) == (False, 7, (await store.info("ds/f2")).version)
+        assert page.statuses[2].is_dir
+        whole = await store.listed_from("ds", 1000)
+        assert [s.path for s in whole.statuses] == ["ds/f0", "ds/f1", "ds/f10", "ds/f2", "ds/f3", "ds/sub", "ds/zz"]
+        assert whole.reaches_end
+        assert [s.path for s in whole.statuses] == [s.path for s in await store.ls("ds")]
+        with pytest.raises(InvalidArgument, match="not in it"):
+            await store.listed_from("ds", 10, start="other/f2")
+        with pytest.raises(InvalidArgument, match="1 to 1000"):
+            await store.listed_from("ds", 1001)
+
+
+async def test_stores_that_list_folders_whole_have_no_pages() -> None:
+    async with Store("memory://pages-test") as store:
+        assert await store.listed_from("", 10) is None
+
+
 async def test_missing_object_is_asked_for_once(s3_server: Any, bucket: str) -> None:
     async with Store(f"s3://{bucket}", s3_server.storage_options(), retry=FAST_RETRY) as store:
         await store.check()

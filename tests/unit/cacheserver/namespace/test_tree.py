@@ -181,6 +181,35 @@ async def test_an_empty_s3_mount_lists_as_empty(s3_server: Any, bucket: str) -> 
     await table.aclose()
 
 
+async def test_a_missed_status_has_the_folder_looked_at_once_for_the_files_after_it(s3_server: Any,
+                                                                                 bucket: str) -> None:
+    names = [f"f{i}" for i in range(6)]
+    for name in names:
+        s3_server.put_object(bucket, f"data/ds/{name}", name.encode())
+    s3_server.put_object(bucket, "data/ds/sub/x", b"below")
+    table = MountTable(None)
+    table.add("/s3", f"s3://{bucket}/data", MountOptions(options=s3_server.storage_options(),
+                                                         metadata_sync_interval=300))
+    ns = Namespace(table, None, block_size=BLOCK)
+    try:
+        assert (await ns.get_status("/s3/ds/f3")).length == 2
+        await eventually(lambda: _no_looks(ns), timeout=10)
+        etags = {n: s3_server.client().head_object(Bucket=bucket, Key=f"data/ds/{n}")["ETag"].strip('"') for n in names}
+        with s3_server.recording() as seen:
+            for name in names:
+                entry = await ns.get_status(f"/s3/ds/{name}")
+                assert (entry.length, entry.version) == (len(name), etags[name])
+            assert [e.path for e in await ns.list_status("/s3/ds")] == [f"/s3/ds/{n}" for n in names] + ["/s3/ds/sub"]
+        assert seen.requests == [], [(r.method, r.url) for r in seen.requests]
+    finally:
+        await ns.close()
+        await table.aclose()
+
+
+async def _no_looks(ns: Namespace) -> bool:
+    return len(ns._looks) == 0
+
+
 # -- metadata sync intervals --------------------------------------------------------------------------
 
 
