@@ -25,11 +25,12 @@ from strata.contract.errors import (
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.urls import shown_url
 from strata.operator import constants as c
-from strata.operator.builders.common import approximate_quantity, master_endpoint
+from strata.operator.builders.common import approximate_quantity, master_endpoint, worker_name
 from strata.operator.builders.mount import build_mount_request, request_fingerprint
 from strata.operator.constants import MountPhase, Reason
 from strata.operator.kube import KubeError
 from strata.operator.models import LOCAL_SOURCE_SCHEMES, MountSpec, parse_spec, paths_overlap
+from strata.operator.reconcile.cluster import rollout_left
 from strata.operator.reconcile.common import (
     Deps,
     ObjectKey,
@@ -197,13 +198,26 @@ def _backoff(deps: Deps, retry: Retry | None, problem: Problem, now: datetime) -
     return Retry(now + timedelta(seconds=delay), failures, problem)
 
 
+async def _workers_settled(deps: Deps, namespace: str, cluster: str) -> bool:
+    """Whether every worker of the cluster runs, of its current spec: no rolling update,
+    restart or scale-in under way (a cluster with no worker StatefulSet yet has none)."""
+    statefulset = await deps.kube.get("apps/v1", "StatefulSet", namespace, worker_name(cluster))
+    if statefulset is None:
+        return True
+    ready = int((statefulset.get("status") or {}).get("readyReplicas") or 0)
+    return rollout_left(statefulset) is None and ready >= int((statefulset.get("spec") or {}).get("replicas") or 0)
+
+
 async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: ObjectState,
-                   report: pb.MountReport) -> PreloadObservation:
+                   report: pb.MountReport, namespace: str) -> PreloadObservation:
     """Load each preload path the master has no load of (never started, or the master
     restarted), and again each one that failed or whose bytes the cache no longer holds, with
     a backoff from `reconcile_interval` doubling up to PRELOAD_RETRY_MAX. What is whole is
-    left alone: an operator restart starts nothing that is already true. The master keeps
-    loading after we hang up."""
+    left alone: an operator restart starts nothing that is already true. Bytes missing while
+    a worker is away for a rolling update or a restart are not loaded again until every
+    worker is back: the worker brings its disk tiers' blocks (and its MEM tier's, moved to a
+    disk tier) back, and loading them from the store meanwhile would fetch its share again.
+    The master keeps loading after we hang up."""
     loads = {load.path: load for load in report.loads}
     now = deps.clock()
     problems: list[Problem] = []
@@ -214,6 +228,11 @@ async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: Obj
         if load is not None and trouble is None:  # running, or done and whole
             if load.done:
                 state.preload_retries.pop(path, None)
+            continue
+        if trouble is not None and trouble.reason == Reason.PRELOAD_INCOMPLETE and not await _workers_settled(
+                deps, namespace, spec.cluster):
+            problems.append(Problem(trouble.reason, f"{trouble.message} Loading it again once every worker of "
+                                    f"{spec.cluster} is back (a rolling update or a restart is under way)."))
             continue
         retry = state.preload_retries.get(path)
         if retry is not None and now < retry.at:
@@ -281,7 +300,7 @@ async def _observe(deps: Deps, body: Mapping[str, Any], spec: MountSpec, state: 
             deps.masters.invalidate(target.endpoint)
             mounted = mount_report(await deps.masters.report(target.endpoint, target.token, fresh=True), spec.path)
         if mounted is not None and spec.preload_paths():
-            preload = await _preload(deps, target, spec, state, mounted)
+            preload = await _preload(deps, target, spec, state, mounted, namespace)
     except StrataError as exc:
         state.fingerprint = None
         phase, problem = mount_problem(exc, spec, target.endpoint)
