@@ -167,5 +167,5 @@ def test_a_rolling_update_keeps_the_hot_blocks_of_the_mem_tier(
     print(f"\nrolling update of 3 workers holding a preloaded {size >> 20} MiB dataset in MEM "
           f"({held.get('MEM', 0) / 2**20:.1f} MiB MEM, {held.get('SSD', 0) / 2**20:.1f} MiB SSD): next full read "
           f"fetched {fetched / 2**20:.1f} MiB ({fetched / size:.1%}) from the store; after it the workers hold "
-          f"{_tier_bytes(strata, namespace)}")
+          f"{_tier_bytes(strata, namespace)}, store bytes by worker {_by_worker(strata, namespace, 'strata_worker_ufs_bytes_read')}")
     assert fetched <= STORE_SHARE_AFTER_ROLLING_UPDATE * size, f"{fetched} of {size} bytes fetched from the store again"
