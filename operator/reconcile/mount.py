@@ -198,14 +198,10 @@ def _backoff(deps: Deps, retry: Retry | None, problem: Problem, now: datetime) -
     return Retry(now + timedelta(seconds=delay), failures, problem)
 
 
-async def _workers_settled(deps: Deps, namespace: str, cluster: str) -> bool:
-    """Whether every worker of the cluster runs, of its current spec: no rolling update,
-    restart or scale-in under way (a cluster with no worker StatefulSet yet has none)."""
+async def _workers_rolling(deps: Deps, namespace: str, cluster: str) -> bool:
+    """Whether the cluster's workers roll out (a rolling update, a scale-in under way)."""
     statefulset = await deps.kube.get("apps/v1", "StatefulSet", namespace, worker_name(cluster))
-    if statefulset is None:
-        return True
-    ready = int((statefulset.get("status") or {}).get("readyReplicas") or 0)
-    return rollout_left(statefulset) is None and ready >= int((statefulset.get("spec") or {}).get("replicas") or 0)
+    return statefulset is not None and rollout_left(statefulset) is not None
 
 
 async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: ObjectState,
@@ -213,11 +209,10 @@ async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: Obj
     """Load each preload path the master has no load of (never started, or the master
     restarted), and again each one that failed or whose bytes the cache no longer holds, with
     a backoff from `reconcile_interval` doubling up to PRELOAD_RETRY_MAX. What is whole is
-    left alone: an operator restart starts nothing that is already true. Bytes missing while
-    a worker is away for a rolling update or a restart are not loaded again until every
-    worker is back: the worker brings its disk tiers' blocks (and its MEM tier's, moved to a
-    disk tier) back, and loading them from the store meanwhile would fetch its share again.
-    The master keeps loading after we hang up."""
+    left alone: an operator restart starts nothing that is already true. While the workers
+    roll out, nothing is loaded (again): a replaced worker brings its disk tiers' blocks (and
+    its MEM tier's, moved to a disk tier) back, and a load meanwhile would fetch its share
+    from the store again. The master keeps loading after we hang up."""
     loads = {load.path: load for load in report.loads}
     now = deps.clock()
     problems: list[Problem] = []
@@ -229,10 +224,11 @@ async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: Obj
             if load.done:
                 state.preload_retries.pop(path, None)
             continue
-        if trouble is not None and trouble.reason == Reason.PRELOAD_INCOMPLETE and not await _workers_settled(
-                deps, namespace, spec.cluster):
-            problems.append(Problem(trouble.reason, f"{trouble.message} Loading it again once every worker of "
-                                    f"{spec.cluster} is back (a rolling update or a restart is under way)."))
+        if (load is None or (trouble is not None and trouble.reason == Reason.PRELOAD_INCOMPLETE)) \
+                and await _workers_rolling(deps, namespace, spec.cluster):
+            if trouble is not None:
+                problems.append(Problem(trouble.reason, f"{trouble.message} Loading it again once the workers "
+                                        f"of {spec.cluster} have rolled out."))
             continue
         retry = state.preload_retries.get(path)
         if retry is not None and now < retry.at:
