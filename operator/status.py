@@ -104,6 +104,7 @@ class ClusterObservation:
     report: pb.ReportResponse | None = None
     workers_ready: int = 0               # ready pods of the worker StatefulSet
     worker_ids: frozenset[str] = frozenset()  # pod names the master should know
+    draining: frozenset[str] = frozenset()    # of those, the ones that drain (decommissioned meanwhile)
     scaling: Problem | None = None       # scale-in in progress or held back
     rolling: Problem | None = None       # pods not all of their StatefulSet's current spec yet
 
@@ -176,7 +177,7 @@ def _workers_condition(obs: ClusterObservation) -> tuple[Condition, bool]:
     if registered is None:
         message = f"{ready}/{desired} worker pods are ready; the master cannot be asked about them."
         return Condition(c.WORKERS_READY, False, Reason.MASTER_UNREACHABLE, message), False
-    held = decommissioned_workers(obs.report, obs.worker_ids)
+    held = decommissioned_workers(obs.report, obs.worker_ids - obs.draining)
     if held:
         message = (f"{ready}/{desired} worker pods are ready; the master holds {', '.join(held)} decommissioned "
                    "(no new blocks go there): the operator tells it they serve again.")

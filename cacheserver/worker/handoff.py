@@ -9,8 +9,12 @@ over as blocks "not in the store", so a copy that fails is never fetched from th
 instead (the hand-off never costs the store a byte). A worker killed without warning loses
 only its own blocks, as before.
 
-A worker that stops without leaving (a restart, a rolling update, an eviction) hands nothing
-off: it keeps its disk tiers' blocks where they are, and moves the blocks of its MEM tier
+Whether it leaves is asked of the master at the stop, and asked again for a few seconds
+(`HandoffSettings.notice_seconds`) while the answer is no: the operator tells the master that
+a drained node's worker leaves as the node is cordoned, at about the time the worker is
+evicted.
+
+A worker that stops without leaving (a restart, a rolling update) hands nothing off: it keeps its disk tiers' blocks where they are, and moves the blocks of its MEM tier
 (lost with the process) to a disk tier within the same budget, the most recently read first
 (BlockStore.keep_memory).
 """
@@ -42,6 +46,8 @@ LOCATE_BATCH = 256
 COPY_BATCH = 8
 # Seconds the worker list may take to refresh before the hand-off starts.
 REFRESH_TIMEOUT = 2.0
+# Seconds between two questions whether this worker leaves (HandoffSettings.notice_seconds).
+NOTICE_POLL = 0.25
 
 
 @dataclass
@@ -96,15 +102,22 @@ class Handoff:
     async def _staying(self) -> dict[str, pb.WorkerInfo]:
         """The workers that stay, by id, if this one leaves the cluster; empty if it does not
         (or the master does not say)."""
-        try:
-            await asyncio.wait_for(self._peers.refresh(), REFRESH_TIMEOUT)
-        except (StrataError, TimeoutError) as exc:
-            log.warning("not handing off cached blocks: the master did not list the workers (%s)", exc)
-            return {}
-        listed = self._peers.listed()
-        me = next((w for w in listed if w.worker_id == self._worker_id), None)
-        if me is None or not me.decommissioning:
-            return {}  # a restart: its disk tiers keep their blocks
+        asked_until = time.monotonic() + self.settings.notice_seconds
+        while True:
+            try:
+                await asyncio.wait_for(self._peers.refresh(), REFRESH_TIMEOUT)
+            except (StrataError, TimeoutError) as exc:
+                log.warning("not handing off cached blocks: the master did not list the workers (%s)", exc)
+                return {}
+            listed = self._peers.listed()
+            me = next((w for w in listed if w.worker_id == self._worker_id), None)
+            if me is None:
+                return {}
+            if me.decommissioning:
+                break
+            if time.monotonic() >= asked_until:
+                return {}  # a restart: its disk tiers keep their blocks
+            await asyncio.sleep(NOTICE_POLL)
         staying = {w.worker_id: w for w in listed if w.worker_id != self._worker_id and not w.decommissioning}
         if not staying:
             log.warning("not handing off cached blocks: no worker stays in the cluster")

@@ -88,3 +88,8 @@ class HandoffSettings(EnvironmentSettings):
     # Bytes a second sent to the workers that stay, so that a hand-off leaves them room to
     # serve their readers.
     bytes_per_second: int = Field(default=256 * 1024 * 1024, gt=0)
+    # Seconds a stopping worker the master does not list as leaving asks again before it takes
+    # its stop for a restart: the operator tells the master of a drain as the node is
+    # cordoned, which races the eviction that stops the worker. A restart waits this long
+    # more (a part of the grace period); 0 asks once.
+    notice_seconds: float = Field(default=3.0, ge=0)

@@ -2,16 +2,16 @@
 
 `register(registry, settings)` adds them all to a kopf registry. One module per concern:
 lifecycle (startup, cleanup, kopf settings), cluster, mount, warmup (the pods the warm-up
-gate holds), admission (the locality webhook and the warm-up gate it sets, on when
-STRATA_OPERATOR_WEBHOOK_ENABLED) and metrics (/metrics, on when
-STRATA_OPERATOR_METRICS_PORT is set).
+gate holds), drain (cordoned nodes and evicted worker pods), admission (the locality
+webhook and the warm-up gate it sets, on when STRATA_OPERATOR_WEBHOOK_ENABLED) and metrics
+(/metrics, on when STRATA_OPERATOR_METRICS_PORT is set).
 """
 
 from __future__ import annotations
 
 import kopf
 
-from strata.operator.handlers import admission, cluster, lifecycle, metrics, mount, warmup
+from strata.operator.handlers import admission, cluster, drain, lifecycle, metrics, mount, warmup
 from strata.operator.settings import MetricsSettings, OperatorSettings, WebhookSettings
 
 
@@ -31,6 +31,7 @@ def register(
     collectors.register(phases)
     mount.register(registry, settings, phases)
     warmup.register(registry, settings)
+    drain.register(registry)
     admission.register(registry, webhook or WebhookSettings(), admission.AdmissionMetrics(collectors),
                        settings.namespace)
     metrics.register(registry, metrics_settings or MetricsSettings(), collectors)

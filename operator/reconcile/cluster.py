@@ -159,16 +159,20 @@ async def _tell_master(deps: Deps, cluster: Cluster, endpoint: str, token: str,
                        report: pb.ReportResponse | None) -> tuple[Cluster, Problem | None]:
     """Tell the master which workers leave and which serve, before the worker StatefulSet
     changes size. A scale-in names the leaving workers first, so the master places no new
-    blocks there; if it cannot be told, the current size stays. A scale-out, and any worker
-    the master still holds decommissioned, names the workers wanted (the same names come
-    back after a scale-in). Told again while pods of a scale-in still stop: a master that
-    restarted meanwhile knows it too."""
+    blocks there; if it cannot be told, the current size stays. A worker that drains (its
+    node cordoned, its pod evicted: strata.operator.drain) leaves too, until no pod of it
+    drains. A scale-out, and any worker the master still holds decommissioned, names the
+    workers wanted (the same names come back after a scale-in or a drain). Told again while
+    pods of a scale-in still stop, and while a worker drains: a master that restarted
+    meanwhile knows it too."""
     statefulset = await deps.kube.get("apps/v1", "StatefulSet", cluster.ref.namespace, worker_name(cluster.ref.name))
     current = _replicas(statefulset)
     pods = int(((statefulset or {}).get("status") or {}).get("replicas") or 0)
     desired = cluster.spec.worker.replicas
-    leaving = worker_pod_names(cluster.ref.name, range(desired, max(current, pods)))
-    serving = worker_pod_names(cluster.ref.name, range(desired))
+    wanted = worker_pod_names(cluster.ref.name, range(desired))
+    draining = [w for w in deps.drains.draining(cluster.ref.namespace, cluster.ref.name) if w in wanted]
+    leaving = worker_pod_names(cluster.ref.name, range(desired, max(current, pods))) + draining
+    serving = [w for w in wanted if w not in draining]
     held = decommissioned_workers(report, serving)
     growing = statefulset is not None and desired > current
     if not (leaving or growing or held):
@@ -180,8 +184,8 @@ async def _tell_master(deps: Deps, cluster: Cluster, endpoint: str, token: str,
             message = (f"Cannot tell the master at {endpoint} that workers {', '.join(leaving)} leave ({exc}); "
                        f"keeping {current} workers until it answers.")
             return _with_workers(cluster, current), Problem(Reason.DECOMMISSION_FAILED, message)
-        message = (f"Cannot tell the master at {endpoint} that workers {', '.join(held or serving)} serve "
-                   f"({exc}); telling it again until it answers.")
+        told = f"workers {', '.join(held or serving)} serve" + (f" and {', '.join(leaving)} leave" if leaving else "")
+        message = f"Cannot tell the master at {endpoint} that {told} ({exc}); telling it again until it answers."
         return cluster, Problem(Reason.DECOMMISSION_FAILED, message)
     if desired < current:
         log.info("decommissioned workers %s of %s/%s", leaving, cluster.ref.namespace, cluster.ref.name)
@@ -189,6 +193,28 @@ async def _tell_master(deps: Deps, cluster: Cluster, endpoint: str, token: str,
         log.info("workers %s of %s/%s are wanted again: told the master", held, cluster.ref.namespace,
                  cluster.ref.name)
     return cluster, None
+
+
+async def tell_master_of_drain(deps: Deps, namespace: str, name: str) -> None:
+    """Tell the master of cluster `namespace/name` at once that its workers that drain now
+    leave (a drain evicts the worker within a second of the cordon: the worker asks the
+    master at its stop whether it leaves). The cluster's reconcile tells it again; a
+    failure here is only logged."""
+    draining = deps.drains.draining(namespace, name)
+    if not draining:
+        return
+    endpoint = master_endpoint(name, namespace, deps.settings.cluster_domain)
+    try:
+        token = (await read_secret_tokens(deps, namespace, name)).get(c.TOKEN_KEY)
+        if token is None:
+            return  # no master has been given a token yet: nothing to tell
+        await deps.masters.client(endpoint, token).decommission(draining)
+    except (StrataError, KubeError) as exc:
+        log.warning("cannot tell the master at %s that the draining workers %s leave: %s", endpoint,
+                    ", ".join(draining), exc)
+        return
+    log.info("workers %s of %s/%s drain (node cordoned or pod evicted): told the master they leave",
+             draining, namespace, name)
 
 
 def secrets_grant_advice(settings: OperatorSettings, namespace: str, exc: KubeError) -> str:
@@ -216,6 +242,7 @@ async def _observe(deps: Deps, cluster: Cluster, key: ObjectKey, endpoint: str) 
         desired_workers=cluster.spec.worker.replicas,
         endpoint=endpoint,
         worker_ids=frozenset(worker_pod_names(name, range(cluster.spec.worker.replicas))),
+        draining=frozenset(deps.drains.draining(ns, name)),
     )
     try:
         tokens = await _ensure_master(deps, cluster)

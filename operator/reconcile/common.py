@@ -13,6 +13,7 @@ from typing import Any
 
 from strata.operator import constants as c
 from strata.operator.builders.common import auth_name
+from strata.operator.drain import Drains
 from strata.operator.kube import KubeAPI
 from strata.operator.master import Masters
 from strata.operator.settings import OperatorSettings
@@ -31,6 +32,8 @@ class Deps:
     masters: Masters
     settings: OperatorSettings
     clock: Callable[[], datetime] = utcnow
+    # The workers that drain (their node cordoned, their pod evicted), from the watches.
+    drains: Drains = field(default_factory=Drains)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,12 @@ from strata.contract.errors import (
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.urls import shown_url
 from strata.operator import constants as c
-from strata.operator.builders.common import approximate_quantity, master_endpoint
+from strata.operator.builders.common import approximate_quantity, master_endpoint, worker_name
 from strata.operator.builders.mount import build_mount_request, request_fingerprint
 from strata.operator.constants import MountPhase, Reason
 from strata.operator.kube import KubeError
 from strata.operator.models import LOCAL_SOURCE_SCHEMES, MountSpec, parse_spec, paths_overlap
+from strata.operator.reconcile.cluster import rollout_left
 from strata.operator.reconcile.common import (
     Deps,
     ObjectKey,
@@ -201,13 +202,22 @@ def _backoff(deps: Deps, retry: Retry | None, problem: Problem, now: datetime) -
     return Retry(now + timedelta(seconds=delay), failures, problem)
 
 
+async def _workers_rolling(deps: Deps, namespace: str, cluster: str) -> bool:
+    """Whether the cluster's workers roll out (a rolling update, a scale-in under way)."""
+    statefulset = await deps.kube.get("apps/v1", "StatefulSet", namespace, worker_name(cluster))
+    return statefulset is not None and rollout_left(statefulset) is not None
+
+
 async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: ObjectState,
                    report: pb.MountReport, body: Mapping[str, Any]) -> PreloadObservation:
     """Start the scheduled run when it is due (see `schedule`). Load each preload path the
     master has no load of (never started, or the master restarted), and again each one that
     failed or whose bytes the cache no longer holds, with a backoff from `reconcile_interval`
     doubling up to PRELOAD_RETRY_MAX. What is whole is left alone: an operator restart starts
-    nothing that is already true. The master keeps loading after we hang up."""
+    nothing that is already true. While the workers roll out, nothing is loaded again: a
+    replaced worker brings its disk tiers' blocks (and its MEM tier's, moved to a disk tier)
+    back, and a load meanwhile would fetch its share from the store again. The master keeps
+    loading after we hang up."""
     loads = {load.path: load for load in report.loads}
     before = (body.get("status") or {}).get("preload") or {}
     next_run = await run_when_due(deps, target.endpoint, target.token, spec, state, loads, before,
@@ -221,6 +231,12 @@ async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: Obj
         if load is not None and trouble is None:  # running, or done and whole
             if load.done:
                 state.preload_retries.pop(path, None)
+            continue
+        if (load is None or (trouble is not None and trouble.reason == Reason.PRELOAD_INCOMPLETE)) \
+                and await _workers_rolling(deps, namespace, spec.cluster):
+            if trouble is not None:
+                problems.append(Problem(trouble.reason, f"{trouble.message} Loading it again once the workers "
+                                        f"of {spec.cluster} have rolled out."))
             continue
         retry = state.preload_retries.get(path)
         if retry is not None and now < retry.at:

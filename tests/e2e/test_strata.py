@@ -615,11 +615,16 @@ def _exec_python(cluster: Cluster, namespace: str, pod: str, code: str, containe
     return cluster.kubectl(*args)
 
 
-def _worker_metrics(cluster: Cluster, namespace: str, pod: Obj) -> dict[str, float]:
-    """The worker's Prometheus counters, read inside its container (as a person would)."""
+def _worker_metrics_text(cluster: Cluster, namespace: str, pod: Obj) -> str:
+    """The worker's /metrics page, read inside its container (as a person would)."""
     port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", []) if p.get("name") == "http")
-    text = _exec_python(cluster, namespace, pod["metadata"]["name"],
+    return _exec_python(cluster, namespace, pod["metadata"]["name"],
                         f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())")
+
+
+def _worker_metrics(cluster: Cluster, namespace: str, pod: Obj) -> dict[str, float]:
+    """The worker's Prometheus counters by name (of a labelled family, its last sample)."""
+    text = _worker_metrics_text(cluster, namespace, pod)
     out = {}
     for line in text.splitlines():
         if line.startswith("strata_worker_") and " " in line:
@@ -784,6 +789,16 @@ def test_deleting_the_auth_secret_changes_nothing_running(
     _steady_result(strata, namespace, "steady")
 
 
+def drain_node(cluster: Cluster, namespace: str, node: str, moved: list[str]) -> None:
+    """`kubectl drain` of `node`; returns once the pods `moved` (of `namespace`) run again on
+    another node, Ready. The caller uncordons the node."""
+    cluster.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s")
+    wait_until(lambda: all((p := cluster.get_or_none("pod", n, namespace)) and pod_ready(p)
+                           and p["spec"]["nodeName"] != node for n in moved),
+               timeout=240, what=f"pods {moved} to run again on another node",
+               diagnose=lambda: cluster.describe_pods(namespace))
+
+
 def test_drained_node_moves_pods_and_readers_keep_reading(
     strata: Cluster, namespace: str, s3: dict[str, str], dataset: dict[str, bytes]
 ) -> None:
@@ -802,11 +817,7 @@ def test_drained_node_moves_pods_and_readers_keep_reading(
     strata.kubectl("wait", "--for=condition=Ready", "pod/steady", "-n", namespace, "--timeout=120s")
     moved = [w["metadata"]["name"] for w in workers if w["spec"]["nodeName"] == drained]
     try:
-        strata.kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s")
-        wait_until(lambda: all((p := strata.get_or_none("pod", n, namespace)) and pod_ready(p)
-                               and p["spec"]["nodeName"] != drained for n in moved),
-                   timeout=240, what=f"workers {moved} to run again on another node",
-                   diagnose=lambda: strata.describe_pods(namespace))
+        drain_node(strata, namespace, drained, moved)
         wait_ready(strata, namespace)
         # The reader goes on reading with its workers on other nodes: a few more rounds, then stop.
         done = _rounds(strata, namespace, "steady")

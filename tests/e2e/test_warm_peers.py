@@ -42,15 +42,22 @@ def _read_on(cluster: Cluster, namespace: str, names: list[str], nodes: list[str
             assert out[key] == hashlib.sha256(body).hexdigest(), (name, key)
 
 
-def preloaded_dataset(cluster: Cluster, namespace: str, s3: dict[str, str], name: str) -> dict[str, bytes]:
+def preloaded_dataset(cluster: Cluster, namespace: str, s3: dict[str, str], name: str,
+                      tiers: list[Obj] | None = None) -> dict[str, bytes]:
     """16 files of 2 MiB (1 MiB blocks) in bucket `e2e-<name>`, mounted with a preload on a
-    cluster of 3 workers, once the preload has cached the whole dataset; the files by key."""
+    cluster of 3 workers (the fixture's tiers unless `tiers` are given) once all of them
+    serve, so each holds its share, and once the preload has cached the whole dataset; the
+    files by key."""
     files = {f"{name}/part-{i:02d}.bin": _big_file(2 << 20, f"{name}{i}") for i in range(16)}
     _bucket(s3, f"e2e-{name}", files)
     secret, mount = s3_mount(s3, bucket=f"e2e-{name}")
     mount["spec"]["preload"] = {"onCreate": True}
-    cluster.apply([cache_cluster(workers=3), secret, mount], namespace)
+    cc = cache_cluster(workers=3)
+    if tiers is not None:
+        cc["spec"]["tiers"] = tiers
+    cluster.apply(cc, namespace)
     wait_ready(cluster, namespace)
+    cluster.apply([secret, mount], namespace)
 
     def preloaded() -> Obj | None:
         m = cluster.get("mount", "data", namespace)

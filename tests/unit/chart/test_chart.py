@@ -158,12 +158,14 @@ def test_namespaced_mode(render: Render) -> None:
         (NAMESPACE, "strata-csi-node-tokens"), (NAMESPACE, "strata-operator-self"),
         ("team-a", "strata-csi-node"), ("team-a", "strata-operator"), ("team-a", "strata-uninstall"),
         ("team-b", "strata-csi-node"), ("team-b", "strata-operator"), ("team-b", "strata-uninstall")]
-    # Only the read-only discovery rules and the patch of the webhook's own configuration are
-    # bound cluster-wide; the tenant role (Secrets) is bound in the watched namespaces only.
+    # Only the read-only discovery and node rules and the patch of the webhook's own
+    # configuration are bound cluster-wide; the tenant role (Secrets) is bound in the watched
+    # namespaces only.
     bound = {b["roleRef"]["name"] for b in objs if b["kind"] == "ClusterRoleBinding"}
     cluster_roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] in bound}
-    assert sorted(cluster_roles) == ["strata-operator-discovery", "strata-operator-webhook"]
-    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cluster_roles["strata-operator-discovery"]["rules"])
+    assert sorted(cluster_roles) == ["strata-operator-discovery", "strata-operator-nodes", "strata-operator-webhook"]
+    for name in ("strata-operator-discovery", "strata-operator-nodes"):
+        assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cluster_roles[name]["rules"])
     assert cluster_roles["strata-operator-webhook"]["rules"] == [{
         "apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
         "resourceNames": ["strata-locality"], "verbs": ["patch"]}]

@@ -154,10 +154,12 @@ def operator_requests(recorded: RecordingKube) -> set[Request]:
 # kopf, as configured in operator/handlers/lifecycle.py: it watches CacheClusters and Mounts
 # and patches their finalizers and annotations, posts Events (warnings), and keeps alive in
 # its peering object; it scans CRDs (and, when not cluster-wide, namespaces); it lists and
-# watches pods for the warm-up gate's index (operator/handlers/warmup.py).
+# watches pods for the warm-up gate's index (operator/handlers/warmup.py) and the drain
+# (operator/handlers/drain.py), which also watches nodes (cluster-scoped: NODES).
 KOPF_REQUESTS: set[Request] = {
     (verb, c.GROUP, plural) for verb in ("list", "watch", "patch") for plural in (c.CACHE_CLUSTER_PLURAL, c.MOUNT_PLURAL)
 } | {("create", "", "events"), ("list", "", "pods"), ("watch", "", "pods")}
+NODES = {("list", "", "nodes"), ("watch", "", "nodes")}
 PEERING_VERBS = ("list", "watch", "patch")  # kopf never GETs it (the API server's audit log shows)
 DISCOVERY = {("list", "apiextensions.k8s.io", "customresourcedefinitions"),
              ("watch", "apiextensions.k8s.io", "customresourcedefinitions")}
@@ -243,7 +245,7 @@ async def test_cluster_wide_rbac_is_exactly_what_the_operator_does(render: Rende
     """Every request is allowed where it goes (Secrets in a namespace that granted them, the
     CSI tokens Secret at home), and every grant is used by some request."""
     objs = render({"rbac.tenantNamespaces": f"{{{TENANT}}}"})
-    kopf = KOPF_REQUESTS | {(v, "kopf.dev", "clusterkopfpeerings") for v in PEERING_VERBS} | DISCOVERY
+    kopf = KOPF_REQUESTS | {(v, "kopf.dev", "clusterkopfpeerings") for v in PEERING_VERBS} | DISCOVERY | NODES
     assert not unallowed(objs, "strata-operator", recorded.placed)
     assert not missing(bound_rules(objs, "strata-operator", None), kopf)
     assert not unused(objs, "strata-operator", recorded.placed, kopf)
@@ -259,11 +261,11 @@ async def test_namespaced_rbac_is_exactly_it_in_each_watched_namespace(render: R
     for namespace in (TENANT, "team-b"):
         assert not missing(bound_rules(objs, "strata-operator", namespace), kopf), namespace
     assert not unallowed(objs, "strata-operator", recorded.placed)
-    assert not unused(objs, "strata-operator", recorded.placed, kopf | DISCOVERY | NAMESPACE_DISCOVERY)
+    assert not unused(objs, "strata-operator", recorded.placed, kopf | DISCOVERY | NAMESPACE_DISCOVERY | NODES)
     namespaced = recorded.requests | kopf
     assert missing(bound_rules(objs, "strata-operator", "elsewhere"), namespaced) == sorted(namespaced)
-    assert not missing(cluster_rules, NAMESPACE_DISCOVERY | DISCOVERY)
-    # Nothing beyond discovery is granted cluster-wide.
+    assert not missing(cluster_rules, NAMESPACE_DISCOVERY | DISCOVERY | NODES)
+    # Nothing beyond discovery and the nodes is granted cluster-wide.
     assert missing(cluster_rules, namespaced) == sorted(namespaced)
 
 
@@ -272,15 +274,18 @@ def _uninstall_hook(obj: Obj) -> bool:
 
 
 def test_rbac_grants_no_more_than_it_needs(render: Render) -> None:
-    """No wildcards, no deletes, no nodes, pods only as the warm-up gate needs them, and write
-    access only to what the operator applies (the uninstall hook's delete is checked below)."""
+    """No wildcards, no deletes, nodes only read (the drain), pods only as the warm-up gate
+    needs them, and write access only to what the operator applies (the uninstall hook's
+    delete is checked below)."""
     for obj in render():
         if _uninstall_hook(obj):
             continue
         for rule in obj.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
             assert not {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"} & set(rule["verbs"])
-            assert not {"nodes", "persistentvolumes"} & set(rule["resources"]), rule
+            assert "persistentvolumes" not in rule["resources"], rule
+            if "nodes" in rule["resources"]:
+                assert rule["resources"] == ["nodes"] and rule["verbs"] == ["list", "watch"], rule
             if "pods" in rule["resources"]:
                 assert rule["resources"] == ["pods"] and rule["verbs"] == ["get", "list", "watch", "patch"], rule
 

@@ -7,8 +7,10 @@ from typing import Any
 
 import grpc
 
+from strata.operator.drain import WorkerPod
 from strata.operator.kube import KubeError
 from strata.operator.reconcile import reconcile_cluster
+from strata.operator.reconcile.cluster import tell_master_of_drain
 from tests.unit.operator.conftest import World, cluster_body, set_ready, worker_report
 
 
@@ -222,6 +224,45 @@ async def test_scale_out_decommissions_nothing_and_names_the_workers_wanted(worl
     assert list(told.worker_ids) == []
     assert list(told.serving) == [f"demo-worker-{i}" for i in range(4)]
     assert world.kube.obj("StatefulSet", "demo-worker")["spec"]["replicas"] == 4
+
+
+async def test_a_draining_worker_is_told_to_leave_and_serves_again_once_its_pod_runs_elsewhere(world: World) -> None:
+    """`kubectl drain` of demo-worker-1's node: the operator tells the master at once that the
+    worker leaves (so its stop hands its blocks off), the cluster's reconcile keeps telling
+    it (never that it serves) and stays Ready; once its next pod runs on another node the
+    name serves again."""
+    await ready_cluster(world, workers=3, spec={"worker": {"replicas": 3}})
+    drains = world.deps.drains
+    for i, node in enumerate(("node-1", "node-2", "node-3")):
+        drains.pod_changed(WorkerPod(f"uid-{i}", "ns", "demo", f"demo-worker-{i}", node, disrupted=False))
+    world.master.state.calls.clear()
+    assert drains.node_changed("node-2", True) == [("ns", "demo")]
+    await tell_master_of_drain(world.deps, "ns", "demo")
+    (told,) = [req for name, req in world.master.state.calls if name == "DecommissionWorkers"]
+    assert (list(told.worker_ids), list(told.serving)) == (["demo-worker-1"], [])
+
+    world.master.state.workers[1].worker.decommissioning = True
+    out = await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    assert out.done, out.message  # a drain is no fault of the cluster's
+    told = [req for name, req in world.master.state.calls if name == "DecommissionWorkers"][-1]
+    assert list(told.worker_ids) == ["demo-worker-1"]
+    assert list(told.serving) == ["demo-worker-0", "demo-worker-2"]
+    assert world.kube.obj("StatefulSet", "demo-worker")["spec"]["replicas"] == 3
+
+    drains.pod_gone("uid-1")
+    drains.pod_changed(WorkerPod("uid-1b", "ns", "demo", "demo-worker-1", "node-3", disrupted=False))
+    await reconcile_cluster(world.deps, world.kube.obj("CacheCluster", "demo"))
+    told = [req for name, req in world.master.state.calls if name == "DecommissionWorkers"][-1]
+    assert list(told.worker_ids) == []
+    assert list(told.serving) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+
+
+async def test_a_drain_the_master_cannot_be_told_of_is_only_logged(world: World) -> None:
+    await ready_cluster(world)
+    world.deps.drains.pod_changed(WorkerPod("uid-0", "ns", "demo", "demo-worker-0", "node-1", disrupted=True))
+    world.master.state.decommission_error = (grpc.StatusCode.UNAVAILABLE, "restarting")
+    await tell_master_of_drain(world.deps, "ns", "demo")  # no exception: the reconcile tells it again
+    await tell_master_of_drain(world.deps, "ns", "absent")  # no such cluster: nothing to tell
 
 
 async def test_invalid_spec_stalls_without_applying(world: World) -> None:

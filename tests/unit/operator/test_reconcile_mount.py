@@ -343,6 +343,39 @@ async def test_a_preload_the_cache_lost_is_loaded_again(world: World) -> None:
     assert [n.reason for n in out.notes] == ["PreloadIncomplete"]
 
 
+async def test_a_preload_a_rolling_update_takes_bytes_of_is_loaded_again_only_once_every_worker_is_back(
+        world: World) -> None:
+    """While a worker is away for a rolling update, the preload's bytes it holds are missing;
+    loading them from the store then fetches its share again, which the worker brings back
+    on its disk tier. Before: loaded again at once. A master restarted in the same update
+    (it has no load) gets the preload once the workers have rolled out."""
+    ready_cluster(world)
+    world.kube.put({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "demo-worker", "generation": 2},
+                    "spec": {"replicas": 3},
+                    "status": {"observedGeneration": 2, "replicas": 3, "readyReplicas": 3, "updatedReplicas": 3,
+                               "currentRevision": "r1", "updateRevision": "r1"}})
+    world.kube.put(mount_body(preload={"onCreate": True}))
+    state = ObjectState()
+    await reconcile(world, state)
+    master = world.master.state
+    assert master.count("Load") == 1
+    world.kube.obj("StatefulSet", "demo-worker")["status"].update(
+        readyReplicas=2, updatedReplicas=1, updateRevision="r2")  # a rolling update under way
+    master.set_load("/datasets/a", bytes_loaded=3 << 20, bytes_total=3 << 20, files_loaded=1, files_total=1,
+                    done=True, bytes_cached=2 << 20)  # the worker being replaced holds 1Mi of it
+    await reconcile(world, state)
+    assert master.count("Load") == 1
+    preloaded = condition(world.kube.obj("Mount", "data")["status"], "Preloaded")
+    assert preloaded["reason"] == "PreloadIncomplete" and "once the workers of demo have rolled out" in preloaded["message"]
+    master.set_load("/datasets/a")  # the master restarted too: it knows no load
+    await reconcile(world, state)
+    assert master.count("Load") == 1
+    world.kube.obj("StatefulSet", "demo-worker")["status"].update(
+        readyReplicas=3, updatedReplicas=3, currentRevision="r2")  # rolled out
+    await reconcile(world, state)
+    assert master.count("Load") == 2
+
+
 async def test_a_restarted_master_gets_the_preload_again(world: World) -> None:
     """A master restart keeps the mount (journal) but not its loads: the old operator never
     preloaded again until it restarted itself."""

@@ -3,6 +3,7 @@ behind a real gRPC server, a real master and a real S3 store (moto)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -27,8 +28,10 @@ Serve = Callable[[str], Awaitable[WorkerParts]]
 
 @pytest.fixture
 async def serve(cluster: Cluster) -> AsyncIterator[Serve]:
-    """Workers' parts each behind a real gRPC server, registered at its port."""
+    """Workers' parts each behind a real gRPC server, registered at its port and heartbeating
+    (as a running worker does: the master forgets a silent one within a second)."""
     servers: list[grpc.aio.Server] = []
+    beating: list[asyncio.Task[None]] = []
 
     async def start(name: str) -> WorkerParts:
         parts = await cluster.worker(name, register=False)
@@ -40,10 +43,14 @@ async def serve(cluster: Cluster) -> AsyncIterator[Serve]:
         servers.append(server)
         parts.membership.listening(Endpoints(port=port, http_port=1, data_port=1))
         await parts.membership.register()
+        beating.append(asyncio.create_task(parts.membership.heartbeat_loop()))
         return parts
 
     await cluster.mount()
     yield start
+    for task in beating:
+        task.cancel()
+    await asyncio.gather(*beating, return_exceptions=True)
     for server in servers:
         await server.stop(0)
 
@@ -82,8 +89,27 @@ async def test_a_worker_scaled_in_hands_its_blocks_to_the_worker_that_stays_not_
 async def test_a_worker_that_restarts_keeps_its_blocks_and_hands_nothing_off(
         cluster: Cluster, serve: Serve) -> None:
     leaving, staying, _ = await leaving_with_the_file(cluster, serve)
+    leaving.handoff.settings = HandoffSettings(notice_seconds=0.5)
+    started = time.monotonic()
     assert await leaving.handoff.run() is None  # not decommissioned: a restart or an update
+    assert time.monotonic() - started >= 0.5  # asked until its notice time was over
     assert held(staying) == set()
+
+
+async def test_a_worker_told_to_leave_just_after_its_stop_signal_hands_its_blocks_off(
+        cluster: Cluster, serve: Serve) -> None:
+    """A drain: the operator tells the master as the node is cordoned, at about the time the
+    worker is evicted; the worker asks again within its notice time."""
+    leaving, staying, _ = await leaving_with_the_file(cluster, serve)
+    leaving.handoff.settings = HandoffSettings(notice_seconds=5)
+    stopping = asyncio.create_task(leaving.handoff.run())
+    await asyncio.sleep(1)
+    assert not stopping.done()
+    await decommission(cluster, "w1")
+    result = await asyncio.wait_for(stopping, 10)
+    assert result is not None and result.blocks == BLOCKS
+    assert held(staying) == set(range(BLOCKS))
+    assert staying.reads.counters.ufs_bytes_read == 0
 
 
 async def test_blocks_another_worker_holds_are_left_alone(cluster: Cluster, serve: Serve) -> None:

@@ -21,6 +21,7 @@ def test_defaults() -> None:
             uploads.drain_timeout) == (0.5, 5.0, 60.0, 1 << 20, 20.0)
     assert uploads.timeout_for(4 << 20) == 64.0
     assert (HandoffSettings().seconds, HandoffSettings().bytes_per_second) == (20.0, 256 << 20)
+    assert HandoffSettings().notice_seconds == 3.0
 
 
 def test_the_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,11 +30,13 @@ def test_the_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATA_UPLOAD_DRAIN_TIMEOUT", "5")
     monkeypatch.setenv("STRATA_UPLOAD_MIN_BYTES_PER_SECOND", "1024")
     monkeypatch.setenv("STRATA_WORKER_HANDOFF_SECONDS", "0")
+    monkeypatch.setenv("STRATA_WORKER_HANDOFF_NOTICE_SECONDS", "0.5")
     assert PeerSettings().peer_wait == 0.5
     assert MasterLinkSettings().master_wait == 0.0
     uploads = UploadSettings()
     assert (uploads.drain_timeout, uploads.min_bytes_per_second) == (5.0, 1024)
     assert HandoffSettings().seconds == 0.0
+    assert HandoffSettings().notice_seconds == 0.5
 
 
 @pytest.mark.parametrize("model,name,value,message", [
