@@ -55,6 +55,8 @@ class Counters:
     bytes_served: int = 0
     short_circuit_reads: int = 0
     data_port_reads: int = 0
+    # Opens answered in a block socket's thread from a kept status and block (worker/keptopens.py).
+    kept_opens: int = 0
     # Short-circuit readers that found a bad checksum in a block file and asked for a check.
     short_circuit_rechecks: int = 0
     # Misses served by a copy from the worker holding the block (not fetched from the store).
@@ -447,14 +449,27 @@ class BlockReads:
                 if not (fetch and ref.in_store):
                     return info, None
                 if as_file:
-                    return info, await self.short_circuit(ref, read_type, verify=False)
-                source = await self.read_source(ref, read_type, offset=0, length=0, readahead=0)
+                    source = await self.short_circuit(ref, read_type, verify=False)
+                else:
+                    source = await self.read_source(ref, read_type, offset=0, length=0, readahead=0)
         except StrataError as exc:
             log.debug("open of %s: its block left to the reader: %s", path, exc)
             return info, None
         if not as_file:
             self.counters.data_port_reads += 1
+        if not read_type and source.fd >= 0:
+            await self._keep_block(info, ref)
         return info, source
+
+    async def _keep_block(self, info: pb.FileInfo, ref: pb.BlockRef) -> None:
+        """Keep where the file's block lies with its kept status, for the next opens of it
+        (worker/keptopens.py), unless its reads move it between tiers (CACHE_PROMOTE)."""
+        mount = await self.mounts.get(ref.mount_id)
+        if effective_read_type(pb.READ_TYPE_UNSPECIFIED, mount, self.config) == pb.CACHE_PROMOTE:
+            return
+        block = self.store.lookup(key_of(ref))
+        if block is not None:
+            self.kept.hold_block(info, block)
 
     async def _held_source(self, ref: pb.BlockRef, read_type: int, *, as_file: bool) -> BlockSource | None:
         """The whole block's open file when this worker holds it and its hit needs nothing

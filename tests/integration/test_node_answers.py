@@ -115,30 +115,64 @@ def test_a_file_changed_in_the_store_is_seen_new_after_the_freshness_interval(
         assert again["/ro/f.bin"][0] == zlib.crc32(b"the second, longer version"), host
 
 
+def cached_on_ssd(start_cluster: Any, bucket: str, tmp_path: Path, count: int) -> tuple[Cluster, Path, dict[str, int]]:
+    """A worker with one SSD tier (its folder) and a read-only mount /ds of `count` files
+    (the CRC-32 of each by path)."""
+    ssd = tmp_path / "ssd"
+    cluster: Cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "64Mi", "dirs": [str(ssd)]}])
+    files = dataset(cluster, bucket, count)
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
+    return cluster, ssd, {path: zlib.crc32(data) for path, data in files.items()}
+
+
+def damage_blocks(tier: Path) -> None:
+    """Flip a byte in the middle of every block file of the tier folder."""
+    for block in sorted(tier.glob("*.blk")):
+        with open(block, "r+b") as f:
+            f.seek(block.stat().st_size // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+
 @pytest.mark.parametrize("host", [SHORT_CIRCUIT, REMOTE], ids=["short-circuit", "remote"])
 def test_a_damaged_block_the_node_answers_with_is_never_returned(
         start_cluster: Any, bucket: str, tmp_path: Path, host: str) -> None:
-    ssd = tmp_path / "ssd"
-    cluster: Cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "64Mi", "dirs": [str(ssd)]}])
-    files = dataset(cluster, bucket, 3)
-    paths = sorted(files)
-    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
-    expected = {path: zlib.crc32(data) for path, data in files.items()}
+    cluster, ssd, expected = cached_on_ssd(start_cluster, bucket, tmp_path, 3)
+    paths = sorted(expected)
     assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # cached
 
-    def damage() -> None:
-        for block in sorted(ssd.glob("*.blk")):
-            with open(block, "r+b") as f:
-                f.seek(block.stat().st_size // 2)
-                byte = f.read(1)
-                f.seek(-1, os.SEEK_CUR)
-                f.write(bytes([byte[0] ^ 0xFF]))
-
-    damage()  # the store still has the files: the damaged copies are fetched again
+    damage_blocks(ssd)  # the store still has the files: the damaged copies are fetched again
     assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected
     assert cluster.worker_metric(0, "strata_worker_corrupt_blocks") >= len(paths)
-    damage()  # and now the store has lost them: an error, never the damaged bytes
+    damage_blocks(ssd)  # and now the store has lost them: an error, never the damaged bytes
     for path in paths:
         cluster.s3.client().delete_object(Bucket=bucket, Key=path.removeprefix("/ds/"))
     for path, (got, _) in load(cluster, host, paths, tmp_path).items():
         assert isinstance(got, str), f"{path}: bytes returned from a damaged copy whose object is gone"
+
+
+def kept_opens(cluster: Cluster) -> float:
+    return cluster.worker_metric(0, "strata_worker_kept_opens")
+
+
+@pytest.mark.parametrize("host", [SHORT_CIRCUIT, REMOTE], ids=["short-circuit", "remote"])
+def test_the_worker_answers_warm_opens_in_its_socket_thread_and_a_damaged_block_is_still_caught(
+        start_cluster: Any, bucket: str, tmp_path: Path, host: str) -> None:
+    """A file the worker served before is opened by the next new process from the kept status
+    and block alone (worker/keptopens.py), with no master request; the reader still checks
+    every byte, so a block file damaged on the node's disk is caught on that path and the
+    store's bytes are read instead."""
+    cluster, ssd, expected = cached_on_ssd(start_cluster, bucket, tmp_path, 6)
+    paths = sorted(expected)
+    assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # epoch 1: cold
+    asked, before = get_status_requests(cluster), kept_opens(cluster)
+    assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # epoch 2: warm
+    assert kept_opens(cluster) - before == len(paths)
+    assert get_status_requests(cluster) == asked
+
+    damage_blocks(ssd)
+    corrupt, before = cluster.worker_metric(0, "strata_worker_corrupt_blocks"), kept_opens(cluster)
+    assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # epoch 3: checked
+    assert kept_opens(cluster) - before == len(paths)  # the damaged files were handed out by the new path...
+    assert cluster.worker_metric(0, "strata_worker_corrupt_blocks") - corrupt == len(paths)  # ...and caught
