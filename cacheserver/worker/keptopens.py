@@ -5,7 +5,8 @@ An open of such a file (a training loader's, every epoch a new process) needs no
 tier move and no question to the master: the connection's thread opens the block file and
 answers at once, instead of handing the request to the worker's event loop and waiting for
 it there (two thread switches and a turn of the loop, most of what an open cost the worker).
-Everything else goes to the loop as before: a status not kept or no longer valid, a block not
+An open that asks for the status alone (a stat, or a file too large to come whole with it)
+is answered from a kept status the same way. Everything else goes to the loop as before: a status not kept or no longer valid, a block not
 served since, a read type other than the mount's own, and a block that is no longer at its
 place (evicted, moved to another tier, dropped as damaged: no file of its length there).
 
@@ -48,21 +49,25 @@ class KeptOpens:
         self._loop = loop
         self._lock = threading.Lock()
         self._served: list[_Served] = []
+        self._statuses = 0  # opens answered with a status alone since the last fold
         self._fold_due = False  # a fold is scheduled on the loop
 
     def open(self, path: str, read_type: int, whole_below: int, *, as_file: bool, served_path: str,
-             client: str) -> tuple[pb.FileInfo, BlockSource] | None:
+             client: str) -> tuple[pb.FileInfo, BlockSource | None] | None:
         """The status of `path` and its only block's open file when both can be had here
-        (see the module docstring); None: the loop answers the open."""
+        (see the module docstring); the status alone for a file whose block the open does
+        not ask for (a stat, or a file of `whole_below` bytes or more); None: the loop
+        answers the open."""
         if read_type:
             return None
         opened = self._reads.kept.opened(path)
         if opened is None:
             return None
         info, block = opened
-        if block is None:
-            return None
         if not 0 < info.length <= min(whole_below, info.block_size):
+            self._note(None)
+            return info, None
+        if block is None:
             return None
         if not as_file and block.chunk_size != CHUNK_SIZE:  # the data port sends whole chunks' checksums
             return None
@@ -84,9 +89,13 @@ class KeptOpens:
         return info, BlockSource(hit=True, length=block.length, fd=fd, checksums=block.checksums,
                                  chunk_size=block.chunk_size, block_length=block.length)
 
-    def _note(self, served: _Served) -> None:
+    def _note(self, served: _Served | None) -> None:
+        """Count an open answered here (None: its status alone) on the loop."""
         with self._lock:
-            self._served.append(served)
+            if served is None:
+                self._statuses += 1
+            else:
+                self._served.append(served)
             if self._fold_due:
                 return
             self._fold_due = True
@@ -96,8 +105,10 @@ class KeptOpens:
         """Count the opens answered since the last fold (on the loop, as every counter is)."""
         with self._lock:
             served, self._served = self._served, []
+            statuses, self._statuses = self._statuses, 0
             self._fold_due = False
         counters = self._reads.counters
+        counters.kept_opens += statuses
         for one in served:
             self._reads.store.touch(one.block_id)
             counters.kept_opens += 1

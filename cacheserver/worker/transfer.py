@@ -212,11 +212,14 @@ class BlockSocketServer(ABC):
                                              int(request.get("whole_below", 0)), as_file=self.sends_descriptors,
                                              served_path=self.served_path, client=client_label(request.get("client")))
                 if kept is not None:  # counted by KeptOpens
-                    file, source = kept
+                    file, kept_source = kept
+                    if kept_source is None:
+                        self._send_reply(conn, with_file({"ok": True}, file, block=False))
+                        return
                     try:
-                        self._deliver(conn, source, file)
+                        self._deliver(conn, kept_source, file)
                     finally:
-                        source.close()
+                        kept_source.close()
                     return
                 opened = asyncio.run_coroutine_threadsafe(self._open_path(str(request["open"]), request), self._loop)
                 file, found = opened.result()

@@ -25,8 +25,8 @@ from .conftest import TOKEN, Cluster, metric
 
 pytestmark = pytest.mark.timeout(240)
 
-# One loader process: reads each path whole, prints per path the CRC-32 of its bytes or the
-# name of the error it raised, and the seconds each took.
+# One loader process: reads each path whole (with "stat": stats it), prints per path the
+# CRC-32 of its bytes (its size) or the name of the error it raised, and the seconds each took.
 LOADER = """
 import json, sys, time, zlib
 from strata.cacheserver.client.fs import StrataFileSystem
@@ -36,6 +36,9 @@ out = {}
 for path in job["paths"]:
     started = time.monotonic()
     try:
+        if job.get("stat"):
+            out[path] = [fs.info(path)["size"], time.monotonic() - started]
+            continue
         with fs.open(path, "rb") as f:
             out[path] = [zlib.crc32(f.read()), time.monotonic() - started]
     except Exception as exc:
@@ -47,9 +50,10 @@ print(json.dumps(out))
 SHORT_CIRCUIT, REMOTE = "node-0", "elsewhere"  # worker-0's host / a host without a worker
 
 
-def load(cluster: Cluster, host: str, paths: list[str], home: Path, **env: str) -> dict[str, list[Any]]:
-    """Run a new loader process on `host`; what it read, by path."""
-    job = {"master": cluster.master_address, "token": TOKEN, "host": host, "paths": paths}
+def load(cluster: Cluster, host: str, paths: list[str], home: Path, *, stat: bool = False,
+         **env: str) -> dict[str, list[Any]]:
+    """Run a new loader process on `host`; what it read (`stat`: the sizes it saw), by path."""
+    job = {"master": cluster.master_address, "token": TOKEN, "host": host, "paths": paths, "stat": stat}
     done = subprocess.run([sys.executable, "-P", "-c", LOADER, json.dumps(job)], capture_output=True, text=True,
                           timeout=180, env={**os.environ, "STRATA_HOME": str(home), **env})
     assert done.returncode == 0, done.stderr
@@ -115,14 +119,15 @@ def test_a_file_changed_in_the_store_is_seen_new_after_the_freshness_interval(
         assert again["/ro/f.bin"][0] == zlib.crc32(b"the second, longer version"), host
 
 
-def cached_on_ssd(start_cluster: Any, bucket: str, tmp_path: Path, count: int) -> tuple[Cluster, Path, dict[str, int]]:
+def cached_on_ssd(start_cluster: Any, bucket: str, tmp_path: Path,
+                  count: int) -> tuple[Cluster, Path, dict[str, bytes], dict[str, int]]:
     """A worker with one SSD tier (its folder) and a read-only mount /ds of `count` files
-    (the CRC-32 of each by path)."""
+    (their bytes, and the CRC-32 of each, by path)."""
     ssd = tmp_path / "ssd"
     cluster: Cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "64Mi", "dirs": [str(ssd)]}])
     files = dataset(cluster, bucket, count)
     cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
-    return cluster, ssd, {path: zlib.crc32(data) for path, data in files.items()}
+    return cluster, ssd, files, {path: zlib.crc32(data) for path, data in files.items()}
 
 
 def damage_blocks(tier: Path) -> None:
@@ -138,7 +143,7 @@ def damage_blocks(tier: Path) -> None:
 @pytest.mark.parametrize("host", [SHORT_CIRCUIT, REMOTE], ids=["short-circuit", "remote"])
 def test_a_damaged_block_the_node_answers_with_is_never_returned(
         start_cluster: Any, bucket: str, tmp_path: Path, host: str) -> None:
-    cluster, ssd, expected = cached_on_ssd(start_cluster, bucket, tmp_path, 3)
+    cluster, ssd, _, expected = cached_on_ssd(start_cluster, bucket, tmp_path, 3)
     paths = sorted(expected)
     assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # cached
 
@@ -163,16 +168,20 @@ def test_the_worker_answers_warm_opens_in_its_socket_thread_and_a_damaged_block_
     and block alone (worker/keptopens.py), with no master request; the reader still checks
     every byte, so a block file damaged on the node's disk is caught on that path and the
     store's bytes are read instead."""
-    cluster, ssd, expected = cached_on_ssd(start_cluster, bucket, tmp_path, 6)
+    cluster, ssd, files, expected = cached_on_ssd(start_cluster, bucket, tmp_path, 6)
     paths = sorted(expected)
     assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # epoch 1: cold
     asked, before = get_status_requests(cluster), kept_opens(cluster)
     assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # epoch 2: warm
+    assert kept_opens(cluster) - before == len(paths)
+    before = kept_opens(cluster)
+    sizes = {p: r[0] for p, r in load(cluster, host, paths, tmp_path, stat=True).items()}  # stats: the status alone
+    assert sizes == {p: len(data) for p, data in files.items()}
     assert kept_opens(cluster) - before == len(paths)
     assert get_status_requests(cluster) == asked
 
     damage_blocks(ssd)
     corrupt, before = cluster.worker_metric(0, "strata_worker_corrupt_blocks"), kept_opens(cluster)
     assert {p: r[0] for p, r in load(cluster, host, paths, tmp_path).items()} == expected  # epoch 3: checked
-    assert kept_opens(cluster) - before == len(paths)  # the damaged files were handed out by the new path...
+    assert kept_opens(cluster) - before >= len(paths)  # the damaged files were handed out by the new path...
     assert cluster.worker_metric(0, "strata_worker_corrupt_blocks") - corrupt == len(paths)  # ...and caught
