@@ -33,6 +33,7 @@ from ..common.checksums import CHUNK_SIZE, compute_checksums
 from ..namespace.permissions import is_upload_path
 from ..ufs import VersionChanged
 from .geometry import STATUS_PATIENCE, FileStatuses
+from .folders import FolderListings
 from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
@@ -151,6 +152,7 @@ class BlockReads:
         self.counters = counters
         # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
         self.kept = KeptStatuses(current=mounts.is_current)
+        self.folders = FolderListings(link, self.kept, current=mounts.is_current)  # worker/folders.py
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self.kept.put, kept=self.kept.get)
@@ -208,6 +210,7 @@ class BlockReads:
         except VersionChanged:
             self.statuses.forget(ref.path)
             self.kept.forget(ref.path)
+            self.folders.forget_file(ref.path)
             try:
                 await self._link.file_status(ref.path, refresh=True)
             except StrataError as exc:

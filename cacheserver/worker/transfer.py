@@ -31,7 +31,8 @@ from strata.contract.config import DataPortSettings
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..auth import BLOCK_SOCKET, Credentials, check_access
-from ..common.blockwire import MAX_REQUEST_BYTES, block_of, client_label, error_reply, ok_reply, parse_line, reply_line, with_file
+from ..common.blockwire import (MAX_REQUEST_BYTES, block_of, client_label, error_reply, listing_reply, ok_reply, parse_line,
+                               reply_line, with_file)
 from ..common.checksums import CHUNK_SIZE
 from .keptopens import KeptOpens
 from .reads import BlockReads, BlockSource
@@ -206,6 +207,12 @@ class BlockSocketServer(ABC):
             refusal = check_access(self._credentials, BLOCK_SOCKET, str(request.get("token", "")))
             if refusal is not None:
                 self._send_reply(conn, error_reply(refusal[0].name, refusal[1]))
+                return
+            if "list" in request:  # a folder's statuses (worker/folders.py)
+                listed = asyncio.run_coroutine_threadsafe(self._reads.folders.listing(str(request["list"])),
+                                                          self._loop)
+                data, age, too_large = listed.result()
+                self._send_reply(conn, listing_reply(data, age, too_large=too_large))
                 return
             if "open" in request:  # a file by path: its status, and its block if small
                 kept = self._kept_opens.open(str(request["open"]), int(request.get("read_type", 0)),
