@@ -5,9 +5,9 @@ stats what it found) would ask the node's worker once per file. It asks once per
 instead: the worker lists the folder at the master (page by page, at most
 FOLDER_ENTRIES_MAX entries) and keeps the listing while every entry of it is reusable
 (FileInfo.valid_for_ms, counted from when the worker asked), so the node's processes get it
-with one request each and the master answers it once a validity. A folder whose answers the
-master does not mark reusable (a writable mount's: close-to-open) is not kept: the reader
-then asks the master for each file, as before. Each file of a listing is kept as its status
+with one request each and the master answers it once a validity. Only folders of read-only
+mounts are listed; a folder whose answers the master does not mark reusable, or of a writable
+mount (close-to-open), is not: the reader then asks for each file, as before. Each file of a listing is kept as its status
 too (worker/kept.py), so the opens that follow need no question to the master either.
 
 Listings are kept by the entries they hold (KEPT_FOLDER_ENTRIES in all, the least recently
@@ -41,10 +41,12 @@ class FolderListings:
 
     def __init__(self, link: MasterLink, kept: KeptStatuses, *, limit: int = KEPT_FOLDER_ENTRIES,
                  clock: Callable[[], float] = time.monotonic,
-                 current: Callable[[int], bool] = lambda mount_id: True) -> None:
+                 current: Callable[[int], bool] = lambda mount_id: True,
+                 read_only: Callable[[str], bool] = lambda path: True) -> None:
         self._link = link
         self._kept = kept
         self._current = current  # whether a mount id is in the worker's mount table
+        self._read_only = read_only  # whether a path lies in a read-only mount the worker knows
         self._limit = limit
         self._clock = clock
         # path -> (asked at, valid until, serialized ListStatusResponse, entries, their mounts)
@@ -55,8 +57,12 @@ class FolderListings:
     async def listing(self, path: str) -> tuple[bytes | None, float, bool]:
         """The folder's serialized ListStatusResponse and how long ago it was asked for;
         None with `too_large` True for a folder of more than FOLDER_ENTRIES_MAX entries,
-        None alone for one whose answers are not reusable. Unavailable if the master does
-        not answer within LISTING_PATIENCE."""
+        None alone for one whose answers are not reusable (one not in a read-only mount is
+        never listed: a listing refreshes the master's view of the folder, which on a
+        writable mount only its readers' own listings should do). Unavailable if the master
+        does not answer within LISTING_PATIENCE."""
+        if not self._read_only(path):
+            return None, 0.0, False
         now = self._clock()
         kept = self._listings.get(path)
         if kept is not None:

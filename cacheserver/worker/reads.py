@@ -152,13 +152,18 @@ class BlockReads:
         self.counters = counters
         # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
         self.kept = KeptStatuses(current=mounts.is_current)
-        self.folders = FolderListings(link, self.kept, current=mounts.is_current)  # worker/folders.py
+        self.folders = FolderListings(link, self.kept, current=mounts.is_current,  # worker/folders.py
+                                      read_only=self._in_read_only_mount)
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self.kept.put, kept=self.kept.get)
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._tasks = BackgroundTasks()
+
+    def _in_read_only_mount(self, path: str) -> bool:
+        mount = self.mounts.covering(path)
+        return mount is not None and mount.info.options.read_only
 
     # -- what a miss may fetch ---------------------------------------------------------------
 
