@@ -279,6 +279,14 @@ class BlockStore(BlockPlacement):
         finally:
             self._flush()
 
+    def touch(self, block_id: str) -> None:
+        """A read of the block was served from its file without the store (an open a
+        worker's socket thread answered, worker/keptopens.py): it counts as one for
+        eviction. Nothing happens for a block no longer cached."""
+        entry = self._index.get(block_id)
+        if entry is not None:
+            self._touch(entry)
+
     async def open_checked(self, key: BlockKey, offset: int, length: int) -> tuple[int, CachedBlock]:
         """A read-only descriptor of the block file (the caller closes it) after checking the
         CRC-32C of every chunk that [offset, offset+length) touches, as `read` does: a failed

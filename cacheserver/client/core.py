@@ -22,7 +22,9 @@ short-circuit, its checked bytes over the data port) in one round trip. A new pr
 training loader of each epoch) then opens a file the node has seen without asking the
 master, and goes on opening such files while the master is away. Statuses the master does
 not mark reusable (writable mounts) go to the master directly once a worker's answer showed
-their folder's are not.
+their folder's are not. A stat of a file not held asks that worker for its folder's statuses
+first (worker/folders.py): one request answers every file of the folder, each held as the
+master's answer is, from when the worker asked the master.
 
 While the master cannot be reached the client goes on, for a bounded time, with what the
 master last told it: the workers it listed (a new process: those another process of this
@@ -60,7 +62,7 @@ from ..placement import rank_workers
 from .held import HeldAnswer, HeldAnswers, held_key
 from .links import _MASTER_AWAY, Links
 from .settings import ClientSettings
-from .transfer import LocalBlock, WorkerStalled, block_ref
+from .transfer import DataReader, LocalBlock, ShortCircuitReader, WorkerStalled, block_ref
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,8 @@ WHOLE_FILE_BELOW = 1 << 20
 # Folders whose files' statuses the master does not mark reusable (writable mounts), asked
 # of the master directly, not of a worker: at most this many are remembered.
 DIRECT_FOLDERS = 10_000
+# Seconds a folder too large for a worker to list (worker/folders.py) is not asked for again.
+TOO_LARGE_FOLDER_SECONDS = 60.0
 
 
 class StrataClient(Links):
@@ -93,6 +97,7 @@ class StrataClient(Links):
         super().__init__(master, token, host, short_circuit, settings, kind)
         self._held = HeldAnswers(HELD_METADATA_ENTRIES)
         self._direct: set[str] = set()  # folders whose statuses are asked of the master directly
+        self._listed: dict[str, float] = {}  # folders listed by the node's worker -> until when not to ask again
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -136,6 +141,9 @@ class StrataClient(Links):
         if held is not None and not self._within_grace(held.at):
             held = None
         if not fresh:
+            listed = self._node_folder(key, sent)
+            if listed is not None:
+                return listed, True
             answered = self._node_status(key, 0, sent)
             if answered is not None:
                 return answered[0], bool(answered[0].valid_for_ms)
@@ -187,6 +195,50 @@ class StrataClient(Links):
         if len(workers) == 1 and live and workers[0].data_port:
             return workers[0], True
         return None
+
+    def _node_folder(self, path: str, sent: float) -> pb.FileInfo | None:
+        """The status of `path` (a held key) from its folder's statuses, asked of the node's
+        worker once for every file of the folder (see worker/folders.py) and held as the
+        master's answers are; None when the folder was asked for already, is not listed this
+        way (too large, or its answers are not reusable: then its files' statuses go to the
+        master), the worker did not answer, or `path` is not in it."""
+        folder = parent(path)
+        now = time.monotonic()
+        with self._lock:
+            if folder in self._direct or self._listed.get(folder, 0.0) > now:
+                return None
+        chosen = self._node_worker()
+        if chosen is None:
+            return None
+        reader: ShortCircuitReader | DataReader | None = self._sc_reader(chosen[0]) or self._data_reader(chosen[0])
+        if reader is None:
+            return None
+        try:
+            answer = reader.list_folder(folder)
+        except StrataError as exc:
+            log.debug("worker %s did not list %s (%s); asking for the status of %s", chosen[0].worker_id, folder,
+                      exc, path)
+            return None
+        with self._lock:
+            if len(self._listed) >= DIRECT_FOLDERS:
+                self._listed.clear()
+            if answer is False:  # not reusable: the master answers the folder's files
+                if len(self._direct) >= DIRECT_FOLDERS:
+                    self._direct.clear()
+                self._direct.add(folder)
+                return None
+            if answer is True:  # too large to list: its files are asked for one by one a while
+                self._listed[folder] = now + TOO_LARGE_FOLDER_SECONDS
+                return None
+        infos, age = answer
+        if not infos:
+            return None
+        asked = sent - age
+        self._hold(infos, asked)
+        with self._lock:
+            self._listed[folder] = asked + min(info.valid_for_ms for info in infos) / 1000
+            held = self._held.get(path)
+        return held.info if held is not None and time.monotonic() < held.until else None
 
     def _node_status(self, path: str, whole_below: int, sent: float) -> tuple[pb.FileInfo, Block | None] | None:
         """The status of `path` (a held key) from the node's worker, held as the master's

@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 from strata.contract.errors import DataLoss, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
-from ..common.blockwire import DamagedInTransit, check_pieces, check_reply, file_of, open_line, request_line
+from ..common.blockwire import (DamagedInTransit, check_pieces, check_reply, file_of, list_line, listing_of, open_line,
+                               request_line)
 from ..common.checksums import chunk_span, first_bad_chunk
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,18 @@ class _BlockSocketClient(ABC):
             for fd in fds:
                 os.close(fd)
             raise
+
+    def list_folder(self, path: str) -> tuple[list[pb.FileInfo], float] | bool:
+        """The statuses of the entries of the folder at `path` as the worker keeps them, and
+        how long ago it asked the master for them (`blockwire`); False when the folder's
+        answers are not reusable, True when it is too large to be listed this way."""
+        reply, _, fds = self._exchange(list_line(self._token, path, client=self._client))
+        for fd in fds:
+            os.close(fd)
+        try:
+            return listing_of(reply)
+        except ValueError as exc:
+            raise Unavailable(f"the worker at {self.where} answered a listing of {path} with: {exc}") from exc
 
     def close(self) -> None:
         self._drop()

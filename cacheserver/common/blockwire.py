@@ -14,6 +14,17 @@ status and bytes, see worker/kept.py):
             "client": "fuse"}
   reply    {"ok": true, "file": "<FileInfo, serialized, base64>", "block": true, "length": N, ...}
 
+A reader that stats a file it holds no status of asks for its folder's statuses at once
+(see worker/folders.py):
+
+  request  {"token": "...", "list": "/folder", "client": "fsspec"}
+  reply    {"ok": true, "listing": "<ListStatusResponse, serialized, base64>", "age_ms": 120}
+  or       {"ok": true, "reusable": false}  (the master marks the folder's answers not reusable)
+  or       {"ok": true, "too_large": true}  (a folder of more entries than a listing carries)
+
+`age_ms` is how long before the reply the worker asked the master: each entry stands for its
+valid_for_ms from that moment. Nothing follows these replies.
+
 `file` is the file's status as the master gave it, its valid_for_ms what is left of the time
 the master would answer the same. When `block` is true the reply is a block's ok reply for
 the file's only block (the whole file: it has fewer than `whole_below` bytes), followed by
@@ -92,6 +103,34 @@ def open_line(token: str, path: str, read_type: int, *, whole_below: int, fetch:
     if client:
         request["client"] = client
     return (json.dumps(request) + "\n").encode()
+
+
+def list_line(token: str, path: str, *, client: str = "") -> bytes:
+    """A request for the statuses of the entries of the folder at `path`."""
+    request = {"token": token, "list": path}
+    if client:
+        request["client"] = client
+    return (json.dumps(request) + "\n").encode()
+
+
+def listing_reply(files: bytes | None, age: float, *, too_large: bool = False) -> dict[str, Any]:
+    """A folder's reply: its serialized ListStatusResponse (`files`) asked `age` seconds ago;
+    None: its answers are not reusable, or (`too_large`) it has too many entries."""
+    if files is None:
+        return {"ok": True, "too_large": True} if too_large else {"ok": True, "reusable": False}
+    return {"ok": True, "listing": base64.b64encode(files).decode(), "age_ms": int(age * 1000)}
+
+
+def listing_of(reply: dict[str, Any]) -> tuple[list[pb.FileInfo], float] | bool:
+    """The entries a folder's reply carries and their age (seconds); False when the folder's
+    answers are not reusable, True when it is too large to list. ValueError if malformed."""
+    if "listing" not in reply:
+        return bool(reply.get("too_large"))
+    try:
+        listing = pb.ListStatusResponse.FromString(base64.b64decode(reply["listing"], validate=True))
+        return list(listing.files), max(0, int(reply.get("age_ms", 0))) / 1000
+    except (TypeError, ValueError, DecodeError) as exc:
+        raise ValueError(f"a folder's reply without a readable listing: {exc}") from exc
 
 
 def parse_line(line: bytes) -> dict[str, Any]:

@@ -12,6 +12,13 @@ store holds another version) is dropped (`forget`), and so is one whose mount is
 in the worker's mount table (a master that lost its journal mounts the source again under a
 new id: an answer naming the old one would keep reads on blocks of a forgotten mount).
 
+With a kept status of a one-block file goes, once the worker served that block, where the
+block lies in its store (`held_file`): the socket threads answer the next opens of the file
+from the two alone, without waiting on the worker's event loop (see worker/transfer.py). The
+block's place is only a hint: a block evicted, moved to another tier or dropped is no longer
+at it (the socket thread then finds no file of the block's length there and asks the loop),
+and the reader checks every byte it reads against the block's checksums, as on any path.
+
 Read from the socket threads and written from the event loop: a lock guards the table.
 """
 
@@ -23,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from strata.contract.proto import strata_pb2 as pb
+from ..cache.index import CachedBlock
 
 # Statuses kept at most (the least recently used go first): a file's entry takes about
 # 0.5 KiB, so a dataset of 200,000 files read by the node's loaders costs ~100 MiB at most.
@@ -39,6 +47,7 @@ class KeptStatuses:
         self._current = current  # whether a mount id is in the worker's mount table
         self._lock = threading.Lock()
         self._answers: OrderedDict[str, tuple[float, pb.FileInfo]] = OrderedDict()  # path -> (until, status)
+        self._blocks: dict[str, CachedBlock] = {}  # path -> where its only block lay when last served
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -49,11 +58,40 @@ class KeptStatuses:
         with self._lock:
             if not info.valid_for_ms or info.is_dir:
                 self._answers.pop(info.path, None)
+                self._blocks.pop(info.path, None)
                 return
+            kept = self._answers.get(info.path)
+            if kept is not None and kept[1].version != info.version:
+                self._blocks.pop(info.path, None)
             self._answers[info.path] = (sent + info.valid_for_ms / 1000, info)
             self._answers.move_to_end(info.path)
             while len(self._answers) > self.limit:
-                self._answers.popitem(last=False)
+                self._blocks.pop(self._answers.popitem(last=False)[0], None)
+
+    def hold_block(self, info: pb.FileInfo, block: CachedBlock) -> None:
+        """`block`, the only block of the file `info` describes, was served from this
+        worker's store: the next open of the file while its status is kept may be answered
+        with it (see the module docstring)."""
+        with self._lock:
+            kept = self._answers.get(info.path)
+            if kept is not None and kept[1].version == info.version and block.length == info.length:
+                self._blocks[info.path] = block
+
+    def opened(self, path: str) -> tuple[pb.FileInfo, CachedBlock | None] | None:
+        """As `get`, with where the file's only block lay when it was last served (None if
+        it was not, or not since its status was kept)."""
+        info = self.get(path)
+        if info is None:
+            return None
+        with self._lock:
+            block = self._blocks.get(path)
+        same = block is not None and (block.key.mount_id, block.key.version) == (info.mount_id, info.version)
+        return info, block if same else None
+
+    def lost_block(self, path: str) -> None:
+        """The block of `path` is no longer where it was kept: the next open asks the store."""
+        with self._lock:
+            self._blocks.pop(path, None)
 
     def get(self, path: str) -> pb.FileInfo | None:
         """The status kept of `path` while it is valid, its valid_for_ms cut to what is left
@@ -66,6 +104,7 @@ class KeptStatuses:
             until, info = kept
             if now >= until or not self._current(info.mount_id):
                 del self._answers[path]
+                self._blocks.pop(path, None)
                 return None
             self._answers.move_to_end(path)
         left = pb.FileInfo()
@@ -78,3 +117,4 @@ class KeptStatuses:
         question goes to the master."""
         with self._lock:
             self._answers.pop(path, None)
+            self._blocks.pop(path, None)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import logging
 
+import grpc
+
 from strata.contract.errors import StrataError
 from strata.contract.master import MasterClient
 from strata.contract.proto import strata_pb2 as pb
+from strata.contract.rpc import error_of
 from .settings import MASTER_WAIT_SETTING, MasterLinkSettings
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,24 @@ class MasterLink:
         return await self.client.get_status(
             path, refresh=refresh, timeout=FILE_STATUS_TIMEOUT, what=f"status of {path} from the master",
             late=f"the master did not tell the status of {path} within {FILE_STATUS_TIMEOUT:g}s")
+
+    async def folder_statuses(self, path: str, limit: int, *, timeout: float) -> list[pb.FileInfo] | None:
+        """The statuses of the entries of the folder at `path` (not below it), as the master
+        lists them, page by page; None when it has more than `limit` (the listing is cut off
+        there). The whole listing within `timeout` seconds (DeadlineExceeded otherwise)."""
+        what = f"listing {path} at the master"
+        call = self.stub.ListStatusPages(pb.ListStatusRequest(path=path, page_size=min(limit + 1, 1000)),
+                                         timeout=timeout)
+        files: list[pb.FileInfo] = []
+        try:
+            async for page in call:
+                files.extend(page.files)
+                if len(files) > limit:
+                    call.cancel()
+                    return None
+        except grpc.RpcError as exc:
+            raise error_of(exc, what) from exc
+        return files
 
     async def locate(self, path: str) -> pb.GetBlockLocationsResponse:
         """The file at `path` and its blocks' holders (a copy's or an append's). NotFound if

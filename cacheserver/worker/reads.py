@@ -35,6 +35,7 @@ from ..common.checksums import CHUNK_SIZE, compute_checksums
 from ..namespace.permissions import is_upload_path
 from ..ufs import VersionChanged
 from .geometry import STATUS_PATIENCE, STATUSES_KEPT, FileStatuses
+from .folders import FolderListings
 from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
@@ -63,6 +64,8 @@ class Counters:
     bytes_served: int = 0
     short_circuit_reads: int = 0
     data_port_reads: int = 0
+    # Opens answered in a block socket's thread from a kept status and block (worker/keptopens.py).
+    kept_opens: int = 0
     # Short-circuit readers that found a bad checksum in a block file and asked for a check.
     short_circuit_rechecks: int = 0
     # Misses served by a copy from the worker holding the block (not fetched from the store).
@@ -157,6 +160,8 @@ class BlockReads:
         self.counters = counters
         # The master's reusable answers, for the opens of this node's readers (worker/kept.py).
         self.kept = KeptStatuses(current=mounts.is_current)
+        self.folders = FolderListings(link, self.kept, current=mounts.is_current,  # worker/folders.py
+                                      read_only=self._in_read_only_mount)
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self._answered, kept=self.kept.get)
@@ -177,6 +182,10 @@ class BlockReads:
             self._held_nowhere[file] = True
         else:
             self._held_nowhere.pop(file, None)
+
+    def _in_read_only_mount(self, path: str) -> bool:
+        mount = self.mounts.covering(path)
+        return mount is not None and mount.info.options.read_only
 
     # -- what a miss may fetch ---------------------------------------------------------------
 
@@ -228,6 +237,7 @@ class BlockReads:
         except VersionChanged:
             self.statuses.forget(ref.path)
             self.kept.forget(ref.path)
+            self.folders.forget_file(ref.path)
             try:
                 await self._link.file_status(ref.path, refresh=True)
             except StrataError as exc:
@@ -488,14 +498,27 @@ class BlockReads:
                 if not (fetch and ref.in_store):
                     return info, None
                 if as_file:
-                    return info, await self.short_circuit(ref, read_type, verify=False)
-                source = await self.read_source(ref, read_type, offset=0, length=0, readahead=0)
+                    source = await self.short_circuit(ref, read_type, verify=False)
+                else:
+                    source = await self.read_source(ref, read_type, offset=0, length=0, readahead=0)
         except StrataError as exc:
             log.debug("open of %s: its block left to the reader: %s", path, exc)
             return info, None
         if not as_file:
             self.counters.data_port_reads += 1
+        if not read_type and source.fd >= 0:
+            await self._keep_block(info, ref)
         return info, source
+
+    async def _keep_block(self, info: pb.FileInfo, ref: pb.BlockRef) -> None:
+        """Keep where the file's block lies with its kept status, for the next opens of it
+        (worker/keptopens.py), unless its reads move it between tiers (CACHE_PROMOTE)."""
+        mount = await self.mounts.get(ref.mount_id)
+        if effective_read_type(pb.READ_TYPE_UNSPECIFIED, mount, self.config) == pb.CACHE_PROMOTE:
+            return
+        block = self.store.lookup(key_of(ref))
+        if block is not None:
+            self.kept.hold_block(info, block)
 
     async def _held_source(self, ref: pb.BlockRef, read_type: int, *, as_file: bool) -> BlockSource | None:
         """The whole block's open file when this worker holds it and its hit needs nothing

@@ -31,8 +31,10 @@ from strata.contract.config import DataPortSettings
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..auth import BLOCK_SOCKET, Credentials, check_access
-from ..common.blockwire import MAX_REQUEST_BYTES, block_of, client_label, error_reply, ok_reply, parse_line, reply_line, with_file
+from ..common.blockwire import (MAX_REQUEST_BYTES, block_of, client_label, error_reply, listing_reply, ok_reply, parse_line,
+                               reply_line, with_file)
 from ..common.checksums import CHUNK_SIZE
+from .keptopens import KeptOpens
 from .reads import BlockReads, BlockSource
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class BlockSocketServer(ABC):
         self._sock: socket.socket | None = None
         self._closing = False
         self._slots = threading.BoundedSemaphore(settings.max_connections)
+        self._kept_opens = KeptOpens(reads, loop)
 
     def _listen(self, sock: socket.socket) -> None:
         sock.listen(128)
@@ -205,7 +208,26 @@ class BlockSocketServer(ABC):
             if refusal is not None:
                 self._send_reply(conn, error_reply(refusal[0].name, refusal[1]))
                 return
+            if "list" in request:  # a folder's statuses (worker/folders.py)
+                listed = asyncio.run_coroutine_threadsafe(self._reads.folders.listing(str(request["list"])),
+                                                          self._loop)
+                data, age, too_large = listed.result()
+                self._send_reply(conn, listing_reply(data, age, too_large=too_large))
+                return
             if "open" in request:  # a file by path: its status, and its block if small
+                kept = self._kept_opens.open(str(request["open"]), int(request.get("read_type", 0)),
+                                             int(request.get("whole_below", 0)), as_file=self.sends_descriptors,
+                                             served_path=self.served_path, client=client_label(request.get("client")))
+                if kept is not None:  # counted by KeptOpens
+                    file, kept_source = kept
+                    if kept_source is None:
+                        self._send_reply(conn, with_file({"ok": True}, file, block=False))
+                        return
+                    try:
+                        self._deliver(conn, kept_source, file)
+                    finally:
+                        kept_source.close()
+                    return
                 opened = asyncio.run_coroutine_threadsafe(self._open_path(str(request["open"]), request), self._loop)
                 file, found = opened.result()
                 if found is None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from strata.cacheserver.cache.index import CachedBlock
+from strata.cacheserver.common.keys import BlockKey
 from strata.cacheserver.worker.kept import KeptStatuses
 from strata.contract.proto import strata_pb2 as pb
 
@@ -49,3 +53,35 @@ def test_forget_and_the_limit() -> None:
     assert kept.get("/b") is not None and kept.get("/c") is not None
     kept.forget("/b")
     assert kept.get("/b") is None
+
+
+def block_of(info: pb.FileInfo, version: str | None = None) -> CachedBlock:
+    key = BlockKey(info.mount_id, info.path, version or info.version, 0, 1 << 20, info.length)
+    return CachedBlock(key, info.length, "MEM", Path("/tiers/mem") / key.block_id, False, (1,), 65536)
+
+
+def test_a_kept_block_goes_with_its_status_and_never_names_another_version() -> None:
+    clock = Clock()
+    kept = KeptStatuses(clock=clock)
+    info = status("/a", 5000)
+    info.length = 10
+    kept.hold_block(info, block_of(info))
+    assert kept.opened("/a") is None  # no status kept: no block either
+    kept.put(info, sent=clock.now)
+    assert kept.opened("/a") == (kept.get("/a"), None)
+    kept.hold_block(info, block_of(info, version="old"))  # a block of another version: not answered with
+    assert kept.opened("/a")[1] is None  # type: ignore[index]
+    kept.hold_block(info, block_of(info))
+    assert kept.opened("/a")[1] == block_of(info)  # type: ignore[index]
+    kept.lost_block("/a")  # no longer at its place: the loop answers
+    assert kept.opened("/a")[1] is None  # type: ignore[index]
+    kept.hold_block(info, block_of(info))
+    changed = status("/a", 5000, version="v2")
+    changed.length = 10
+    kept.put(changed, sent=clock.now)  # a new version: the old block is forgotten
+    assert kept.opened("/a")[1] is None  # type: ignore[index]
+    kept.hold_block(changed, block_of(changed))
+    clock.now += 6.0  # past its validity: neither is answered
+    assert kept.opened("/a") is None
+    kept.put(changed, sent=clock.now)
+    assert kept.opened("/a")[1] is None  # type: ignore[index]
