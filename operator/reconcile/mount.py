@@ -233,7 +233,7 @@ async def _preload(deps: Deps, target: MasterTarget, spec: MountSpec, state: Obj
                 state.preload_retries.pop(path, None)
             continue
         if (load is None or (trouble is not None and trouble.reason == Reason.PRELOAD_INCOMPLETE)) \
-                and await _workers_rolling(deps, namespace, spec.cluster):
+                and await _workers_rolling(deps, body["metadata"]["namespace"], spec.cluster):
             if trouble is not None:
                 problems.append(Problem(trouble.reason, f"{trouble.message} Loading it again once the workers "
                                         f"of {spec.cluster} have rolled out."))
