@@ -319,10 +319,14 @@ class StoreAnswers:
         beginning: when that one reaches the end too, it is the folder's whole listing, kept
         as such. The miss itself asks for its own status as before and waits for nothing
         more; what the pages said is dropped if a change made through Strata came meanwhile,
-        and never replaces a status the store gave later."""
+        and never replaces a status the store gave later. Read-only mounts only: on a writable
+        one a folder listed ahead of its reader (before a file was put into the store beside
+        it) would answer that reader's next `ls` without the file for the sync interval,
+        where the listing asked for then finds it."""
         folder = rel_parent(rel)
         looking = (mount.mount_id, folder)
-        if mount.options.metadata_sync_interval == 0 or looking in self._looking or is_upload_path(rel):
+        if (not mount.options.read_only or mount.options.metadata_sync_interval == 0 or looking in self._looking
+                or is_upload_path(rel)):
             return
         self._looking.add(looking)
         cache = self._cache(mount)

@@ -188,10 +188,17 @@ async def test_a_missed_status_has_the_folder_looked_at_once_for_the_files_after
         s3_server.put_object(bucket, f"data/ds/{name}", name.encode())
     s3_server.put_object(bucket, "data/ds/sub/x", b"below")
     table = MountTable(None)
-    table.add("/s3", f"s3://{bucket}/data", MountOptions(options=s3_server.storage_options(),
+    table.add("/s3", f"s3://{bucket}/data", MountOptions(options=s3_server.storage_options(), read_only=True,
+                                                         metadata_sync_interval=300))
+    table.add("/rw", f"s3://{bucket}/data", MountOptions(options=s3_server.storage_options(),
                                                          metadata_sync_interval=300))
     ns = Namespace(table, None, block_size=BLOCK)
     try:
+        with s3_server.recording() as asked:
+            assert (await ns.get_status("/rw/ds/f3")).length == 2
+            await eventually(lambda: _no_looks(ns), timeout=10)
+        # A writable mount's folder is not listed ahead of its reader: only the file's own HEAD.
+        assert [r.method for r in asked.requests] == ["HEAD"], [(r.method, r.url) for r in asked.requests]
         assert (await ns.get_status("/s3/ds/f3")).length == 2
         await eventually(lambda: _no_looks(ns), timeout=10)
         etags = {n: s3_server.client().head_object(Bucket=bucket, Key=f"data/ds/{n}")["ETag"].strip('"') for n in names}
