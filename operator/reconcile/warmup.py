@@ -83,7 +83,8 @@ async def _warmth(deps: Deps, pod: GatedPod, volume: WarmVolume, state: WarmStat
         load = next((load for load in mounted.loads if load.path == path), None)
         started = state.started.setdefault(pod.uid, set())
         if needs_load(load, path in started):
-            await deps.masters.client(target.endpoint, target.token).start_load(path)
+            # The gate's load fetches from the same store as the preload: its bandwidth too.
+            await deps.masters.client(target.endpoint, target.token).start_load(path, bandwidth=spec.preload.bandwidth)
             started.add(path)
             deps.masters.invalidate(target.endpoint)
             log.info("pod %s/%s waits for %s: started loading it", pod.namespace, pod.name, path)

@@ -161,6 +161,17 @@ async def test_a_held_pod_gets_its_data_loaded_and_is_released_once_warm(world: 
     assert world.kube.obj("Pod", "job")["spec"]["schedulingGates"] == [other]
 
 
+async def test_a_gated_pods_load_keeps_the_mounts_preload_bandwidth(world: World) -> None:
+    ready_cluster(world)
+    world.kube.put(mount_body(preload={"bandwidth": "2Mi"}))
+    assert (await reconcile(world, ObjectState())).done
+    body = world.kube.put(warm_pod(warmPercent="90", subPath="train"))
+    world.clock.now = at(5)
+    assert await check_gated_pods(world.deps, [GatedPod.of(body)], WarmState()) == []
+    ((bandwidth,),) = [(r.bandwidth,) for n, r in world.master.state.calls if n == "Load" and r.path == "/datasets/a/train"]
+    assert bandwidth == 2 << 20
+
+
 async def test_a_pod_whose_data_stays_cold_starts_at_its_timeout_with_a_warning(world: World) -> None:
     await mounted_world(world)
     pod = GatedPod.of(world.kube.put(warm_pod(warmPercent="90", warmTimeout="30s")))
