@@ -41,6 +41,7 @@ def _length(ref: pb.BlockRef) -> int:
 class LoadJob:
     path: str
     pacer: Pacer  # the load's bandwidth
+    block_size: int  # the cluster's, for files that name none
     progress: pb.LoadProgress = field(default_factory=pb.LoadProgress)
     error: StrataError | None = None
     task: asyncio.Task[None] | None = None
@@ -64,7 +65,8 @@ class LoadJob:
         progress.CopyFrom(self.progress)
         progress.path = self.path
         if self.error is None:
-            held = sum(blocks.cached_bytes_of_file(f.mount_id, f.path, f.version) for f in self.files)
+            held = sum(blocks.cached_bytes_of_file(f.mount_id, f.path, f.version, file_length=f.length,
+                                                   block_size=f.block_size or self.block_size) for f in self.files)
             settling = self.finished_at is not None and time.monotonic() - self.finished_at < settle
             progress.bytes_cached = max(held, self.progress.bytes_loaded) if settling else held
         return progress
@@ -93,7 +95,7 @@ class Loads:
         await self.namespace.get_status(path)  # NotFound now rather than inside the job
         job = self.loads.get(path)
         if job is None or job.progress.done:
-            job = LoadJob(path=path, pacer=Pacer(request.bandwidth))
+            job = LoadJob(path=path, pacer=Pacer(request.bandwidth), block_size=self.config.block_size)
             job.progress.started_unix_ms = _now_ms()
             self.loads[path] = job
             job.task = asyncio.ensure_future(self._run_load(job))
