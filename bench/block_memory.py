@@ -32,6 +32,8 @@ LONG_FILE_BLOCKS = 100
 WORKERS = ("worker-0", "worker-1", "worker-2")
 MOUNTS = (1_733_000_000_000_001, 1_733_000_000_000_002)  # as the master gives them: microseconds
 REPORT_BATCH = 10_000  # refs made at a time, so the index alone is measured
+SMALL_WORKER_BLOCKS = 1_000  # a worker that just joined
+SUMS = 5  # times each sum is asked for (a walk of every block took seconds)
 
 
 def held() -> int:
@@ -124,9 +126,12 @@ def measure(blocks: int, rss: bool) -> None:
     keys = [data.key(n, rng.randrange(data.blocks_of(n))) for n in numbers]
     timed("holders of a block", len(keys), lambda: [index.holders(k) for k in keys])
     timed("cached bytes of a file", len(numbers), lambda: [cached_bytes_of_file(index, data, n) for n in numbers])
-    timed("cached bytes by mount", 100, lambda: [index.cached_bytes_by_mount() for _ in range(100)])
-    timed("cached bytes by worker, each mount", 100,
-          lambda: [index.cached_bytes_by_worker(m) for _ in range(50) for m in MOUNTS])
+    timed("cached bytes by mount", SUMS, lambda: [index.cached_bytes_by_mount() for _ in range(SUMS)])
+    timed("cached bytes by worker, each mount", SUMS * len(MOUNTS),
+          lambda: [index.cached_bytes_by_worker(m) for _ in range(SUMS) for m in MOUNTS])
+    few = [ref for batch in data.refs(0) for ref in batch[:100]][:SMALL_WORKER_BLOCKS]
+    index.add("worker-3", few)
+    timed(f"drop of worker-3 ({len(few):,} blocks)", 1, lambda: index.drop_worker("worker-3"))
     reports = list(data.refs(2))
     count = sum(len(b) for b in reports)
     timed("drop of worker-2", 1, lambda: index.drop_worker(WORKERS[2]))

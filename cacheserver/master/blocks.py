@@ -12,21 +12,21 @@ dict of ints (~110 bytes), no object of its own:
 Sums the master's answers need are kept running as blocks come and go: bytes per mount, per
 (mount, worker), and per file for the blocks after a file's first (the first block's own
 entry answers for it, so a file of one block costs nothing more). A worker's blocks are
-found, when it is dropped, by one pass over the index: dropping a worker is rare, a set of
-blocks per worker would cost more than the rest of the index.
+found, when it is dropped, from its journal: the keys it was given, in two arrays of 64-bit
+ints (16 bytes a block it holds), kept at most about twice its blocks by dropping the keys it
+no longer holds.
 
 Two blocks whose files' hashes are equal share an entry; with 64 bits that takes billions of
-cached files to become likely, and it would make a worker be asked for a block it does not
-hold (it answers that it does not have it) or a sum be off, never a wrong byte: workers name
-and check blocks by their full key. Two reports of one block (same file, version, block size
-and index) with two lengths keep the last: the other's holders are forgotten until they
-report it again.
+cached files to become likely, and it would name a holder for a block it does not hold or put
+a sum off, never serve a wrong byte: workers name, find and check blocks by their full key.
+Two reports of one block (same file, version, block size and index) with two lengths keep
+the last: the other's holders are forgotten until they report it again.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from strata.contract.errors import InvalidArgument
@@ -44,6 +44,8 @@ _LENGTH_MASK = (1 << _LENGTH_BITS) - 1
 _MOUNT_BITS = 16  # mounts with cached blocks at once
 _MOUNT_MASK = (1 << _MOUNT_BITS) - 1
 _HOLDERS_SHIFT = _LENGTH_BITS + _MOUNT_BITS
+# Keys a worker's journal may hold beyond twice its blocks before those it no longer holds go.
+_JOURNAL_SLACK = 64
 
 
 def file_hash(mount_id: int, path: str, version: str, block_size: int) -> int:
@@ -125,6 +127,7 @@ class BlockIndex:
         self._workers: Numbers[str] = Numbers("worker", 1 << 16)  # counts: blocks the worker holds
         self._by_mount: dict[int, int] = {}  # mount number -> bytes (a block held twice counts once)
         self._by_holder: dict[tuple[int, int], int] = {}  # (mount number, worker number) -> bytes
+        self._journals: list[Journal] = []  # by worker number
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -148,6 +151,7 @@ class BlockIndex:
                 continue  # reported again
             worker = self._workers.take(worker_id)
             self._blocks[slot] = value | 1 << (_HOLDERS_SHIFT + worker)
+            self._journal(worker).note(slot)
             holder = (value >> _LENGTH_BITS & _MOUNT_MASK, worker)
             self._by_holder[holder] = self._by_holder.get(holder, 0) + length
 
@@ -162,13 +166,24 @@ class BlockIndex:
                 self._discard(slot, value, worker)
 
     def drop_worker(self, worker_id: str) -> None:
-        """Forget the blocks `worker_id` holds: one pass over the index."""
+        """Forget the blocks `worker_id` holds."""
         worker = self._workers.get(worker_id)
         if worker is None:
             return
-        shift = _HOLDERS_SHIFT + worker
-        for slot in [slot for slot, value in self._blocks.items() if value >> shift & 1]:
-            self._discard(slot, self._blocks[slot], worker)
+        for slot in self._journals[worker].slots():
+            value = self._blocks.get(slot)
+            if value is not None:
+                self._discard(slot, value, worker)
+
+    def _journal(self, worker: int) -> Journal:
+        while len(self._journals) <= worker:
+            self._journals.append(Journal())
+        journal = self._journals[worker]
+        if len(journal) > 2 * self._workers.counts[worker] + _JOURNAL_SLACK:
+            bit = 1 << (_HOLDERS_SHIFT + worker)
+            journal = self._journals[worker] = Journal(
+                {slot for slot in journal.slots() if self._blocks.get(slot, 0) & bit})
+        return journal
 
     def _matches(self, value: int, mount_id: int, length: int) -> bool:
         return value & _LENGTH_MASK == length and self._mounts.name(value >> _LENGTH_BITS & _MOUNT_MASK) == mount_id
@@ -181,6 +196,8 @@ class BlockIndex:
         length, mount = value & _LENGTH_MASK, value >> _LENGTH_BITS & _MOUNT_MASK
         _subtract(self._by_holder, (mount, worker), length)
         self._workers.release(worker)
+        if not self._workers.counts[worker]:
+            self._journals[worker] = Journal()  # its number may go to another worker
         value &= ~bit
         if value >> _HOLDERS_SHIFT:
             self._blocks[slot] = value
@@ -233,6 +250,27 @@ class BlockIndex:
         first = self._blocks.get(fh)
         held = first & _LENGTH_MASK if first is not None and self._matches(first, mount_id, first_length) else 0
         return held + (self._rest_of_file.get(fh, 0) if more else 0)
+
+
+class Journal:
+    """The keys of the blocks a worker was given (some it may no longer hold), in arrays."""
+
+    def __init__(self, slots: Iterable[int] = ()) -> None:
+        self._hashes = array("Q")
+        self._indexes = array("Q")
+        for slot in slots:
+            self.note(slot)
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def note(self, slot: int) -> None:
+        self._hashes.append(slot & _HASH_MASK)
+        self._indexes.append(slot >> _HASH_BITS)
+
+    def slots(self) -> Iterator[int]:
+        for fh, index in zip(self._hashes, self._indexes):
+            yield fh | index << _HASH_BITS
 
 
 class Files:

@@ -194,3 +194,26 @@ def test_a_loads_files_take_under_32_bytes_each() -> None:
     finally:
         tracemalloc.stop()
     assert held / len(files) < 32, f"{held / len(files):.0f} bytes a file"
+
+
+def test_a_worker_caching_and_evicting_over_and_over_holds_no_more_memory() -> None:
+    """Heartbeats add and remove the same blocks for as long as the cluster runs: what the
+    index keeps to find a worker's blocks must follow the blocks it holds, not its history."""
+    index = BlockIndex()
+    index.add("w1", [ref("/d/a", 0)])
+    churned = [ref("/d/a", i) for i in range(3)]
+    tracemalloc.start()
+    try:
+        for _ in range(200):  # warm: the structures at their working size
+            index.add("w0", churned)
+            index.remove("w0", churned[1:])
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(2_000):
+            index.add("w0", churned)
+            index.remove("w0", churned[1:])
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 4_000, f"{grown} bytes more after 4,000 blocks cached and evicted"
+    index.drop_worker("w0")
+    assert index.holders(key("/d/a", 0)) == {"w1"} and len(index) == 1
