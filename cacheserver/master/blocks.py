@@ -1,7 +1,7 @@
 """Where cached blocks are: an index built from workers' block reports.
 
 A million cached blocks must not cost the master a gigabyte, so a block is one entry of one
-dict of ints (~110 bytes), no object of its own:
+dict of ints (~115 bytes, ~150 with its holder's journal below), no object of its own:
 
 - its key packs a 64-bit hash of its file, (mount id, path, version, block size), with its
   index: `file hash | index << 64`;

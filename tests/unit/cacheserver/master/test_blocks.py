@@ -129,7 +129,8 @@ def test_the_index_answers_as_sets_of_holders_would_after_any_reports() -> None:
 def test_a_million_cached_blocks_take_under_200_bytes_each() -> None:
     """The master holds every cached block's holders: at a million blocks each byte a block is
     a megabyte. An object a block (its key, record, holder set and three indexes) cost ~1,230
-    bytes; as one dict entry of two ints, ~110 (bench/block_memory.py measures a million).
+    bytes; as one dict entry of two ints and a worker's journal entry, ~150 (bench/block_memory.py
+    measures a million).
     Measured here at 50,000 blocks (where the dict's slack is at its largest) as a cluster
     reports them: most files of one block, some of a hundred; most blocks held once, one in ten
     twice."""
