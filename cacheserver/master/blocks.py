@@ -1,11 +1,35 @@
-"""Where cached blocks are: an index built from workers' block reports."""
+"""Where cached blocks are: an index built from workers' block reports.
+
+A million cached blocks must not cost the master a gigabyte, so a block is one entry of one
+dict of ints (~115 bytes, ~150 with its holder's journal below), no object of its own:
+
+- its key packs a 64-bit hash of its file, (mount id, path, version, block size), with its
+  index: `file hash | index << 64`;
+- its value packs its length, its mount (a small number from a table of mounts) and the
+  workers holding it (a bit each, from a table of workers):
+  `length | mount number << 48 | holders << 64`.
+
+Sums the master's answers need are kept running as blocks come and go: bytes per mount, per
+(mount, worker), and per file for the blocks after a file's first (the first block's own
+entry answers for it, so a file of one block costs nothing more). A worker's blocks are
+found, when it is dropped, from its journal: the keys it was given, in two arrays of 64-bit
+ints (16 bytes a block it holds), kept at most about twice its blocks by dropping the keys it
+no longer holds.
+
+Two blocks whose files' hashes are equal share an entry; with 64 bits that takes billions of
+cached files to become likely, and it would name a holder for a block it does not hold or put
+a sum off, never serve a wrong byte: workers name, find and check blocks by their full key.
+Two reports of one block (same file, version, block size and index) with two lengths keep
+the last: the other's holders are forgotten until they report it again.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from array import array
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Generic, TypeVar
 
+from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 from ..common.blockrefs import reported_key
 from ..common.keys import BlockKey
@@ -13,74 +37,257 @@ from ..common.keys import BlockKey
 # Blocks one LocateBlocks request may ask about (a worker asks for the one it misses).
 MAX_LOCATE_BLOCKS = 256
 
+_HASH_BITS = 64
+_HASH_MASK = (1 << _HASH_BITS) - 1
+_LENGTH_BITS = 48  # a block of up to 256 TiB
+_LENGTH_MASK = (1 << _LENGTH_BITS) - 1
+_MOUNT_BITS = 16  # mounts with cached blocks at once
+_MOUNT_MASK = (1 << _MOUNT_BITS) - 1
+_HOLDERS_SHIFT = _LENGTH_BITS + _MOUNT_BITS
+# Keys a worker's journal may hold beyond twice its blocks before those it no longer holds go.
+_JOURNAL_SLACK = 64
 
-@dataclass(frozen=True)
-class BlockRecord:
-    key: BlockKey
-    length: int
+
+def file_hash(mount_id: int, path: str, version: str, block_size: int) -> int:
+    """The file part of a block's key in the index (stable while the master runs)."""
+    return hash((mount_id, path, version, block_size)) & _HASH_MASK
+
+
+def reported_slot(ref: pb.BlockRef) -> int:
+    """The index's key of a block in a worker's block report; InvalidArgument for a block no
+    worker can hold (checked as BlockKey checks it, without making one: a report may list a
+    million blocks)."""
+    if not ref.path or ref.block_size <= 0 or ref.length > ref.block_size or ref.length > _LENGTH_MASK:
+        reported_key(ref)  # raises, naming the field and value
+        raise InvalidArgument(f"block report: block {ref.path}#{ref.index} is longer ({ref.length} bytes) "
+                              f"than the block index holds ({_LENGTH_MASK} bytes)")
+    return file_hash(ref.mount_id, ref.path, ref.version, ref.block_size) | ref.index << _HASH_BITS
+
+
+def _subtract(sums: dict[_Sum, int], key: _Sum, n: int) -> None:
+    left = sums.get(key, 0) - n
+    if left > 0:
+        sums[key] = left
+    else:
+        sums.pop(key, None)
+
+
+Name = TypeVar("Name", bound=Hashable)
+_Sum = TypeVar("_Sum", bound=Hashable)
+
+
+class Numbers(Generic[Name]):
+    """Small numbers for a few large or long names (mount ids, worker ids), each with a
+    count of the blocks that use it; a number is free again once its count is back to 0."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        self.what = what
+        self.limit = limit
+        self.names: list[Name | None] = []
+        self.counts: list[int] = []
+        self._numbers: dict[Name, int] = {}
+
+    def get(self, name: Name) -> int | None:
+        return self._numbers.get(name)
+
+    def name(self, number: int) -> Name:
+        name = self.names[number]
+        assert name is not None, f"{self.what} number {number} is not in use"
+        return name
+
+    def take(self, name: Name) -> int:
+        number = self._numbers.get(name)
+        if number is None:
+            number = self.names.index(None) if None in self.names else len(self.names)
+            if number >= self.limit:
+                raise InvalidArgument(f"the block index holds blocks of at most {self.limit} {self.what}s "
+                                      f"at once; {name!r} would be one more")
+            if number == len(self.names):
+                self.names.append(None)
+                self.counts.append(0)
+            self.names[number] = name
+            self._numbers[name] = number
+        self.counts[number] += 1
+        return number
+
+    def release(self, number: int) -> None:
+        self.counts[number] -= 1
+        if not self.counts[number]:
+            del self._numbers[self.name(number)]
+            self.names[number] = None
 
 
 class BlockIndex:
-    """block id -> workers holding it, with sums per mount, per worker and per file."""
+    """block -> workers holding it, with sums per mount, per worker and per file."""
 
     def __init__(self) -> None:
-        self._holders: dict[str, set[str]] = defaultdict(set)
-        self._records: dict[str, BlockRecord] = {}
-        self._by_worker: dict[str, set[str]] = defaultdict(set)
-        self._by_file: dict[tuple[int, str, str], set[str]] = defaultdict(set)
+        self._blocks: dict[int, int] = {}  # file hash | index << 64 -> length | mount << 48 | holders << 64
+        self._rest_of_file: dict[int, int] = {}  # file hash -> bytes of its blocks after the first
+        self._mounts: Numbers[int] = Numbers("mount", 1 << _MOUNT_BITS)  # counts: blocks of the mount
+        self._workers: Numbers[str] = Numbers("worker", 1 << 16)  # counts: blocks the worker holds
+        self._by_mount: dict[int, int] = {}  # mount number -> bytes (a block held twice counts once)
+        self._by_holder: dict[tuple[int, int], int] = {}  # (mount number, worker number) -> bytes
+        self._journals: list[Journal] = []  # by worker number
+
+    def __len__(self) -> int:
+        return len(self._blocks)
 
     def add(self, worker_id: str, refs: Iterable[pb.BlockRef]) -> None:
         for ref in refs:
-            key = reported_key(ref)
-            block_id = key.block_id
-            self._records[block_id] = BlockRecord(key, key.length)
-            self._by_file[(key.mount_id, key.path, key.version)].add(block_id)
-            self._holders[block_id].add(worker_id)
-            self._by_worker[worker_id].add(block_id)
+            slot, length = reported_slot(ref), ref.length
+            value = self._blocks.get(slot)
+            if value is not None and not self._matches(value, ref.mount_id, length):
+                self._forget(slot, value)
+                value = None
+            if value is None:
+                mount = self._mounts.take(ref.mount_id)
+                self._by_mount[mount] = self._by_mount.get(mount, 0) + length
+                if ref.index:
+                    fh = slot & _HASH_MASK
+                    self._rest_of_file[fh] = self._rest_of_file.get(fh, 0) + length
+                value = length | mount << _LENGTH_BITS
+            worker = self._workers.get(worker_id)
+            if worker is not None and value >> (_HOLDERS_SHIFT + worker) & 1:
+                continue  # reported again
+            worker = self._workers.take(worker_id)
+            self._blocks[slot] = value | 1 << (_HOLDERS_SHIFT + worker)
+            self._journal(worker).note(slot)
+            holder = (value >> _LENGTH_BITS & _MOUNT_MASK, worker)
+            self._by_holder[holder] = self._by_holder.get(holder, 0) + length
 
     def remove(self, worker_id: str, refs: Iterable[pb.BlockRef]) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
         for ref in refs:
-            self._discard(worker_id, reported_key(ref).block_id)
+            slot = reported_slot(ref)
+            value = self._blocks.get(slot)
+            if value is not None and self._matches(value, ref.mount_id, ref.length):
+                self._discard(slot, value, worker)
 
     def drop_worker(self, worker_id: str) -> None:
-        for block_id in list(self._by_worker.pop(worker_id, ())):
-            self._discard(worker_id, block_id, keep_worker_entry=True)
-
-    def _discard(self, worker_id: str, block_id: str, keep_worker_entry: bool = False) -> None:
-        holders = self._holders.get(block_id)
-        if holders is None:
+        """Forget the blocks `worker_id` holds."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
             return
-        holders.discard(worker_id)
-        if not keep_worker_entry:
-            self._by_worker[worker_id].discard(block_id)
-        if not holders:
-            del self._holders[block_id]
-            record = self._records.pop(block_id, None)
-            if record is not None:
-                file_key = (record.key.mount_id, record.key.path, record.key.version)
-                self._by_file[file_key].discard(block_id)
-                if not self._by_file[file_key]:
-                    del self._by_file[file_key]
+        for slot in self._journals[worker].slots():
+            value = self._blocks.get(slot)
+            if value is not None:
+                self._discard(slot, value, worker)
+
+    def _journal(self, worker: int) -> Journal:
+        while len(self._journals) <= worker:
+            self._journals.append(Journal())
+        journal = self._journals[worker]
+        if len(journal) > 2 * self._workers.counts[worker] + _JOURNAL_SLACK:
+            bit = 1 << (_HOLDERS_SHIFT + worker)
+            journal = self._journals[worker] = Journal(
+                {slot for slot in journal.slots() if self._blocks.get(slot, 0) & bit})
+        return journal
+
+    def _matches(self, value: int, mount_id: int, length: int) -> bool:
+        return value & _LENGTH_MASK == length and self._mounts.name(value >> _LENGTH_BITS & _MOUNT_MASK) == mount_id
+
+    def _discard(self, slot: int, value: int, worker: int) -> None:
+        """`worker` no longer holds the block at `slot` (if it did)."""
+        bit = 1 << (_HOLDERS_SHIFT + worker)
+        if not value & bit:
+            return
+        length, mount = value & _LENGTH_MASK, value >> _LENGTH_BITS & _MOUNT_MASK
+        _subtract(self._by_holder, (mount, worker), length)
+        self._workers.release(worker)
+        if not self._workers.counts[worker]:
+            self._journals[worker] = Journal()  # its number may go to another worker
+        value &= ~bit
+        if value >> _HOLDERS_SHIFT:
+            self._blocks[slot] = value
+            return
+        del self._blocks[slot]
+        _subtract(self._by_mount, mount, length)
+        self._mounts.release(mount)
+        if slot >> _HASH_BITS:
+            _subtract(self._rest_of_file, slot & _HASH_MASK, length)
+
+    def _forget(self, slot: int, value: int) -> None:
+        holders = value >> _HOLDERS_SHIFT
+        for worker in range(holders.bit_length()):
+            if holders >> worker & 1:
+                value = self._blocks.get(slot, 0)
+                self._discard(slot, value, worker)
 
     def holders(self, key: BlockKey) -> set[str]:
-        return set(self._holders.get(key.block_id, ()))
+        value = self._blocks.get(file_hash(key.mount_id, key.path, key.version, key.block_size)
+                                  | key.index << _HASH_BITS)
+        if value is None or not self._matches(value, key.mount_id, key.length):
+            return set()
+        holders = value >> _HOLDERS_SHIFT
+        return {self._workers.name(w) for w in range(holders.bit_length()) if holders >> w & 1}
 
     def cached_bytes_by_mount(self) -> dict[int, int]:
         """Bytes of each mount's data the cache holds; a block held by several workers
         counts once (how much of the data is cached, not how much space it takes)."""
-        sums: dict[int, int] = defaultdict(int)
-        for record in self._records.values():  # a record lives exactly while a worker holds it
-            sums[record.key.mount_id] += record.length
-        return dict(sums)
+        return {self._mounts.name(m): n for m, n in self._by_mount.items()}
 
     def cached_bytes_by_worker(self, mount_id: int) -> dict[str, int]:
-        sums: dict[str, int] = defaultdict(int)
-        for block_id, record in self._records.items():
-            if record.key.mount_id == mount_id:
-                for worker_id in self._holders[block_id]:
-                    sums[worker_id] += record.length
-        return dict(sums)
+        mount = self._mounts.get(mount_id)
+        return {self._workers.name(w): n for (m, w), n in self._by_holder.items() if m == mount}
 
-    def cached_bytes_of_file(self, mount_id: int, path: str, version: str) -> int:
-        """Bytes of one version of a file held by at least one worker (copies count once)."""
-        return sum(self._records[b].length for b in self._by_file.get((mount_id, path, version), ()))
+    def cached_bytes_of_file(self, mount_id: int, path: str, version: str, *, block_size: int,
+                             file_length: int) -> int:
+        """Bytes of one version of a file, cut into `block_size` blocks, held by at least one
+        worker (copies count once)."""
+        if file_length <= 0 or block_size <= 0:
+            return 0
+        return self._cached_bytes(mount_id, file_hash(mount_id, path, version, block_size),
+                                  min(block_size, file_length), file_length > block_size)
+
+    def cached_bytes_of(self, files: Files) -> int:
+        """Bytes of `files` held by at least one worker (copies count once)."""
+        return sum(self._cached_bytes(mount_id, fh, first & _LENGTH_MASK, first > _LENGTH_MASK)
+                   for mount_id, fh, first in zip(files.mount_ids, files.hashes, files.firsts))
+
+    def _cached_bytes(self, mount_id: int, fh: int, first_length: int, more: bool) -> int:
+        first = self._blocks.get(fh)
+        held = first & _LENGTH_MASK if first is not None and self._matches(first, mount_id, first_length) else 0
+        return held + (self._rest_of_file.get(fh, 0) if more else 0)
+
+
+class Journal:
+    """The keys of the blocks a worker was given (some it may no longer hold), in arrays."""
+
+    def __init__(self, slots: Iterable[int] = ()) -> None:
+        self._hashes = array("Q")
+        self._indexes = array("Q")
+        for slot in slots:
+            self.note(slot)
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def note(self, slot: int) -> None:
+        self._hashes.append(slot & _HASH_MASK)
+        self._indexes.append(slot >> _HASH_BITS)
+
+    def slots(self) -> Iterator[int]:
+        for fh, index in zip(self._hashes, self._indexes):
+            yield fh | index << _HASH_BITS
+
+
+class Files:
+    """Files whose cached bytes are asked for again and again (a load's, for each Report),
+    kept as three ints a file in arrays (~24 bytes) rather than an entry object each."""
+
+    def __init__(self) -> None:
+        self.mount_ids = array("Q")
+        self.hashes = array("Q")
+        self.firsts = array("Q")  # the first block's length, + 2**48 if the file has more blocks
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def add(self, mount_id: int, path: str, version: str, *, block_size: int, file_length: int) -> None:
+        if file_length <= 0 or block_size <= 0:
+            return  # no blocks
+        self.mount_ids.append(mount_id)
+        self.hashes.append(file_hash(mount_id, path, version, block_size))
+        self.firsts.append(min(block_size, file_length, _LENGTH_MASK) | (file_length > block_size) << _LENGTH_BITS)

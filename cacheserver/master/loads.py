@@ -17,7 +17,7 @@ from ..namespace.entries import FileEntry
 from ..namespace.tree import Namespace
 from ..common.paths import is_under, received
 from ..placement import rank_workers
-from .blocks import BlockIndex
+from .blocks import BlockIndex, Files
 from .membership import Membership, WorkerRecord
 from .workerlink import WorkerLink
 
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 # when the load has a bandwidth: the pace is kept a block at a time).
 LOAD_CONCURRENCY = 4
 LOAD_BATCH_BLOCKS = 2
+# Files a load works on at once: enough to keep LOAD_CONCURRENCY calls busy with files of one block.
+LOAD_FILES_AT_ONCE = 4 * LOAD_CONCURRENCY
 
 
 def _now_ms() -> int:
@@ -41,12 +43,13 @@ def _length(ref: pb.BlockRef) -> int:
 class LoadJob:
     path: str
     pacer: Pacer  # the load's bandwidth
+    block_size: int  # the cluster's, for files that name none
     progress: pb.LoadProgress = field(default_factory=pb.LoadProgress)
     error: StrataError | None = None
     task: asyncio.Task[None] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # The file versions the job loads: what "still cached" is measured against.
-    files: list[FileEntry] = field(default_factory=list)
+    files: Files = field(default_factory=Files)
     finished_at: float | None = None  # time.monotonic() when done
 
     def update(self, **fields: int | bool | str) -> None:
@@ -64,7 +67,7 @@ class LoadJob:
         progress.CopyFrom(self.progress)
         progress.path = self.path
         if self.error is None:
-            held = sum(blocks.cached_bytes_of_file(f.mount_id, f.path, f.version) for f in self.files)
+            held = blocks.cached_bytes_of(self.files)
             settling = self.finished_at is not None and time.monotonic() - self.finished_at < settle
             progress.bytes_cached = max(held, self.progress.bytes_loaded) if settling else held
         return progress
@@ -93,7 +96,7 @@ class Loads:
         await self.namespace.get_status(path)  # NotFound now rather than inside the job
         job = self.loads.get(path)
         if job is None or job.progress.done:
-            job = LoadJob(path=path, pacer=Pacer(request.bandwidth))
+            job = LoadJob(path=path, pacer=Pacer(request.bandwidth), block_size=self.config.block_size)
             job.progress.started_unix_ms = _now_ms()
             self.loads[path] = job
             job.task = asyncio.ensure_future(self._run_load(job))
@@ -114,10 +117,11 @@ class Loads:
             files = [entry] if not entry.is_dir else [
                 e for e in await self.namespace.list_status(job.path, recursive=True) if not e.is_dir
             ]
-            job.files = files
+            for f in files:
+                job.files.add(f.mount_id, f.path, f.version, block_size=f.block_size or job.block_size,
+                              file_length=f.length)
             job.update(bytes_total=sum(f.length for f in files), files_total=len(files))
-            semaphore = asyncio.Semaphore(LOAD_CONCURRENCY)
-            await asyncio.gather(*(self._load_file(job, f, semaphore) for f in files))
+            await self._load_files(job, files)
         except StrataError as exc:
             job.error = exc
         except Exception as exc:  # noqa: BLE001 - the job reports every failure
@@ -129,6 +133,18 @@ class Loads:
                 job.update(error=str(job.error))
             job.finished_at = time.monotonic()
             job.update(done=True, finished_unix_ms=_now_ms())
+
+    async def _load_files(self, job: LoadJob, files: list[FileEntry]) -> None:
+        """Load `files`, LOAD_FILES_AT_ONCE at a time (a task a file would be a million
+        tasks for a million files); each entry is let go once its file is loaded."""
+        semaphore = asyncio.Semaphore(LOAD_CONCURRENCY)
+        files.reverse()
+
+        async def loader() -> None:
+            while files:
+                await self._load_file(job, files.pop(), semaphore)
+
+        await asyncio.gather(*(loader() for _ in range(LOAD_FILES_AT_ONCE)))
 
     async def _load_file(self, job: LoadJob, entry: FileEntry, semaphore: asyncio.Semaphore) -> None:
         size = entry.block_size or self.config.block_size

@@ -87,7 +87,9 @@ class FileInfos:
             "mtime_unix_ms": entry.mtime_unix_ms, "version": entry.version, "block_size": entry.block_size,
             "persisted": entry.persisted, "pinned": entry.pinned, "mount_id": entry.mount_id,
             "read_only": entry.read_only, "store_version": entry.store_version,
-            "cached_bytes": self.blocks.cached_bytes_of_file(entry.mount_id, entry.path, entry.version) if file else 0,
+            "cached_bytes": self.blocks.cached_bytes_of_file(
+                entry.mount_id, entry.path, entry.version, block_size=entry.block_size or self.config.block_size,
+                file_length=entry.length) if file else 0,
             "readahead_blocks": self.config.cache_policy.readahead_blocks if file else 0,
             "valid_for_ms": int(valid_for * 1000),
         }
