@@ -89,7 +89,7 @@ class FolderListings:
         if not files or any(not f.valid_for_ms for f in files):
             return asked, None, False
         for info in files:
-            self._kept.put(info, asked)
+            self._kept.put(info, asked, publish=False)
         data = pb.ListStatusResponse(files=files).SerializeToString()
         self._forget(path)
         self._listings[path] = (asked, asked + min(f.valid_for_ms for f in files) / 1000, data, len(files),

@@ -1,0 +1,99 @@
+"""New processes on a node stat what the node knows from its status table, with no request.
+
+The node's worker publishes the reusable statuses it keeps in shared memory
+(worker/published.py); a new process maps it once and answers stats by a lookup
+(client/nodetable.py). Real processes: moto's S3 server, a master and a worker as users start
+them, and each stat'ing process a new Python process.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strata.contract.errors import StrataError
+from strata.cacheserver.client.nodetable import NodeTable
+from strata.cacheserver.client.transfer import Patience, ShortCircuitReader
+from .conftest import DATA_TOKEN, Cluster
+from .test_node_answers import SHORT_CIRCUIT, load, metadata_requests
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def socket_requests(cluster: Cluster) -> float:
+    return cluster.worker_metric(0, "strata_worker_block_socket_requests")
+
+
+def spread_dataset(cluster: Cluster, bucket: str, folders: int, each: int) -> dict[str, int]:
+    """`folders` folders of `each` files in the bucket; the size of each file by its path under /ds."""
+    sizes = {}
+    for f in range(folders):
+        for i in range(each):
+            data = os.urandom(1000 + 10 * f + i)
+            cluster.s3.put_object(bucket, f"train/{f}/s-{i}.bin", data)
+            sizes[f"/ds/train/{f}/s-{i}.bin"] = len(data)
+    return sizes
+
+
+def test_a_new_process_stats_warm_files_with_no_request_per_stat(start_cluster: Any, bucket: str,
+                                                                 tmp_path: Path) -> None:
+    """After one process stat'ed a read-only mount's files, the next new process stats them
+    all with one request to the worker in all (the table's descriptor) and none to the master,
+    however many folders they lie in."""
+    cluster: Cluster = start_cluster(workers=1)
+    sizes = spread_dataset(cluster, bucket, folders=5, each=4)
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
+    paths = sorted(sizes)
+    assert {p: r[0] for p, r in load(cluster, SHORT_CIRCUIT, paths, tmp_path, stat=True).items()} == sizes  # warm
+    before = socket_requests(cluster), metadata_requests(cluster, "GetStatus"), metadata_requests(cluster, "ListStatus")
+    for _ in range(2):
+        assert {p: r[0] for p, r in load(cluster, SHORT_CIRCUIT, paths, tmp_path, stat=True).items()} == sizes
+    after = socket_requests(cluster), metadata_requests(cluster, "GetStatus"), metadata_requests(cluster, "ListStatus")
+    assert after[0] - before[0] == 2, "one request a process (the table), none a stat"
+    assert after[1:] == before[1:], "no stat reached the master"
+
+
+def socket_path(cluster: Cluster) -> str:
+    workers = cluster.fs(host=SHORT_CIRCUIT).client.workers()
+    return next(w.domain_socket for w in workers if w.domain_socket)
+
+
+def patience() -> Patience:
+    return Patience(connect_timeout=5.0, check_after=5.0, block_timeout=10.0, alive=lambda: True)
+
+
+def test_the_table_goes_to_a_data_token_only_and_no_reader_can_write_it(start_cluster: Any, bucket: str,
+                                                                        tmp_path: Path) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    sizes = spread_dataset(cluster, bucket, folders=1, each=3)
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
+    load(cluster, SHORT_CIRCUIT, sorted(sizes), tmp_path, stat=True)
+    where = socket_path(cluster)
+    with pytest.raises(StrataError) as refused:
+        ShortCircuitReader(where, "not-a-token", patience()).status_table()
+    assert refused.value.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED"), refused.value
+
+    fd = ShortCircuitReader(where, DATA_TOKEN, patience()).status_table()
+    try:
+        table = NodeTable(fd)
+        path = sorted(sizes)[0]
+        info = table.status(path)
+        assert info is not None and info.length == sizes[path] and 0 < info.valid_for_ms <= 120_000
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, os.fstat(fd).st_size)  # shared and writable: refused
+        with pytest.raises(OSError):
+            os.write(fd, b"x")
+        again = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # opened again for writing: sealed still
+        try:
+            with pytest.raises(PermissionError):
+                mmap.mmap(again, os.fstat(again).st_size)
+            with pytest.raises(PermissionError):
+                os.pwrite(again, b"x", 0)
+        finally:
+            os.close(again)
+    finally:
+        os.close(fd)
