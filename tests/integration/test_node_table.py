@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,23 @@ def test_the_table_goes_to_a_data_token_only_and_no_reader_can_write_it(start_cl
             os.close(again)
     finally:
         os.close(fd)
+
+
+def test_the_table_answers_a_changed_file_only_within_the_mounts_interval(start_cluster: Any, bucket: str,
+                                                                          tmp_path: Path) -> None:
+    """A read-only mount synced every 6 s: a file changed in the store is answered from the
+    table as it was (the master would answer the same) until its validity ends, and a new
+    process after that sees the new size."""
+    cluster: Cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "f.bin", b"the first version")
+    interval = 6.0
+    cluster.mount_bucket("/ro", bucket, read_only=True, metadata_sync_interval=int(interval))
+    asked_at = time.monotonic()  # the master's validity counts from its store's answer, a moment before
+    assert load(cluster, SHORT_CIRCUIT, ["/ro/f.bin"], tmp_path, stat=True)["/ro/f.bin"][0] == 17
+    cluster.s3.put_object(bucket, "f.bin", b"the second, longer version")
+    requests = socket_requests(cluster)
+    got = load(cluster, SHORT_CIRCUIT, ["/ro/f.bin"], tmp_path, stat=True)["/ro/f.bin"]
+    if time.monotonic() - asked_at < interval - 2.5:  # well within the interval: from the table
+        assert (got[0], socket_requests(cluster) - requests) == (17, 1)
+    time.sleep(max(0.0, asked_at + interval + 0.5 - time.monotonic()))
+    assert load(cluster, SHORT_CIRCUIT, ["/ro/f.bin"], tmp_path, stat=True)["/ro/f.bin"][0] == 26
