@@ -42,8 +42,8 @@ _RECORD = struct.Struct("<II")  # body length, crc32 of the body
 _BODY = struct.Struct("<dH")  # valid until, path length
 # Slots probed for a path at most: past that the table is too full (the worker starts anew).
 MAX_PROBES = 32
-# Bytes of the file per slot: a record of a status with a 40-character path takes ~150 bytes,
-# so at half the slots in use the data area is about full too.
+# Bytes of data per slot in use: a record of a status with a 40-character path takes ~170
+# bytes, so at half the slots in use (a new table is due) the data area is about full too.
 BYTES_PER_SLOT = 128
 # The smallest table: a header, 64 slots and their records.
 MIN_TABLE_BYTES = HEADER_BYTES + 64 * (8 + BYTES_PER_SLOT)
@@ -56,9 +56,9 @@ class TableError(Exception):
 
 def slot_count(size: int) -> int:
     """The slots of a table of `size` bytes: the largest power of two that leaves each slot
-    BYTES_PER_SLOT bytes of data."""
+    in use (at most half of them) BYTES_PER_SLOT bytes of data."""
     count = 1
-    while (count * 2) * (8 + BYTES_PER_SLOT) <= size - HEADER_BYTES:
+    while (count * 2) * (8 + BYTES_PER_SLOT // 2) <= size - HEADER_BYTES:
         count *= 2
     return count
 
