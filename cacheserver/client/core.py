@@ -108,6 +108,7 @@ class StrataClient(Links):
         self._listed: dict[str, float] = {}  # folders listed by the node's worker -> until when not to ask again
         self._table: NodeTable | None = None  # the node's status table (client/nodetable.py)
         self._table_next = 0.0  # time.monotonic() before which it is not asked for again
+        self._table_checked = 0.0  # time.monotonic() before which it is not found stale again
         self._table_lock = threading.Lock()
 
     # -- metadata ----------------------------------------------------------------------------
@@ -161,6 +162,8 @@ class StrataClient(Links):
                 return listed, True
             answered = self._node_status(key, 0, sent)
             if answered is not None:
+                if table is not None and answered[0].valid_for_ms:
+                    self._check_table(table, key)
                 return answered[0], bool(answered[0].valid_for_ms)
         request = pb.GetStatusRequest(path=path)
         what = f"stat {path}"
@@ -246,6 +249,17 @@ class StrataClient(Links):
             # A retired mapping is left to the collector: another thread may be reading it.
             self._table, self._table_next = table, 0.0
             return table
+
+    def _check_table(self, table: NodeTable, path: str) -> None:
+        """The worker answered the status of `path` as reusable, so it published it: a table
+        without it is one the worker no longer writes (it restarted, without retiring it),
+        and the next stat asks for the current one (at most once in TABLE_RETRY_SECONDS)."""
+        if table.status(path) is not None:
+            return
+        with self._table_lock:
+            now = time.monotonic()
+            if self._table is table and now >= self._table_checked:
+                self._table, self._table_next, self._table_checked = None, 0.0, now + TABLE_RETRY_SECONDS
 
     def _node_folder(self, path: str, sent: float) -> pb.FileInfo | None:
         """The status of `path` (a held key) from its folder's statuses, asked of the node's

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,25 @@ def test_the_table_answers_a_changed_file_only_within_the_mounts_interval(start_
         assert (got[0], socket_requests(cluster) - requests) == (17, 1)
     time.sleep(max(0.0, asked_at + interval + 0.5 - time.monotonic()))
     assert load(cluster, SHORT_CIRCUIT, ["/ro/f.bin"], tmp_path, stat=True)["/ro/f.bin"][0] == 26
+
+
+def test_a_process_finds_the_table_of_a_restarted_worker(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    """A worker killed and started again writes a new table and cannot retire the old one: a
+    process that mapped the old one notices (a status the worker answered as reusable is not
+    in it) and maps the new one, whose statuses then answer its stats with no request."""
+    cluster: Cluster = start_cluster(workers=1)
+    sizes = spread_dataset(cluster, bucket, folders=1, each=4)
+    a, b, c, d = sorted(sizes)
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
+    fs = cluster.fs(host=SHORT_CIRCUIT)
+    assert fs.info(a)["size"] == sizes[a]  # maps the first worker's table
+    worker = cluster.workers[0]
+    worker.stop(signal.SIGKILL)
+    worker.start()
+    worker.wait_healthy()
+    assert fs.info(b)["size"] == sizes[b]  # asked of the new worker: published in its table only
+    assert {p: r[0] for p, r in load(cluster, SHORT_CIRCUIT, [c, d], tmp_path, stat=True).items()} == \
+        {c: sizes[c], d: sizes[d]}
+    requests = socket_requests(cluster)
+    assert fs.info(c)["size"] == sizes[c] and fs.info(d)["size"] == sizes[d]
+    assert socket_requests(cluster) - requests == 1, "the new table asked for once, then no request a stat"
