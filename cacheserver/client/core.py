@@ -22,9 +22,12 @@ short-circuit, its checked bytes over the data port) in one round trip. A new pr
 training loader of each epoch) then opens a file the node has seen without asking the
 master, and goes on opening such files while the master is away. Statuses the master does
 not mark reusable (writable mounts) go to the master directly once a worker's answer showed
-their folder's are not. A stat of a file not held asks that worker for its folder's statuses
-first (worker/folders.py): one request answers every file of the folder, each held as the
-master's answer is, from when the worker asked the master.
+their folder's are not. A stat of a file not held looks first in the node's status table, a
+mapping of what that worker publishes (client/nodetable.py): a hit costs no request. A miss
+asks that worker for the file's status, which it then publishes for the node's next
+processes. Without a table (no worker on this host, or one that publishes none) a stat asks
+that worker for its folder's statuses instead (worker/folders.py): one request answers every
+file of the folder, each held as the master's answer is, from when the worker asked the master.
 
 While the master cannot be reached the client goes on, for a bounded time, with what the
 master last told it: the workers it listed (a new process: those another process of this
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -58,9 +62,11 @@ from strata.contract.rpc import error_of
 from ..common.blockrefs import key_of
 from ..common.blockwire import joined_block, write_chunk
 from ..common.paths import check_limits, check_request_paths, parent
+from ..common.statustable import TableError
 from ..placement import rank_workers
 from .held import HeldAnswer, HeldAnswers, held_key
 from .links import _MASTER_AWAY, Links
+from .nodetable import NodeTable
 from .settings import ClientSettings
 from .transfer import DataReader, LocalBlock, ShortCircuitReader, WorkerStalled, block_ref
 
@@ -87,6 +93,8 @@ WHOLE_FILE_BELOW = 1 << 20
 # Folders whose files' statuses the master does not mark reusable (writable mounts), asked
 # of the master directly, not of a worker: at most this many are remembered.
 DIRECT_FOLDERS = 10_000
+# Seconds after which a client whose node's worker gave it no status table asks again.
+TABLE_RETRY_SECONDS = 30.0
 # Seconds a folder too large for a worker to list (worker/folders.py) is not asked for again.
 TOO_LARGE_FOLDER_SECONDS = 60.0
 
@@ -98,6 +106,10 @@ class StrataClient(Links):
         self._held = HeldAnswers(HELD_METADATA_ENTRIES)
         self._direct: set[str] = set()  # folders whose statuses are asked of the master directly
         self._listed: dict[str, float] = {}  # folders listed by the node's worker -> until when not to ask again
+        self._table: NodeTable | None = None  # the node's status table (client/nodetable.py)
+        self._table_next = 0.0  # time.monotonic() before which it is not asked for again
+        self._table_checked = 0.0  # time.monotonic() before which it is not found stale again
+        self._table_lock = threading.Lock()
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -141,11 +153,17 @@ class StrataClient(Links):
         if held is not None and not self._within_grace(held.at):
             held = None
         if not fresh:
-            listed = self._node_folder(key, sent)
-            if listed is not None:
+            table = self._node_table()
+            if table is not None:  # what the node knows, without a request (client/nodetable.py)
+                found = table.status(key)
+                if found is not None:
+                    return found, True
+            elif (listed := self._node_folder(key, sent)) is not None:
                 return listed, True
             answered = self._node_status(key, 0, sent)
             if answered is not None:
+                if table is not None and answered[0].valid_for_ms:
+                    self._check_table(table, key)
                 return answered[0], bool(answered[0].valid_for_ms)
         request = pb.GetStatusRequest(path=path)
         what = f"stat {path}"
@@ -195,6 +213,53 @@ class StrataClient(Links):
         if len(workers) == 1 and live and workers[0].data_port:
             return workers[0], True
         return None
+
+    def _node_table(self) -> NodeTable | None:
+        """The node's status table, mapped (asked of the worker of this host once, and again
+        when the worker moved on to a new one); None without one (no worker on this host, one
+        that publishes none, or asked in vain less than TABLE_RETRY_SECONDS ago)."""
+        table = self._table
+        if table is not None and not table.retired:
+            return table
+        with self._table_lock:
+            table = self._table
+            if table is not None and not table.retired:
+                return table
+            now = time.monotonic()
+            if now < self._table_next:
+                return None
+            self._table_next = now + TABLE_RETRY_SECONDS
+            chosen = self._node_worker()
+            reader = self._sc_reader(chosen[0]) if chosen is not None else None
+            if reader is None:
+                return None
+            try:
+                fd = reader.status_table()
+            except StrataError as exc:
+                log.debug("worker %s shares no status table (%s): stats ask for what is not held", reader.where, exc)
+                return None
+            try:
+                table = NodeTable(fd)
+            except TableError as exc:
+                log.warning("the status table of worker %s is not usable (%s): stats ask for what is not held",
+                            reader.where, exc)
+                return None
+            finally:
+                os.close(fd)
+            # A retired mapping is left to the collector: another thread may be reading it.
+            self._table, self._table_next = table, 0.0
+            return table
+
+    def _check_table(self, table: NodeTable, path: str) -> None:
+        """The worker answered the status of `path` as reusable, so it published it: a table
+        without it is one the worker no longer writes (it restarted, without retiring it),
+        and the next stat asks for the current one (at most once in TABLE_RETRY_SECONDS)."""
+        if table.status(path) is not None:
+            return
+        with self._table_lock:
+            now = time.monotonic()
+            if self._table is table and now >= self._table_checked:
+                self._table, self._table_next, self._table_checked = None, 0.0, now + TABLE_RETRY_SECONDS
 
     def _node_folder(self, path: str, sent: float) -> pb.FileInfo | None:
         """The status of `path` (a held key) from its folder's statuses, asked of the node's

@@ -22,6 +22,7 @@ from fsspec.utils import infer_storage_options
 from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, StrataError
 from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
+from ..common.paths import parent
 from .core import Block, StrataClient
 from .listings import LISTINGS_EXPIRY, LISTINGS_MAX_ENTRIES, Listing, Listings
 from .streaming import StreamingUpload
@@ -102,7 +103,7 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if path != "/":
             # An entry of a folder listed a moment ago (ls, then info of each file: one round
             # trip, not one per file). A folder's own listing is no answer for the folder.
-            listed = self.dircache.get(self._parent(path))
+            listed = self.dircache.get(parent(path))  # (fsspec's _parent parses the path again)
             entry = listed.by_name.get(path) if isinstance(listed, Listing) else None
             if entry is not None:
                 return dict(entry)

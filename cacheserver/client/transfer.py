@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from strata.contract.errors import DataLoss, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 from ..common.blockwire import (DamagedInTransit, check_pieces, check_reply, file_of, list_line, listing_of, open_line,
-                               request_line)
+                               request_line, table_line)
 from ..common.checksums import chunk_span, first_bad_chunk
 
 log = logging.getLogger(__name__)
@@ -406,6 +406,16 @@ class ShortCircuitReader(_BlockSocketClient):
             os.close(block.fd)
             return info, b""
         return info, LocalBlock(self, ref, read_type, block)
+
+    def status_table(self) -> int:
+        """A read-only descriptor of the node's status table (`statustable`); the caller
+        owns it. Unavailable when the worker sends none."""
+        reply, _, fds = self._exchange(table_line(self._token, client=self._client))
+        for fd in fds[1:]:
+            os.close(fd)
+        if not fds:
+            raise Unavailable(f"the worker at {self.where} answered {reply} without the status table's descriptor")
+        return fds[0]
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
         """Bytes [offset, offset+length) of the block, from the worker's block file; the

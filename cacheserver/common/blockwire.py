@@ -113,6 +113,14 @@ def list_line(token: str, path: str, *, client: str = "") -> bytes:
     return (json.dumps(request) + "\n").encode()
 
 
+def table_line(token: str, *, client: str = "") -> bytes:
+    """A request for the descriptor of the node's status table (`statustable`)."""
+    request: dict[str, Any] = {"token": token, "table": 1}
+    if client:
+        request["client"] = client
+    return (json.dumps(request) + "\n").encode()
+
+
 def listing_reply(files: bytes | None, age: float, *, too_large: bool = False) -> dict[str, Any]:
     """A folder's reply: its serialized ListStatusResponse (`files`) asked `age` seconds ago;
     None: its answers are not reusable, or (`too_large`) it has too many entries."""

@@ -1,8 +1,9 @@
 """Folders' statuses a worker keeps for the readers of its node, within their validity.
 
 A new process that stats the files of a dataset (a loader checking sizes, a `find` that
-stats what it found) would ask the node's worker once per file. It asks once per folder
-instead: the worker lists the folder at the master (page by page, at most
+stats what it found) and has no mapping of the node's status table (worker/published.py: a
+process on a host without a worker, reading from the cluster's only worker) would ask the
+worker once per file. It asks once per folder instead: the worker lists the folder at the master (page by page, at most
 FOLDER_ENTRIES_MAX entries) and keeps the listing while every entry of it is reusable
 (FileInfo.valid_for_ms, counted from when the worker asked), so the node's processes get it
 with one request each and the master answers it once a validity. Only folders of read-only
@@ -89,7 +90,7 @@ class FolderListings:
         if not files or any(not f.valid_for_ms for f in files):
             return asked, None, False
         for info in files:
-            self._kept.put(info, asked)
+            self._kept.put(info, asked, publish=False)
         data = pb.ListStatusResponse(files=files).SerializeToString()
         self._forget(path)
         self._listings[path] = (asked, asked + min(f.valid_for_ms for f in files) / 1000, data, len(files),

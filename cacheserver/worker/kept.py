@@ -19,6 +19,11 @@ block's place is only a hint: a block evicted, moved to another tier or dropped 
 at it (the socket thread then finds no file of the block's length there and asks the loop),
 and the reader checks every byte it reads against the block's checksums, as on any path.
 
+Each status kept from a question about its file, and each answered from what is kept, is
+also published to the node's processes in shared memory (worker/published.py), so a new
+process answers its stats without asking; one dropped here is dropped there too. Statuses
+of folder listings are not published (a listing of thousands answers one stat).
+
 Read from the socket threads and written from the event loop: a lock guards the table.
 """
 
@@ -31,6 +36,7 @@ from collections.abc import Callable
 
 from strata.contract.proto import strata_pb2 as pb
 from ..cache.index import CachedBlock
+from .published import PublishedStatuses
 
 # Statuses kept at most (the least recently used go first): a file's entry takes about
 # 0.5 KiB, so a dataset of 200,000 files read by the node's loaders costs ~100 MiB at most.
@@ -41,8 +47,10 @@ class KeptStatuses:
     """Reusable statuses by path, each until its validity ends."""
 
     def __init__(self, limit: int = KEPT_STATUSES, clock: Callable[[], float] = time.monotonic,
-                 current: Callable[[int], bool] = lambda mount_id: True) -> None:
+                 current: Callable[[int], bool] = lambda mount_id: True,
+                 published: PublishedStatuses | None = None) -> None:
         self.limit = limit
+        self.published = published or PublishedStatuses()
         self._clock = clock
         self._current = current  # whether a mount id is in the worker's mount table
         self._lock = threading.Lock()
@@ -52,19 +60,25 @@ class KeptStatuses:
     def __len__(self) -> int:
         return len(self._answers)
 
-    def put(self, info: pb.FileInfo, sent: float) -> None:
-        """Keep the master's answer to a question sent at `sent` (the clock's time); an
+    def put(self, info: pb.FileInfo, sent: float, *, publish: bool = True) -> None:
+        """Keep the master's answer to a question sent at `sent` (the clock's time), and
+        publish it to the node's processes (unless not `publish`: an entry of a listing); an
         answer not marked reusable replaces (drops) what was kept of its path."""
         with self._lock:
             if not info.valid_for_ms or info.is_dir:
-                self._answers.pop(info.path, None)
+                if self._answers.pop(info.path, None) is not None:
+                    self.published.drop(info.path)
                 self._blocks.pop(info.path, None)
                 return
             kept = self._answers.get(info.path)
             if kept is not None and kept[1].version != info.version:
                 self._blocks.pop(info.path, None)
+                if not publish:
+                    self.published.drop(info.path)
             self._answers[info.path] = (sent + info.valid_for_ms / 1000, info)
             self._answers.move_to_end(info.path)
+            if publish:
+                self.published.publish(info, sent + info.valid_for_ms / 1000)
             while len(self._answers) > self.limit:
                 self._blocks.pop(self._answers.popitem(last=False)[0], None)
 
@@ -105,8 +119,10 @@ class KeptStatuses:
             if now >= until or not self._current(info.mount_id):
                 del self._answers[path]
                 self._blocks.pop(path, None)
+                self.published.drop(path)
                 return None
             self._answers.move_to_end(path)
+            self.published.publish(info, until)  # again, if a new table lacks it
         left = pb.FileInfo()
         left.CopyFrom(info)
         left.valid_for_ms = int((until - now) * 1000)
@@ -118,3 +134,4 @@ class KeptStatuses:
         with self._lock:
             self._answers.pop(path, None)
             self._blocks.pop(path, None)
+            self.published.drop(path)

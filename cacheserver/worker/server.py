@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from .peers import Peers
 from .reads import SERVED_PATHS, BlockReads, Counters
 from .retention import Retention
 from .service import WorkerService
-from .transfer import DataServer, ShortCircuitServer
+from .transfer import BlockSocketServer, DataServer, ShortCircuitServer
 from .uploads import STAGING_FOLDER, Uploads, remove_stale_staging
 from .writes import Writes
 
@@ -69,7 +70,8 @@ def tier_configs(config: ServerConfig, data_dir: Path, worker_id: str) -> list[T
 
 class WorkerCollector(Collector):
     def __init__(self, counters: Counters, store: BlockStore, uploads: Uploads, mounts: WorkerMounts,
-                 peers: Peers) -> None:
+                 peers: Peers, sockets: Sequence[BlockSocketServer] = ()) -> None:
+        self._sockets = sockets
         self._counters = counters
         self._peers = peers
         self._store = store
@@ -95,6 +97,8 @@ class WorkerCollector(Collector):
              "Missed blocks copied from the worker holding them instead of fetched from the store"),
             ("strata_worker_peer_bytes_read", c.peer_bytes_read, "Bytes copied from other workers' caches"),
             ("strata_worker_peer_bytes_served", c.peer_bytes_served, "Bytes of cached blocks sent to other workers"),
+            ("strata_worker_block_socket_requests", sum(s.requests for s in self._sockets),
+             "Requests (blocks, opens, stats, listings, the status table) on the data port and short-circuit socket"),
             ("strata_worker_peer_failures", self._peers.failed,
              "Holders that did not send a missed block in time (or sent it damaged): the store's bytes were used"),
         ):
@@ -310,7 +314,8 @@ async def start_worker(
         port=bound, http_port=http_bound, data_port=data_bound,
         domain_socket=str(short_circuit.advertised_path) if short_circuit else "",
     ))
-    registry.register(WorkerCollector(parts.counters, parts.store, parts.uploads, parts.mounts, parts.peers))
+    registry.register(WorkerCollector(parts.counters, parts.store, parts.uploads, parts.mounts, parts.peers,
+                                      [data, *([short_circuit] if short_circuit else [])]))
     registry.register(STORE_METRICS)
     handle = WorkerHandle(parts=parts, server=server, port=bound, http=http, http_port=http_bound, data=data,
                           data_port=data_bound, short_circuit=short_circuit, tasks=parts.loops())

@@ -93,3 +93,19 @@ class HandoffSettings(EnvironmentSettings):
     # cordoned, which races the eviction that stops the worker. A restart waits this long
     # more (a part of the grace period); 0 asks once.
     notice_seconds: float = Field(default=3.0, ge=0)
+
+
+class StatusTableSettings(EnvironmentSettings):
+    """The table of statuses shared with the node's processes (worker/published.py);
+    `STRATA_WORKER_STATUS_TABLE_BYTES` overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_STATUS_TABLE_", frozen=True, extra="forbid")
+
+    # Bytes of shared memory the published statuses take at most (pages are taken as records
+    # are written): ~150 bytes a status, so 64 MiB hold ~260,000 (half the slots). Full, the
+    # worker starts an empty table and the statuses asked for again go in it. 0: no table
+    # (every new process asks the worker for what it has not seen).
+    bytes: int = Field(default=64 << 20, ge=0)
+
+
+STATUS_TABLE_BYTES_SETTING = "STRATA_WORKER_STATUS_TABLE_BYTES"

@@ -96,6 +96,8 @@ class BlockSocketServer(ABC):
         self._closing = False
         self._slots = threading.BoundedSemaphore(settings.max_connections)
         self._kept_opens = KeptOpens(reads, loop)
+        self.requests = 0  # request lines served (for the workers' metrics), under _counting
+        self._counting = threading.Lock()
 
     def _listen(self, sock: socket.socket) -> None:
         sock.listen(128)
@@ -202,11 +204,16 @@ class BlockSocketServer(ABC):
 
     def _serve_one(self, conn: socket.socket, line: bytes) -> None:
         file: pb.FileInfo | None = None
+        with self._counting:
+            self.requests += 1
         try:
             request = parse_line(line)
             refusal = check_access(self._credentials, BLOCK_SOCKET, str(request.get("token", "")))
             if refusal is not None:
                 self._send_reply(conn, error_reply(refusal[0].name, refusal[1]))
+                return
+            if "table" in request:  # the node's status table (worker/published.py)
+                self._send_table(conn)
                 return
             if "list" in request:  # a folder's statuses (worker/folders.py)
                 listed = asyncio.run_coroutine_threadsafe(self._reads.folders.listing(str(request["list"])),
@@ -253,6 +260,23 @@ class BlockSocketServer(ABC):
             self._deliver(conn, source, file)
         finally:
             source.close()
+
+    def _send_table(self, conn: socket.socket) -> None:
+        """A read-only descriptor of the node's status table, to readers on this host only."""
+        if not self.sends_descriptors:
+            self._send_reply(conn, error_reply("INVALID_ARGUMENT", "the node's status table is shared over the "
+                                               "short-circuit socket only, with readers on the worker's host"))
+            return
+        published = self._reads.kept.published
+        fd = published.descriptor()
+        if fd is None:
+            self._send_reply(conn, error_reply("FAILED_PRECONDITION", "this worker publishes no status table "
+                                               "(STRATA_WORKER_STATUS_TABLE_BYTES=0, or the system gave it none)"))
+            return
+        try:
+            self._send_reply(conn, {"ok": True, "table": published.generation}, fd)
+        finally:
+            os.close(fd)
 
     async def _open_path(self, path: str, request: dict[str, Any]) -> tuple[pb.FileInfo, BlockSource | None]:
         """The status of the file at `path` and its block when it is small (`blockwire`)."""

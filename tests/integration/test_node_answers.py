@@ -197,12 +197,14 @@ def metadata_requests(cluster: Cluster, method: str) -> float:
         return 0.0
 
 
-@pytest.mark.parametrize("host", [SHORT_CIRCUIT, REMOTE], ids=["short-circuit", "remote"])
 def test_new_processes_stat_a_folder_with_one_listing_the_node_keeps(
-        start_cluster: Any, bucket: str, tmp_path: Path, host: str) -> None:
-    """New processes stat'ing the files of a read-only mount's folder get every status from
-    one listing of the folder that the node's worker asked the master for once
-    (worker/folders.py): no master request per file, and none for the second process."""
+        start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    """New processes without the node's status table (on a host without a worker) stat'ing
+    the files of a read-only mount's folder get every status from one listing of the folder
+    that the worker asked the master for once (worker/folders.py): no master request per
+    file, and none for the second process. (On the worker's host the table answers:
+    test_node_table.py.)"""
+    host = REMOTE
     cluster: Cluster = start_cluster(workers=1)
     files = dataset(cluster, bucket, 20)
     paths = sorted(files)
