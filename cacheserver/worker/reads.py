@@ -24,6 +24,7 @@ from strata.contract.errors import (
     ResourceExhausted,
     StrataError,
     Unavailable,
+    Unreachable,
 )
 from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
@@ -39,6 +40,7 @@ from .folders import FolderListings
 from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
+from .outagestatuses import OutageStatuses
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ class Counters:
     data_port_reads: int = 0
     # Opens answered in a block socket's thread from a kept status and block (worker/keptopens.py).
     kept_opens: int = 0
+    # Statuses of read-only mounts' files answered from their stores while the master was away.
+    outage_statuses: int = 0
     # Short-circuit readers that found a bad checksum in a block file and asked for a check.
     short_circuit_rechecks: int = 0
     # Misses served by a copy from the worker holding the block (not fetched from the store).
@@ -163,6 +167,9 @@ class BlockReads:
         self.folders = FolderListings(link, self.kept, current=mounts.is_current,  # worker/folders.py
                                       read_only=self._in_read_only_mount)
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
+        # Statuses of read-only mounts' files from their stores while the master is away.
+        self.outage = OutageStatuses(mounts, block_size=config.block_size, patience=STATUS_PATIENCE,
+                                     readahead_blocks=config.cache_policy.readahead_blocks)
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self._answered, kept=self.kept.get)
         # (path, version) of files the master said no worker holds a byte of, for a second.
@@ -459,8 +466,10 @@ class BlockReads:
 
     async def file_status(self, path: str) -> pb.FileInfo:
         """The master's status of `path` for a reader of this node: the answer kept while it
-        is valid (see worker/kept.py), else the master's now; Unavailable if it does not
-        answer within STATUS_PATIENCE (the reader then asks it itself, with its own deadline)."""
+        is valid (see worker/kept.py), else the master's now. While the master does not
+        answer (refused, or silent for STATUS_PATIENCE; once it failed, AWAY_PATIENCE), the
+        store's for a read-only mount's file (worker/outagestatuses.py), else the master's
+        error (the reader then asks it itself, with its own deadline)."""
         info = self.kept.get(path)
         if info is not None:
             return info
@@ -468,15 +477,33 @@ class BlockReads:
         if flight is None:  # the node's processes asking at once share one question
             flight = self._asking[path] = asyncio.ensure_future(self._ask_status(path))
             flight.add_done_callback(lambda _: self._asking.pop(path, None))
+        patience = self.outage.patience()
+        away: StrataError
         try:
             # The question goes on (shielded): its answer is kept for the next open.
-            return await asyncio.wait_for(asyncio.shield(flight), timeout=STATUS_PATIENCE)
+            return await asyncio.wait_for(asyncio.shield(flight), timeout=patience)
         except TimeoutError:
-            raise Unavailable(f"the master did not tell the status of {path} within {STATUS_PATIENCE:g}s") from None
+            self.outage.master_failed()
+            away = Unavailable(f"the master did not tell the status of {path} within {patience:g}s")
+        except Unreachable as exc:
+            away = exc
+        # A read-only mount's file: the store stands in for the master (worker/outagestatuses.py).
+        info = await self.outage.status(path, away)
+        self.kept.put(info, time.monotonic())
+        self.counters.outage_statuses += 1
+        return info
 
     async def _ask_status(self, path: str) -> pb.FileInfo:
         sent = time.monotonic()
-        info = await self._link.file_status(path)
+        try:
+            info = await self._link.file_status(path)
+        except Unreachable:
+            self.outage.master_failed()
+            raise
+        except StrataError:
+            self.outage.master_answered()
+            raise
+        self.outage.master_answered()
         self._answered(info, sent)
         return info
 
