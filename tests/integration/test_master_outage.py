@@ -19,12 +19,15 @@ import threading
 import time
 import zlib
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from storeproxy import StoreProxy
 from strata.contract import errors
 from .conftest import BLOCK_SIZE, Cluster, wait_until
+from .test_faults import mount_through
 from .test_node_answers import REMOTE, SHORT_CIRCUIT, load
 
 pytestmark = pytest.mark.timeout(300)
@@ -126,6 +129,9 @@ def test_during_an_outage_a_file_changed_in_the_store_is_read_new_past_the_fresh
     cluster.s3.put_object(bucket, "f.bin", b"the first version")
     cluster.mount_bucket("/ro", bucket, read_only=True, metadata_sync_interval=int(interval))
     assert load(cluster, SHORT_CIRCUIT, ["/ro/f.bin"], tmp_path)["/ro/f.bin"][0] == zlib.crc32(b"the first version")
+    running = {host: cluster.fs(host=host) for host in (SHORT_CIRCUIT, REMOTE)}  # processes that stay up
+    for fs in running.values():
+        assert fs.cat_file("/ro/f.bin") == b"the first version"  # each holds the status now
     down_at = kill_master(cluster)
     try:
         changed_at = time.monotonic()
@@ -136,9 +142,49 @@ def test_during_an_outage_a_file_changed_in_the_store_is_read_new_past_the_fresh
             assert got[0] == zlib.crc32(b"the second, longer version"), (host, got)
             assert load(cluster, host, ["/ro/f.bin"], tmp_path, stat=True)["/ro/f.bin"][0] == \
                 len(b"the second, longer version")
+        for host, fs in running.items():  # what a running process held is not used past the interval
+            assert fs.cat_file("/ro/f.bin") == b"the second, longer version", host
         assert time.monotonic() - down_at < OUTAGE
     finally:
         cluster.master.start()
     cluster.master.wait_healthy()
     wait_until(lambda: load(cluster, REMOTE, ["/ro/f.bin"], tmp_path)["/ro/f.bin"][0] ==
                zlib.crc32(b"the second, longer version"), 30, "the master to answer the new version")
+
+
+@pytest.fixture
+def store_proxy(s3: Any) -> Iterator[StoreProxy]:
+    store = StoreProxy(target_port=int(s3.endpoint_url.rsplit(":", 1)[1]))
+    yield store
+    store.stop()
+
+
+def test_with_the_store_away_too_a_held_answer_is_not_used_past_the_interval(
+        start_cluster: Any, bucket: str, store_proxy: StoreProxy) -> None:
+    """A running process holds a read-only mount's status; the master dies and its store
+    cannot be reached either: once the mount's interval has passed the process no longer
+    opens the file with what it held (it may have changed in the store meanwhile: the
+    Mount's stale-if-error is the master's answer for an unreachable store, not the client's
+    for an unreachable master), and the error names the master."""
+    cluster: Cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "f.bin", b"the first version")
+    interval = 3.0
+    mount_through(cluster, store_proxy, "/ro", bucket, read_only=True, metadata_sync_interval=int(interval))
+    fs = cluster.fs(host=SHORT_CIRCUIT)
+    assert fs.cat_file("/ro/f.bin") == b"the first version"
+    read_at = time.monotonic()
+    kill_master(cluster)
+    try:
+        with store_proxy.refusing():
+            cluster.s3.put_object(bucket, "f.bin", b"the second, longer version")  # straight to the store
+            time.sleep(max(0.0, read_at + interval + 0.5 - time.monotonic()))
+            started = time.monotonic()
+            with pytest.raises(errors.Unavailable, match="master") as failed:
+                fs.cat_file("/ro/f.bin")
+            took = time.monotonic() - started
+    finally:
+        cluster.master.start()
+    print(f"\nmaster and store away, past the interval: {type(failed.value).__name__} after {took:.2f}s")
+    assert took < 10
+    cluster.master.wait_healthy()
+    wait_until(lambda: fs.cat_file("/ro/f.bin") == b"the second, longer version", 30, "the new version")
