@@ -4,18 +4,18 @@ A read-only Mount's files are what its store holds: the master's status of such 
 store's answer it cached, cut at the cluster's block size, and reusable until that answer is
 the Mount's `metadataSync.interval` old (namespace/overlay.py). While the master cannot be
 reached (its connection refused, or no answer within STATUS_PATIENCE), a worker asked for such
-a file's status by a reader of its node (an open or a stat) asks the store itself (one HEAD on
-S3) and answers what the master would answer from that store answer: the same fields,
-reusable for the Mount's interval (at most MAX_ANSWER_REUSE) from when the worker asked. Such
-an answer is never older than the Mount's freshness contract allows; it is fresher than any
-answer the master had cached. It is kept like the master's (worker/kept.py), so the node's
-next opens of the file need neither.
+a file's status (or a folder's: a FUSE lookup on the way to a file) by a reader of its node
+(an open or a stat) asks the store itself (one HEAD on S3) and answers what the master would
+answer from that store answer: the same fields, reusable for the Mount's interval (at most
+MAX_ANSWER_REUSE) from when the worker asked. Such an answer is never older than the Mount's
+freshness contract allows; it is fresher than any answer the master had cached. A file's is
+kept like the master's (worker/kept.py), so the node's next opens of the file need neither.
 
 The master's answer stands (its error reaches the reader) for everything else: writable
 Mounts (files written through Strata are known to the master alone, and their readers are
 promised close-to-open), read-only Mounts synced at every access (interval 0: no answer is
 reusable, so nothing of it is kept or answered from the node), paths of no Mount in the
-worker's last mount table, the Mount's root and directories, Strata's upload paths, and a
+worker's last mount table, the Mount's root, Strata's upload paths, listings, and a
 store that does not answer within STORE_PATIENCE. A store that answers "not found" is believed,
 as the master believes it. Older answers are never served for an unreachable master: the
 Mount's stale-if-error is for an unreachable store, and with the master away as well the
@@ -95,14 +95,13 @@ class OutageStatuses:
         except TimeoutError:
             raise Unavailable(f"{away}; and the store of mount {mount.path} did not tell the status of {path} "
                               f"within {STORE_PATIENCE:g}s") from None
-        if status.is_dir:
-            raise away
         reuse = MAX_ANSWER_REUSE if interval < 0 else min(interval, MAX_ANSWER_REUSE)
         left = reuse - (self._clock() - asked)
         if left <= 0:
             raise away
         return pb.FileInfo(
-            path=path, name=status.name, is_dir=False, length=status.length, mtime_unix_ms=status.mtime_unix_ms,
-            version=status.version, block_size=self._block_size, persisted=True,
+            path=path, name=status.name, is_dir=status.is_dir, length=status.length,
+            mtime_unix_ms=status.mtime_unix_ms, version=status.version, block_size=self._block_size, persisted=True,
             pinned=mount.info.options.pin or mount.is_pinned(path), mount_id=mount.mount_id, read_only=True,
-            store_version=status.version, readahead_blocks=self._readahead_blocks, valid_for_ms=int(left * 1000))
+            store_version=status.version, readahead_blocks=0 if status.is_dir else self._readahead_blocks,
+            valid_for_ms=int(left * 1000))

@@ -19,7 +19,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +27,9 @@ import pytest
 from storeproxy import StoreProxy
 from strata.contract import errors
 from .conftest import BLOCK_SIZE, Cluster, wait_until
+from .test_fuse import mount_fuse  # noqa: F401  (a fixture)
 from .test_faults import mount_through
+from .test_fuse import FuseProcess
 from .test_node_answers import REMOTE, SHORT_CIRCUIT, load
 
 pytestmark = pytest.mark.timeout(300)
@@ -188,3 +190,33 @@ def test_with_the_store_away_too_a_held_answer_is_not_used_past_the_interval(
     assert took < 10
     cluster.master.wait_healthy()
     wait_until(lambda: fs.cat_file("/ro/f.bin") == b"the second, longer version", 30, "the new version")
+
+
+def test_a_fuse_mount_that_is_up_opens_read_only_files_through_a_master_outage(
+        start_cluster: Any, bucket: str, tmp_path: Path, mount_fuse: Callable[..., FuseProcess]) -> None:  # noqa: F811
+    """A FUSE mount on a worker's node, up before the master dies: files it read, files it
+    only stat'ed and files in a folder it never looked up open and read right meanwhile."""
+    cluster: Cluster = start_cluster(workers=1)
+    warm, seen, unknown = group("warm", 2), group("seen", 2), group("unknown", 2)
+    expected = put(cluster, bucket, {**warm, **seen, **unknown})
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=60)
+    mnt = mount_fuse(cluster, "--read-only", host=SHORT_CIRCUIT).path
+    for path in warm:
+        assert zlib.crc32((mnt / path.lstrip("/")).read_bytes()) == expected[path]
+    for path in seen:
+        assert (mnt / path.lstrip("/")).stat().st_size == len(seen[path])
+    down_at = kill_master(cluster)
+    try:
+        got = {}
+        for path in sorted(expected):
+            started = time.monotonic()
+            try:
+                got[path] = [zlib.crc32((mnt / path.lstrip("/")).read_bytes()), time.monotonic() - started]
+            except OSError as exc:
+                got[path] = [exc.strerror, time.monotonic() - started]
+        assert time.monotonic() - down_at < OUTAGE
+    finally:
+        cluster.master.start()
+    print(f"\nFUSE during the outage: {got}")
+    assert {p: r[0] for p, r in got.items()} == expected
+    assert max(r[1] for r in got.values()) < 2.0

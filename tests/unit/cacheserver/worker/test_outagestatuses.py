@@ -43,19 +43,20 @@ async def test_a_read_only_mounts_file_is_answered_from_the_store_for_the_mounts
     assert info.mtime_unix_ms == stat.st_mtime_ns // 1_000_000
     assert 59_000 < info.valid_for_ms <= 60_000  # the mount's interval, from when the store was asked
     assert 299_000 < (await outage.status("/never/d/f.bin", AWAY)).valid_for_ms <= 300_000  # at most 5 minutes
+    folder = await outage.status("/ro/d", AWAY)  # a FUSE lookup on the way to a file
+    assert folder.is_dir and folder.version == "" and folder.length == 0 and folder.valid_for_ms > 59_000
     with pytest.raises(NotFound):  # the store's "not found" is believed
         await outage.status("/ro/d/gone.bin", AWAY)
 
 
 async def test_the_masters_error_stands_where_the_store_cannot_stand_in(tmp_path: Path) -> None:
     (tmp_path / "f.bin").write_bytes(b"x")
-    (tmp_path / "d").mkdir()
     outage = await statuses(tmp_path, mount(tmp_path, "/rw", 1, metadata_sync_interval=60),
                             mount(tmp_path, "/every", 2, read_only=True, metadata_sync_interval=0),
                             mount(tmp_path, "/ro", 3, read_only=True, metadata_sync_interval=60))
     for path in ("/rw/f.bin",  # writable: close-to-open needs the master
                  "/every/f.bin",  # synced at every access: nothing is reusable
-                 "/ro", "/ro/d",  # the mount's root, a directory
+                 "/ro",  # the mount's root
                  "/ro/.strata-uploads/f.bin",  # Strata's own upload folder
                  "/elsewhere/f.bin"):  # no mount the worker knows
         with pytest.raises(Unreachable, match="could not be reached"):
