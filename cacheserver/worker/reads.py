@@ -18,6 +18,7 @@ from cachetools import TTLCache
 from strata.contract.config import ServerConfig
 from strata.contract.constants import MAX_READAHEAD_BLOCKS
 from strata.contract.errors import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -493,11 +494,28 @@ class BlockReads:
         self.counters.outage_statuses += 1
         return info
 
+    async def folder_listing(self, path: str) -> tuple[bytes | None, float, bool]:
+        """The folder's listing for a reader of this node (worker/folders.py); while the
+        master is known to be away it is waited for AWAY_PATIENCE only (the question goes on,
+        and its answer is kept): the reader then asks for the file's status, which the store
+        answers (worker/outagestatuses.py), instead of waiting out the listing's patience."""
+        listing = asyncio.ensure_future(self.folders.listing(path))
+        listing.add_done_callback(lambda f: f.cancelled() or f.exception())  # a late failure is no one's
+        patience = None if self.outage.away_since is None else self.outage.patience()
+        await asyncio.wait({listing}, timeout=patience)
+        if not listing.done():
+            raise Unavailable(f"the master did not list {path} within {patience:g}s (it is away)")
+        try:
+            return listing.result()
+        except Unreachable:
+            self.outage.master_failed()
+            raise
+
     async def _ask_status(self, path: str) -> pb.FileInfo:
         sent = time.monotonic()
         try:
             info = await self._link.file_status(path)
-        except Unreachable:
+        except (Unreachable, DeadlineExceeded):  # no answer: refused, or silent to the end of the call
             self.outage.master_failed()
             raise
         except StrataError:

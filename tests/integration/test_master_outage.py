@@ -220,3 +220,36 @@ def test_a_fuse_mount_that_is_up_opens_read_only_files_through_a_master_outage(
     print(f"\nFUSE during the outage: {got}")
     assert {p: r[0] for p, r in got.items()} == expected
     assert max(r[1] for r in got.values()) < 2.0
+
+
+def test_a_stopped_master_costs_a_node_one_wait_not_one_a_folder(start_cluster: Any, bucket: str,
+                                                                tmp_path: Path) -> None:
+    """A master that stops answering (SIGSTOP: a hung process, a partition) is waited for
+    once; then each worker of the node goes to the store at once for its new processes'
+    stats and opens, folder after folder, while asking the master too (whose answers take
+    over when it answers again)."""
+    cluster: Cluster = start_cluster(workers=1)
+    files = {f"/ds/f{i}/s.bin": os.urandom(1000 + i) for i in range(4)}
+    expected = put(cluster, bucket, files)
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=60)
+    cluster.s3.put_object(bucket, "other.bin", b"read before")
+    assert load(cluster, SHORT_CIRCUIT, ["/ds/other.bin"], tmp_path)  # the node's processes know the workers
+    master = cluster.master
+    assert master.process is not None
+    os.killpg(master.process.pid, signal.SIGSTOP)
+    try:
+        first = load(cluster, SHORT_CIRCUIT, ["/ds/f0/s.bin"], tmp_path, stat=True)  # the one wait
+        stats = load(cluster, SHORT_CIRCUIT, ["/ds/f1/s.bin", "/ds/f2/s.bin"], tmp_path, stat=True)
+        opens = load(cluster, SHORT_CIRCUIT, ["/ds/f3/s.bin", "/ds/f1/s.bin"], tmp_path)
+    finally:
+        os.killpg(master.process.pid, signal.SIGCONT)
+    print(f"\nstopped master: first stat {first}, stats {stats}, opens {opens}")
+    assert first["/ds/f0/s.bin"][0] == len(files["/ds/f0/s.bin"])
+    assert {p: r[0] for p, r in stats.items()} == {p: len(files[p]) for p in stats}
+    assert {p: r[0] for p, r in opens.items()} == {p: expected[p] for p in opens}
+    # Each new process waits for the master's worker list once (STRATA_CLIENT_MASTER_QUICK_TIMEOUT,
+    # 2 s; then it reads with the workers its host was told of), and a worker for the master to
+    # say where a missed block is at most once in 5 s (1 s, worker/peers.py): no other wait on
+    # the master, and none a folder (the first stat's listing waited 5 s).
+    assert stats["/ds/f1/s.bin"][1] < 3.0 and opens["/ds/f3/s.bin"][1] < 4.0
+    assert stats["/ds/f2/s.bin"][1] < 1.0 and opens["/ds/f1/s.bin"][1] < 1.0
