@@ -38,7 +38,8 @@ from strata.contract.errors import NotFound, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 from ..namespace.overlay import MAX_ANSWER_REUSE
 from ..namespace.permissions import is_upload_path
-from .mounts import WorkerMounts
+from ..ufs import UfsStatus
+from .mounts import MountView, WorkerMounts
 
 # Seconds the store may take for a status asked for while the master is away (then the
 # reader gets the master's error, with this one's).
@@ -99,9 +100,17 @@ class OutageStatuses:
         left = reuse - (self._clock() - asked)
         if left <= 0:
             raise away
-        return pb.FileInfo(
-            path=path, name=status.name, is_dir=status.is_dir, length=status.length,
-            mtime_unix_ms=status.mtime_unix_ms, version=status.version, block_size=self._block_size, persisted=True,
-            pinned=mount.info.options.pin or mount.is_pinned(path), mount_id=mount.mount_id, read_only=True,
-            store_version=status.version, readahead_blocks=0 if status.is_dir else self._readahead_blocks,
-            valid_for_ms=int(left * 1000))
+        info = store_file_info(mount, path, status, block_size=self._block_size)
+        info.readahead_blocks = 0 if status.is_dir else self._readahead_blocks
+        info.valid_for_ms = int(left * 1000)
+        return info
+
+
+def store_file_info(mount: MountView, path: str, status: UfsStatus, *, block_size: int) -> pb.FileInfo:
+    """The status the master gives the store's `status` of `path` in `mount` (its store
+    entry, namespace/overlay.py), cut at `block_size`; not reusable (valid_for_ms 0)."""
+    return pb.FileInfo(
+        path=path, name=status.name, is_dir=status.is_dir, length=status.length, mtime_unix_ms=status.mtime_unix_ms,
+        version=status.version, block_size=block_size, persisted=True,
+        pinned=mount.info.options.pin or mount.is_pinned(path), mount_id=mount.mount_id,
+        read_only=mount.info.options.read_only, store_version=status.version)

@@ -41,7 +41,7 @@ from .folders import FolderListings
 from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
-from .outagestatuses import OutageStatuses
+from .outagestatuses import OutageStatuses, store_file_info
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +210,7 @@ class BlockReads:
         status = await mount.store.info(rel)
         if status.is_dir:
             return None
-        return pb.FileInfo(path=ref.path, name=status.name, mount_id=mount.mount_id, version=status.version,
-                           block_size=self.config.block_size, length=status.length, persisted=True,
-                           store_version=status.version, mtime_unix_ms=status.mtime_unix_ms)
+        return store_file_info(mount, ref.path, status, block_size=self.config.block_size)
 
     async def _store_version(self, ref: pb.BlockRef) -> str:
         """The store's version of the object the block `ref` names is read from. Refuses
