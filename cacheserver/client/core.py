@@ -32,7 +32,10 @@ file of the folder, each held as the master's answer is, from when the worker as
 While the master cannot be reached the client goes on, for a bounded time, with what the
 master last told it: the workers it listed (a new process: those another process of this
 host was told, `localstate.WorkerRecord`), and the metadata of files already looked at, so
-open reads continue and such files can be opened again.
+open reads continue and such files can be opened again. A read-only mount's answer is never
+used past its validity, master or not: the workers answer such files' statuses from the
+store while the master is away (worker/outagestatuses.py), the node's worker first, else
+(a host without a worker) the worker the path ranks first.
 """
 
 from __future__ import annotations
@@ -150,8 +153,8 @@ class StrataClient(Links):
             if held is not None and not fresh and sent < held.until:
                 self._held.touch(key)
                 return held.info, True
-        if held is not None and not self._within_grace(held.at):
-            held = None
+        if held is not None and (not self._within_grace(held.at) or (held.info.valid_for_ms and sent >= held.until)):
+            held = None  # a read-only mount's answer is never used past its freshness, master or not
         if not fresh:
             table = self._node_table()
             if table is not None:  # what the node knows, without a request (client/nodetable.py)
@@ -168,6 +171,8 @@ class StrataClient(Links):
         request = pb.GetStatusRequest(path=path)
         what = f"stat {path}"
         if held is None:
+            if self._master_away() and (standin := self._outage_status(key)) is not None:
+                return standin, bool(standin.valid_for_ms)
             info: pb.FileInfo = self.call("GetStatus", request, what=what)
         elif self._master_away():
             return held.info, False
@@ -346,6 +351,30 @@ class StrataClient(Links):
             block = None
         self._hold([info], sent)
         return info, block
+
+    def _outage_status(self, path: str) -> pb.FileInfo | None:
+        """The status of `path` (a held key) while the master is away, from the worker its
+        path ranks first (a client on a host without a worker, in a cluster of several: the
+        node's worker was asked already), which answers a read-only mount's file from the
+        store (worker/outagestatuses.py); held as the master's answer is. None when no
+        worker answered: the master's error stands."""
+        sent = time.monotonic()
+        try:
+            workers = {w.worker_id: w for w in self.workers() if not w.decommissioning}
+        except StrataError:
+            return None
+        for worker_id in rank_workers(path, workers)[:2]:
+            reader = self._data_reader(workers[worker_id])
+            if reader is None:
+                continue
+            try:
+                info = reader.open_path(path, pb.READ_TYPE_UNSPECIFIED, whole_below=0, fetch=False)[0]
+            except StrataError as exc:
+                log.debug("worker %s did not answer the status of %s during the outage: %s", worker_id, path, exc)
+                continue
+            self._hold([info], sent)
+            return info
+        return None
 
     def _hedged_call(self, method: str, request: Any, *, what: str) -> Any:
         """A master call that has an answer to fall back on. A slow answer may be a master

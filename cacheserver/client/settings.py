@@ -44,7 +44,8 @@ class ClientSettings(EnvironmentSettings):
     # metadata it has seen) while the master cannot be reached: open reads keep reading and
     # files already seen can be opened again. 120 s rides out a master pod's restart; it is
     # kept short because metadata that old may miss a change made in the store meanwhile
-    # (as metadataSync.interval may). 0 turns this off.
+    # (as metadataSync.interval may). A read-only mount's metadata is never used past its
+    # interval this way: the workers answer it from the store meanwhile. 0 turns this off.
     master_outage_grace: float = Field(default=120.0, ge=0)
     # Seconds a read waits for the master to list a live worker when it lists none: a master
     # that just restarted hears from its workers within a heartbeat or two (the workers still

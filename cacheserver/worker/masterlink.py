@@ -46,10 +46,12 @@ class MasterLink:
     # -- namespace ---------------------------------------------------------------------------
 
     async def file_status(self, path: str, *, refresh: bool = False) -> pb.FileInfo:
-        """The namespace's status of `path`; `refresh` makes the master ask the store again."""
+        """The namespace's status of `path`; `refresh` makes the master ask the store again.
+        Unreachable when the master did not answer, refused or silent for FILE_STATUS_TIMEOUT
+        (worker/outagestatuses.py then stands in for it)."""
         return await self.client.get_status(
-            path, refresh=refresh, timeout=FILE_STATUS_TIMEOUT, what=f"status of {path} from the master",
-            late=f"the master did not tell the status of {path} within {FILE_STATUS_TIMEOUT:g}s")
+            path, refresh=refresh, timeout=FILE_STATUS_TIMEOUT,
+            what=f"status of {path} from the master")
 
     async def folder_statuses(self, path: str, limit: int, *, timeout: float) -> list[pb.FileInfo] | None:
         """The statuses of the entries of the folder at `path` (not below it), as the master

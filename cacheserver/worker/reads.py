@@ -18,12 +18,14 @@ from cachetools import TTLCache
 from strata.contract.config import ServerConfig
 from strata.contract.constants import MAX_READAHEAD_BLOCKS
 from strata.contract.errors import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
     StrataError,
     Unavailable,
+    Unreachable,
 )
 from strata.contract.modes import ReadType
 from strata.contract.proto import strata_pb2 as pb
@@ -39,6 +41,7 @@ from .folders import FolderListings
 from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
+from .outagestatuses import OutageStatuses, store_file_info
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,8 @@ class Counters:
     data_port_reads: int = 0
     # Opens answered in a block socket's thread from a kept status and block (worker/keptopens.py).
     kept_opens: int = 0
+    # Statuses of read-only mounts' files answered from their stores while the master was away.
+    outage_statuses: int = 0
     # Short-circuit readers that found a bad checksum in a block file and asked for a check.
     short_circuit_rechecks: int = 0
     # Misses served by a copy from the worker holding the block (not fetched from the store).
@@ -163,6 +168,9 @@ class BlockReads:
         self.folders = FolderListings(link, self.kept, current=mounts.is_current,  # worker/folders.py
                                       read_only=self._in_read_only_mount)
         self._asking: dict[str, asyncio.Future[pb.FileInfo]] = {}  # path -> the master's status on its way
+        # Statuses of read-only mounts' files from their stores while the master is away.
+        self.outage = OutageStatuses(mounts, block_size=config.block_size, patience=STATUS_PATIENCE,
+                                     readahead_blocks=config.cache_policy.readahead_blocks)
         self.statuses = FileStatuses(link.file_status, store_status=self._store_status,
                                      on_answer=self._answered, kept=self.kept.get)
         # (path, version) of files the master said no worker holds a byte of, for a second.
@@ -202,9 +210,7 @@ class BlockReads:
         status = await mount.store.info(rel)
         if status.is_dir:
             return None
-        return pb.FileInfo(path=ref.path, name=status.name, mount_id=mount.mount_id, version=status.version,
-                           block_size=self.config.block_size, length=status.length, persisted=True,
-                           store_version=status.version, mtime_unix_ms=status.mtime_unix_ms)
+        return store_file_info(mount, ref.path, status, block_size=self.config.block_size)
 
     async def _store_version(self, ref: pb.BlockRef) -> str:
         """The store's version of the object the block `ref` names is read from. Refuses
@@ -459,8 +465,10 @@ class BlockReads:
 
     async def file_status(self, path: str) -> pb.FileInfo:
         """The master's status of `path` for a reader of this node: the answer kept while it
-        is valid (see worker/kept.py), else the master's now; Unavailable if it does not
-        answer within STATUS_PATIENCE (the reader then asks it itself, with its own deadline)."""
+        is valid (see worker/kept.py), else the master's now. While the master does not
+        answer (refused, or silent for STATUS_PATIENCE; once it failed, AWAY_PATIENCE), the
+        store's for a read-only mount's file (worker/outagestatuses.py), else the master's
+        error (the reader then asks it itself, with its own deadline)."""
         info = self.kept.get(path)
         if info is not None:
             return info
@@ -468,15 +476,50 @@ class BlockReads:
         if flight is None:  # the node's processes asking at once share one question
             flight = self._asking[path] = asyncio.ensure_future(self._ask_status(path))
             flight.add_done_callback(lambda _: self._asking.pop(path, None))
+        patience = self.outage.patience()
+        away: StrataError
         try:
             # The question goes on (shielded): its answer is kept for the next open.
-            return await asyncio.wait_for(asyncio.shield(flight), timeout=STATUS_PATIENCE)
+            return await asyncio.wait_for(asyncio.shield(flight), timeout=patience)
         except TimeoutError:
-            raise Unavailable(f"the master did not tell the status of {path} within {STATUS_PATIENCE:g}s") from None
+            self.outage.master_failed()
+            away = Unavailable(f"the master did not tell the status of {path} within {patience:g}s")
+        except Unreachable as exc:
+            away = exc
+        # A read-only mount's file: the store stands in for the master (worker/outagestatuses.py).
+        info = await self.outage.status(path, away)
+        self.kept.put(info, time.monotonic())
+        self.counters.outage_statuses += 1
+        return info
+
+    async def folder_listing(self, path: str) -> tuple[bytes | None, float, bool]:
+        """The folder's listing for a reader of this node (worker/folders.py); while the
+        master is known to be away it is waited for AWAY_PATIENCE only (the question goes on,
+        and its answer is kept): the reader then asks for the file's status, which the store
+        answers (worker/outagestatuses.py), instead of waiting out the listing's patience."""
+        listing = asyncio.ensure_future(self.folders.listing(path))
+        listing.add_done_callback(lambda f: f.cancelled() or f.exception())  # a late failure is no one's
+        patience = None if self.outage.away_since is None else self.outage.patience()
+        await asyncio.wait({listing}, timeout=patience)
+        if not listing.done():
+            raise Unavailable(f"the master did not list {path} within {patience:g}s (it is away)")
+        try:
+            return listing.result()
+        except Unreachable:
+            self.outage.master_failed()
+            raise
 
     async def _ask_status(self, path: str) -> pb.FileInfo:
         sent = time.monotonic()
-        info = await self._link.file_status(path)
+        try:
+            info = await self._link.file_status(path)
+        except (Unreachable, DeadlineExceeded):  # no answer: refused, or silent to the end of the call
+            self.outage.master_failed()
+            raise
+        except StrataError:
+            self.outage.master_answered()
+            raise
+        self.outage.master_answered()
         self._answered(info, sent)
         return info
 

@@ -89,6 +89,8 @@ class WorkerCollector(Collector):
             ("strata_worker_data_port_reads", c.data_port_reads, "Block reads served over the data port"),
             ("strata_worker_kept_opens", c.kept_opens,
              "Opens (and stats) answered by a block socket's thread from a kept status (and block) alone"),
+            ("strata_worker_outage_statuses", c.outage_statuses,
+             "Statuses of read-only mounts' files answered from their stores while the master was away"),
             ("strata_worker_corrupt_blocks", self._store.corrupt_blocks,
              "Cached blocks found damaged (checksum or size) and dropped; readers got the store's bytes"),
             ("strata_worker_short_circuit_rechecks", c.short_circuit_rechecks,

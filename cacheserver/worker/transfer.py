@@ -216,7 +216,7 @@ class BlockSocketServer(ABC):
                 self._send_table(conn)
                 return
             if "list" in request:  # a folder's statuses (worker/folders.py)
-                listed = asyncio.run_coroutine_threadsafe(self._reads.folders.listing(str(request["list"])),
+                listed = asyncio.run_coroutine_threadsafe(self._reads.folder_listing(str(request["list"])),
                                                           self._loop)
                 data, age, too_large = listed.result()
                 self._send_reply(conn, listing_reply(data, age, too_large=too_large))

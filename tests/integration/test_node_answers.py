@@ -90,15 +90,14 @@ def test_new_processes_open_what_the_node_knows_without_the_master(
     assert master.process is not None
     os.killpg(master.process.pid, signal.SIGSTOP)  # the master stops answering
     try:
-        # Epoch 3 during the outage: files the node saw open and read right; a file it never
-        # saw fails with an error (no master to vouch for it), within the client's deadlines.
+        # Epoch 3 during the outage: files the node saw open and read right; so do files it
+        # never saw, whose statuses the worker takes from the store once the master kept
+        # silent past its patience (worker/outagestatuses.py), within the client's deadlines.
         third = load(cluster, host, seen + unseen, tmp_path, STRATA_CLIENT_MASTER_TIMEOUT="3")
     finally:
         os.killpg(master.process.pid, signal.SIGCONT)
-    assert {p: third[p][0] for p in seen} == {p: expected[p] for p in seen}
-    for path in unseen:
-        assert isinstance(third[path][0], str), f"{path} was read with no one to vouch for its status"
-        assert third[path][0] in ("Unavailable", "DeadlineExceeded", "Unreachable"), third[path]
+    assert {p: r[0] for p, r in third.items()} == {p: expected[p] for p in seen + unseen}
+    assert max(r[1] for r in third.values()) < 5, third
     after = load(cluster, host, unseen, tmp_path)
     assert {p: r[0] for p, r in after.items()} == {p: expected[p] for p in unseen}
 
