@@ -26,12 +26,16 @@ class Directories(OperationsState):
         ns = self._ns(path)
         names: dict[str, int] = {}
         try:
-            for entries in self.client.ls_pages(ns):  # a folder of any size, a page at a time
+            ahead = self._prefetch.take(ns)
+            # A folder of any size, a page at a time (or as listed ahead of this call).
+            for page, entries in enumerate([ahead] if ahead is not None else self.client.ls_pages(ns)):
                 if len(entries) == 1 and entries[0].path == ns and not entries[0].is_dir:
                     raise FuseError(errno.ENOTDIR)
                 self._attrs.put_many(entries)
                 for entry in entries:
                     names[entry.name] = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
+                if page == 0:  # what a walk reads next is in the first page
+                    self._prefetch.listed(ns, entries)
         except NotFound:
             if ns not in self._new_dirs:
                 raise

@@ -27,6 +27,7 @@ from .attrcache import REMEMBERED, AttrCache, inode_of
 from .handles import ReadHandle, ReadRecords, WriteHandle
 from .interface import MAX_IO, FuseError
 from .openreads import OpenReads
+from .prefetch import FolderPrefetch
 from .settings import FuseSettings
 
 log = logging.getLogger("strata.fuse")
@@ -41,6 +42,8 @@ class OperationsState:
         self.settings = settings
         self.root = settings.root
         self._attrs = AttrCache(settings.attr_timeout)
+        self._prefetch = FolderPrefetch(self.client.ls_pages, enabled=settings.attr_timeout > 0,
+                                        wait=self.client.settings.master_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
         self._open_reads = OpenReads()
         self._records = ReadRecords(settings.handles_dir)
@@ -162,6 +165,7 @@ class OperationsState:
 
     def _forget(self, ns: str) -> None:
         self._attrs.drop(ns)
+        self._prefetch.clear()
         with self._lock:
             for key in [k for k in self._versions if is_under(k, ns)]:
                 del self._versions[key]

@@ -3,8 +3,7 @@ entries as clients get them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from strata.contract.config import ServerConfig
 from strata.contract.modes import ReadType, WriteType
@@ -67,7 +66,7 @@ class FileInfos:
     def of(self, entry: FileEntry, *, reusable: bool = False) -> pb.FileInfo:
         """`entry` as a client gets it; `reusable`: an answer of GetStatus or ListStatus, with
         how long the client may reuse it (Namespace.valid_for)."""
-        return pb.FileInfo(**self._fields(entry, self.namespace.valid_for(entry) if reusable else 0.0))
+        return self._made(pb.FileInfo, entry, self.namespace.valid_for(entry) if reusable else 0.0)
 
     def page(self, entries: Sequence[FileEntry]) -> pb.ListStatusResponse:
         """A page of a listing: each entry as `of` makes it (reusable), made in place in the
@@ -76,20 +75,21 @@ class FileInfos:
         response = pb.ListStatusResponse()
         add = response.files.add
         for entry, valid_for in zip(entries, self.namespace.valid_for_each(entries)):
-            add(**self._fields(entry, valid_for))
+            self._made(add, entry, valid_for)
         return response
 
-    def _fields(self, entry: FileEntry, valid_for: float) -> dict[str, Any]:
-        """The FileInfo fields of `entry`, reusable for `valid_for` seconds."""
+    def _made(self, make: Callable[..., pb.FileInfo], entry: FileEntry, valid_for: float) -> pb.FileInfo:
+        """The FileInfo of `entry`, reusable for `valid_for` seconds, as `make` (the message's
+        class, or a repeated field's `add`) makes it from its fields."""
         file = not entry.is_dir
-        return {
-            "path": entry.path, "name": entry.name, "is_dir": entry.is_dir, "length": entry.length,
-            "mtime_unix_ms": entry.mtime_unix_ms, "version": entry.version, "block_size": entry.block_size,
-            "persisted": entry.persisted, "pinned": entry.pinned, "mount_id": entry.mount_id,
-            "read_only": entry.read_only, "store_version": entry.store_version,
-            "cached_bytes": self.blocks.cached_bytes_of_file(
+        return make(
+            path=entry.path, name=entry.name, is_dir=entry.is_dir, length=entry.length,
+            mtime_unix_ms=entry.mtime_unix_ms, version=entry.version, block_size=entry.block_size,
+            persisted=entry.persisted, pinned=entry.pinned, mount_id=entry.mount_id, read_only=entry.read_only,
+            store_version=entry.store_version,
+            cached_bytes=self.blocks.cached_bytes_of_file(
                 entry.mount_id, entry.path, entry.version, block_size=entry.block_size or self.config.block_size,
                 file_length=entry.length) if file else 0,
-            "readahead_blocks": self.config.cache_policy.readahead_blocks if file else 0,
-            "valid_for_ms": int(valid_for * 1000),
-        }
+            readahead_blocks=self.config.cache_policy.readahead_blocks if file else 0,
+            valid_for_ms=int(valid_for * 1000),
+        )

@@ -4,10 +4,13 @@ with, and the overlay's record of a file written through Strata."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class FileEntry:
+class FileEntry(NamedTuple):
+    """The entry of a file or directory a client is answered with: a tuple (a listing makes
+    one a file, ~4 times faster than a frozen dataclass's instance)."""
+
     path: str  # namespace path
     name: str
     is_dir: bool

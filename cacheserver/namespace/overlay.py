@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strata.contract.errors import InvalidArgument
@@ -50,6 +50,19 @@ STATE_FILE = "namespace.json"
 # at most once per file every 5 minutes (~330 stats/s spread out, where it answers
 # thousands), while a change made elsewhere shows within the time of a job's step.
 MAX_ANSWER_REUSE = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class _PageMount:
+    """A read-only mount as `valid_for_each` looks at it for a page: the prefix of the paths
+    below its root, its sync interval, and whether all of it is pinned (`pins`: None when
+    that says it for every path, else its pins, looked at for each)."""
+
+    mount: Mount
+    prefix: str
+    interval: float
+    pinned: bool
+    pins: set[str] | None
 
 
 class NamespaceOverlay(StoreAnswers):
@@ -147,8 +160,10 @@ class NamespaceOverlay(StoreAnswers):
             read_only=mount.options.read_only if mount else True,
         )
 
-    def _status_entry(self, mount: Mount, status: UfsStatus) -> FileEntry:
-        path = join(mount.path, status.path)
+    def _status_entry(self, mount: Mount, status: UfsStatus, path: str | None = None) -> FileEntry:
+        """The entry of the store's `status` in `mount` (at `path`, its namespace path, when
+        the caller has it)."""
+        path = join(mount.path, status.path) if path is None else path
         return FileEntry(
             path=path, name=name(path), is_dir=status.is_dir, length=status.length,
             mtime_unix_ms=status.mtime_unix_ms, version=status.version,
@@ -178,7 +193,7 @@ class NamespaceOverlay(StoreAnswers):
                 return self._overlay_entry(mount, path, written)
             del self._overlay[path]  # the store's file changed or went away: it wins
             self._save()
-        return None if status is None else self._status_entry(mount, status)
+        return None if status is None else self._status_entry(mount, status, path)
 
     def _written_below(self, mount: Mount, path: str) -> list[tuple[str, OverlayEntry]]:
         """Overlay entries strictly below `path` in `mount`."""
@@ -201,41 +216,49 @@ class NamespaceOverlay(StoreAnswers):
         return self.valid_for_each([entry])[0]
 
     def valid_for_each(self, entries: Sequence[FileEntry]) -> list[float]:
-        """`valid_for` of each of `entries` (a page of a listing): each mount and each
-        folder's cached listing is looked up once for the page, not once for each entry."""
+        """`valid_for` of each of `entries` (a page of a listing): each mount, its pins and
+        each folder's cached listing are looked up once for the page, not once for each
+        entry, and each entry is compared with the store's status it comes from field by
+        field (without making the entry the status gives)."""
         now = time.monotonic()
-        mounts: dict[int, Mount | None] = {}
+        mounts: dict[int, _PageMount | None] = {}
         listings: dict[tuple[int, str], tuple[Fetched | None, InOrder | None]] = {}
         out: list[float] = []
         for entry in entries:
-            if entry.mount_id not in mounts:
-                mounts[entry.mount_id] = self._mounts.by_id(entry.mount_id)
-            mount = mounts[entry.mount_id]
-            if mount is None or not mount.options.read_only or not is_under(entry.path, mount.path):
-                out.append(0.0)  # the directories holding mounts (mount id 0), and writable mounts
+            if entry.mount_id in mounts:
+                at = mounts[entry.mount_id]
+            else:
+                at = mounts[entry.mount_id] = self._page_mount(entry.mount_id)
+            path = entry.path
+            if at is None or not path.startswith(at.prefix) or path in self._overlay:
+                out.append(0.0)  # directories holding mounts (mount id 0), writable mounts, mount roots, writes
                 continue
-            interval = mount.options.metadata_sync_interval
-            rel = relative(entry.path, mount.path)
-            if interval == 0 or rel == "" or entry.path in self._overlay:
-                out.append(0.0)
-                continue
+            mount, rel = at.mount, path[len(at.prefix):]
             folder = (mount.mount_id, rel_parent(rel))
-            if folder not in listings:
-                listing = self._cached(mount, "list", folder[1])
-                listings[folder] = listing, None if listing is None or listing.value is None else InOrder(listing.value)
-            known = self._known_status_with(mount, rel, *listings[folder])  # None when the answer was served stale
-            if known is None or known.value is None or not self._answers(mount, known.value, entry):
+            listing = listings.get(folder)
+            if listing is None:
+                cached = self._cached(mount, "list", folder[1])
+                listing = listings[folder] = cached, None if cached is None or cached.value is None else InOrder(cached.value)
+            known = self._known_status_with(mount, rel, *listing)  # None when the answer was served stale
+            status = None if known is None else known.value
+            if status is None or not (  # the entry _status_entry makes of it, field by field:
+                    entry.version == status.version and entry.store_version == status.version
+                    and entry.length == status.length and entry.mtime_unix_ms == status.mtime_unix_ms
+                    and entry.is_dir == status.is_dir and entry.persisted and status.path == rel
+                    and entry.block_size == self._block_size and entry.read_only
+                    and entry.pinned == (at.pinned if at.pins is None else self._pinned(mount, path))):
                 out.append(0.0)  # not what the master answers now (an invalidation, a newer answer)
                 continue
-            left = MAX_ANSWER_REUSE if interval < 0 else known.started + interval - now
+            left = MAX_ANSWER_REUSE if at.interval < 0 else known.started + at.interval - now  # type: ignore[union-attr]
             out.append(max(0.0, min(left, MAX_ANSWER_REUSE)))
         return out
 
-    def _answers(self, mount: Mount, status: UfsStatus, entry: FileEntry) -> bool:
-        """Whether `entry` is what the master answers from the store's `status` now (the
-        store entry `_status_entry` makes, compared field by field without making it)."""
-        return (entry.version == status.version and entry.store_version == status.version
-                and entry.length == status.length and entry.mtime_unix_ms == status.mtime_unix_ms
-                and entry.is_dir == status.is_dir and entry.persisted and entry.mount_id == mount.mount_id
-                and entry.block_size == self._block_size and entry.read_only == mount.options.read_only
-                and entry.path == join(mount.path, status.path) and entry.pinned == self._pinned(mount, entry.path))
+    def _page_mount(self, mount_id: int) -> _PageMount | None:
+        """What `valid_for_each` needs of the mount `mount_id` for a page; None where every
+        answer in it is asked for again (no such mount, writable, synced at every request)."""
+        mount = self._mounts.by_id(mount_id)
+        if mount is None or not mount.options.read_only or mount.options.metadata_sync_interval == 0:
+            return None
+        pins = self._pins.get(mount_id)
+        return _PageMount(mount, mount.path.rstrip("/") + "/", mount.options.metadata_sync_interval,
+                          mount.options.pin, None if mount.options.pin or not pins else pins)

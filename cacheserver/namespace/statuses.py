@@ -167,6 +167,10 @@ class Folder(_Listing):
     def _entry(self, index: int) -> UfsStatus:
         return self._walk[self._at[index]]
 
+    def at(self, index: int) -> UfsStatus:
+        """The entry at `index`, 0 <= index < len(self) (the listings' fast path)."""
+        return self._walk.at(self._at[index])
+
     def __iter__(self) -> Iterator[UfsStatus]:
         at = self._walk.at
         for position in self._at:
@@ -213,9 +217,11 @@ class InOrder:
         if not isinstance(statuses, (Statuses, Folder)):
             return find_listed(statuses, rel)
         at = self._next
-        if at >= len(statuses) or statuses.path_at(at) != rel:
+        status = statuses.at(at) if at < len(statuses) else None
+        if status is None or status.path != rel:
             at = statuses.position(rel)
-            if at >= len(statuses) or statuses.path_at(at) != rel:
+            status = statuses.at(at) if at < len(statuses) else None
+            if status is None or status.path != rel:
                 return None
         self._next = at + 1
-        return statuses[at]
+        return status

@@ -108,8 +108,9 @@ class Namespace(NamespaceOverlay):
                 yield [file_entry]
             return
         taken: list[FileEntry] = []
-        for entry in heapq.merge(self._merged(mount, statuses), self._written_extra(mount, rel, statuses, recursive),
-                                 key=lambda e: e.path):
+        extra = self._written_extra(mount, rel, statuses, recursive)
+        merged = self._merged(mount, statuses)
+        for entry in heapq.merge(merged, extra, key=lambda e: e.path) if extra else merged:
             taken.append(entry)
             if len(taken) >= page:
                 yield taken

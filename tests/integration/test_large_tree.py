@@ -189,3 +189,20 @@ def test_a_tree_of_many_pages_lists_every_entry_once_with_its_size_through_the_c
     assert {rel: (mnt / rel).stat().st_size for rel in listed} == sizes
     stats_after = metric(cluster.master.metrics(), "strata_master_metadata_requests", '{method="GetStatus"}')
     assert stats_after - stats_before < 10
+
+
+def test_a_walk_through_fuse_sees_each_folder_as_the_master_lists_it_when_read(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    """FUSE lists the next folders of a walk ahead of it (fuse/prefetch.py): on a writable
+    mount (every answer asked for again) a file written by another client after the walk
+    began, before it reached the folder, is in that folder's listing."""
+    cluster = start_cluster(workers=1)
+    for folder in "abc":
+        cluster.s3.put_object(bucket, f"{folder}/old", b"x")
+    cluster.mount_bucket("/w", bucket, metadata_sync_interval=5)
+    mnt = mount_fuse(cluster).path / "w"
+    assert sorted(os.listdir(mnt)) == ["a", "b", "c"]  # the walk's first folder: a and b listed ahead
+    assert os.listdir(mnt / "a") == ["old"]
+    cluster.fs(host="other").pipe_file("/w/b/new", b"written meanwhile")
+    assert sorted(os.listdir(mnt / "b")) == ["new", "old"]
+    assert (mnt / "b" / "new").read_bytes() == b"written meanwhile"

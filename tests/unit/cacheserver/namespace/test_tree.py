@@ -461,6 +461,22 @@ async def test_a_page_of_a_walk_is_reusable_entry_by_entry_as_each_alone_is() ->
     assert all(interval - 1 < v <= interval for p, v in by_path.items() if p.startswith(("/m/a/", "/m/c/")))
 
 
+async def test_a_page_is_reusable_only_where_it_shows_the_pins_the_master_answers_with() -> None:
+    env = Env(None, metadata_sync_interval=30.0, read_only=True)
+    for folder in ("hot", "cold"):
+        for i in range(3):
+            env.put(f"{folder}/f{i}", b"x")
+    before = [e async for page in env.ns.list_pages("/m", recursive=True) for e in page if not e.is_dir]
+    env.ns.set_pinned("/m/hot", True)
+    after = [e async for page in env.ns.list_pages("/m", recursive=True) for e in page if not e.is_dir]
+    # Listed before the pin, the files below it say "not pinned": the master answers otherwise now.
+    assert {p: v > 0 for p, v in zip(paths(before), env.ns.valid_for_each(before))} == {
+        **{f"/m/hot/f{i}": False for i in range(3)}, **{f"/m/cold/f{i}": True for i in range(3)}}
+    assert [e.pinned for e in after] == [False] * 3 + [True] * 3
+    assert all(v > 0 for v in env.ns.valid_for_each(after))
+    assert env.ns.valid_for_each(after) == pytest.approx([env.ns.valid_for(e) for e in after], abs=0.5)
+
+
 async def test_a_listing_answers_stats_from_an_index() -> None:
     env = Env(None, metadata_sync_interval=-1, read_only=True)
     for i in range(2000):
