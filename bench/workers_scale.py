@@ -2,7 +2,7 @@
 costs the master, and whether it stays responsive, at 10, 25, 50 and 100 workers.
 
     python -P bench/workers_scale.py [--steps 10,25,50,100] [--blocks-per-worker 10000]
-                                     [--rest 10] [--probe 15] [--name workers-scale]
+                                     [--rest 10] [--probe 10] [--name workers-scale]
 
 A real master process (`python -P -m strata.cacheserver master`, as bench/stack.py starts
 it) and N synthetic workers: clients in this one process (asyncio, a gRPC connection each)
@@ -79,7 +79,7 @@ REPORT_EVERY = 5.0      # the probe's Report cadence (seconds)
 PROBE_PAUSE = 0.01      # between the probe's rounds
 STARTUP_TIMEOUT = 90.0
 REPORT_DEADLINE = 120.0  # for one worker's full report, one after another
-STORM_DEADLINE = 180.0   # for every worker's at once, and for all to be listed again
+STORM_DEADLINE = 60.0    # for every worker's at once, and for all to be listed again
 # One connection a synthetic worker, as separate worker processes have (gRPC shares one
 # connection between channels of one process to the same address otherwise).
 WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
@@ -538,7 +538,7 @@ def main() -> int:
     p.add_argument("--steps", default="10,25,50,100", help="worker counts, growing")
     p.add_argument("--blocks-per-worker", type=int, default=10_000)
     p.add_argument("--rest", type=float, default=10.0, help="seconds of heartbeats only at each step")
-    p.add_argument("--probe", type=float, default=15.0, help="seconds of client calls at each step")
+    p.add_argument("--probe", type=float, default=10.0, help="seconds of client calls at each step")
     p.add_argument("--workdir", type=Path, default=BENCH / ".scratch" / "workers-scale")
     p.add_argument("--name", default="workers-scale")
     p.add_argument("--probe-address", help=argparse.SUPPRESS)
