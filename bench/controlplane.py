@@ -36,11 +36,13 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 E2E = REPO / "tests" / "e2e"
 sys.path.insert(0, str(E2E))
+sys.path.insert(0, str(BENCH))
 
 import boto3  # noqa: E402
 
 import conftest as e2e  # noqa: E402  (the suite's harness start and stop)
 from kit import Cluster, find_tool, load_fixture, make_namespace, pod_ready, wait_until  # noqa: E402
+from results import write_result  # noqa: E402
 
 RELEASE, RELEASE_NS, NAMESPACE, BUCKET = "strata", "strata-system", "cp-bench", "cp-bench"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -228,10 +230,7 @@ def main() -> int:
     args = p.parse_args()
     result = run(args)
     text = report(result)
-    out = BENCH / "results" / f"controlplane-{args.name}"
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(text)
-    print(text)
+    write_result(BENCH / "results" / f"controlplane-{args.name}", result, text)
     return 0
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -84,3 +86,11 @@ class Target:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def write_result(out: Path, result: Any, text: str) -> None:
+    """A stand-alone benchmark's result: `out`.json (every number) and `out`.md (its
+    tables, also printed)."""
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
