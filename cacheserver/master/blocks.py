@@ -167,13 +167,25 @@ class BlockIndex:
 
     def drop_worker(self, worker_id: str) -> None:
         """Forget the blocks `worker_id` holds."""
+        for _ in self.dropping(worker_id):
+            pass
+
+    def dropping(self, worker_id: str, step: int = 2_000) -> Iterator[None]:
+        """Forget the blocks `worker_id` holds, `step` of its journal's entries at a time:
+        yields between steps, so the caller can let other work run (a worker of a million
+        blocks takes seconds). Ends early once the worker holds nothing, so a step resumed
+        after its number went to another worker touches none of that worker's blocks."""
         worker = self._workers.get(worker_id)
         if worker is None:
             return
-        for slot in self._journals[worker].slots():
+        for n, slot in enumerate(self._journals[worker].slots(), 1):
             value = self._blocks.get(slot)
             if value is not None:
                 self._discard(slot, value, worker)
+            if n % step == 0:
+                yield
+                if self._workers.get(worker_id) != worker:
+                    return
 
     def _journal(self, worker: int) -> Journal:
         while len(self._journals) <= worker:

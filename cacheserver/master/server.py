@@ -211,9 +211,21 @@ async def start_master(
         raise rpcutil.listen_error("master", "HTTP (metrics, health)", bind, http_port, "--http-port", exc) from None
 
     async def expire_loop() -> None:
+        loop = asyncio.get_running_loop()
+        woke, waited = loop.time(), False
         while True:
             await asyncio.sleep(config.heartbeat_interval)
-            parts.workers.expire_workers()
+            late = loop.time() - woke - config.heartbeat_interval
+            woke = loop.time()
+            if late > config.heartbeat_interval and not waited:
+                # The master itself was held (no CPU, a long step): the heartbeats that came
+                # meanwhile wait in line behind this wake-up; judge the workers next round
+                # (one round at most: a master held again and again still drops dead workers).
+                log.warning("the master did not run for %.1fs; workers are judged by their heartbeats next round", late)
+                waited = True
+                continue
+            waited = False
+            await parts.workers.expire_workers()
 
     expiry = asyncio.ensure_future(expire_loop())
     sweep = asyncio.ensure_future(parts.writes.sweep_dead_uploads())

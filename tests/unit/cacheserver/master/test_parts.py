@@ -33,3 +33,52 @@ async def test_a_new_run_of_a_worker_ends_the_append_its_previous_run_held_open(
         assert [w.worker_id for w in (await parts.workers.list_workers(pb.ListWorkersRequest())).workers] == ["w0"]
     finally:
         await parts.close()
+
+
+def _refs(count: int, prefix: str) -> list[pb.BlockRef]:
+    return [pb.BlockRef(mount_id=1, path=f"/m/{prefix}-{i}", version="v1", index=0, block_size=1 << 20,
+                        file_length=4096, in_store=True, length=4096) for i in range(count)]
+
+
+async def test_other_workers_heartbeat_between_the_steps_of_a_full_report() -> None:
+    """A restarted master hears every worker's full block list at once: applied whole, those
+    held the heartbeats behind them past the worker timeout, and the master dropped live
+    workers. Now a heartbeat is answered while a large report is still being taken in."""
+    config = ServerConfig()
+    mounts = MountTable(None)
+    parts = build_parts(config, mounts, Namespace(mounts, None, block_size=config.block_size), "token")
+    try:
+        other = pb.WorkerInfo(worker_id="w1", address="127.0.0.1:2", host="node-b")
+        await parts.workers.register_worker(pb.RegisterWorkerRequest(worker=other, incarnation="r"))
+        big = pb.RegisterWorkerRequest(worker=pb.WorkerInfo(worker_id="w0", address="127.0.0.1:1", host="node-a"),
+                                       incarnation="r", blocks=_refs(20_000, "big"))
+        report = asyncio.ensure_future(parts.workers.register_worker(big))
+        await asyncio.sleep(0)  # the report has started
+        answer = await parts.workers.heartbeat(pb.HeartbeatRequest(worker_id="w1"))
+        assert not answer.reregister
+        assert not report.done()  # answered between the report's steps, not after all of it
+        await report
+        assert len(parts.workers.blocks) == 20_000
+    finally:
+        await parts.close()
+
+
+async def test_a_worker_expired_while_it_registers_again_keeps_the_blocks_it_reported() -> None:
+    config = ServerConfig()
+    mounts = MountTable(None)
+    parts = build_parts(config, mounts, Namespace(mounts, None, block_size=config.block_size), "token")
+    worker = pb.WorkerInfo(worker_id="w0", address="127.0.0.1:1", host="node-a")
+    try:
+        await parts.workers.register_worker(pb.RegisterWorkerRequest(worker=worker, incarnation="r",
+                                                                     blocks=_refs(10_000, "old")))
+        # The expiry's drop (in steps) and the worker's new registration with a new list run
+        # side by side: the new list is whole afterwards, the old one gone.
+        parts.workers.membership._workers["w0"].last_heartbeat -= 3600  # silent for an hour
+        expiry = asyncio.ensure_future(parts.workers.expire_workers())
+        await asyncio.sleep(0)
+        await parts.workers.register_worker(pb.RegisterWorkerRequest(worker=worker, incarnation="r2",
+                                                                     blocks=_refs(5_000, "new")))
+        await expiry
+        assert len(parts.workers.blocks) == 5_000
+    finally:
+        await parts.close()
