@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fsspec.spec import AbstractFileSystem
@@ -86,6 +87,54 @@ class S3Store(FsspecStore):
         found += [self._status({"name": f"{bucket}/{str(item['Prefix']).rstrip('/')}", "type": "directory"})
                   for item in answer.get("CommonPrefixes", ()) if str(item["Prefix"]).strip("/")]
         return ListedPage(sorted(found, key=lambda s: s.path), not answer.get("IsTruncated"))
+
+    async def _walk_pages(self, rel: str, path: str, with_dirs: bool, page: int) -> AsyncIterator[list[UfsStatus]]:
+        """`walk_pages` on S3: the bucket's listing of the prefix, list_objects_v2 page by
+        page (each a bounded "list" call, retried as one), handed over in pages of at most
+        `page` statuses. S3 has no folders: with `with_dirs`, a folder is given just before
+        the first key below it, which is its place in path order unless a name beside it
+        sorts before "/" (a key "a.txt" beside the keys "a/..." comes before the folder "a"):
+        there the pages are out of order, and their taker sorts what it kept. Folder
+        markers (keys ending in "/") give their folder, never a file."""
+        bucket, _, key = path.partition("/")
+        prefix = key.strip("/") + "/" if key.strip("/") else ""
+        top = rel.strip("/")
+        # The folders of the last key: keys come sorted, so the keys below a folder come
+        # together, and a folder left is never met again.
+        folders: list[str] = []
+        out: list[UfsStatus] = []
+        token: str | None = None
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+
+            async def listed(more: dict[str, str] = more) -> Any:
+                fs = await self._filesystem()
+                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
+
+            answer = await self._call("list", rel, listed)
+            for item in answer.get("Contents", ()):
+                name = str(item["Key"])[len(prefix):]
+                parts = name.strip("/").split("/") if name.strip("/") else []
+                below = parts if name.endswith("/") else parts[:-1]
+                at = 0
+                while at < len(folders) and at < len(below) and folders[at] == below[at]:
+                    at += 1
+                del folders[at:]
+                for part in below[at:]:
+                    folders.append(part)
+                    if with_dirs:
+                        out.append(UfsStatus("/".join(filter(None, (top, *folders))), True, 0, 0, ""))
+                if not name.endswith("/"):
+                    out.append(self._status({"name": f"{bucket}/{item['Key']}", "type": "file", "size": item.get("Size"),
+                                             "ETag": item.get("ETag"), "LastModified": item.get("LastModified")}))
+                if len(out) >= page:
+                    yield out[:page]
+                    del out[:page]
+            token = answer.get("NextContinuationToken")
+            if not answer.get("IsTruncated") or not token:
+                break
+        if out:
+            yield out
 
     async def totals(self, rel: str = "") -> StoreTotals:
         self._path(rel)

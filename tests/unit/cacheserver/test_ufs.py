@@ -132,6 +132,25 @@ async def test_walk_finds_every_file_below(backend: Backend) -> None:
     assert [s.path for s in await backend.store.walk("z")] == ["z"]
 
 
+async def test_a_walk_comes_in_pages_of_the_size_asked_in_path_order(backend: Backend) -> None:
+    # "-" and "." sort before "/": "a-b/y" and "a.txt" come before "a/b/z", and after the folder "a".
+    for rel in ("a.txt", "a/x", "a-b/y", "a/b/z", "a0", "b"):
+        backend.put_outside(rel, rel.encode())
+    pages = [page async for page in backend.store.walk_pages("", with_dirs=True, page=2)]
+    assert all(0 < len(page) <= 2 for page in pages), [len(page) for page in pages]
+    walked = [(s.path, s.is_dir) for page in pages for s in page]
+    in_order = [("a", True), ("a-b", True), ("a-b/y", False), ("a.txt", False), ("a/b", True), ("a/b/z", False),
+                ("a/x", False), ("a0", False), ("b", False)]
+    if type(backend.store._backend) is S3Store:  # a folder comes with the first key below it
+        assert sorted(walked) == in_order and [w for w in walked if not w[1]] == [w for w in in_order if not w[1]]
+    else:
+        assert walked == in_order
+    assert [s.path async for page in backend.store.walk_pages("a", page=1) for s in page] == ["a/b/z", "a/x"]
+    assert [s.path async for page in backend.store.walk_pages("a.txt") for s in page] == ["a.txt"]
+    with pytest.raises(InvalidArgument, match="at least one status, got 0"):
+        [page async for page in backend.store.walk_pages("", page=0)]
+
+
 async def test_totals_count_the_files_and_bytes_below_a_folder_without_uploads(backend: Backend) -> None:
     for rel, size in (("a/1", 1), ("a/b/2", 20), ("a/b/c/3", 300), ("z", 4000),
                       (f"{UPLOAD_DIR}/pending", 50000), ("a/.strata-upload-1.tmp", 7)):
