@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -149,6 +150,28 @@ async def test_a_walk_comes_in_pages_of_the_size_asked_in_path_order(backend: Ba
     assert [s.path async for page in backend.store.walk_pages("a.txt") for s in page] == ["a.txt"]
     with pytest.raises(InvalidArgument, match="at least one status, got 0"):
         [page async for page in backend.store.walk_pages("", page=0)]
+
+
+async def test_a_file_walk_holds_a_folder_and_a_page_not_the_tree(tmp_path: Path) -> None:
+    """A walk of millions of files is taken page by page: the store holds the folder it is
+    in and the page being made, never the tree's statuses."""
+    for folder in range(10):  # as statuses ~3 MiB, with the infos a store answers them from ~9
+        (tmp_path / f"d{folder}").mkdir()
+        for i in range(1000):
+            os.close(os.open(tmp_path / f"d{folder}" / f"f{i:03d}.bin", os.O_CREAT | os.O_WRONLY, 0o644))
+    async with Store(f"file://{tmp_path}") as store:
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            walked = 0
+            async for page in store.walk_pages("", page=1000):
+                walked += len(page)
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    assert walked == 10_000
+    assert peak < 1.5 * 2**20, f"{peak / 2**20:.2f} MiB at the walk's peak"
 
 
 async def test_totals_count_the_files_and_bytes_below_a_folder_without_uploads(backend: Backend) -> None:
