@@ -18,6 +18,7 @@ gone, not stale. (A mount synced on every access keeps no answers, so has none t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -289,8 +290,9 @@ class StoreAnswers:
                     walked.append(status)
 
         try:
-            async for page in store.walk_pages(rel, with_dirs=True):
-                await asyncio.to_thread(pack, page)
+            async with contextlib.aclosing(store.walk_pages(rel, with_dirs=True)) as pages:
+                async for page in pages:
+                    await asyncio.to_thread(pack, page)
         except NotFound:
             return None
         return walked if ordered else await asyncio.to_thread(walked.sorted_by_path)

@@ -4,9 +4,10 @@ file:// and S3 backends: its operations are fsspec's, each one call through `Sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ class FsspecStore(StoreCalls):
         return [status async for page in self.walk_pages(rel, with_dirs=with_dirs) for status in page]
 
     async def walk_pages(self, rel: str, *, with_dirs: bool = False,
-                         page: int = WALK_PAGE) -> AsyncIterator[list[UfsStatus]]:
+                         page: int = WALK_PAGE) -> AsyncGenerator[list[UfsStatus], None]:
         """All files at or below `rel` (and, with `with_dirs`, the directories below it), in
         pages of at most `page` statuses, each made when the one before was taken: a walk
         of ten million files is never held as status objects at once. Sorted by path within
@@ -165,10 +166,11 @@ class FsspecStore(StoreCalls):
             raise InvalidArgument(f"a walk's page must hold at least one status, got {page}")
         path = self._path(rel)
         found = False
-        async for chunk in self._walk_pages(rel, path, with_dirs, page):
-            found = found or bool(chunk)
-            if chunk:
-                yield chunk
+        async with contextlib.aclosing(self._walk_pages(rel, path, with_dirs, page)) as pages:
+            async for chunk in pages:  # a walk left unfinished closes what it holds open at once
+                found = found or bool(chunk)
+                if chunk:
+                    yield chunk
         if not found and rel.strip("/"):
             status = await self.info(rel)  # NotFound if there is nothing at all
             if not status.is_dir:
@@ -185,7 +187,8 @@ class FsspecStore(StoreCalls):
         """What the filesystem lists at `rel` (at `path`): fsspec's `ls`."""
         return list(await self._fs_call("ls", path, detail=True))
 
-    async def _walk_pages(self, rel: str, path: str, with_dirs: bool, page: int) -> AsyncIterator[list[UfsStatus]]:
+    async def _walk_pages(self, rel: str, path: str, with_dirs: bool,
+                          page: int) -> AsyncGenerator[list[UfsStatus], None]:
         """`walk_pages` before the check that `rel` exists. Here the store answers whole
         (fsspec's `find`): its answer is held for the walk's length (the limit of a store
         that cannot page a walk); the statuses are made from it a page at a time, off the

@@ -14,7 +14,7 @@ import posixpath
 import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -314,7 +314,8 @@ class LocalStore(FsspecStore):
     async def _ls(self, rel: str, path: str) -> list[dict[str, Any]]:
         return await self._blocking(self._ls_local, rel, path)
 
-    async def _walk_pages(self, rel: str, path: str, with_dirs: bool, page: int) -> AsyncIterator[list[UfsStatus]]:
+    async def _walk_pages(self, rel: str, path: str, with_dirs: bool,
+                          page: int) -> AsyncGenerator[list[UfsStatus], None]:
         """`_walk_local` a page at a time on the store's threads, each page a step of one
         walk given up on once it makes no progress for the stall timeout. A walk left
         unfinished (its taker stopped) stops at its next step."""

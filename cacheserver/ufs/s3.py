@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fsspec.spec import AbstractFileSystem
@@ -88,7 +88,8 @@ class S3Store(FsspecStore):
                   for item in answer.get("CommonPrefixes", ()) if str(item["Prefix"]).strip("/")]
         return ListedPage(sorted(found, key=lambda s: s.path), not answer.get("IsTruncated"))
 
-    async def _walk_pages(self, rel: str, path: str, with_dirs: bool, page: int) -> AsyncIterator[list[UfsStatus]]:
+    async def _walk_pages(self, rel: str, path: str, with_dirs: bool,
+                          page: int) -> AsyncGenerator[list[UfsStatus], None]:
         """`walk_pages` on S3: the bucket's listing of the prefix, list_objects_v2 page by
         page (each a bounded "list" call, retried as one), handed over in pages of at most
         `page` statuses. S3 has no folders: with `with_dirs`, a folder is given just before

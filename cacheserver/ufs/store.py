@@ -4,7 +4,7 @@ operation to it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 
 from s3fs import S3FileSystem
@@ -68,7 +68,8 @@ class Store:
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
         return await self._backend.walk(rel, with_dirs=with_dirs)
 
-    def walk_pages(self, rel: str, *, with_dirs: bool = False, page: int = WALK_PAGE) -> AsyncIterator[list[UfsStatus]]:
+    def walk_pages(self, rel: str, *, with_dirs: bool = False,
+                   page: int = WALK_PAGE) -> AsyncGenerator[list[UfsStatus], None]:
         return self._backend.walk_pages(rel, with_dirs=with_dirs, page=page)
 
     async def totals(self, rel: str = "") -> StoreTotals:

@@ -174,6 +174,21 @@ async def test_a_file_walk_holds_a_folder_and_a_page_not_the_tree(tmp_path: Path
     assert peak < 1.5 * 2**20, f"{peak / 2**20:.2f} MiB at the walk's peak"
 
 
+async def test_a_file_walk_left_after_its_first_page_keeps_no_folder_open(tmp_path: Path) -> None:
+    for folder in ("a", "a/b", "a/b/c"):
+        (tmp_path / folder).mkdir()
+        for i in range(3):
+            (tmp_path / folder / f"f{i}").touch()
+    async with Store(f"file://{tmp_path}") as store:
+        before = len(os.listdir("/proc/self/fd"))
+        pages = store.walk_pages("", page=2)
+        assert [s.path for s in await anext(pages)] == ["a/b/c/f0", "a/b/c/f1"]  # three folders open down there
+        await pages.aclose()
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert [s.path async for page in store.walk_pages("a/b", page=2) for s in page] == [
+            "a/b/c/f0", "a/b/c/f1", "a/b/c/f2", "a/b/f0", "a/b/f1", "a/b/f2"]
+
+
 async def test_totals_count_the_files_and_bytes_below_a_folder_without_uploads(backend: Backend) -> None:
     for rel, size in (("a/1", 1), ("a/b/2", 20), ("a/b/c/3", 300), ("z", 4000),
                       (f"{UPLOAD_DIR}/pending", 50000), ("a/.strata-upload-1.tmp", 7)):
