@@ -97,22 +97,13 @@ class S3Store(FsspecStore):
         sorts before "/" (a key "a.txt" beside the keys "a/..." comes before the folder "a"):
         there the pages are out of order, and their taker sorts what it kept. Folder
         markers (keys ending in "/") give their folder, never a file."""
-        bucket, _, key = path.partition("/")
-        prefix = key.strip("/") + "/" if key.strip("/") else ""
+        bucket, prefix = self._bucket_prefix(rel)
         top = rel.strip("/")
         # The folders of the last key: keys come sorted, so the keys below a folder come
         # together, and a folder left is never met again.
         folders: list[str] = []
         out: list[UfsStatus] = []
-        token: str | None = None
-        while True:
-            more = {"ContinuationToken": token} if token else {}
-
-            async def listed(more: dict[str, str] = more) -> Any:
-                fs = await self._filesystem()
-                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
-
-            answer = await self._call("list", rel, listed)
+        async for answer in self._key_pages(rel):
             for item in answer.get("Contents", ()):
                 name = str(item["Key"])[len(prefix):]
                 parts = name.strip("/").split("/") if name.strip("/") else []
@@ -131,43 +122,53 @@ class S3Store(FsspecStore):
                 if len(out) >= page:
                     yield out[:page]
                     del out[:page]
-            token = answer.get("NextContinuationToken")
-            if not answer.get("IsTruncated") or not token:
-                break
         if out:
             yield out
+
+    def _bucket_prefix(self, rel: str) -> tuple[str, str]:
+        """The bucket, and the prefix of the keys at or below `rel` ("" for the bucket's root)."""
+        bucket, _, key = self._path(rel).partition("/")
+        return bucket, key.strip("/") + "/" if key.strip("/") else ""
+
+    async def _key_pages(self, rel: str) -> AsyncGenerator[dict[str, Any], None]:
+        """The bucket's listing of the keys below `rel`, list_objects_v2 page by page (each
+        a bounded "list" call, retried as one)."""
+        bucket, prefix = self._bucket_prefix(rel)
+        token: str | None = None
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+
+            async def listed(more: dict[str, str] = more) -> Any:
+                fs = await self._filesystem()
+                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
+
+            answer = await self._call("list", rel, listed)
+            yield answer
+            token = answer.get("NextContinuationToken")
+            if not answer.get("IsTruncated") or not token:
+                return
 
     async def totals(self, rel: str = "") -> StoreTotals:
         self._path(rel)
         return await self._total_s3(rel)
 
     async def _total_s3(self, rel: str) -> StoreTotals:
-        """`totals` on S3: the bucket's listing of the prefix, page by page (each page a
-        bounded "list" call, retried as one), paced like the file:// walk."""
-        bucket, _, root = self._root.partition("/")
-        prefix = "/".join(p for p in (root.strip("/"), rel.strip("/")) if p)
-        prefix = prefix + "/" if prefix else ""
+        """`totals` on S3: the bucket's listing of the prefix, page by page (`_key_pages`),
+        paced like the file:// walk."""
+        root = self._root.partition("/")[2]
         top = len(root.strip("/") + "/") if root.strip("/") else 0
         files = size = 0
-        token: str | None = None
-        while True:
-            fs = await self._filesystem()
-            more = {"ContinuationToken": token} if token else {}
-
-            async def page(more: dict[str, str] = more) -> Any:
-                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
-
-            started = time.monotonic()
-            answer = await self._call("list", rel, page)
+        started = time.monotonic()
+        async for answer in self._key_pages(rel):
             for item in answer.get("Contents", ()):
                 key = str(item["Key"])
                 if not key.endswith("/") and not _upload_rel(key[top:]):
                     files += 1
                     size += int(item.get("Size") or 0)
-            token = answer.get("NextContinuationToken")
-            if not answer.get("IsTruncated") or not token:
-                return StoreTotals(files, size)
-            await asyncio.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
+            if answer.get("IsTruncated"):
+                await asyncio.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
+            started = time.monotonic()
+        return StoreTotals(files, size)
 
     async def _read(self, rel: str, path: str, start: int, end: int, version: str | None) -> bytes:
         if version is not None:
