@@ -18,6 +18,7 @@ gone, not stale. (A mount synced on every access keeps no answers, so has none t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +31,7 @@ from ..common.pathmap import PathMap
 from ..settings import StoreTimeouts
 from strata.contract.errors import StrataError
 from ..background import BackgroundTasks
-from ..ufs import UfsStatus
+from ..ufs import Store, UfsStatus
 from .mounts import Mount, MountTable
 from .permissions import is_upload_path
 from .relpaths import rel_parent, rel_under
@@ -257,22 +258,44 @@ class StoreAnswers:
         calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "info": lambda: store.info(rel),
             "list": lambda: store.ls(rel),
-            "walk": lambda: store.walk(rel, with_dirs=True),
         }
         if is_upload_path(rel):
             return None
+        if kind == "walk":
+            return await self._walked(mount, store, rel)
         try:
             answer = await calls[kind]()
         except NotFound:
             return None
         if kind == "info":
             return answer
+        return Statuses(status for status in _nameable(mount, store.url(rel), answer)
+                        if not is_upload_path(status.path))
 
-        def kept() -> Statuses:
-            return Statuses(status for status in _nameable(mount, store.url(rel), answer)
-                            if not is_upload_path(status.path))
+    @staticmethod
+    async def _walked(mount: Mount, store: Store, rel: str) -> Statuses | None:
+        """A walk of `rel`, each page packed into the columns as it comes (the most held as
+        status objects is a page), off the event loop; None: nothing is at `rel`. The pages
+        come in path order from most stores; where they did not (S3's folders,
+        `Store.walk_pages`), the columns are sorted once at the end."""
+        walked = Statuses()
+        ordered, last = True, ""
 
-        return kept() if kind == "list" else await asyncio.to_thread(kept)
+        def pack(page: list[UfsStatus]) -> None:
+            nonlocal ordered, last
+            for status in _nameable(mount, store.url(rel), page):
+                if not is_upload_path(status.path):
+                    ordered = ordered and last <= status.path
+                    last = status.path
+                    walked.append(status)
+
+        try:
+            async with contextlib.aclosing(store.walk_pages(rel, with_dirs=True)) as pages:
+                async for page in pages:
+                    await asyncio.to_thread(pack, page)
+        except NotFound:
+            return None
+        return walked if ordered else await asyncio.to_thread(walked.sorted_by_path)
 
     def _known_status(self, mount: Mount, rel: str) -> Fetched | None:
         """What the cache can say is at `rel` (its value the status, None: nothing) and when

@@ -112,6 +112,12 @@ class Statuses(_Listing):
     def __len__(self) -> int:
         return len(self._paths)
 
+    def sorted_by_path(self) -> Statuses:
+        """These statuses sorted by path, as new columns: for a walk whose pages came out of
+        order (positions and paths are sorted, never a status object a file)."""
+        order = sorted(range(len(self._paths)), key=self._paths.text)
+        return Statuses(self.at(index) for index in order)
+
     def _entry(self, index: int) -> UfsStatus:
         if index < 0:
             index += len(self._lengths)

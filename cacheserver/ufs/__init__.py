@@ -25,12 +25,13 @@ from .calls import STORE_THREADS, Progress, StoreThreads
 from .errors import VersionChanged
 from .local import check_source_allowed
 from .options import filesystem_class, is_local, storage_options, supported_protocols
-from .status import TOTALS_DUTY, ListedPage, StoreTotals, UfsStatus, is_upload_temp
+from .status import TOTALS_DUTY, WALK_PAGE, ListedPage, StoreTotals, UfsStatus, is_upload_temp
 from .store import Store
 
 __all__ = [
     "STORE_THREADS",
     "TOTALS_DUTY",
+    "WALK_PAGE",
     "ListedPage",
     "Progress",
     "Store",

@@ -4,9 +4,10 @@ file:// and S3 backends: its operations are fsspec's, each one call through `Sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,10 @@ from fsspec.spec import AbstractFileSystem
 from strata.contract.errors import DataLoss, InvalidArgument, StrataError
 from strata.contract.urls import shown_url, url_userinfo
 from ..settings import RetrySettings, StoreTimeouts
-from .calls import STORE_THREADS, Progress, StoreCalls, StoreThreads
+from .calls import STORE_THREADS, StoreCalls, StoreThreads
 from .errors import VersionChanged, _ShortAnswer, s3_error
 from .options import storage_options
-from .status import ListedPage, StoreTotals, UfsStatus, _mtime_seconds, _size_mtime_version, _upload_rel
+from .status import WALK_PAGE, ListedPage, StoreTotals, UfsStatus, _mtime_seconds, _size_mtime_version, _upload_rel
 
 
 class FsspecStore(StoreCalls):
@@ -149,15 +150,31 @@ class FsspecStore(StoreCalls):
         return sorted((s for s in out if not (s.is_dir and s.path == rel.strip("/"))), key=lambda s: s.path)
 
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
-        """All files at or below `rel` (and, with `with_dirs`, the directories below it),
-        sorted by path. One paginated listing on object stores. The answer is made off the
-        event loop (in the walk's thread, or one of its own): a tree of a million files
-        takes seconds to sort."""
+        """`walk_pages` gathered into one list: for trees a caller holds whole anyway (a
+        folder copied file by file); the namespace takes a walk page by page."""
+        return [status async for page in self.walk_pages(rel, with_dirs=with_dirs) for status in page]
+
+    async def walk_pages(self, rel: str, *, with_dirs: bool = False,
+                         page: int = WALK_PAGE) -> AsyncGenerator[list[UfsStatus], None]:
+        """All files at or below `rel` (and, with `with_dirs`, the directories below it), in
+        pages of at most `page` statuses, each made when the one before was taken: a walk
+        of ten million files is never held as status objects at once. Sorted by path within
+        each page and from page to page, except on S3, where a folder is known only from the
+        keys below it (see `S3Store._walk_pages`). A file walks as itself; NotFound if
+        nothing is at `rel` (a root may be empty)."""
+        if page <= 0:
+            raise InvalidArgument(f"a walk's page must hold at least one status, got {page}")
         path = self._path(rel)
-        out = await self._walk(rel, path, with_dirs)
-        if not out and rel.strip("/"):
-            await self.info(rel)  # NotFound if there is nothing at all (a root may be empty)
-        return out
+        found = False
+        async with contextlib.aclosing(self._walk_pages(rel, path, with_dirs, page)) as pages:
+            async for chunk in pages:  # a walk left unfinished closes what it holds open at once
+                found = found or bool(chunk)
+                if chunk:
+                    yield chunk
+        if not found and rel.strip("/"):
+            status = await self.info(rel)  # NotFound if there is nothing at all
+            if not status.is_dir:
+                yield [status]
 
     async def listed_from(self, folder: str, limit: int, start: str = "") -> ListedPage | None:
         """One page of the listing of `folder`: at most `limit` entries from `start` (a path
@@ -170,35 +187,41 @@ class FsspecStore(StoreCalls):
         """What the filesystem lists at `rel` (at `path`): fsspec's `ls`."""
         return list(await self._fs_call("ls", path, detail=True))
 
-    async def _walk(self, rel: str, path: str, with_dirs: bool) -> list[UfsStatus]:
-        """`walk`'s answer before the check that `rel` exists."""
+    async def _walk_pages(self, rel: str, path: str, with_dirs: bool,
+                          page: int) -> AsyncGenerator[list[UfsStatus], None]:
+        """`walk_pages` before the check that `rel` exists. Here the store answers whole
+        (fsspec's `find`): its answer is held for the walk's length (the limit of a store
+        that cannot page a walk); the statuses are made from it a page at a time, off the
+        event loop."""
         found = await self._call(
             "walk", rel, lambda: self._fs_call("find", path, withdirs=with_dirs, detail=True)
         )
-        return await asyncio.to_thread(self._walked, rel, found, with_dirs)
+        names = await asyncio.to_thread(sorted, found)
+        for at in range(0, len(names), page):
+            yield await asyncio.to_thread(self._walked, rel, [found[name] for name in names[at:at + page]], with_dirs)
 
-    def _walked(self, rel: str, found: Mapping[str, Mapping[str, Any]], with_dirs: bool,
-                progress: Progress | None = None) -> list[UfsStatus]:
-        """`walk`'s answer from what the store found, sorted by path (each thousand entries
-        a step of `progress`: a million take seconds)."""
+    def _walked(self, rel: str, infos: Iterable[Mapping[str, Any]], with_dirs: bool) -> list[UfsStatus]:
+        """The statuses a walk of `rel` gives for what the store found (`infos`, in order):
+        files, and folders below `rel` with `with_dirs`."""
         top = rel.strip("/")
         out = []
-        for count, info in enumerate(found.values()):
+        for info in infos:
             status = self._status(info)
             if (with_dirs or not status.is_dir) and not (status.is_dir and status.path == top):
                 out.append(status)
-            if progress is not None and count % 1000 == 0:
-                progress.step()
-        return sorted(out, key=lambda s: s.path)
+        return out
 
     async def totals(self, rel: str = "") -> StoreTotals:
         """How many files, and bytes, lie at or below `rel` (not counting Strata's upload
         folder and uploads' temporary files): a walk that holds one folder (file://) or one
         listing page (S3) at a time, paced to work at most TOTALS_DUTY of its time, for
-        reports that may wait. Other stores are listed whole (`walk`)."""
+        reports that may wait. Other stores are walked (`walk_pages`), counted page by page."""
         self._path(rel)
-        files = [s for s in await self.walk(rel) if not _upload_rel(s.path)]
-        return StoreTotals(len(files), sum(s.length for s in files))
+        files = size = 0
+        async for page in self.walk_pages(rel):
+            kept = [s.length for s in page if not _upload_rel(s.path)]
+            files, size = files + len(kept), size + sum(kept)
+        return StoreTotals(files, size)
 
     async def read_range(self, rel: str, start: int, end: int, *, version: str | None = None,
                          exact: bool = False) -> bytes:

@@ -14,7 +14,7 @@ import posixpath
 import stat
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -225,41 +225,59 @@ class LocalStore(FsspecStore):
         finally:
             os.close(fd)
 
-    def _find_local(self, rel: str, path: str, with_dirs: bool, *, progress: Progress) -> dict[str, dict[str, Any]]:
-        """`find` for file:// stores (blocking): folder by folder through descriptors, never
-        through a link out of the root, and never into a folder that is its own ancestor
-        (links inside the root may form loops)."""
+    def _walk_local(self, rel: str, path: str, with_dirs: bool, page: int, *,
+                    progress: Progress) -> Generator[list[UfsStatus], None, None]:
+        """`walk_pages` for file:// stores (blocking, a page at each step): folder by folder
+        through descriptors, never through a link out of the root, and never into a folder
+        that is its own ancestor (links inside the root may form loops). Holds the entries
+        of the folders from the top down to the one it is in, and one page."""
         fd = self._open_inside(rel, os.O_PATH)
         try:
             st = os.fstat(fd)
             if not stat.S_ISDIR(st.st_mode):
-                return {path: _local_info(path, st)}
-            found: dict[str, dict[str, Any]] = {}
-            self._walk_folder(fd, rel.strip("/"), frozenset(), found, with_dirs, progress)
-            return found
+                yield [self._status(_local_info(path, st))]
+                return
+            out: list[UfsStatus] = []
+            for status in self._walk_folder(fd, rel.strip("/"), frozenset(), with_dirs, progress):
+                out.append(status)
+                if len(out) >= page:
+                    yield out
+                    out = []
+            if out:
+                yield out
         finally:
             os.close(fd)
 
-    def _walk_folder(self, fd: int, rel: str, ancestors: frozenset[tuple[int, int]],
-                     found: dict[str, dict[str, Any]], with_dirs: bool, progress: Progress) -> None:
+    def _walk_folder(self, fd: int, rel: str, ancestors: frozenset[tuple[int, int]], with_dirs: bool,
+                     progress: Progress) -> Iterator[UfsStatus]:
+        """The statuses below an opened folder (`rel`) in path order: a subfolder's tree
+        sorts at its name and a slash, after names such as "a.txt" beside a folder "a"
+        ("." sorts before "/"), so each folder's entries are ordered with that key."""
         progress.step()
         st = os.fstat(fd)
         here = (st.st_dev, st.st_ino)
         if here in ancestors:
             return
+        ordered: list[tuple[str, UfsStatus | None]] = []
         for name, info in self._entries(fd, rel, progress):
-            if info["type"] != "directory":
-                found[info["name"]] = info
+            is_dir = info["type"] == "directory"
+            if with_dirs or not is_dir:
+                ordered.append((name, self._status(info)))
+            if is_dir:
+                ordered.append((name + "/", None))
+        ordered.sort(key=lambda item: item[0])
+        for key, status in ordered:
+            if status is not None:
+                yield status
                 continue
-            if with_dirs:
-                found[info["name"]] = info
+            name = key[:-1]
             child = posixpath.join(rel, name)
             try:
                 inner = self._open_at(fd, name, child, _FOLDER)
             except (PermissionDenied, FileNotFoundError, NotADirectoryError):
                 continue  # changed since it was listed
             try:
-                self._walk_folder(inner, child, ancestors | {here}, found, with_dirs, progress)
+                yield from self._walk_folder(inner, child, ancestors | {here}, with_dirs, progress)
             finally:
                 os.close(inner)
 
@@ -296,12 +314,35 @@ class LocalStore(FsspecStore):
     async def _ls(self, rel: str, path: str) -> list[dict[str, Any]]:
         return await self._blocking(self._ls_local, rel, path)
 
-    async def _walk(self, rel: str, path: str, with_dirs: bool) -> list[UfsStatus]:
-        def walked(*, progress: Progress) -> list[UfsStatus]:
-            found = self._find_local(rel, path, with_dirs, progress=progress)
-            return self._walked(rel, found, with_dirs, progress)
+    async def _walk_pages(self, rel: str, path: str, with_dirs: bool,
+                          page: int) -> AsyncGenerator[list[UfsStatus], None]:
+        """`_walk_local` a page at a time on the store's threads, each page a step of one
+        walk given up on once it makes no progress for the stall timeout. A walk left
+        unfinished (its taker stopped) stops at its next step."""
+        progress = Progress()
+        pages = self._walk_local(rel, path, with_dirs, page, progress=progress)
+        broken: list[BaseException] = []
 
-        return await self._call_with_progress("walk", rel, walked)
+        def take() -> list[UfsStatus] | None:
+            if broken:  # a retry of a step that failed: the walk cannot go on from there
+                raise broken[0]
+            try:
+                return next(pages, None)
+            except BaseException as exc:
+                broken.append(exc)
+                raise
+
+        try:
+            while True:
+                progress.at = time.monotonic()  # the time its taker held the last page is no stall
+                chunk = await self._call("walk", rel, lambda: self._blocking(take), progress=progress)
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            progress.given_up = True
+            with contextlib.suppress(ValueError):  # a step still running: it stops at its next step
+                pages.close()
 
     async def totals(self, rel: str = "") -> StoreTotals:
         path = self._path(rel)

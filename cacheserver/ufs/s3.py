@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fsspec.spec import AbstractFileSystem
@@ -87,37 +88,87 @@ class S3Store(FsspecStore):
                   for item in answer.get("CommonPrefixes", ()) if str(item["Prefix"]).strip("/")]
         return ListedPage(sorted(found, key=lambda s: s.path), not answer.get("IsTruncated"))
 
+    async def _walk_pages(self, rel: str, path: str, with_dirs: bool,
+                          page: int) -> AsyncGenerator[list[UfsStatus], None]:
+        """`walk_pages` on S3: the bucket's listing of the prefix, list_objects_v2 page by
+        page (each a bounded "list" call, retried as one), handed over in pages of at most
+        `page` statuses. S3 has no folders: with `with_dirs`, a folder is given just before
+        the first key below it, which is its place in path order unless a name beside it
+        sorts before "/" (a key "a.txt" beside the keys "a/..." comes before the folder "a"):
+        there the pages are out of order, and their taker sorts what it kept. Folder
+        markers (keys ending in "/") give their folder, never a file."""
+        bucket, prefix = self._bucket_prefix(rel)
+        top = rel.strip("/")
+        # The folders of the last key: keys come sorted, so the keys below a folder come
+        # together, and a folder left is never met again.
+        folders: list[str] = []
+        out: list[UfsStatus] = []
+        async for answer in self._key_pages(rel):
+            for item in answer.get("Contents", ()):
+                name = str(item["Key"])[len(prefix):]
+                parts = name.strip("/").split("/") if name.strip("/") else []
+                below = parts if name.endswith("/") else parts[:-1]
+                at = 0
+                while at < len(folders) and at < len(below) and folders[at] == below[at]:
+                    at += 1
+                del folders[at:]
+                for part in below[at:]:
+                    folders.append(part)
+                    if with_dirs:
+                        out.append(UfsStatus("/".join(filter(None, (top, *folders))), True, 0, 0, ""))
+                if not name.endswith("/"):
+                    out.append(self._status({"name": f"{bucket}/{item['Key']}", "type": "file", "size": item.get("Size"),
+                                             "ETag": item.get("ETag"), "LastModified": item.get("LastModified")}))
+                if len(out) >= page:
+                    yield out[:page]
+                    del out[:page]
+        if out:
+            yield out
+
+    def _bucket_prefix(self, rel: str) -> tuple[str, str]:
+        """The bucket, and the prefix of the keys at or below `rel` ("" for the bucket's root)."""
+        bucket, _, key = self._path(rel).partition("/")
+        return bucket, key.strip("/") + "/" if key.strip("/") else ""
+
+    async def _key_pages(self, rel: str) -> AsyncGenerator[dict[str, Any], None]:
+        """The bucket's listing of the keys below `rel`, list_objects_v2 page by page (each
+        a bounded "list" call, retried as one)."""
+        bucket, prefix = self._bucket_prefix(rel)
+        token: str | None = None
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+
+            async def listed(more: dict[str, str] = more) -> Any:
+                fs = await self._filesystem()
+                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
+
+            answer = await self._call("list", rel, listed)
+            yield answer
+            token = answer.get("NextContinuationToken")
+            if not answer.get("IsTruncated") or not token:
+                return
+
     async def totals(self, rel: str = "") -> StoreTotals:
         self._path(rel)
         return await self._total_s3(rel)
 
     async def _total_s3(self, rel: str) -> StoreTotals:
-        """`totals` on S3: the bucket's listing of the prefix, page by page (each page a
-        bounded "list" call, retried as one), paced like the file:// walk."""
-        bucket, _, root = self._root.partition("/")
-        prefix = "/".join(p for p in (root.strip("/"), rel.strip("/")) if p)
-        prefix = prefix + "/" if prefix else ""
+        """`totals` on S3: the bucket's listing of the prefix, page by page (`_key_pages`),
+        paced like the file:// walk."""
+        root = self._root.partition("/")[2]
         top = len(root.strip("/") + "/") if root.strip("/") else 0
         files = size = 0
-        token: str | None = None
-        while True:
-            fs = await self._filesystem()
-            more = {"ContinuationToken": token} if token else {}
-
-            async def page(more: dict[str, str] = more) -> Any:
-                return await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **more)
-
-            started = time.monotonic()
-            answer = await self._call("list", rel, page)
+        started = time.monotonic()
+        async for answer in self._key_pages(rel):
             for item in answer.get("Contents", ()):
                 key = str(item["Key"])
                 if not key.endswith("/") and not _upload_rel(key[top:]):
                     files += 1
                     size += int(item.get("Size") or 0)
-            token = answer.get("NextContinuationToken")
-            if not answer.get("IsTruncated") or not token:
-                return StoreTotals(files, size)
-            await asyncio.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
+            if answer.get("IsTruncated"):
+                await asyncio.sleep((time.monotonic() - started) * (1 - TOTALS_DUTY) / TOTALS_DUTY)
+            started = time.monotonic()
+        return StoreTotals(files, size)
 
     async def _read(self, rel: str, path: str, start: int, end: int, version: str | None) -> bytes:
         if version is not None:

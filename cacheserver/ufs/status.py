@@ -20,6 +20,10 @@ class StoreTotals:
     total_bytes: int
 
 
+# Statuses a walk hands over at a time (`Store.walk_pages`): the most of a walk held as
+# status objects (~300 bytes each) while its taker packs them.
+WALK_PAGE = 5000
+
 # The share of its time a walk that totals a store works (`Store.totals`): it rests the rest.
 TOTALS_DUTY = 0.5
 

@@ -4,7 +4,7 @@ operation to it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 
 from s3fs import S3FileSystem
@@ -14,7 +14,7 @@ from .generic import FsspecStore
 from .local import LocalStore
 from .options import filesystem_class, is_local
 from .s3 import S3Store
-from .status import ListedPage, StoreTotals, UfsStatus
+from .status import WALK_PAGE, ListedPage, StoreTotals, UfsStatus
 
 
 class Store:
@@ -67,6 +67,10 @@ class Store:
 
     async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
         return await self._backend.walk(rel, with_dirs=with_dirs)
+
+    def walk_pages(self, rel: str, *, with_dirs: bool = False,
+                   page: int = WALK_PAGE) -> AsyncGenerator[list[UfsStatus], None]:
+        return self._backend.walk_pages(rel, with_dirs=with_dirs, page=page)
 
     async def totals(self, rel: str = "") -> StoreTotals:
         return await self._backend.totals(rel)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -130,6 +131,62 @@ async def test_walk_finds_every_file_below(backend: Backend) -> None:
         ("a/b/c/3", False), ("z", False),
     ]
     assert [s.path for s in await backend.store.walk("z")] == ["z"]
+
+
+async def test_a_walk_comes_in_pages_of_the_size_asked_in_path_order(backend: Backend) -> None:
+    # "-" and "." sort before "/": "a-b/y" and "a.txt" come before "a/b/z", and after the folder "a".
+    for rel in ("a.txt", "a/x", "a-b/y", "a/b/z", "a0", "b"):
+        backend.put_outside(rel, rel.encode())
+    pages = [page async for page in backend.store.walk_pages("", with_dirs=True, page=2)]
+    assert all(0 < len(page) <= 2 for page in pages), [len(page) for page in pages]
+    walked = [(s.path, s.is_dir) for page in pages for s in page]
+    in_order = [("a", True), ("a-b", True), ("a-b/y", False), ("a.txt", False), ("a/b", True), ("a/b/z", False),
+                ("a/x", False), ("a0", False), ("b", False)]
+    if type(backend.store._backend) is S3Store:  # a folder comes with the first key below it
+        assert sorted(walked) == in_order and [w for w in walked if not w[1]] == [w for w in in_order if not w[1]]
+    else:
+        assert walked == in_order
+    assert [s.path async for page in backend.store.walk_pages("a", page=1) for s in page] == ["a/b/z", "a/x"]
+    assert [s.path async for page in backend.store.walk_pages("a.txt") for s in page] == ["a.txt"]
+    with pytest.raises(InvalidArgument, match="at least one status, got 0"):
+        [page async for page in backend.store.walk_pages("", page=0)]
+
+
+async def test_a_file_walk_holds_a_folder_and_a_page_not_the_tree(tmp_path: Path) -> None:
+    """A walk of millions of files is taken page by page: the store holds the folder it is
+    in and the page being made, never the tree's statuses."""
+    for folder in range(10):  # as statuses ~3 MiB, with the infos a store answers them from ~9
+        (tmp_path / f"d{folder}").mkdir()
+        for i in range(1000):
+            os.close(os.open(tmp_path / f"d{folder}" / f"f{i:03d}.bin", os.O_CREAT | os.O_WRONLY, 0o644))
+    async with Store(f"file://{tmp_path}") as store:
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            walked = 0
+            async for page in store.walk_pages("", page=1000):
+                walked += len(page)
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    assert walked == 10_000
+    assert peak < 1.5 * 2**20, f"{peak / 2**20:.2f} MiB at the walk's peak"
+
+
+async def test_a_file_walk_left_after_its_first_page_keeps_no_folder_open(tmp_path: Path) -> None:
+    for folder in ("a", "a/b", "a/b/c"):
+        (tmp_path / folder).mkdir()
+        for i in range(3):
+            (tmp_path / folder / f"f{i}").touch()
+    async with Store(f"file://{tmp_path}") as store:
+        before = len(os.listdir("/proc/self/fd"))
+        pages = store.walk_pages("", page=2)
+        assert [s.path for s in await anext(pages)] == ["a/b/c/f0", "a/b/c/f1"]  # three folders open down there
+        await pages.aclose()
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert [s.path async for page in store.walk_pages("a/b", page=2) for s in page] == [
+            "a/b/c/f0", "a/b/c/f1", "a/b/c/f2", "a/b/f0", "a/b/f1", "a/b/f2"]
 
 
 async def test_totals_count_the_files_and_bytes_below_a_folder_without_uploads(backend: Backend) -> None:

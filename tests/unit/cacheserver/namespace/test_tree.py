@@ -4,6 +4,7 @@ import asyncio
 import errno
 import threading
 import time
+import tracemalloc
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +21,7 @@ from strata.cacheserver.namespace.overlay import MAX_ANSWER_REUSE
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.settings import StoreTimeouts
+from strata.cacheserver.ufs import UfsStatus
 from strata.contract.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -179,6 +181,80 @@ async def test_an_empty_s3_mount_lists_as_empty(s3_server: Any, bucket: str) -> 
     entry = await ns.get_status("/s3/sub/part-1")
     assert entry.version == s3_server.client().head_object(Bucket=bucket, Key="data/sub/part-1")["ETag"].strip('"')
     await table.aclose()
+
+
+async def test_an_s3_walk_whose_folders_come_late_lists_in_path_order(s3_server: Any, bucket: str) -> None:
+    # S3 knows a folder only from the keys below it: "a.txt" is listed before "a/x" shows the folder "a".
+    for key in ("data/a.txt", "data/a/x", "data/a-b/y", "data/b"):
+        s3_server.put_object(bucket, key, key.encode())
+    table = MountTable(None)
+    table.add("/s3", f"s3://{bucket}/data", MountOptions(options=s3_server.storage_options(),
+                                                         metadata_sync_interval=300))
+    ns = Namespace(table, None, block_size=BLOCK)
+    try:
+        listed = [(e.path, e.is_dir) for e in await ns.list_status("/s3", recursive=True)]
+        assert listed == [("/s3/a", True), ("/s3/a-b", True), ("/s3/a-b/y", False), ("/s3/a.txt", False),
+                          ("/s3/a/x", False), ("/s3/b", False)]
+        with s3_server.recording() as asked:  # the walk answers stats and listings below it
+            assert (await ns.get_status("/s3/a.txt")).length == len("data/a.txt")
+            assert paths(await ns.list_status("/s3/a")) == ["/s3/a/x"]
+        assert asked.requests == [], [(r.method, r.url) for r in asked.requests]
+    finally:
+        await ns.close()
+        await table.aclose()
+
+
+class GeneratedStore:
+    """A store whose walk makes `files` statuses up (folders of 1,000) page by page, as a
+    store's walk hands them over, without files: what a namespace holds of a walk is then
+    measured alone. It answers a walk whole too (`walk`), as older namespaces asked."""
+
+    def __init__(self, files: int) -> None:
+        self.files = files
+
+    def url(self, rel: str) -> str:
+        return f"generated:///{rel}"
+
+    async def walk_pages(self, rel: str, *, with_dirs: bool = False, page: int = 5000) -> AsyncIterator[list[UfsStatus]]:
+        for start in range(0, self.files, page):
+            out = []
+            for i in range(start, min(start + page, self.files)):
+                if i % 1000 == 0 and with_dirs:
+                    out.append(UfsStatus(f"d{i // 1000:04d}", True, 0, 0, ""))
+                out.append(UfsStatus(f"d{i // 1000:04d}/f{i % 1000:03d}.bin", False, 1024, 1_733_000_000_000 + i,
+                                     f"1024-{1_733_000_000_000_000_000 + i}"))
+            yield out
+
+    async def walk(self, rel: str, *, with_dirs: bool = False) -> list[UfsStatus]:
+        return [status async for page in self.walk_pages(rel, with_dirs=with_dirs) for status in page]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_walk_holds_what_it_keeps_and_one_page_at_most() -> None:
+    """A walk of ten million files must fit the master: the most it holds while it walks is
+    the columns it keeps (~100 bytes a file) and the page of statuses being packed, never
+    the whole walk as status objects (~300 bytes a file)."""
+    files = 200_000
+    table = MountTable(None)
+    mount = table.add("/g", "memory://generated", MountOptions(read_only=True, metadata_sync_interval=3600))
+    table._stores[mount.mount_id] = GeneratedStore(files)  # type: ignore[assignment]
+    ns = Namespace(table, None, block_size=BLOCK)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        pages = ns.list_pages("/g", recursive=True)
+        first = await anext(pages)  # the walk is whole before the first page
+        await pages.aclose()
+        held, peak = (n - before for n in tracemalloc.get_traced_memory())
+    finally:
+        tracemalloc.stop()
+        await table.aclose()
+    assert paths(first[:2]) == ["/g/d0000", "/g/d0000/f000.bin"]
+    assert held / files < 110, f"{held / files:.0f} bytes a file held"
+    assert peak / files < 120, f"{peak / files:.0f} bytes a file at the walk's peak ({held / files:.0f} held)"
 
 
 async def test_a_missed_status_has_the_folder_looked_at_once_for_the_files_after_it(s3_server: Any,
