@@ -40,7 +40,7 @@ class OperationsState:
         self.client = fs.client
         self.settings = settings
         self.root = settings.root
-        self._attrs = AttrCache(settings.attr_timeout)
+        self._attrs = AttrCache(settings.attr_timeout, settings.max_nodes)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
         self._open_reads = OpenReads()
         self._records = ReadRecords(settings.handles_dir)
