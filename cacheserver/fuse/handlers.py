@@ -26,7 +26,6 @@ from typing import Any, Generic
 
 from . import wire
 from .interface import MAX_IO, UTIME_NOW, UTIME_OMIT, FileInfo, FuseError, Operations, S
-from .nodelimit import NodeLimit
 from .nodes import NodeTable
 from .pins import Pins
 from .kernelattrs import KernelAttrs
@@ -84,7 +83,6 @@ class Handlers(Generic[S]):
     root: str
     _on_init: Callable[[wire.InitReply], None]
     kernel_attrs: KernelAttrs
-    node_limit: NodeLimit
     kernel_opens: bool
     pins: Pins[S]
     _dirs: dict[int, list[tuple[str, int, int]]]
@@ -125,7 +123,6 @@ class Handlers(Generic[S]):
         """An entry reply for `path` (followed by `then`), counted as a lookup of its node."""
         attr = attr_of(self.ops.getattr(path, fi))
         nodeid = self.nodes.lookup(path)
-        self.node_limit.check()
         if self.kernel_opens:
             self.pins.pin(nodeid, path)
         return Showing([wire.entry_out(nodeid, attr, self.timeout), *then], nodeid, attr)

@@ -35,15 +35,11 @@ class NodeLimit:
         # answered by a notification per node in batches, not by a wake-up per lookup.
         self.slack = max(1, (self.limit or 0) // 20)
         self._wake = threading.Event()
+        nodes.when_over_limit(self._wake.set)
 
     def start(self) -> None:
         if self.limit is not None:
             threading.Thread(target=self._run, name="strata-fuse-node-limit", daemon=True).start()
-
-    def check(self) -> None:
-        """After a lookup: wake the thread if the table is past its bound."""
-        if self.limit is not None and len(self.nodes) > self.limit:
-            self._wake.set()
 
     def _run(self) -> None:
         while True:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class NodeTable:
             raise ValueError(f"a node table's limit must be at least 1 (or None), not {limit}")
         self.root = root
         self.limit = limit
+        self._over_limit: Callable[[], None] = lambda: None  # see when_over_limit
         # In the order of their last lookup (a dict keeps the order of insertion: a node looked
         # up again is moved to the end), the least recent first.
         self._nodes: dict[int, Node] = {ROOT_ID: Node(root, 1)}
@@ -84,6 +86,11 @@ class NodeTable:
 
     def __len__(self) -> int:
         return len(self._nodes)
+
+    def when_over_limit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (quickly: under the table's lock) whenever a new node takes the table
+        past its limit, whichever request looked it up."""
+        self._over_limit = callback
 
     def over_limit(self, slack: int) -> list[tuple[int, str]]:
         """The nodes past the limit that the kernel should drop, and `slack` more (so the next
@@ -122,6 +129,8 @@ class NodeTable:
                 self._next += 1
                 node = self._nodes[nodeid] = Node(path, 0)
                 self._ids[path] = nodeid
+                if self.limit is not None and len(self._nodes) > self.limit:
+                    self._over_limit()
             else:
                 node = self._nodes[nodeid] = self._nodes.pop(nodeid)  # the most recent now
             node.lookups += 1

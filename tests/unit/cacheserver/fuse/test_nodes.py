@@ -90,3 +90,15 @@ def test_a_folder_is_as_recent_as_the_last_lookup_below_it() -> None:
     e, a, b = table.lookup("/d/e"), table.lookup("/d/e/a"), table.lookup("/d/e/b")
     assert table.over_limit(slack=0) == [(a, "/d/e/a"), (b, "/d/e/b"), (e, "/d/e")]
     assert d in table
+
+
+def test_a_new_node_past_the_limit_is_told_whichever_request_looked_it_up() -> None:
+    table = NodeTable("/", limit=2)
+    told: list[int] = []
+    table.when_over_limit(lambda: told.append(len(table)))
+    table.lookup("/a")
+    table.lookup("/a")  # not new
+    assert told == []
+    table.lookup("/b")
+    table.lookup("/b")
+    assert told == [3]
