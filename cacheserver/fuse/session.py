@@ -12,6 +12,8 @@ interface.py (StrataOperations, in operations.py, in a mount) by the handlers of
   ENOTTY in the loop itself, before the request is parsed: the kernel never remembers that a
   server has no ioctls (it passes ENOSYS on as ENOTTY and asks again at the next one), so
   every such open costs one round trip, kept as short as the loop allows.
+- The node table stays near its bound (`--max-nodes`): a thread of its own has the kernel drop
+  the least recently looked-up entries past it (nodelimit.py).
 - A reply that gives the kernel a node's attributes is written through KernelAttrs (kernelattrs.py),
   so what the kernel holds is known.
 """
