@@ -110,7 +110,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     options = FuseOptions(
         mountpoint=Path(args.mountpoint), root=args.root, read_only=args.read_only, allow_other=args.allow_other,
         write_type=args.write_type or "", attr_timeout=args.attr_timeout, readahead=args.readahead,
-        spool_dir=args.spool_dir, readers=args.readers, resume_timeout=fuse_environment().resume_timeout if args.resume_timeout is None else args.resume_timeout,
+        spool_dir=args.spool_dir, readers=args.readers, max_nodes=args.max_nodes, resume_timeout=fuse_environment().resume_timeout if args.resume_timeout is None else args.resume_timeout,
     )
     return run_fuse(options, master=args.master, token=args.token)
 
@@ -432,6 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readers", type=int, default=None, metavar="N",
                    help="files of a read-only mount kept ready to read, at most (bounds this process's memory "
                    "however many files are open; default 256)")
+    p.add_argument("--max-nodes", type=int, default=None, metavar="N",
+                   help="files and folders the kernel is let hold, and file statuses remembered, at most: past "
+                   "it the kernel is asked to drop the least recently looked-up ones (bounds this process's "
+                   "memory however many files are seen, ~2 KiB each; default 100,000)")
     p.add_argument("--resume-timeout", type=float, default=None, metavar="SECONDS",
                    help="if this process dies, how long readers wait for `strata fuse` to be run again on the "
                    "mount point before they get an error and the mount ends (default: STRATA_FUSE_RESUME_TIMEOUT "

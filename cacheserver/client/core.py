@@ -106,7 +106,7 @@ class StrataClient(Links):
     def __init__(self, master: str | None = None, token: str | None = None, host: str | None = None,
                  short_circuit: bool = True, settings: ClientSettings | None = None, kind: str = "fsspec") -> None:
         super().__init__(master, token, host, short_circuit, settings, kind)
-        self._held = HeldAnswers(HELD_METADATA_ENTRIES)
+        self._held = HeldAnswers(self.settings.held_statuses or HELD_METADATA_ENTRIES)
         self._direct: set[str] = set()  # folders whose statuses are asked of the master directly
         self._listed: dict[str, float] = {}  # folders listed by the node's worker -> until when not to ask again
         self._table: NodeTable | None = None  # the node's status table (client/nodetable.py)

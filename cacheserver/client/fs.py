@@ -24,6 +24,7 @@ from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
 from ..common.paths import parent
 from .core import Block, StrataClient
+from .settings import ClientSettings
 from .listings import LISTINGS_EXPIRY, LISTINGS_MAX_ENTRIES, Listing, Listings
 from .streaming import StreamingUpload
 from .transfer import LocalBlock
@@ -59,12 +60,12 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def __init__(self, master: str | None = None, token: str | None = None, *, host: str | None = None,
                  short_circuit: bool = True, readahead: int | None = None, write_type: str = "",
-                 client_kind: str = "fsspec", **kwargs: Any) -> None:
+                 client_kind: str = "fsspec", settings: ClientSettings | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("listings_expiry_time", LISTINGS_EXPIRY)
         super().__init__(**kwargs)
         self.dircache = Listings(LISTINGS_MAX_ENTRIES, **kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit,
-                                   kind=client_kind)
+                                   settings=settings, kind=client_kind)
         if readahead is not None and readahead < 0:
             raise InvalidArgument(f"readahead must be a number of blocks >= 0, got {readahead}")
         # None: each file's FileInfo.readahead_blocks (the cluster's cachePolicy.readaheadBlocks).

@@ -51,3 +51,6 @@ class ClientSettings(EnvironmentSettings):
     # that just restarted hears from its workers within a heartbeat or two (the workers still
     # hold their blocks); a cluster without workers fails the read after this long.
     no_workers_wait: float = Field(default=10.0, ge=0)
+    # File statuses held for reuse, at most (None: HELD_METADATA_ENTRIES of client/core.py);
+    # a FUSE mount holds as many as its --max-nodes.
+    held_statuses: int | None = Field(default=None, ge=1)

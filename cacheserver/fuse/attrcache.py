@@ -50,13 +50,13 @@ def attr_timeout_for(mounts: Iterable[pb.MountInfo], root: str) -> float:
 
 
 class AttrCache:
-    """FileInfo by namespace path for `ttl` seconds (at most REMEMBERED paths, the least
-    recently used go first), dropped with the tree below it when this mount changes the path
+    """FileInfo by namespace path for `ttl` seconds (at most `limit` paths, the least recently
+    used go first), dropped with the tree below it when this mount changes the path
     (a PathMap, shared by the mount's threads under this cache's lock)."""
 
-    def __init__(self, ttl: float) -> None:
+    def __init__(self, ttl: float, limit: int = REMEMBERED) -> None:
         self.ttl = ttl
-        self._entries: PathMap[pb.FileInfo] | None = PathMap(limit=REMEMBERED, ttl=ttl) if ttl > 0 else None
+        self._entries: PathMap[pb.FileInfo] | None = PathMap(limit=limit, ttl=ttl) if ttl > 0 else None
         self._lock = threading.Lock()
 
     def get(self, path: str) -> pb.FileInfo | None:

@@ -37,6 +37,7 @@ from strata.contract.errors import (
 )
 from strata.contract.modes import WriteType
 from ..client.fs import StrataFileSystem
+from ..client.settings import ClientSettings
 from ..common.paths import normalize
 from . import keeperhost, kernel, mountkeeper
 from .mountpoints import MountState, find_mount, mount_state, unmount, unmount_gracefully
@@ -44,7 +45,7 @@ from .interface import MAX_IO
 from .nodes import NodeTable
 from .attrcache import attr_timeout_for
 from .operations import StrataOperations
-from .settings import DEFAULT_READERS, DEFAULT_RESUME_TIMEOUT, FuseSettings, fuse_environment
+from .settings import DEFAULT_MAX_NODES, DEFAULT_READERS, DEFAULT_RESUME_TIMEOUT, FuseSettings, fuse_environment
 from .session import Session
 from .wire import InitReply
 
@@ -68,6 +69,7 @@ class FuseOptions:
     readahead: int | None = None     # blocks fetched ahead of a sequential reader; None: the cluster's policy
     spool_dir: str | None = None     # where files being written are buffered
     readers: int | None = None       # files of a read-only mount kept ready to read; None: DEFAULT_READERS
+    max_nodes: int | None = None     # nodes the kernel is let hold (and statuses remembered); None: DEFAULT_MAX_NODES
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
 
 
@@ -177,8 +179,12 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
                 f"{mountpoint} is kept mounted with --root {kept.get('root')}"
                 f"{' --read-only' if kept.get('read_only') else ''}; resume it with the same options, "
                 f"or unmount it first: fusermount3 -u {mountpoint}")
+    max_nodes = DEFAULT_MAX_NODES if options.max_nodes is None else options.max_nodes
+    if max_nodes < 1:
+        raise InvalidArgument(f"--max-nodes {max_nodes}: give 1 or more")
+    # The client holds a status of each file it was asked of: as many as the mount's nodes.
     fs = StrataFileSystem(master=master, token=token, readahead=options.readahead, skip_instance_cache=True,
-                          client_kind="fuse")
+                          client_kind="fuse", settings=ClientSettings(held_statuses=max_nodes))
     try:
         info = fs.client.stat(root)  # the master answers, the token is right, the root exists
         if not info.is_dir:
@@ -190,13 +196,14 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
             timeout = attr_timeout_for(fs.client.mounts(), root)
         settings = FuseSettings(root=root, read_only=options.read_only, write_type=write_type,
                                 attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / mountkeeper.HANDLES,
-                                readers=DEFAULT_READERS if options.readers is None else options.readers)
+                                readers=DEFAULT_READERS if options.readers is None else options.readers,
+                                max_nodes=max_nodes)
         ops = StrataOperations(fs, settings)
         resumed = attachment is not None
         if attachment is None:
             log.info("strata fuse: mounting %s at %s (master %s)", root, mountpoint, fs.client.master_address)
             attachment = _mount(mountpoint, root, options, state)
-        nodes = NodeTable("/", state / mountkeeper.JOURNAL)
+        nodes = NodeTable("/", state / mountkeeper.JOURNAL, limit=max_nodes)
 
         def remember_init(reply: InitReply) -> None:
             try:

@@ -7,6 +7,13 @@ children move with it); it is dropped when the kernel forgets it as often as it 
 up. Ids are numbers from a counter, not a hash of the path: after `mv a b` the kernel still
 holds a's node for b, and a new file at a needs a different id.
 
+The table is bounded (`limit`, `strata fuse --max-nodes`): the kernel keeps a node for as long
+as its entry stays in its cache, which only memory pressure ends, so a mount that has seen
+many files would hold a node (and its status, see pins.py) for each. `over_limit` names the
+least recently looked-up nodes past the bound; the session asks the kernel to drop their
+entries (FUSE_NOTIFY_INVAL_ENTRY), and the kernel's FORGET frees them as for any node: a node
+is never dropped while the kernel holds a lookup of it.
+
 The table outlives the process serving the mount: every change is appended to a journal file
 (one line per change, written before the kernel hears of it) that a successor replays (see
 mountkeeper.py). The journal is rewritten compactly when it has grown well past the table.
@@ -17,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,15 +45,23 @@ def _unesc(text: str) -> str:
 COMPACT_SLACK = 10_000
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     path: str | None  # None: removed (unlinked, or replaced by a rename) while the kernel holds it
     lookups: int
 
 
 class NodeTable:
-    def __init__(self, root: str, journal: Path | None = None) -> None:
+    """`limit`: nodes past which `over_limit` names some to drop (None: no bound)."""
+
+    def __init__(self, root: str, journal: Path | None = None, *, limit: int | None = None) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"a node table's limit must be at least 1 (or None), not {limit}")
         self.root = root
+        self.limit = limit
+        self._over_limit: Callable[[], None] = lambda: None  # see when_over_limit
+        # In the order of their last lookup (a dict keeps the order of insertion: a node looked
+        # up again is moved to the end), the least recent first.
         self._nodes: dict[int, Node] = {ROOT_ID: Node(root, 1)}
         self._ids: dict[str, int] = {root: ROOT_ID}
         self._next = ROOT_ID + 1
@@ -71,6 +87,37 @@ class NodeTable:
     def __len__(self) -> int:
         return len(self._nodes)
 
+    def when_over_limit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (quickly: under the table's lock) whenever a new node takes the table
+        past its limit, whichever request looked it up."""
+        self._over_limit = callback
+
+    def over_limit(self, slack: int) -> list[tuple[int, str]]:
+        """The nodes past the limit that the kernel should drop, and `slack` more (so the next
+        ones are asked for in a batch, not one per lookup), the least recently looked up
+        first, with their paths (the root and removed nodes stay). Each is counted as looked
+        up now: if the kernel keeps it (an open file holds its entry), it is named again only
+        after every other node."""
+        if self.limit is None:
+            return []
+        with self._lock:
+            excess = len(self._nodes) - self.limit
+            if excess <= 0:
+                return []
+            chosen: list[tuple[int, str]] = []
+            for nodeid, node in self._nodes.items():
+                if len(chosen) >= excess + slack:
+                    break
+                if nodeid != ROOT_ID and node.path is not None:
+                    chosen.append((nodeid, node.path))
+            for nodeid, _ in chosen:
+                self._nodes[nodeid] = self._nodes.pop(nodeid)
+            return chosen
+
+    def node_id(self, path: str) -> int | None:
+        """The node id the kernel holds for `path`, if any."""
+        return self._ids.get(path)
+
     # -- changes ---------------------------------------------------------------------------------
 
     def lookup(self, path: str) -> int:
@@ -80,9 +127,14 @@ class NodeTable:
             if nodeid is None:
                 nodeid = self._next
                 self._next += 1
-                self._nodes[nodeid] = Node(path, 0)
+                node = self._nodes[nodeid] = Node(path, 0)
                 self._ids[path] = nodeid
-            self._nodes[nodeid].lookups += 1
+                if self.limit is not None and len(self._nodes) > self.limit:
+                    self._over_limit()
+            else:
+                node = self._nodes[nodeid] = self._nodes.pop(nodeid)  # the most recent now
+            node.lookups += 1
+            self._touch_folders(path)
             self._log(f"L {nodeid} {_esc(path)}")
             return nodeid
 
@@ -109,7 +161,17 @@ class NodeTable:
             self._rename(src, dst)
             self._log(f"R {_esc(src)}\0{_esc(dst)}")
 
-    # -- internals -------------------------------------------------------------------------------
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _touch_folders(self, path: str) -> None:
+        """Count the folders above `path` as looked up now: the kernel holds each of them while
+        it holds `path` (dropping a folder's entry would drop every entry below it)."""
+        while path != self.root:
+            path = path.rpartition("/")[0] or "/"
+            nodeid = self._ids.get(path)
+            if nodeid is None or nodeid == ROOT_ID:
+                return
+            self._nodes[nodeid] = self._nodes.pop(nodeid)
 
     def _forget(self, nodeid: int, count: int) -> None:
         node = self._nodes.get(nodeid)

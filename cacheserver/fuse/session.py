@@ -8,6 +8,12 @@ interface.py (StrataOperations, in operations.py, in a mount) by the handlers of
   its readers, while requests read from the shared descriptor wait (see mountkeeper.py).
 - `resume()` asks the kernel to queue again every request the previous process read and did
   not answer (FUSE_NOTIFY_RESEND, kernel 6.9+).
+- An ioctl (Python's buffered `open()` asks whether each file is a terminal) is answered
+  ENOTTY in the loop itself, before the request is parsed: the kernel never remembers that a
+  server has no ioctls (it passes ENOSYS on as ENOTTY and asks again at the next one), so
+  every such open costs one round trip, kept as short as the loop allows.
+- The node table stays near its bound (`--max-nodes`): a thread of its own has the kernel drop
+  the least recently looked-up entries past it (nodelimit.py).
 - A reply that gives the kernel a node's attributes is written through KernelAttrs (kernelattrs.py),
   so what the kernel holds is known.
 """
@@ -23,6 +29,7 @@ from collections.abc import Callable
 from . import wire
 from .handlers import Handler, Handlers, Payload, Showing
 from .interface import MAX_IO, Operations, S
+from .nodelimit import NodeLimit
 from .nodes import NodeTable
 from .pins import Pins
 from .kernelattrs import KernelAttrs
@@ -32,6 +39,8 @@ log = logging.getLogger("strata.fuse")
 # Threads reading requests; each holds a buffer of MAX_IO plus headers.
 THREADS = 16
 BUFFER = MAX_IO + 4096
+# The answer to every ioctl, less its unique id (see _serve).
+NO_IOCTL = wire.OUT_HEADER.size, -errno.ENOTTY
 
 
 class Session(Handlers[S]):
@@ -48,6 +57,7 @@ class Session(Handlers[S]):
         self.root = root
         self._on_init = on_init
         self.kernel_attrs = KernelAttrs()
+        self.node_limit = NodeLimit(fd, nodes)
         # The kernel opens files without asking (see the module docstring).
         self.kernel_opens = read_only and self.timeout > 0
         self.pins = Pins(ops, self._invalidate_data)
@@ -74,6 +84,7 @@ class Session(Handlers[S]):
     def start(self, threads: int = THREADS) -> None:
         if self.kernel_opens:
             self.pins.start()
+        self.node_limit.start()
         for i in range(threads):
             thread = threading.Thread(target=self._serve, name=f"strata-fuse-{i}", daemon=True)
             thread.start()
@@ -97,6 +108,8 @@ class Session(Handlers[S]):
     def _serve(self) -> None:
         buf = bytearray(BUFFER)
         view = memoryview(buf)
+        opcode_unique, out_header = wire.OPCODE_UNIQUE.unpack_from, wire.OUT_HEADER.pack
+        length, enotty = NO_IOCTL
         while True:
             try:
                 n = os.readv(self.fd, [buf])
@@ -109,6 +122,13 @@ class Session(Handlers[S]):
             if n == 0:
                 return  # end of file: the other end of a socket standing in for /dev/fuse closed
             if n < wire.IN_HEADER.size:
+                continue
+            opcode, unique = opcode_unique(buf)
+            if opcode == wire.IOCTL:
+                try:
+                    os.write(self.fd, out_header(length, enotty, unique))
+                except OSError:
+                    pass  # the caller was interrupted (ENOENT), or the mount is gone (the next read says)
                 continue
             self.dispatch(view[:n])
 

@@ -19,6 +19,9 @@ from strata.contract.proto import strata_pb2 as pb
 
 # Files of a read-only mount read at once whose client file objects are kept (see read_at).
 DEFAULT_READERS = 256
+# Nodes (files and folders the kernel holds) a mount keeps, and file statuses it remembers, at
+# most (`strata fuse --max-nodes`): about 2 KiB of this process's memory each.
+DEFAULT_MAX_NODES = 100_000
 # A mount point over no Strata mount (yet): check again after this long.
 DEFAULT_ATTR_TIMEOUT = 1.0
 # Seconds a mount whose server died waits for a successor before its readers get an error:
@@ -46,6 +49,7 @@ class FuseSettings:
     spool_dir: str | None = None  # where written files are buffered; None: the temp directory
     handles_dir: Path | None = None  # what each read handle reads, for a successor (handles.ReadRecords)
     readers: int = DEFAULT_READERS  # client file objects kept for files the kernel opened without asking
+    max_nodes: int = DEFAULT_MAX_NODES  # nodes the kernel is let hold, and statuses remembered, at most
 
 
 class FuseEnvironment(BaseSettings):

@@ -41,7 +41,7 @@ class OperationsState:
         self.client = fs.client
         self.settings = settings
         self.root = settings.root
-        self._attrs = AttrCache(settings.attr_timeout)
+        self._attrs = AttrCache(settings.attr_timeout, settings.max_nodes)
         self._prefetch = FolderPrefetch(self.client.ls_pages, enabled=settings.attr_timeout > 0,
                                         wait=self.client.settings.master_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}

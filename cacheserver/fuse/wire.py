@@ -52,6 +52,7 @@ ACCESS = 34
 CREATE = 35
 INTERRUPT = 36
 DESTROY = 38
+IOCTL = 39
 NOTIFY_REPLY = 41
 BATCH_FORGET = 42
 RENAME2 = 45
@@ -91,6 +92,7 @@ FATTR_MTIME_NOW = 1 << 8
 RENAME_NOREPLACE = 1 << 0
 # Notifications (fuse_out_header.error of a message with unique 0).
 NOTIFY_INVAL_INODE = 2
+NOTIFY_INVAL_ENTRY = 3
 NOTIFY_RESEND = 7
 # A request the kernel sent again after NOTIFY_RESEND has this bit set in its unique id.
 UNIQUE_RESEND = 1 << 63
@@ -125,6 +127,9 @@ XATTR_OUT = struct.Struct("=II")              # size padding
 STATFS_OUT = struct.Struct("=QQQQQIII28x")    # blocks bfree bavail files ffree bsize namelen frsize padding spare[6]
 DIRENT_HEAD = struct.Struct("=QQII")          # ino off namelen type
 NOTIFY_INVAL_INODE_OUT = struct.Struct("=Qqq")  # ino off len
+IOCTL_IN = struct.Struct("=QIIQII")           # fh flags cmd arg in_size out_size
+NOTIFY_INVAL_ENTRY_OUT = struct.Struct("=QII")  # parent namelen flags
+OPCODE_UNIQUE = struct.Struct("=4xIQ")          # the opcode and unique id of a request, from its header
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,14 @@ def inval_data_notification(nodeid: int) -> bytes:
     while answering a READ of the same file."""
     body = NOTIFY_INVAL_INODE_OUT.pack(nodeid, 0, 0)
     return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
+
+
+def inval_entry_notification(parent: int, name: str) -> bytes:
+    """FUSE_NOTIFY_INVAL_ENTRY of `name` in directory node `parent`: the kernel drops its entry
+    (and the node, once nothing uses it, which it then forgets)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    body = NOTIFY_INVAL_ENTRY_OUT.pack(parent, len(raw), 0) + raw + b"\0"
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_ENTRY, 0) + body
 
 
 def names(data: bytes | memoryview, count: int) -> list[str]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
+from .. import heap
 from .blocks import BlockIndex
 from .membership import Membership
 from .mounting import Mounting
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 # heartbeat behind them: at 25 workers of 10,000 blocks, whole reports applied at once held
 # heartbeats past the worker timeout and the master dropped workers that were alive.
 INDEX_STEP = 2_000
+# A full list of at least this many blocks gives the allocator's free pages back after it.
+TRIM_AFTER_BLOCKS = 10_000
 
 
 class Workers:
@@ -38,6 +41,9 @@ class Workers:
         # The run of each worker process last registered (RegisterWorkerRequest.incarnation).
         self._incarnations: dict[str, str] = {}
         self._index_locks: dict[str, asyncio.Lock] = {}  # by worker id (as few as the workers)
+        # Full lists are taken in one at a time: a hundred taken side by side, step by step,
+        # put a hundred steps ahead of every heartbeat (1.5 s and more on a busy master).
+        self._full_lists = asyncio.Lock()
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerResponse:
         info = request.worker
@@ -48,9 +54,14 @@ class Workers:
         if previous is not None and previous != request.incarnation:
             self.writes.end_writes_of(info.worker_id)
         self.membership.register(info, request.stats, incarnation=request.incarnation, stopping=request.stopping)
-        async with self._indexing(info.worker_id):
+        async with self._indexing(info.worker_id), self._full_lists:
             await _stepwise(self.blocks.dropping(info.worker_id, INDEX_STEP))
             await _in_steps(self.blocks.add, info.worker_id, request.blocks)
+        if len(request.blocks) >= TRIM_AFTER_BLOCKS and not self._full_lists.locked():
+            # The last of a run of large lists: their messages' memory is free now, but the
+            # allocator keeps its pages unless asked (measured at 100 workers' lists of 10,000
+            # blocks: ~270-390 B of resident memory a block without, the index holding ~150).
+            await asyncio.to_thread(heap.trim)
         log.info("worker %s registered at %s (host %s, %d blocks)", info.worker_id, info.address, info.host, len(request.blocks))
         return pb.RegisterWorkerResponse(mount_table_version=self.mounting.table_version)
 

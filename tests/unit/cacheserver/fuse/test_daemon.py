@@ -164,10 +164,12 @@ def test_a_root_that_is_missing_or_a_file_is_refused_before_mounting(
     assert find_mount(mountpoint) is None
 
 
-def test_fewer_than_one_reader_is_refused_before_mounting(
+def test_fewer_than_one_reader_or_node_is_refused_before_mounting(
         mountpoint: Path, state_root: Path, master: str) -> None:
     with pytest.raises(InvalidArgument, match="--readers 0: give 1 or more"):
         fuse(mountpoint, master, root="/m", readers=0)
+    with pytest.raises(InvalidArgument, match="--max-nodes 0: give 1 or more"):
+        fuse(mountpoint, master, root="/m", max_nodes=0)
     assert find_mount(mountpoint) is None
 
 

@@ -64,3 +64,41 @@ def test_the_journal_is_compacted(tmp_path: Path) -> None:
         table.forget(table.lookup(f"/t{i}"), 1)
     assert len(journal.read_text().splitlines()) < 25_000
     assert NodeTable("/", journal).path(keep) == "/keep"
+
+
+def test_past_its_limit_the_table_names_the_least_recently_looked_up_nodes_to_drop() -> None:
+    table = NodeTable("/", limit=4)  # the root counts
+    d, a, b = table.lookup("/d"), table.lookup("/d/a"), table.lookup("/d/b")
+    assert table.over_limit(slack=1) == []  # at the limit, not past it
+    table.lookup("/d")  # looked up again: the most recent now
+    c, gone = table.lookup("/c"), table.lookup("/gone")
+    table.remove("/gone")  # held by the kernel with no path: nothing to name it by
+    assert table.over_limit(slack=0) == [(a, "/d/a"), (b, "/d/b")]
+    # Named ones count as looked up now: next time the others come first.
+    assert table.over_limit(slack=1) == [(d, "/d"), (c, "/c"), (a, "/d/a")]
+    table.forget_many([(a, 1), (b, 1), (gone, 1)])  # the kernel dropped them
+    assert len(table) == 3 and table.over_limit(slack=5) == []  # the root and two nodes
+    assert table.node_id("/d") == d and table.node_id("/d/a") is None
+    assert NodeTable("/").over_limit(slack=5) == []  # no limit
+
+
+def test_a_folder_is_as_recent_as_the_last_lookup_below_it() -> None:
+    """The kernel holds a folder while it holds anything below it: dropping the folder's entry
+    would drop the whole tree, so its files go first."""
+    table = NodeTable("/", limit=2)
+    d = table.lookup("/d")
+    e, a, b = table.lookup("/d/e"), table.lookup("/d/e/a"), table.lookup("/d/e/b")
+    assert table.over_limit(slack=0) == [(a, "/d/e/a"), (b, "/d/e/b"), (e, "/d/e")]
+    assert d in table
+
+
+def test_a_new_node_past_the_limit_is_told_whichever_request_looked_it_up() -> None:
+    table = NodeTable("/", limit=2)
+    told: list[int] = []
+    table.when_over_limit(lambda: told.append(len(table)))
+    table.lookup("/a")
+    table.lookup("/a")  # not new
+    assert told == []
+    table.lookup("/b")
+    table.lookup("/b")
+    assert told == [3]

@@ -376,3 +376,43 @@ def test_a_file_changed_under_the_kernel_is_not_read_at_the_size_the_kernel_hold
         ours.close()
         session.wait()
         theirs.close()
+
+
+def test_an_ioctl_is_answered_not_a_terminal(served: Served) -> None:
+    """Python's buffered open() asks each file whether it is a terminal (TCGETS): the kernel
+    passes every ioctl on, and never remembers an answer."""
+    served.kernel.init()
+    tcgets = wire.IOCTL_IN.pack(0, 0, 0x5401, 0, 0, 60)
+    assert served.kernel.request(wire.IOCTL, tcgets, 5) == Reply(errno.ENOTTY, b"")
+    assert served.kernel.lookup("hello.txt").error == 0  # served on
+
+
+def test_past_its_node_limit_the_kernel_is_asked_to_drop_the_least_recent_entries() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    files = FakeFiles({f"/f{i}": b"x" * i for i in range(30)})
+    nodes = NodeTable("/", limit=21)  # 20 files and the root
+    session = Session(theirs.fileno(), files, nodes, timeout=1.5, read_only=True)
+    session.start(threads=2)
+    kernel = Kernel(ours)
+    try:
+        kernel.init()
+        ids = [wire.ENTRY_OUT_HEAD.unpack_from(kernel.lookup(f"f{i}").payload)[0] for i in range(22)]
+        # The two past the limit and a twentieth of it more (one): the three looked up first.
+        dropped = []
+        while len(dropped) < 3:
+            code, body = kernel.notified.pop(0) if kernel.notified else kernel.notification()
+            if code == wire.NOTIFY_INVAL_ENTRY:
+                parent, size, _ = wire.NOTIFY_INVAL_ENTRY_OUT.unpack_from(body)
+                dropped.append((parent, body[wire.NOTIFY_INVAL_ENTRY_OUT.size:]))
+        assert dropped == [(wire.ROOT_ID, b"f0\0"), (wire.ROOT_ID, b"f1\0"), (wire.ROOT_ID, b"f2\0")]
+        assert len(nodes) == 23  # kept until the kernel forgets them
+        kernel.send(wire.BATCH_FORGET, wire.BATCH_FORGET_IN.pack(3, 0)
+                    + b"".join(wire.FORGET_ONE.pack(nodeid, 1) for nodeid in ids[:3]))
+        assert kernel.lookup("f3").error == 0  # in order after the forget
+        assert len(nodes) == 20 and ids[0] not in nodes
+        again = kernel.lookup("f0")  # looked up anew: a new node, read right
+        assert again.error == 0 and wire.ENTRY_OUT_HEAD.unpack_from(again.payload)[0] not in ids
+    finally:
+        ours.close()
+        session.wait()
+        theirs.close()
