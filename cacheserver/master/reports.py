@@ -65,7 +65,7 @@ class Reports:
                 ufs_total_bytes=totals.total_bytes if totals else 0,
                 ufs_files=totals.files if totals else 0,
                 ufs_totals_age_ms=int((time.monotonic() - totals.walked_at) * 1000) if totals else -1,
-                loads=self.loads.reports_under(mount.path, self.blocks, settle),
+                loads=await self.loads.reports_under(mount.path, self.blocks, settle),
                 pending_uploads=pending.get(mount.mount_id, pb.PendingUploads(mount_id=mount.mount_id)),
             ))
         return response

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 from .. import heap
-from .blocks import BlockIndex
+from .blocks import STEP, BlockIndex
 from .membership import Membership
 from .mounting import Mounting
 from .workerlink import WorkerLink
@@ -18,12 +18,10 @@ from .writes import Writes
 
 log = logging.getLogger(__name__)
 
-# Blocks the index takes, drops or forgets in one go before the master serves what waits
-# (heartbeats, reads, /healthz): ~15 ms of a busy master's time. Workers' full reports (a
+# A worker's block list goes into the index STEP blocks at a time: workers' full reports (a
 # restarted master hears every worker's at once, up to 4 MiB of refs each) then hold no
 # heartbeat behind them: at 25 workers of 10,000 blocks, whole reports applied at once held
 # heartbeats past the worker timeout and the master dropped workers that were alive.
-INDEX_STEP = 2_000
 # A full list of at least this many blocks gives the allocator's free pages back after it.
 TRIM_AFTER_BLOCKS = 10_000
 
@@ -55,7 +53,7 @@ class Workers:
             self.writes.end_writes_of(info.worker_id)
         self.membership.register(info, request.stats, incarnation=request.incarnation, stopping=request.stopping)
         async with self._indexing(info.worker_id), self._full_lists:
-            await _stepwise(self.blocks.dropping(info.worker_id, INDEX_STEP))
+            await _stepwise(self.blocks.dropping(info.worker_id))
             await _in_steps(self.blocks.add, info.worker_id, request.blocks)
         if len(request.blocks) >= TRIM_AFTER_BLOCKS and not self._full_lists.locked():
             # The last of a run of large lists: their messages' memory is free now, but the
@@ -91,7 +89,7 @@ class Workers:
             log.warning("worker %s stopped heartbeating; dropped from placement", worker_id)
             self.link.drop(worker_id)
             async with self._indexing(worker_id):
-                await _stepwise(self.blocks.dropping(worker_id, INDEX_STEP))
+                await _stepwise(self.blocks.dropping(worker_id))
 
     def _indexing(self, worker_id: str) -> asyncio.Lock:
         """One worker's changes to the block index, one after the other: its registration's
@@ -109,9 +107,9 @@ async def _stepwise(steps: Iterator[None]) -> None:
 
 async def _in_steps(apply: Callable[[str, Sequence[pb.BlockRef]], None], worker_id: str,
                     refs: Sequence[pb.BlockRef]) -> None:
-    """`apply` (the index's add or remove) to `refs`, INDEX_STEP at a time, letting the event
+    """`apply` (the index's add or remove) to `refs`, STEP at a time, letting the event
     loop serve what waits between steps."""
-    for at in range(0, len(refs), INDEX_STEP):
+    for at in range(0, len(refs), STEP):
         if at:
             await asyncio.sleep(0)
-        apply(worker_id, refs[at:at + INDEX_STEP])
+        apply(worker_id, refs[at:at + STEP])

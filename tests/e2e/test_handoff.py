@@ -33,8 +33,10 @@ STORE_SHARE_AFTER_DRAIN = 0.05
 STORE_SHARE_AFTER_ROLLING_UPDATE = 0.05
 
 
-def _by_worker(cluster: Cluster, namespace: str, name: str) -> dict[str, float]:
-    return {p["metadata"]["name"]: _worker_metrics(cluster, namespace, p).get(name, 0)
+def _by_worker(cluster: Cluster, namespace: str, name: str, *, by: str = "name") -> dict[str, float]:
+    """A worker metric by pod name (or by pod `uid`: a pod replaced under the same name
+    is another worker run)."""
+    return {p["metadata"][by]: _worker_metrics(cluster, namespace, p).get(name, 0)
             for p in _worker_pods(cluster, namespace)}
 
 
@@ -82,8 +84,7 @@ def _store_bytes_since(cluster: Cluster, namespace: str, before: dict[str, float
 
 
 def _store_bytes_by_pod(cluster: Cluster, namespace: str) -> dict[str, float]:
-    return {p["metadata"]["uid"]: _worker_metrics(cluster, namespace, p).get("strata_worker_ufs_bytes_read", 0)
-            for p in _worker_pods(cluster, namespace)}
+    return _by_worker(cluster, namespace, "strata_worker_ufs_bytes_read", by="uid")
 
 
 @pytest.mark.disruptive
