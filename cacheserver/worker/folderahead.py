@@ -4,6 +4,10 @@ epoch does reading a folder in a shuffled order, the worker fetches the folder's
 files ahead, from the master's listing of it, a few at a time, so the opens that follow find
 their file cached.
 
+Only folders of read-only mounts are read ahead (as only theirs are listed for readers,
+worker/folders.py: a listing refreshes the master's view of a folder, which on a writable
+mount only its readers' own listings should do).
+
 Bounded on every side (`FolderReadaheadSettings`):
 - the trigger: `trigger` cold opens of a folder's small files within `window` seconds; a job
   that reads one file of a large folder, or a few slowly, starts nothing;
@@ -70,12 +74,15 @@ class FolderReadahead:
 
     def __init__(self, settings: FolderReadaheadSettings, *, pages: FolderPages,
                  fetch: Callable[[pb.FileInfo], Awaitable[None]], held: Callable[[pb.FileInfo], bool],
-                 full: Callable[[float], bool], clock: Callable[[], float] = time.monotonic) -> None:
+                 full: Callable[[float], bool], listable: Callable[[str], bool] = lambda path: True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self._pages = pages
         self._fetch = fetch  # fetches a file's only block into the cache as the listing's version
         self._held = held  # whether a file's only block is cached here
         self._full = full  # whether the tiers hold more than this share of their capacity
+        self._listable = listable  # whether a folder may be listed for its readers (a read-only mount's)
+        self._runs = 0  # folders read ahead now
         self._clock = clock
         self._folders: OrderedDict[str, _Folder] = OrderedDict()
         self._in_flight = asyncio.Semaphore(max(settings.files, 1))
@@ -87,8 +94,9 @@ class FolderReadahead:
 
     def opened(self, path: str, length: int, *, cold: bool) -> None:
         """A reader opened the small file at `path` (`length` bytes): fetched from the store
-        for it (`cold`), or found cached. Starts the folder's read-ahead on its trigger."""
-        if not self.settings.files:
+        for it (`cold`), or found cached. Starts the folder's read-ahead on its trigger. The file
+        is one block (the caller knows); one larger than `file_bytes` is not counted."""
+        if not self.settings.files or not 0 < length <= self.settings.file_bytes:
             return
         now = self._clock()
         name = folder_of(path)
@@ -105,10 +113,11 @@ class FolderReadahead:
         folder.cold.append(now)
         if len(folder.cold) < self.settings.trigger or now - folder.cold[0] > self.settings.window:
             return
-        if sum(f.running for f in self._folders.values()) >= self.settings.folders:
+        if self._runs >= self.settings.folders or not self._listable(name):
             return  # the next cold open looks again
         folder.cold.clear()
         folder.running = True
+        self._runs += 1
         folder.opened_bytes = folder.fetched_bytes = 0
         self._tasks.spawn(self._run(name, folder), f"folder-readahead-{name[-40:]}")
 
@@ -144,6 +153,7 @@ class FolderReadahead:
         finally:
             await pages.aclose()
             folder.running = False
+            self._runs -= 1
 
     async def _may_fetch(self, folder: _Folder, length: int) -> bool:
         """Wait until the folder's lead over its readers leaves room for `length` bytes more;

@@ -194,7 +194,8 @@ class BlockReads:
         self.ahead = FolderReadahead(folder_readahead or FolderReadaheadSettings(),
                                      pages=lambda path: link.folder_pages(path, timeout=LISTING_DEADLINE),
                                      fetch=self._fetch_ahead, held=lambda info: self.store.lookup(key_of(only_block(info))) is not None,
-                                     full=lambda share: self.store.used_share() >= share)
+                                     full=lambda share: self.store.used_share() >= share,
+                                     listable=self._in_read_only_mount)
 
     def _answered(self, info: pb.FileInfo, sent: float) -> None:
         """Take the master's answer to a status question sent at `sent`: kept for the node's
