@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -61,7 +61,7 @@ def folder_of(path: str) -> str:
 class _Folder:
     """What the worker saw of one folder's opens, and its read-ahead's progress."""
 
-    cold: deque[float]  # when its last `trigger` cold opens were
+    cold: OrderedDict[str, float] = field(default_factory=OrderedDict)  # its last `trigger` cold files: when
     last_open: float = 0.0
     running: bool = False
     opened_bytes: int = 0  # bytes of the files its readers opened since its read-ahead began
@@ -102,7 +102,7 @@ class FolderReadahead:
         name = folder_of(path)
         folder = self._folders.get(name)
         if folder is None:
-            folder = self._folders[name] = _Folder(cold=deque(maxlen=self.settings.trigger))
+            folder = self._folders[name] = _Folder()
             self._forget_old()
         self._folders.move_to_end(name)
         folder.last_open = now
@@ -110,8 +110,12 @@ class FolderReadahead:
         folder.opened.set()
         if not cold or folder.running:
             return
-        folder.cold.append(now)
-        if len(folder.cold) < self.settings.trigger or now - folder.cold[0] > self.settings.window:
+        folder.cold[path] = now  # distinct files: readers that wait for one fetch count once
+        folder.cold.move_to_end(path)
+        while len(folder.cold) > self.settings.trigger:
+            folder.cold.popitem(last=False)
+        first = next(iter(folder.cold.values()))
+        if len(folder.cold) < self.settings.trigger or now - first > self.settings.window:
             return
         if self._runs >= self.settings.folders or not self._listable(name):
             return  # the next cold open looks again

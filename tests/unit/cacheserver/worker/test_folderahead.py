@@ -76,12 +76,13 @@ async def test_cold_opens_below_the_trigger_or_spread_past_the_window_start_noth
     await ahead.close()
 
 
-async def test_warm_opens_and_large_files_do_not_count_towards_the_trigger() -> None:
+async def test_warm_opens_large_files_and_one_file_again_do_not_count_towards_the_trigger() -> None:
     folder = Folder(50)
     ahead = folder.readahead(trigger=2, file_bytes=SIZE)
     for i in range(5):
         ahead.opened(f"/m/ds/w{i}", SIZE, cold=False)
         ahead.opened(f"/m/ds/big{i}", SIZE + 1, cold=True)
+        ahead.opened("/m/ds/same", SIZE, cold=True)  # readers waiting for one fetch
     await settle()
     assert folder.listed == []
     await ahead.close()
