@@ -142,6 +142,11 @@ class BlockIndex:
             for t in self._tiers
         ]
 
+    def used_share(self) -> float:
+        """Bytes in use over the capacity of every tier together (1.0 with no capacity)."""
+        capacity = sum(t.capacity for t in self._tiers)
+        return sum(t.used for t in self._tiers) / capacity if capacity > 0 else 1.0
+
     def blocks(self) -> list[CachedBlock]:
         return [entry.snapshot() for entry in self._index.values()]
 

@@ -20,6 +20,10 @@ from .status import TOTALS_DUTY, ListedPage, StoreTotals, UfsStatus, _upload_rel
 
 # Bytes: the largest object S3 copies in one CopyObject call.
 _S3_COPY_LIMIT = 5 * 2**30
+# Connections to the store one mount keeps (botocore's default is 10): room for the readers'
+# own fetches beside a worker's read-ahead (STRATA_WORKER_FOLDER_READAHEAD_FILES, 8), so a
+# reader never waits for a connection the read-ahead holds.
+STORE_CONNECTIONS = 32
 
 
 def _key_before(key: str) -> str:
@@ -43,6 +47,7 @@ class S3Store(FsspecStore):
         config["retries"] = {"total_max_attempts": 1}
         config.setdefault("connect_timeout", self._timeouts.connect_timeout)
         config.setdefault("read_timeout", self._timeouts.read_timeout)
+        config.setdefault("max_pool_connections", STORE_CONNECTIONS)
         kwargs["config_kwargs"] = config
         return kwargs
 

@@ -32,6 +32,7 @@ from .reads import BlockReads, BlockSource
 class _Served:
     """One open answered in a socket thread, for the loop to count."""
 
+    path: str
     block_id: str
     mount_id: int
     medium: str
@@ -84,7 +85,7 @@ class KeptOpens:
             os.close(fd)
             self._reads.kept.lost_block(path)
             return None
-        self._note(_Served(block.key.block_id, info.mount_id, block.medium, block.length, served_path,
+        self._note(_Served(path, block.key.block_id, info.mount_id, block.medium, block.length, served_path,
                            client, as_file))
         return info, BlockSource(hit=True, length=block.length, fd=fd, checksums=block.checksums,
                                  chunk_size=block.chunk_size, block_length=block.length)
@@ -121,3 +122,4 @@ class KeptOpens:
             else:
                 counters.data_port_reads += 1
             counters.served_bytes[one.served_path, one.client] += one.length
+            self._reads.ahead.opened(one.path, one.length, cold=False)  # the file is one block

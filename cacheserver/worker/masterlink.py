@@ -5,6 +5,7 @@ naming what was asked."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
@@ -70,6 +71,19 @@ class MasterLink:
         except grpc.RpcError as exc:
             raise error_of(exc, what) from exc
         return files
+
+    async def folder_pages(self, path: str, *, timeout: float) -> AsyncGenerator[Sequence[pb.FileInfo], None]:
+        """The statuses of the entries of the folder at `path` (not below it), a page of the
+        master's listing at a time, as the caller takes them; the whole listing within
+        `timeout` seconds (DeadlineExceeded otherwise). Closing the generator ends the call."""
+        call = self.stub.ListStatusPages(pb.ListStatusRequest(path=path), timeout=timeout)
+        try:
+            async for page in call:
+                yield page.files
+        except grpc.RpcError as exc:
+            raise error_of(exc, f"listing {path} at the master") from exc
+        finally:
+            call.cancel()
 
     async def locate(self, path: str) -> pb.GetBlockLocationsResponse:
         """The file at `path` and its blocks' holders (a copy's or an append's). NotFound if

@@ -37,11 +37,13 @@ from ..common.checksums import CHUNK_SIZE, compute_checksums
 from ..namespace.permissions import is_upload_path
 from ..ufs import VersionChanged
 from .geometry import STATUS_PATIENCE, STATUSES_KEPT, FileStatuses
+from .folderahead import LISTING_DEADLINE, FolderReadahead
 from .folders import FolderListings
 from .kept import KeptStatuses
 from .masterlink import MasterLink
 from .mounts import MountView, WorkerMounts
 from .outagestatuses import OutageStatuses, store_file_info
+from .settings import FolderReadaheadSettings
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,9 @@ class Counters:
     peer_bytes_read: int = 0
     # Bytes of this worker's blocks sent to workers that missed them.
     peer_bytes_served: int = 0
+    # Small files fetched ahead of their readers, and their bytes (worker/folderahead.py).
+    folder_readahead_files: int = 0
+    folder_readahead_bytes: int = 0
     # Bytes handed out, by (path, client): the transport that served them (SERVED_PATHS) and
     # the kind of reader that asked (`blockwire.client_label`), counted by the transports.
     served_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -151,11 +156,18 @@ async def held_nowhere(ref: pb.BlockRef, offset: int, length: int) -> bytes | No
     return None
 
 
+def only_block(info: pb.FileInfo) -> pb.BlockRef:
+    """The first (for a small file, only) block of the file `info` describes."""
+    return pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=0,
+                       block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+
+
 class BlockReads:
     """Blocks for readers, from the cache, another worker's cache or the store."""
 
     def __init__(self, *, config: ServerConfig, worker_id: str, store: BlockStore, mounts: WorkerMounts,
-                 link: MasterLink, counters: Counters, held_elsewhere: HeldElsewhere = held_nowhere) -> None:
+                 link: MasterLink, counters: Counters, held_elsewhere: HeldElsewhere = held_nowhere,
+                 folder_readahead: FolderReadaheadSettings | None = None) -> None:
         self.config = config
         self._held_elsewhere = held_elsewhere
         self.worker_id = worker_id
@@ -178,6 +190,12 @@ class BlockReads:
         self._readahead = asyncio.Semaphore(READAHEAD_CONCURRENCY)
         self._readahead_pending: set[str] = set()
         self._tasks = BackgroundTasks()
+        # The small files of folders readers open cold, fetched ahead (worker/folderahead.py).
+        self.ahead = FolderReadahead(folder_readahead or FolderReadaheadSettings(),
+                                     pages=lambda path: link.folder_pages(path, timeout=LISTING_DEADLINE),
+                                     fetch=self._fetch_ahead, held=lambda info: self.store.lookup(key_of(only_block(info))) is not None,
+                                     full=lambda share: self.store.used_share() >= share,
+                                     listable=self._in_read_only_mount)
 
     def _answered(self, info: pb.FileInfo, sent: float) -> None:
         """Take the master's answer to a status question sent at `sent`: kept for the node's
@@ -256,10 +274,11 @@ class BlockReads:
 
     # -- the cache ---------------------------------------------------------------------------
 
-    async def ensure_cached(self, ref: pb.BlockRef, *, promote: bool = False,
+    async def ensure_cached(self, ref: pb.BlockRef, *, promote: bool = False, reader: bool = True,
                             on_store: Callable[[int], None] | None = None) -> tuple[CachedBlock, bool]:
         """The block in the store, fetched from the mount's store on a miss (`on_store` is
-        told the bytes read from the store, not from a peer)."""
+        told the bytes read from the store, not from a peer). A `reader`'s (not a load's nor a
+        read-ahead's) open of a small file counts towards its folder's read-ahead."""
         key = key_of(ref)
         mount = await self.mounts.get(ref.mount_id)
 
@@ -273,7 +292,26 @@ class BlockReads:
             self.counters.hits += 1
             self.counters.hits_by_mount[ref.mount_id] += 1
             self.counters.hit_bytes_by_medium[block.medium] += block.length
+        if reader and ref.index == 0 and self.ahead.small(ref.file_length, ref.block_size):
+            self.ahead.opened(ref.path, ref.file_length, cold=not hit)
         return block, hit
+
+    async def _fetch_ahead(self, info: pb.FileInfo) -> None:
+        """Cache the only block of the small file `info` describes, from the store, as the
+        version `info` names (the store's read insists on it): the folder's read-ahead."""
+        ref = only_block(info)
+        key = key_of(ref)
+        mount = await self.mounts.get(ref.mount_id)
+        version: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        version.set_result(info.store_version or info.version)
+
+        async def fetch() -> bytes:
+            return await self._read_store(ref, key.offset, key.offset + key.length, version)
+
+        block, hit = await self.store.get_or_fetch(key, fetch, pin=mount.is_pinned(ref.path))
+        if not hit:
+            self.counters.folder_readahead_files += 1
+            self.counters.folder_readahead_bytes += block.length
 
     async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int, int]:
         """Have the blocks cached (a load); (bytes cached, bytes of them fetched now, bytes
@@ -288,7 +326,7 @@ class BlockReads:
         async def one(ref: pb.BlockRef) -> None:
             nonlocal cached, fetched
             async with semaphore:
-                block, hit = await self.ensure_cached(ref, on_store=stored)
+                block, hit = await self.ensure_cached(ref, reader=False, on_store=stored)
             cached += block.length
             if not hit:
                 fetched += block.length
@@ -533,8 +571,7 @@ class BlockReads:
         info = await self.file_status(path)
         if info.is_dir or not 0 < info.length <= min(whole_below, info.block_size):
             return info, None
-        ref = pb.BlockRef(mount_id=info.mount_id, path=info.path, version=info.version, index=0,
-                          block_size=info.block_size, file_length=info.length, in_store=info.persisted)
+        ref = only_block(info)
         try:
             source = await self._held_source(ref, read_type, as_file=as_file)
             if source is None:
@@ -582,6 +619,8 @@ class BlockReads:
         self.counters.bytes_served += block.length
         if as_file:
             self.counters.short_circuit_reads += 1
+        if self.ahead.small(ref.file_length, ref.block_size):
+            self.ahead.opened(ref.path, ref.file_length, cold=False)
         return BlockSource(hit=True, length=block.length, fd=fd, checksums=block.checksums,
                            chunk_size=block.chunk_size, block_length=block.length)
 
@@ -607,7 +646,7 @@ class BlockReads:
     async def _prefetch(self, ref: pb.BlockRef, block_id: str) -> None:
         try:
             async with self._readahead:
-                await self.ensure_cached(ref)
+                await self.ensure_cached(ref, reader=False)
         except StrataError as exc:
             log.debug("readahead of block %d of %s failed: %s", ref.index, ref.path, exc)
         finally:
@@ -615,4 +654,5 @@ class BlockReads:
 
     async def close(self) -> None:
         """Stop the readahead under way."""
+        await self.ahead.close()
         await self._tasks.close()

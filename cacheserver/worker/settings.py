@@ -109,3 +109,34 @@ class StatusTableSettings(EnvironmentSettings):
 
 
 STATUS_TABLE_BYTES_SETTING = "STRATA_WORKER_STATUS_TABLE_BYTES"
+
+
+class FolderReadaheadSettings(EnvironmentSettings):
+    """How a worker fetches ahead the small files of a folder its readers open cold
+    (worker/folderahead.py); `STRATA_WORKER_FOLDER_READAHEAD_FILES` etc. override."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_FOLDER_READAHEAD_", frozen=True, extra="forbid")
+
+    # Store requests the read-ahead has in flight at once, over every folder (each a whole
+    # small file). Below the store connections a worker keeps, so a reader's own fetch never
+    # waits for a free connection. 0 turns the read-ahead off.
+    files: int = Field(default=8, ge=0)
+    # Cold opens (fetched from the store for the reader) of distinct small files of one folder
+    # within `window` seconds that start its read-ahead: one file read alone never does.
+    trigger: int = Field(default=4, ge=1)
+    # Seconds: the trigger's window; a folder whose readers open nothing for this long has its
+    # read-ahead stopped.
+    window: float = Field(default=10.0, gt=0)
+    # Bytes the read-ahead of a folder may fetch beyond what its readers opened since it began:
+    # the most it wastes when the reads stop.
+    ahead_bytes: int = Field(default=64 << 20, gt=0)
+    # Files larger than this (or than a block) are not fetched ahead.
+    file_bytes: int = Field(default=4 << 20, gt=0)
+    # Folders read ahead at once (one more waits for one of them to end).
+    folders: int = Field(default=4, ge=1)
+    # Share of every tier's capacity in use past which the read-ahead stops (no eviction of
+    # what readers fetched to make room for what they may never read).
+    room: float = Field(default=0.9, gt=0, le=1)
+
+
+FOLDER_READAHEAD_FILES_SETTING = "STRATA_WORKER_FOLDER_READAHEAD_FILES"
