@@ -65,6 +65,8 @@ class GeneratedStore:
     of the namespace asks: `walk_pages`, `walk` (all at once, as a namespace that takes a
     walk whole asks) and `url`."""
 
+    walks_in_order = True  # as `Store.walks_in_order`: its statuses come in path order
+
     def __init__(self, files: int) -> None:
         self.files = files
         self.source = f"generated://{files}-files"

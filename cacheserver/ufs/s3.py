@@ -36,6 +36,8 @@ def _key_before(key: str) -> str:
 class S3Store(FsspecStore):
     """One mount's store on S3 (s3fs), with the calls s3fs does not make as Strata needs them."""
 
+    WALKS_IN_ORDER = False  # a folder comes with its first key: after a key "a.txt" beside it
+
     def _fs_options(self) -> dict[str, Any]:
         kwargs = super()._fs_options()
         # One retry helper: botocore and s3fs make a single try each.
