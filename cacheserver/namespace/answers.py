@@ -278,6 +278,17 @@ class StoreAnswers:
                     return Fetched(listed, started)
         return None
 
+    def _walked_so_far(self, mount: Mount, folder: str) -> Fetched | None:
+        """What a walk under way (fresh as the mount's interval asks) of `folder` or above it
+        has put in so far, as a listing to look the statuses it gave up in (`Walk.entries`:
+        a listing following the walk sends them before the walk's answer is cached); None if
+        no walk covers `folder`. Not a listing of `folder`: a path it lacks may come later."""
+        now, interval = time.monotonic(), mount.options.metadata_sync_interval
+        for walked, (walk, _, started) in self._cache(mount).walks.items():
+            if rel_under(folder, walked) and walk.given and _fresh(started, now, interval):
+                return Fetched(walk.given_so_far(), started)
+        return None
+
     async def _asked(self, mount: Mount, kind: str, rel: str,
                      walk: Walk | None) -> tuple[Any, dict[str, Folder] | None]:
         """The store's answer for (kind, rel), and a walk's listings (made in a thread: a walk

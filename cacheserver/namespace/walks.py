@@ -18,7 +18,7 @@ from typing import Any
 
 from strata.contract.errors import Unavailable
 from ..ufs import UfsStatus
-from .statuses import Folder, Statuses
+from .statuses import Folder, Prefix, Statuses
 
 # The character after "/" in path order: every path below a folder `f` sorts between f + "/"
 # and f + "0", and nothing else does.
@@ -88,6 +88,10 @@ class Walk:
                            "list it again (the finished walk is sorted)")
         if len(walked) > sent:
             yield _run(walked, sent, len(walked))
+
+    def given_so_far(self) -> Prefix:
+        """The statuses in their final place now."""
+        return Prefix(self.statuses, self.given)
 
     def listing(self, folder: str) -> Folder | None:
         """The listing of `folder` (at or below this walk's `rel`) if the walk has gone past

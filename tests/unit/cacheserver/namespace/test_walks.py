@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from strata.contract.errors import Unavailable
+from strata.cacheserver.namespace.overlay import MAX_ANSWER_REUSE
 from strata.cacheserver.namespace.mounts import MountOptions, MountTable
 from strata.cacheserver.namespace.tree import Namespace
 from strata.cacheserver.ufs import UfsStatus
@@ -76,6 +77,8 @@ async def test_the_first_page_comes_before_the_walk_ends_and_the_listing_equals_
     first = await asyncio.wait_for(anext(pages), 10)
     assert [e.path for e in first] == ["/g/d0", "/g/d0/f0", "/g/d0/f1"]
     assert store.given == 1  # the walk is at its first folder
+    # Clients may reuse them as they would the finished walk's (the mount's hour, at most 300 s).
+    assert ns.valid_for_each(first) == [MAX_ANSWER_REUSE] * 3
     second = await asyncio.wait_for(anext(pages), 10)  # the rest of what the walk put in: a short page
     assert [e.path for e in second] == ["/g/d0/f2"]
     # A second listing joins the walk under way: it gives what is in, then follows.
