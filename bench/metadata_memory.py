@@ -78,10 +78,9 @@ class GeneratedStore:
 
     def __init__(self, files: int, *, in_order: bool = True) -> None:
         self.files = files
-        # As `Store.walks_in_order`: its statuses come in path order, so listings are given
-        # them as the walk puts them in; False: listings wait for the whole walk (as every
-        # listing did before they streamed, and S3's still do).
-        self.walks_in_order = in_order
+        # False: the first two statuses come swapped, so the namespace sorts the walk at its end
+        # and listings wait for the whole walk, as every listing did before they streamed.
+        self.in_order = in_order
         self.source = f"generated://{files}-files"
 
     def url(self, rel: str) -> str:
@@ -107,9 +106,13 @@ class GeneratedStore:
                          page: int = GENERATED_PAGE) -> AsyncIterator[list[UfsStatus]]:
         assert rel == "", f"the generated store walks its root only, not {rel!r}"
         out: list[UfsStatus] = []
+        swap = not self.in_order
         async for status in self._statuses():
             if with_dirs or not status.is_dir:
                 out.append(status)
+                if swap and len(out) == 2:
+                    out.reverse()
+                    swap = False
                 if len(out) >= page:
                     yield out
                     out = []

@@ -232,7 +232,7 @@ class StoreAnswers:
         if flight is not None and _fresh(flight[0], now, interval):
             return flight[1]
         epoch = cache.epoch
-        walk = Walk(rel, in_order=self._mounts.store(mount).walks_in_order) if kind == "walk" else None
+        walk = Walk(rel) if kind == "walk" else None
         task = asyncio.ensure_future(self._asked(mount, kind, rel, walk))
         entry = (now, task)
         cache.flights[key] = entry

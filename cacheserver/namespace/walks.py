@@ -3,11 +3,12 @@ far, which a recursive listing of the tree gives as they come instead of waiting
 (a walk of ten million files takes minutes), and which answer the listing of a folder the
 walk has gone past.
 
-A walk comes in path order from the stores that say so (`Store.walks_in_order`): then every
-entry put in is where the finished walk has it, and a folder the walk has gone past (its last
-entry sorts after the folder's whole tree) is complete. From other stores (S3: a folder is
-known only with its first key, and a key "a.txt" comes before the folder "a") nothing is
-given before the end, when the walk is sorted.
+A store's walk comes in path order (`Store.walk_pages`; S3's holds statuses back until no
+folder still to come sorts before them): then every entry put in is where the finished walk
+has it, and a folder the walk has gone past (its last entry sorts after the folder's whole
+tree) is complete. From a walk that comes out of order after all (an S3 walk past the most it
+holds back) nothing more is given before the end, when the walk is sorted; a listing that had
+entries of it ends with an error that says to list again (the sorted walk answers then).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class Walk:
     `given` are in their final place, and the task that ends with the walk's answer (the
     statuses, None: nothing at `rel`) or its error."""
 
-    def __init__(self, rel: str, *, in_order: bool) -> None:
+    def __init__(self, rel: str) -> None:
         self.rel = rel
-        self.in_order = in_order
+        self.in_order = True
         self.statuses = Statuses()
         self.given = 0
         self._moved: asyncio.Future[None] | None = None

@@ -27,9 +27,6 @@ class FsspecStore(StoreCalls):
     """One mount's store on an fsspec filesystem (`cls`, serving `protocol`): async
     operations on paths relative to the source URL."""
 
-    # Whether `walk_pages` gives every status in path order (`Store.walks_in_order`).
-    WALKS_IN_ORDER = True
-
     def __init__(
         self,
         protocol: str,

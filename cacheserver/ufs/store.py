@@ -50,13 +50,6 @@ class Store:
     def __repr__(self) -> str:  # never shows options: they may hold credentials
         return f"Store({self.source!r})"
 
-    @property
-    def walks_in_order(self) -> bool:
-        """Whether `walk_pages` gives every status in path order (file:// and stores that
-        answer a walk whole), so a status given is in its final place: not S3's, where a
-        folder is known only with its first key."""
-        return self._backend.WALKS_IN_ORDER
-
     def url(self, rel: str) -> str:
         return self._backend.url(rel)
 

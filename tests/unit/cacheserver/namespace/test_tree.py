@@ -209,8 +209,6 @@ class GeneratedStore:
     store's walk hands them over, without files: what a namespace holds of a walk is then
     measured alone. It answers a walk whole too (`walk`), as older namespaces asked."""
 
-    walks_in_order = True  # as `Store.walks_in_order`
-
     def __init__(self, files: int) -> None:
         self.files = files
 

@@ -26,8 +26,6 @@ class GatedStore:
     then waits for the test to open the next gate; with `fail_after`, the walk fails as an
     unreachable store does after that many pages. It counts the folders' listings asked."""
 
-    walks_in_order = True
-
     def __init__(self, *, fail_after: int | None = None) -> None:
         self.gates = [asyncio.Event() for _ in range(FOLDERS)]
         self.given = 0
@@ -126,4 +124,31 @@ async def test_a_folder_the_walk_has_gone_past_is_listed_from_it_without_asking_
     for gate in store.gates[2:]:
         gate.set()
     assert [e.path async for page in pages for e in page][-1] == "/g/d3/f2"
+    await ns.close()
+
+
+class LateFolderStore(GatedStore):
+    """A walk whose last page brings a folder that sorts before what it gave (as an S3 walk
+    past the most it holds back may)."""
+
+    async def walk_pages(self, rel: str, *, with_dirs: bool = False, page: int = 5000) -> AsyncIterator[list[UfsStatus]]:
+        async for chunk in super().walk_pages(rel, with_dirs=with_dirs, page=page):
+            yield chunk
+        yield [UfsStatus("c", True, 0, 0, ""), UfsStatus("c/late", False, 1, 1_733_000_000_000, "v")]
+
+
+async def test_a_walk_out_of_order_after_entries_were_given_ends_the_listing_saying_to_list_again() -> None:
+    store = LateFolderStore()
+    ns = mounted(store)
+    store.gates[0].set()
+    pages = ns.list_pages("/g", recursive=True, page=2)
+    listed = [e.path for e in await asyncio.wait_for(anext(pages), 10)]
+    for gate in store.gates[1:]:
+        gate.set()
+    with pytest.raises(Unavailable, match="came out of path order after .* entries were listed; list it again"):
+        async for page in pages:
+            listed += [e.path for e in page]
+    assert listed and listed == expected()[:len(listed)]
+    again = [e.path for e in await ns.list_status("/g", recursive=True)]  # the sorted walk
+    assert again == sorted(expected() + ["/g/c", "/g/c/late"])
     await ns.close()
