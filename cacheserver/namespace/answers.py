@@ -36,6 +36,7 @@ from .mounts import Mount, MountTable
 from .permissions import is_upload_path
 from .relpaths import rel_parent, rel_under
 from .statuses import Folder, InOrder, Statuses, find_listed
+from .walks import Walk
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,9 @@ class _MountCache:
     def __init__(self) -> None:
         self.entries: PathMap[dict[str, Fetched]] = PathMap()
         self.flights: dict[tuple[str, str], tuple[float, asyncio.Task[Any]]] = {}
+        # The walks under way, by the path walked: what each has put in so far, its task and
+        # when it started.
+        self.walks: dict[str, tuple[Walk, asyncio.Task[Any], float]] = {}
         # Bumped by every invalidation: a store request that started before it must not
         # store its (possibly stale) answer.
         self.epoch = 0
@@ -105,6 +109,7 @@ class _MountCache:
         self.entries.drop_tree(rel)
         self.entries.drop_ancestors(rel)
         self.flights.clear()
+        self.walks.clear()
         self.epoch += 1
 
     def remember(self, kind: str, rel: str, value: Any, started: float,
@@ -177,7 +182,7 @@ class StoreAnswers:
         """The store's answer for (kind, rel): cached if fresh enough, else asked once for
         all concurrent callers; when the store cannot be reached, the last answer it gave
         (stale-if-error, if the mount allows it). None stands for "not found"."""
-        hit = self._cached(mount, kind, rel)
+        hit = self._cached(mount, kind, rel) or (self._listed_by_walk(mount, rel) if kind == "list" else None)
         if hit is not None:
             return hit.value
         stale = self._stale(mount, kind, rel) if mount.options.stale_if_error else None
@@ -213,22 +218,32 @@ class StoreAnswers:
         return Fetched(listing.listed(rel), listing.started)
 
     async def _fetch_from_store(self, mount: Mount, kind: str, rel: str) -> Any:
+        answer, _ = await asyncio.shield(self._flight(mount, kind, rel))
+        return answer
+
+    def _flight(self, mount: Mount, kind: str, rel: str) -> asyncio.Task[Any]:
+        """The store request for (kind, rel) under way, started now unless one is that began
+        within the mount's sync interval; its task ends with (answer, a walk's listings)."""
         cache = self._cache(mount)
         interval = mount.options.metadata_sync_interval
         key = (kind, rel)
         now = time.monotonic()
         flight = cache.flights.get(key)
         if flight is not None and _fresh(flight[0], now, interval):
-            joined, _ = await asyncio.shield(flight[1])
-            return joined
+            return flight[1]
         epoch = cache.epoch
-        task = asyncio.ensure_future(self._asked(mount, kind, rel))
+        walk = Walk(rel) if kind == "walk" else None
+        task = asyncio.ensure_future(self._asked(mount, kind, rel, walk))
         entry = (now, task)
         cache.flights[key] = entry
+        if walk is not None:
+            cache.walks[rel] = (walk, task, now)
 
         def landed(done: asyncio.Task[Any]) -> None:
             if cache.flights.get(key) is entry:
                 del cache.flights[key]
+            if walk is not None and cache.walks.get(rel, (None,))[0] is walk:
+                del cache.walks[rel]
             if done.cancelled() or done.exception() is not None:
                 return
             if cache.epoch == epoch and interval != 0:
@@ -236,13 +251,52 @@ class StoreAnswers:
                 cache.remember(kind, rel, answer, now, listings)
 
         task.add_done_callback(landed)
-        answer, _ = await asyncio.shield(task)
-        return answer
+        return task
 
-    async def _asked(self, mount: Mount, kind: str, rel: str) -> tuple[Any, dict[str, Folder] | None]:
+    def _walk_under_way(self, mount: Mount, rel: str) -> tuple[Walk, asyncio.Task[Any]] | None:
+        """The walk of `rel` whose entries a recursive listing gives as they come (started now
+        unless one is under way), and its task; None where the listing waits for a whole walk
+        as before: a fresh walk is held (the listing is made of it), or an expired one that
+        stale-if-error would serve if this walk failed (only a whole walk tells that it did
+        not), or the mount keeps no answers."""
+        if self._cached(mount, "walk", rel) is not None or mount.options.metadata_sync_interval == 0:
+            return None
+        if mount.options.stale_if_error and self._stale(mount, "walk", rel) is not None:
+            return None
+        task = self._flight(mount, "walk", rel)
+        under_way = self._cache(mount).walks.get(rel)
+        return None if under_way is None or under_way[1] is not task else (under_way[0], task)
+
+    def _listed_by_walk(self, mount: Mount, rel: str) -> Fetched | None:
+        """The listing of folder `rel` from a walk under way (fresh as the mount's interval
+        asks) that has gone past its whole tree; None if no walk has."""
+        now, interval = time.monotonic(), mount.options.metadata_sync_interval
+        for walked, (walk, _, started) in self._cache(mount).walks.items():
+            if rel_under(rel, walked) and rel != walked and _fresh(started, now, interval):
+                listed = walk.listing(rel)
+                if listed is not None:
+                    return Fetched(listed, started)
+        return None
+
+    def _walked_so_far(self, mount: Mount, folder: str) -> Fetched | None:
+        """What a walk under way (fresh as the mount's interval asks) of `folder` or above it
+        has put in so far, as a listing to look the statuses it gave up in (`Walk.entries`:
+        a listing following the walk sends them before the walk's answer is cached); None if
+        no walk covers `folder`. Not a listing of `folder`: a path it lacks may come later."""
+        now, interval = time.monotonic(), mount.options.metadata_sync_interval
+        for walked, (walk, _, started) in self._cache(mount).walks.items():
+            if rel_under(folder, walked) and walk.given and _fresh(started, now, interval):
+                return Fetched(walk.given_so_far(), started)
+        return None
+
+    async def _asked(self, mount: Mount, kind: str, rel: str,
+                     walk: Walk | None) -> tuple[Any, dict[str, Folder] | None]:
         """The store's answer for (kind, rel), and a walk's listings (made in a thread: a walk
         of a million files takes seconds to sort out)."""
-        answer = await self._ask_store(mount, kind, rel)
+        if walk is not None:
+            answer = await self._walked(mount, self._mounts.store(mount), rel, walk)
+        else:
+            answer = await self._ask_store(mount, kind, rel)
         if kind != "walk":
             return answer, None
 
@@ -261,8 +315,6 @@ class StoreAnswers:
         }
         if is_upload_path(rel):
             return None
-        if kind == "walk":
-            return await self._walked(mount, store, rel)
         try:
             answer = await calls[kind]()
         except NotFound:
@@ -273,12 +325,15 @@ class StoreAnswers:
                         if not is_upload_path(status.path))
 
     @staticmethod
-    async def _walked(mount: Mount, store: Store, rel: str) -> Statuses | None:
-        """A walk of `rel`, each page packed into the columns as it comes (the most held as
-        status objects is a page), off the event loop; None: nothing is at `rel`. The pages
-        come in path order from most stores; where they did not (S3's folders,
-        `Store.walk_pages`), the columns are sorted once at the end."""
-        walked = Statuses()
+    async def _walked(mount: Mount, store: Store, rel: str, walk: Walk) -> Statuses | None:
+        """A walk of `rel`, each page packed into the walk's columns as it comes (the most held
+        as status objects is a page), off the event loop, and given to the listings following
+        the walk (`Walk.put`); None: nothing is at `rel`. The pages come in path order from
+        most stores; where they did not (S3's folders, `Store.walk_pages`), the columns are
+        sorted once at the end."""
+        if is_upload_path(rel):
+            return None
+        walked = walk.statuses
         ordered, last = True, ""
 
         def pack(page: list[UfsStatus]) -> None:
@@ -293,6 +348,10 @@ class StoreAnswers:
             async with contextlib.aclosing(store.walk_pages(rel, with_dirs=True)) as pages:
                 async for page in pages:
                     await asyncio.to_thread(pack, page)
+                    if ordered:
+                        walk.put(len(walked))
+                    else:
+                        walk.out_of_order()
         except NotFound:
             return None
         return walked if ordered else await asyncio.to_thread(walked.sorted_by_path)

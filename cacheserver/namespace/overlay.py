@@ -237,7 +237,8 @@ class NamespaceOverlay(StoreAnswers):
             folder = (mount.mount_id, rel_parent(rel))
             listing = listings.get(folder)
             if listing is None:
-                cached = self._cached(mount, "list", folder[1])
+                # A page of a listing following a walk under way: the walk gave its statuses.
+                cached = self._cached(mount, "list", folder[1]) or self._walked_so_far(mount, folder[1])
                 listing = listings[folder] = cached, None if cached is None or cached.value is None else InOrder(cached.value)
             known = self._known_status_with(mount, rel, *listing)  # None when the answer was served stale
             status = None if known is None else known.value

@@ -196,11 +196,45 @@ class Folder(_Listing):
         return self._walk.path_at(self._at[index])
 
 
+class Prefix(_Listing):
+    """The first `end` statuses of a walk's columns: those a walk under way has put in (the
+    ones after them may be half written)."""
+
+    __slots__ = ("_walk", "_end")
+
+    def __init__(self, walk: Statuses, end: int) -> None:
+        self._walk = walk
+        self._end = end
+
+    def __len__(self) -> int:
+        return self._end
+
+    def _entry(self, index: int) -> UfsStatus:
+        if index < 0:
+            index += self._end
+        if not 0 <= index < self._end:
+            raise IndexError(f"index {index} of {self._end} statuses")
+        return self._walk.at(index)
+
+    def at(self, index: int) -> UfsStatus:
+        """The entry at `index`, 0 <= index < len(self) (the listings' fast path)."""
+        return self._walk.at(index)
+
+    def find(self, rel: str) -> UfsStatus | None:
+        """The status of `rel`, by bisection; None if it is not among these."""
+        at = self.position(rel)
+        return self._walk.at(at) if at < self._end and self._walk.path_at(at) == rel else None
+
+    def position(self, rel: str) -> int:
+        """Where `rel` is or would be among these (by bisection)."""
+        return bisect.bisect_left(range(self._end), rel, key=self._walk.path_at)
+
+
 def find_listed(statuses: Sequence[UfsStatus], rel: str) -> UfsStatus | None:
     """The entry for `rel` in a listing sorted by path (as every store answer and cached
     listing is), by bisection: a folder of 100,000 files is neither scanned for each stat
     it answers nor indexed (an index would hold another ~100 bytes a file)."""
-    if isinstance(statuses, (Statuses, Folder)):
+    if isinstance(statuses, (Statuses, Folder, Prefix)):
         return statuses.find(rel)
     at = bisect.bisect_left(statuses, rel, key=lambda s: s.path)
     return statuses[at] if at < len(statuses) and statuses[at].path == rel else None
@@ -220,7 +254,7 @@ class InOrder:
     def find(self, rel: str) -> UfsStatus | None:
         """The status of `rel`, None if it is not listed."""
         statuses = self._statuses
-        if not isinstance(statuses, (Statuses, Folder)):
+        if not isinstance(statuses, (Statuses, Folder, Prefix)):
             return find_listed(statuses, rel)
         at = self._next
         status = statuses.at(at) if at < len(statuses) else None

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import replace
+from typing import Any, TypeVar
 
 from strata.contract.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from ..ufs import UfsStatus
@@ -24,10 +25,17 @@ from ..common.paths import is_under, join, normalize, relative
 from .permissions import check_writable
 from .relpaths import rel_parent, rel_under
 from .statuses import find_listed
+from .walks import Walk
 
 # Entries a listing makes at a time (`Namespace.list_pages`); the master sends each page as one
 # message (~135 bytes an entry, more with long paths: ~1 MiB at 4,096-byte paths a page of 250).
 LIST_PAGE_ENTRIES = 1000
+
+T = TypeVar("T")
+
+
+async def _once(item: T) -> AsyncIterator[T]:
+    yield item
 
 
 class Namespace(NamespaceOverlay):
@@ -72,7 +80,11 @@ class Namespace(NamespaceOverlay):
         """`list_status` in pages of at most `page` entries, each made when the one before
         was taken (a listing of millions of files is never held as entries at once, and the
         event loop serves other requests between pages). Sorted by path within each mount;
-        a recursive listing above mount points gives each mount's tree after its root."""
+        a recursive listing above mount points gives each mount's tree after its root. A
+        recursive listing that needs a walk of the store gives its pages as the walk puts
+        them in (`walks.Walk`), where the store walks in path order, nothing stale would be
+        served if the walk failed, and no file written through Strata waits below `path`;
+        a walk that fails midway ends the listing with its error."""
         if page <= 0:
             raise InvalidArgument(f"a listing's page must hold at least one entry, got {page}")
         path = normalize(path)
@@ -92,7 +104,17 @@ class Namespace(NamespaceOverlay):
                 if file_entry is not None:
                     yield [file_entry]
                     return
-        statuses: Sequence[UfsStatus] | None = await self._fetch(mount, "walk" if recursive else "list", rel)
+        walk = self._walk_under_way(mount, rel) if recursive and not self._written_below(mount, path) else None
+        if walk is not None:
+            # A fresh walk: its entries go out as it puts them in, in pages; nothing is held but
+            # the walk's columns (the cache's answer anyway) and a page.
+            async for chunk in self._paged(self._walked_entries(mount, *walk), page):
+                yield chunk
+            if walk[1].result()[0] is not None:
+                return
+            statuses: Sequence[UfsStatus] | None = None  # nothing at `rel` in the store
+        else:
+            statuses = await self._fetch(mount, "walk" if recursive else "list", rel)
         if statuses is None:
             if rel == "":
                 statuses = []  # an empty mount (e.g. a bucket prefix with no objects yet)
@@ -107,19 +129,39 @@ class Namespace(NamespaceOverlay):
             if file_entry is not None:
                 yield [file_entry]
             return
-        taken: list[FileEntry] = []
         extra = self._written_extra(mount, rel, statuses, recursive)
         merged = self._merged(mount, statuses)
-        for entry in heapq.merge(merged, extra, key=lambda e: e.path) if extra else merged:
-            taken.append(entry)
-            if len(taken) >= page:
-                yield taken
-                taken = []
-                await asyncio.sleep(0)
+        async for chunk in self._paged(_once(heapq.merge(merged, extra, key=lambda e: e.path) if extra else merged),
+                                       page):
+            yield chunk
+
+    @staticmethod
+    async def _paged(runs: AsyncIterator[Iterator[FileEntry] | None], page: int) -> AsyncIterator[list[FileEntry]]:
+        """The entries of `runs` in pages of `page`, each made when the one before was taken,
+        and a page short of `page` wherever `runs` gives a None (no more entries at once)."""
+        taken: list[FileEntry] = []
+        async for run in runs:
+            if run is None:
+                if taken:
+                    yield taken
+                    taken = []
+                continue
+            for entry in run:
+                taken.append(entry)
+                if len(taken) >= page:
+                    yield taken
+                    taken = []
+                    await asyncio.sleep(0)
         if taken:
             yield taken
 
-    def _merged(self, mount: Mount, statuses: Sequence[UfsStatus]) -> Iterator[FileEntry]:
+    async def _walked_entries(self, mount: Mount, walk: Walk,
+                              answer: asyncio.Task[Any]) -> AsyncIterator[Iterator[FileEntry] | None]:
+        """The entries of a walk under way as it puts them in (`Walk.entries`), the overlay applied."""
+        async for run in walk.entries(answer):
+            yield None if run is None else self._merged(mount, run)
+
+    def _merged(self, mount: Mount, statuses: Iterable[UfsStatus]) -> Iterator[FileEntry]:
         """The store's entries of a listing, with the overlay applied, one at a time."""
         for status in statuses:
             merged = self._merge(mount, status.path, status)

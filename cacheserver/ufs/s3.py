@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
+import re
 import time
 from pathlib import Path
 from collections.abc import AsyncGenerator
@@ -25,6 +28,13 @@ _S3_COPY_LIMIT = 5 * 2**30
 # reader never waits for a connection the read-ahead holds.
 STORE_CONNECTIONS = 32
 
+# Statuses a walk holds back at most to give them in path order (`S3Store._walk_pages`): past
+# it the first are given (~30 MiB as status objects).
+_S3_WALK_HELD = 100_000
+# The characters that sort before "/": a name with one of them may have a folder come later
+# whose name is the part before it ("a" after "a.txt", "a-b/...").
+_BEFORE_SLASH = re.compile("[\x00-\x2e]")
+
 
 def _key_before(key: str) -> str:
     """A string just below `key` in S3's order (by UTF-8 bytes) that no likely key lies
@@ -39,6 +49,7 @@ def _key_before(key: str) -> str:
 
 class S3Store(FsspecStore):
     """One mount's store on S3 (s3fs), with the calls s3fs does not make as Strata needs them."""
+
 
     def _fs_options(self) -> dict[str, Any]:
         kwargs = super()._fs_options()
@@ -97,16 +108,24 @@ class S3Store(FsspecStore):
                           page: int) -> AsyncGenerator[list[UfsStatus], None]:
         """`walk_pages` on S3: the bucket's listing of the prefix, list_objects_v2 page by
         page (each a bounded "list" call, retried as one), handed over in pages of at most
-        `page` statuses. S3 has no folders: with `with_dirs`, a folder is given just before
-        the first key below it, which is its place in path order unless a name beside it
-        sorts before "/" (a key "a.txt" beside the keys "a/..." comes before the folder "a"):
-        there the pages are out of order, and their taker sorts what it kept. Folder
-        markers (keys ending in "/") give their folder, never a file."""
+        `page` statuses. S3 has no folders: with `with_dirs`, a folder is known with the
+        first key below it, which may come after names beside it that sort before "/" (a key
+        "a.txt" beside the keys "a/..." comes before the folder "a"). So statuses wait in a
+        heap until no folder still to come can sort before them: after a key, every folder
+        still to come sorts at or after the key's part before its first character below "/"
+        (a later key is larger; a folder of it before that part would be a prefix of this
+        key, so open already, or sort after it). Names with no such character hold nothing
+        back. At most `_S3_WALK_HELD` statuses are held: past it the first are given, and a
+        folder that still comes late puts the walk out of order (its taker sorts what it
+        kept). Folder markers (keys ending in "/") give their folder, never a file."""
         bucket, prefix = self._bucket_prefix(rel)
         top = rel.strip("/")
+        under = f"{top}/" if top else ""
         # The folders of the last key: keys come sorted, so the keys below a folder come
         # together, and a folder left is never met again.
         folders: list[str] = []
+        held: list[tuple[str, int, UfsStatus]] = []
+        order = itertools.count()  # ties (a file and a folder of one name) in the order they came
         out: list[UfsStatus] = []
         async for answer in self._key_pages(rel):
             for item in answer.get("Contents", ()):
@@ -120,15 +139,23 @@ class S3Store(FsspecStore):
                 for part in below[at:]:
                     folders.append(part)
                     if with_dirs:
-                        out.append(UfsStatus("/".join(filter(None, (top, *folders))), True, 0, 0, ""))
+                        folder = "/".join(filter(None, (top, *folders)))
+                        heapq.heappush(held, (folder, next(order), UfsStatus(folder, True, 0, 0, "")))
                 if not name.endswith("/"):
-                    out.append(self._status({"name": f"{bucket}/{item['Key']}", "type": "file", "size": item.get("Size"),
-                                             "ETag": item.get("ETag"), "LastModified": item.get("LastModified")}))
-                if len(out) >= page:
+                    status = self._status({"name": f"{bucket}/{item['Key']}", "type": "file", "size": item.get("Size"),
+                                           "ETag": item.get("ETag"), "LastModified": item.get("LastModified")})
+                    heapq.heappush(held, (status.path, next(order), status))
+                early = _BEFORE_SLASH.search(name) if with_dirs else None
+                bound = None if early is None else under + name[:early.start()]
+                while held and (bound is None or held[0][0] < bound or len(held) > _S3_WALK_HELD):
+                    out.append(heapq.heappop(held)[2])
+                while len(out) >= page:
                     yield out[:page]
                     del out[:page]
-        if out:
-            yield out
+        while held:
+            out.append(heapq.heappop(held)[2])
+        for at in range(0, len(out), page):
+            yield out[at:at + page]
 
     def _bucket_prefix(self, rel: str) -> tuple[str, str]:
         """The bucket, and the prefix of the keys at or below `rel` ("" for the bucket's root)."""
