@@ -24,6 +24,7 @@ from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFileSystem
 from ..common.paths import is_under, join, parent
 from .attrcache import REMEMBERED, AttrCache, inode_of
+from .dirlistings import KernelListings
 from .handles import ReadHandle, ReadRecords, WriteHandle
 from .interface import MAX_IO, FuseError
 from .openreads import OpenReads
@@ -42,6 +43,7 @@ class OperationsState:
         self.settings = settings
         self.root = settings.root
         self._attrs = AttrCache(settings.attr_timeout, settings.max_nodes)
+        self._listings = KernelListings()
         self._prefetch = FolderPrefetch(self.client.ls_pages, enabled=settings.attr_timeout > 0,
                                         wait=self.client.settings.master_timeout)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
@@ -166,6 +168,7 @@ class OperationsState:
     def _forget(self, ns: str) -> None:
         self._attrs.drop(ns)
         self._prefetch.clear()
+        self._listings.clear()
         with self._lock:
             for key in [k for k in self._versions if is_under(k, ns)]:
                 del self._versions[key]
