@@ -4,14 +4,13 @@ answer the same (FileInfo.valid_for_ms) and to go on with while it cannot be rea
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from strata.contract.proto import strata_pb2 as pb
 from ..common.pathmap import PathMap
 
 
-@dataclass(frozen=True)
-class HeldAnswer:
+class HeldAnswer(NamedTuple):  # a tuple: a listing holds one an entry, about twice as fast to make as a frozen dataclass
     at: float  # time.monotonic() of the answer
     until: float  # time.monotonic() until which the master answers the same (the request's send time + valid_for)
     info: pb.FileInfo

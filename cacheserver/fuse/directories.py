@@ -16,7 +16,7 @@ from typing import Any
 from strata.contract.errors import AlreadyExists, FailedPrecondition, NotFound
 from strata.contract.proto import strata_pb2 as pb
 from ..common.paths import is_under, join, parent
-from .attrcache import inode_of
+from .attrcache import inode_of, inodes_in
 from .errnos import as_errno
 from .handles import WriteHandle
 from .interface import DirEntry, FuseError
@@ -44,8 +44,9 @@ class Directories(OperationsState):
                 shortest = min((info.valid_for_ms for info in infos), default=0)
                 until = asked + shortest / 1000 if shortest else 0.0
                 unchanged_until = until if page == 0 else min(until, unchanged_until or 0.0)
-                entries += [(info.name, inode_of(info.path), stat.S_IFDIR if info.is_dir else stat.S_IFREG)
-                            for info in infos]
+                names = [info.name for info in infos]
+                entries += zip(names, inodes_in(ns, names),
+                               [stat.S_IFDIR if info.is_dir else stat.S_IFREG for info in infos])
                 if page == 0:  # what a walk reads next is in the first page
                     self._prefetch.listed(ns, infos)
         except NotFound:

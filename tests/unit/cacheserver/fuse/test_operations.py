@@ -17,7 +17,8 @@ import pytest
 from threadmaster import MASTER_TOKEN, threaded_master
 
 from strata.cacheserver.client.fs import StrataFileSystem
-from strata.cacheserver.fuse.attrcache import MAX_ATTR_TIMEOUT, MAX_READ_ONLY_ATTR_TIMEOUT, attr_timeout_for
+from strata.cacheserver.fuse.attrcache import (MAX_ATTR_TIMEOUT, MAX_READ_ONLY_ATTR_TIMEOUT, attr_timeout_for, inode_of,
+                                               inodes_in)
 from strata.cacheserver.fuse.errnos import errno_of
 from strata.cacheserver.fuse.interface import FileInfo
 from strata.cacheserver.fuse.operations import StrataOperations
@@ -44,6 +45,14 @@ MOUNTS = [mount("/datasets/a", 30), mount("/datasets/b", 0), mount("/logs", -1),
 ])
 def test_metadata_timeout_follows_the_mounts_sync_intervals(root: str, expected: float) -> None:
     assert attr_timeout_for(MOUNTS, root) == expected
+
+
+def test_a_listings_inode_numbers_are_those_of_its_paths() -> None:
+    """Numbered a folder at a time (readdir) or a path at a time (lookup): the same numbers."""
+    names = ["a", "b.bin", "é", "x" * 200]
+    assert inodes_in("/", names) == [inode_of(f"/{n}") for n in names]
+    assert inodes_in("/data/set", names) == [inode_of(f"/data/set/{n}") for n in names]
+    assert len(set(inodes_in("/data/set", names))) == len(names) and min(inodes_in("/", names)) > 1
 
 
 def test_long_intervals_are_capped() -> None:
