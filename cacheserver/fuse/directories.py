@@ -35,8 +35,8 @@ class Directories(OperationsState):
             pages: Iterable[list[pb.FileInfo]]
             if ahead is not None:
                 pages, asked = [ahead[0]], ahead[1]
-            else:  # a folder of any size, a page at a time; its entries kept here, not in the client too
-                pages = self.client.ls_pages(ns, hold_reusable=self._attrs.ttl <= 0)
+            else:  # a folder of any size, a page at a time
+                pages = self.client.ls_pages(ns, hold_reusable=self._hold_listed)
             for page, infos in enumerate(pages):
                 if len(infos) == 1 and infos[0].path == ns and not infos[0].is_dir:
                     raise FuseError(errno.ENOTDIR)

@@ -39,9 +39,9 @@ PARENTS = 64
 
 
 class ListPages(Protocol):
-    """StrataClient.ls_pages: a folder's listing page by page, its reusable entries held
-    (by the client) or not (the caller keeps them: the listings this module fetches go to
-    the mount's attribute cache when read)."""
+    """StrataClient.ls_pages: a folder's listing page by page, its reusable entries held by
+    the client or not (`hold_reusable`: the caller keeps them, in the mount's attribute
+    cache, when a listing fetched ahead is read)."""
 
     def __call__(self, path: str, *, hold_reusable: bool) -> Iterator[list[pb.FileInfo]]: ...
 
@@ -58,9 +58,10 @@ class FolderPrefetch:
     """Listings of the folders a walk reads next, fetched by one thread (started at the
     first); none when `enabled` is false."""
 
-    def __init__(self, list_pages: ListPages, *, enabled: bool,
-                 wait: float, ahead: int = AHEAD, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, list_pages: ListPages, *, enabled: bool, wait: float, hold_reusable: bool = True,
+                 ahead: int = AHEAD, max_entries: int = MAX_ENTRIES) -> None:
         self._list_pages = list_pages
+        self._hold_reusable = hold_reusable
         self.enabled = enabled
         self._wait = wait
         self._ahead_count = ahead
@@ -134,7 +135,7 @@ class FolderPrefetch:
 
     def _fetch(self, folder: str) -> list[pb.FileInfo] | None:
         entries: list[pb.FileInfo] = []
-        for page in self._list_pages(folder, hold_reusable=False):
+        for page in self._list_pages(folder, hold_reusable=self._hold_reusable):
             entries += page
             if len(entries) > self._max_entries:
                 return None

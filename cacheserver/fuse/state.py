@@ -44,8 +44,12 @@ class OperationsState:
         self.root = settings.root
         self._attrs = AttrCache(settings.attr_timeout, settings.max_nodes)
         self._listings = KernelListings()
+        # A read-only mount that reuses metadata has the kernel open its files without asking
+        # (session.py): a listed entry is used from the attribute cache alone, and the client
+        # keeps no second copy of it. Elsewhere opens go by the client's held answers.
+        self._hold_listed = not (settings.read_only and settings.attr_timeout > 0)
         self._prefetch = FolderPrefetch(self.client.ls_pages, enabled=settings.attr_timeout > 0,
-                                        wait=self.client.settings.master_timeout)
+                                        wait=self.client.settings.master_timeout, hold_reusable=self._hold_listed)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
         self._open_reads = OpenReads()
         self._records = ReadRecords(settings.handles_dir)

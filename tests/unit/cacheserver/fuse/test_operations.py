@@ -258,8 +258,9 @@ def dataset(tmp_path: Path) -> Iterator[tuple[StrataFileSystem, Path, Any]]:
 
 def test_a_listing_is_kept_once_and_answers_the_stats_that_follow(
         dataset: tuple[StrataFileSystem, Path, Any], tmp_path: Path) -> None:
-    """`ls -l`: the entries of a folder listed through FUSE answer the stats of its files, from
-    the mount's attribute cache alone (the client keeps no second copy of each)."""
+    """`ls -l`: the entries of a folder listed through a read-only FUSE mount answer the stats
+    of its files from the mount's attribute cache alone (the client keeps no second copy of
+    each: the kernel opens the files without asking)."""
     fs, _, master = dataset
     ops = StrataOperations(fs, FuseSettings(root="/m", read_only=True, attr_timeout=3600,
                                             handles_dir=tmp_path / "handles"))
@@ -272,6 +273,10 @@ def test_a_listing_is_kept_once_and_answers_the_stats_that_follow(
     assert [ops.getattr(f"/f{i}")["st_size"] for i in range(3)] == [0, 1, 2]
     assert ops.getattr("/sub")["st_mode"] & stat.S_IFDIR
     assert master.files.metadata_requests["GetStatus"] == asked
+    # A mount point that writes opens files itself: through the client's held answers.
+    writable = StrataOperations(fs, FuseSettings(root="/m", attr_timeout=3600, handles_dir=tmp_path / "handles"))
+    writable.readdir("/", None)
+    assert fs.client._held.get("/m/f1") is not None
 
 
 def test_the_kernel_may_answer_from_a_listing_only_while_the_master_would_give_it(
