@@ -116,13 +116,16 @@ class StrataClient(Links):
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def _hold(self, infos: Iterable[pb.FileInfo], sent: float, *, reusable: bool = True) -> None:
+    def _hold(self, infos: Iterable[pb.FileInfo], sent: float, *, reusable: bool = True, below: str = "/") -> None:
         """Keep the master's answers to a request sent at `sent` (time.monotonic()). Without
         `reusable`, those the master marks reusable are not kept (the caller keeps them): an
-        earlier answer of another version is dropped instead."""
+        earlier answer of another version is dropped instead (`below`: a folder every answer
+        is at or below, where nothing held means nothing to drop)."""
         grace = self.settings.master_outage_grace
         now = time.monotonic()
         with self._lock:
+            if not reusable and not self._held.holds(below):
+                infos = [info for info in infos if not info.valid_for_ms]
             if grace and reusable:
                 self._held.put_many(HeldAnswer(now, sent + info.valid_for_ms / 1000, info) for info in infos)
                 return
@@ -437,7 +440,7 @@ class StrataClient(Links):
                         response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive),
                                              what=f"ls {path}")
                         files = list(response.files)
-                        self._hold(files, sent, reusable=hold_reusable)
+                        self._hold(files, sent, reusable=hold_reusable, below=held_key(path))
                         yield files
                         return
                     raise error_of(exc, what) from exc
@@ -445,7 +448,7 @@ class StrataClient(Links):
                 if not files:
                     watch.heard()
                     continue  # the master is still walking the store
-                self._hold(files, sent, reusable=hold_reusable)
+                self._hold(files, sent, reusable=hold_reusable, below=held_key(path))
                 watch.pause()  # the caller's time with the page is not the master's
                 yield files
                 watch.heard()

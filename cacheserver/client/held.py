@@ -33,6 +33,10 @@ class HeldAnswers:
     def __len__(self) -> int:
         return len(self._answers)
 
+    def holds(self, path: str) -> bool:
+        """True if an answer is held at or below `path`."""
+        return self._answers.holds(path)
+
     def get(self, path: str) -> HeldAnswer | None:
         return self._answers.get(path)
 
