@@ -116,16 +116,25 @@ class StrataClient(Links):
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def _hold(self, infos: Iterable[pb.FileInfo], sent: float) -> None:
-        """Keep the master's answers to a request sent at `sent` (time.monotonic())."""
+    def _hold(self, infos: Iterable[pb.FileInfo], sent: float, *, reusable: bool = True, below: str = "/") -> None:
+        """Keep the master's answers to a request sent at `sent` (time.monotonic()). Without
+        `reusable`, those the master marks reusable are not kept (the caller keeps them): an
+        earlier answer of another version is dropped instead (`below`: a folder every answer
+        is at or below, where nothing held means nothing to drop)."""
         grace = self.settings.master_outage_grace
         now = time.monotonic()
         with self._lock:
-            if grace:
+            if not reusable and not self._held.holds(below):
+                infos = [info for info in infos if not info.valid_for_ms]
+            if grace and reusable:
                 self._held.put_many(HeldAnswer(now, sent + info.valid_for_ms / 1000, info) for info in infos)
                 return
             for info in infos:
-                if info.valid_for_ms:
+                if info.valid_for_ms and not reusable:
+                    held = self._held.get(info.path)
+                    if held is not None and held.info.version != info.version:
+                        self._held.drop(info.path)
+                elif info.valid_for_ms or grace:
                     self._held.put(HeldAnswer(now, sent + info.valid_for_ms / 1000, info))
                 else:
                     self._held.drop(info.path)  # an earlier answer must not outlive this one
@@ -405,9 +414,12 @@ class StrataClient(Links):
         """The entries of a folder (a file: itself); each is held as a stat's answer is."""
         return [info for page in self.ls_pages(path, recursive) for info in page]
 
-    def ls_pages(self, path: str, recursive: bool = False) -> Iterator[list[pb.FileInfo]]:
+    def ls_pages(self, path: str, recursive: bool = False, *,
+                 hold_reusable: bool = True) -> Iterator[list[pb.FileInfo]]:
         """`ls` page by page, as the master sends them (ListStatusPages): a tree of any size,
-        held one page at a time. Each page must come within master_timeout of the one
+        held one page at a time (without `hold_reusable`, entries the master marks reusable
+        are not held: a caller that keeps them itself, as the FUSE mount's attribute cache
+        does, saves a second copy of each). Each page must come within master_timeout of the one
         before; while the store's walk keeps the first back, the master sends empty pages
         (skipped here) to say it is still at it. The stream has no limit in all."""
         sent = time.monotonic()
@@ -428,7 +440,7 @@ class StrataClient(Links):
                         response = self.call("ListStatus", pb.ListStatusRequest(path=path, recursive=recursive),
                                              what=f"ls {path}")
                         files = list(response.files)
-                        self._hold(files, sent)
+                        self._hold(files, sent, reusable=hold_reusable, below=held_key(path))
                         yield files
                         return
                     raise error_of(exc, what) from exc
@@ -436,7 +448,7 @@ class StrataClient(Links):
                 if not files:
                     watch.heard()
                     continue  # the master is still walking the store
-                self._hold(files, sent)
+                self._hold(files, sent, reusable=hold_reusable, below=held_key(path))
                 watch.pause()  # the caller's time with the page is not the master's
                 yield files
                 watch.heard()

@@ -4,14 +4,13 @@ answer the same (FileInfo.valid_for_ms) and to go on with while it cannot be rea
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from strata.contract.proto import strata_pb2 as pb
 from ..common.pathmap import PathMap
 
 
-@dataclass(frozen=True)
-class HeldAnswer:
+class HeldAnswer(NamedTuple):  # a tuple: a listing holds one an entry, about twice as fast to make as a frozen dataclass
     at: float  # time.monotonic() of the answer
     until: float  # time.monotonic() until which the master answers the same (the request's send time + valid_for)
     info: pb.FileInfo
@@ -33,6 +32,10 @@ class HeldAnswers:
 
     def __len__(self) -> int:
         return len(self._answers)
+
+    def holds(self, path: str) -> bool:
+        """True if an answer is held at or below `path`."""
+        return self._answers.holds(path)
 
     def get(self, path: str) -> HeldAnswer | None:
         return self._answers.get(path)

@@ -46,6 +46,10 @@ class PathMap(Generic[V]):
     def __len__(self) -> int:
         return len(self._values)
 
+    def holds(self, path: str) -> bool:
+        """True if a value is held at or below `path` (its time up or not)."""
+        return path in self._values or bool(self._below.get(path))
+
     def get(self, path: str) -> V | None:
         """The value held for `path`, None if there is none or its time is up (then it is
         forgotten)."""

@@ -25,11 +25,30 @@ MAX_READ_ONLY_ATTR_TIMEOUT = 3600.0
 REMEMBERED = 100_000
 
 
+_blake2b = hashlib.blake2b
+_from_bytes = int.from_bytes
+
+
 def inode_of(ns: str) -> int:
     """The inode number of a namespace path: the same on every mount, never 0 or 1 (the
-    kernel's own root number), 63 bits so that signed readers see it positive."""
-    digest = hashlib.blake2b(ns.encode(), digest_size=8).digest()
-    return max(2, int.from_bytes(digest, "big") >> 1)
+    kernel's own root number), 63 bits so that signed readers see it positive. (Made for
+    each entry of every listing: written for speed.)"""
+    number = _from_bytes(_blake2b(ns.encode(), digest_size=8).digest(), "big") >> 1
+    return number if number > 1 else 2
+
+
+
+def inodes_in(folder: str, names: Iterable[str]) -> list[int]:
+    """inode_of of each of `names` in `folder`, the folder's part of the hash taken once (made
+    for every entry of a listing: about a third cheaper than inode_of of each path)."""
+    folder_part = _blake2b((folder.rstrip("/") + "/").encode(), digest_size=8)
+    numbers = []
+    for name in names:
+        digest = folder_part.copy()
+        digest.update(name.encode())
+        number = _from_bytes(digest.digest(), "big") >> 1
+        numbers.append(number if number > 1 else 2)
+    return numbers
 
 
 def attr_timeout_for(mounts: Iterable[pb.MountInfo], root: str) -> float:

@@ -9,47 +9,65 @@ from __future__ import annotations
 
 import errno
 import stat
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from strata.contract.errors import AlreadyExists, FailedPrecondition, NotFound
+from strata.contract.proto import strata_pb2 as pb
 from ..common.paths import is_under, join, parent
-from .attrcache import inode_of
+from .attrcache import inode_of, inodes_in
 from .errnos import as_errno
 from .handles import WriteHandle
-from .interface import FuseError
+from .interface import DirEntry, FuseError
 from .state import OperationsState
 
 
 class Directories(OperationsState):
     @as_errno
-    def readdir(self, path: str, fh: Any) -> list[Any]:
+    def readdir(self, path: str, fh: Any) -> list[DirEntry]:
         ns = self._ns(path)
-        names: dict[str, int] = {}
+        entries: list[DirEntry] = []
+        unchanged_until: float | None = None  # while the master gives the same listing (none: it may not)
         try:
+            asked = time.monotonic()
             ahead = self._prefetch.take(ns)
-            # A folder of any size, a page at a time (or as listed ahead of this call).
-            for page, entries in enumerate([ahead] if ahead is not None else self.client.ls_pages(ns)):
-                if len(entries) == 1 and entries[0].path == ns and not entries[0].is_dir:
+            pages: Iterable[list[pb.FileInfo]]
+            if ahead is not None:
+                pages, asked = [ahead[0]], ahead[1]
+            else:  # a folder of any size, a page at a time
+                pages = self.client.ls_pages(ns, hold_reusable=self._hold_listed)
+            for page, infos in enumerate(pages):
+                if len(infos) == 1 and infos[0].path == ns and not infos[0].is_dir:
                     raise FuseError(errno.ENOTDIR)
-                self._attrs.put_many(entries)
-                for entry in entries:
-                    names[entry.name] = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
+                self._attrs.put_many(infos)
+                shortest = min((info.valid_for_ms for info in infos), default=0)
+                until = asked + shortest / 1000 if shortest else 0.0
+                unchanged_until = until if page == 0 else min(until, unchanged_until or 0.0)
+                names = [info.name for info in infos]
+                entries += zip(names, inodes_in(ns, names),
+                               [stat.S_IFDIR if info.is_dir else stat.S_IFREG for info in infos])
                 if page == 0:  # what a walk reads next is in the first page
-                    self._prefetch.listed(ns, entries)
+                    self._prefetch.listed(ns, infos)
         except NotFound:
             if ns not in self._new_dirs:
                 raise
         with self._lock:
-            for d in self._new_dirs:
-                if parent(d) == ns:
-                    names.setdefault(d.rsplit("/", 1)[1], stat.S_IFDIR)
-            for h in self._handles.values():
-                if isinstance(h, WriteHandle) and not h.discarded and parent(h.path) == ns:
-                    names.setdefault(h.path.rsplit("/", 1)[1], stat.S_IFREG)
+            extra = [(d.rsplit("/", 1)[1], stat.S_IFDIR) for d in self._new_dirs if parent(d) == ns] + [
+                (h.path.rsplit("/", 1)[1], stat.S_IFREG) for h in self._handles.values()
+                if isinstance(h, WriteHandle) and not h.discarded and parent(h.path) == ns]
+        if extra:  # folders made and files being written here, not in the master's listing yet
+            listed = {name for name, _, _ in entries}
+            entries += [(name, inode_of(join(ns, name)), mode) for name, mode in dict(extra).items()
+                        if name not in listed]
+            unchanged_until = None
+        entries.sort()
+        self._listings.listed(ns, unchanged_until if self.settings.read_only else None)
         up = parent(ns) if ns != self.root else ns
-        return [(".", {"st_mode": stat.S_IFDIR, "st_ino": inode_of(ns)}, 0),
-                ("..", {"st_mode": stat.S_IFDIR, "st_ino": inode_of(up)}, 0)] + [
-            (n, {"st_mode": mode, "st_ino": inode_of(join(ns, n))}, 0) for n, mode in sorted(names.items())]
+        return [(".", inode_of(ns), stat.S_IFDIR), ("..", inode_of(up), stat.S_IFDIR), *entries]
+
+    def listing_unchanged(self, path: str) -> bool:
+        return self._listings.unchanged(self._ns(path))
 
     @as_errno
     def unlink(self, path: str) -> int:

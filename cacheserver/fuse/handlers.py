@@ -18,7 +18,6 @@ import errno
 import functools
 import logging
 import os
-import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -84,8 +83,9 @@ class Handlers(Generic[S]):
     _on_init: Callable[[wire.InitReply], None]
     kernel_attrs: KernelAttrs
     kernel_opens: bool
+    kernel_lists: bool
     pins: Pins[S]
-    _dirs: dict[int, list[tuple[str, int, int]]]
+    _dirs: dict[int, wire.Dirents]
     _dir_ids: Iterator[int]
     _lock: threading.Lock
 
@@ -307,36 +307,30 @@ class Handlers(Generic[S]):
     # -- directories --------------------------------------------------------------------------
 
     def _opendir(self, header: wire.InHeader, body: memoryview) -> Payload:
-        self._path(header)
+        path = self._path(header)
         with self._lock:
             dh = next(self._dir_ids)
-        return [wire.open_out(dh, 0)]
+        # Where the kernel keeps metadata, it keeps listings too: its copy of one is answered
+        # from while the listing stands, and read anew after.
+        flags = 0
+        if self.kernel_lists:
+            flags = wire.FOPEN_CACHE_DIR | (wire.FOPEN_KEEP_CACHE if self.ops.listing_unchanged(path) else 0)
+        return [wire.open_out(dh, flags)]
 
-    def _listing(self, header: wire.InHeader, dh: int, offset: int) -> list[tuple[str, int, int]]:
+    def _listing(self, header: wire.InHeader, dh: int, offset: int) -> wire.Dirents:
         """The entries of an open directory, listed at its first READDIR and kept until
         RELEASEDIR (so a listing read in several requests is one consistent listing)."""
         with self._lock:
             listing = self._dirs.get(dh)
         if listing is None or offset == 0:
-            entries = self.ops.readdir(self._path(header), None)
-            listing = [(name, st["st_ino"], st["st_mode"]) for name, st, _ in entries]
+            listing = wire.Dirents(self.ops.readdir(self._path(header), None))
             with self._lock:
                 self._dirs[dh] = listing
         return listing
 
     def _readdir(self, header: wire.InHeader, body: memoryview) -> Payload:
         dh, offset, size, *_ = wire.READ_IN.unpack_from(body)
-        listing = self._listing(header, dh, offset)
-        out: list[bytes] = []
-        used = 0
-        for index in range(offset, len(listing)):
-            name, ino, mode = listing[index]
-            entry = wire.dirent(ino, index + 1, name, mode or stat.S_IFREG)
-            if used + len(entry) > size:
-                break
-            out.append(entry)
-            used += len(entry)
-        return [b"".join(out)]
+        return [self._listing(header, dh, offset).reply(offset, size)]
 
     def _releasedir(self, header: wire.InHeader, body: memoryview) -> Payload:
         with self._lock:

@@ -55,6 +55,9 @@ class Status(Protocol):
 
 S = TypeVar("S", bound=Status)
 
+# An entry of a directory as readdir gives it: its name, inode number and mode (its type).
+DirEntry = tuple[str, int, int]
+
 
 class Operations(Protocol[S]):
     """The calls of a FUSE session, by path (fusepy's names and arguments where it has them)."""
@@ -70,8 +73,13 @@ class Operations(Protocol[S]):
         """f_blocks, f_bfree, f_bavail, f_bsize, f_frsize, f_namemax."""
         ...
 
-    def readdir(self, path: str, fh: Any) -> list[Any]:
-        """(name, {"st_ino": ..., "st_mode": ...}, 0) for each entry, "." and ".." first."""
+    def readdir(self, path: str, fh: Any) -> list[DirEntry]:
+        """(name, inode number, mode) of each entry, "." and ".." first."""
+        ...
+
+    def listing_unchanged(self, path: str) -> bool:
+        """True while the entries readdir last gave of directory `path` are the ones it would
+        give now (the kernel may answer from its copy of them instead of asking)."""
         ...
 
     def chmod(self, path: str, mode: int) -> int: ...

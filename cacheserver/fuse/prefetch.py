@@ -20,8 +20,9 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
@@ -37,6 +38,14 @@ MAX_ENTRIES = 10_000
 PARENTS = 64
 
 
+class ListPages(Protocol):
+    """StrataClient.ls_pages: a folder's listing page by page, its reusable entries held by
+    the client or not (`hold_reusable`: the caller keeps them, in the mount's attribute
+    cache, when a listing fetched ahead is read)."""
+
+    def __call__(self, path: str, *, hold_reusable: bool) -> Iterator[list[pb.FileInfo]]: ...
+
+
 @dataclass
 class _Ahead:
     asked: float  # time.monotonic() when the listing was asked for
@@ -49,9 +58,10 @@ class FolderPrefetch:
     """Listings of the folders a walk reads next, fetched by one thread (started at the
     first); none when `enabled` is false."""
 
-    def __init__(self, list_pages: Callable[[str], Iterator[list[pb.FileInfo]]], *, enabled: bool,
-                 wait: float, ahead: int = AHEAD, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, list_pages: ListPages, *, enabled: bool, wait: float, hold_reusable: bool = True,
+                 ahead: int = AHEAD, max_entries: int = MAX_ENTRIES) -> None:
         self._list_pages = list_pages
+        self._hold_reusable = hold_reusable
         self.enabled = enabled
         self._wait = wait
         self._ahead_count = ahead
@@ -62,9 +72,10 @@ class FolderPrefetch:
         self._asked: queue.SimpleQueue[tuple[str, _Ahead]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def take(self, ns: str) -> list[pb.FileInfo] | None:
-        """The listing of `ns` fetched ahead, if it came whole (waiting for it at most `wait`
-        seconds) and the master would still give it; None: list it now."""
+    def take(self, ns: str) -> tuple[list[pb.FileInfo], float] | None:
+        """The listing of `ns` fetched ahead and when it was asked for (time.monotonic()), if
+        it came whole (waiting for it at most `wait` seconds) and the master would still give
+        it; None: list it now."""
         with self._lock:
             ahead = self._ahead.pop(ns, None)
         if ahead is None or not ahead.done.wait(self._wait) or not ahead.entries:
@@ -72,7 +83,7 @@ class FolderPrefetch:
         shortest = min(e.valid_for_ms for e in ahead.entries)
         if not shortest or ahead.asked + shortest / 1000 <= time.monotonic():
             return None
-        return ahead.entries
+        return ahead.entries, ahead.asked
 
     def listed(self, ns: str, entries: list[pb.FileInfo]) -> None:
         """`ns` was just read with these `entries`: fetch what a walk reads after it."""
@@ -124,7 +135,7 @@ class FolderPrefetch:
 
     def _fetch(self, folder: str) -> list[pb.FileInfo] | None:
         entries: list[pb.FileInfo] = []
-        for page in self._list_pages(folder):
+        for page in self._list_pages(folder, hold_reusable=self._hold_reusable):
             entries += page
             if len(entries) > self._max_entries:
                 return None

@@ -60,8 +60,10 @@ class Session(Handlers[S]):
         self.node_limit = NodeLimit(fd, nodes)
         # The kernel opens files without asking (see the module docstring).
         self.kernel_opens = read_only and self.timeout > 0
+        # The kernel keeps listings of this mount's folders (see Handlers._opendir).
+        self.kernel_lists = self.kernel_opens
         self.pins = Pins(ops, self._invalidate_data)
-        self._dirs: dict[int, list[tuple[str, int, int]]] = {}
+        self._dirs: dict[int, wire.Dirents] = {}
         self._dir_ids = iter(range(1, 1 << 62))
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []

@@ -24,6 +24,7 @@ from strata.contract.proto import strata_pb2 as pb
 from ..client.fs import StrataFileSystem
 from ..common.paths import is_under, join, parent
 from .attrcache import REMEMBERED, AttrCache, inode_of
+from .dirlistings import KernelListings
 from .handles import ReadHandle, ReadRecords, WriteHandle
 from .interface import MAX_IO, FuseError
 from .openreads import OpenReads
@@ -42,8 +43,13 @@ class OperationsState:
         self.settings = settings
         self.root = settings.root
         self._attrs = AttrCache(settings.attr_timeout, settings.max_nodes)
+        self._listings = KernelListings()
+        # A read-only mount that reuses metadata has the kernel open its files without asking
+        # (session.py): a listed entry is used from the attribute cache alone, and the client
+        # keeps no second copy of it. Elsewhere opens go by the client's held answers.
+        self._hold_listed = not (settings.read_only and settings.attr_timeout > 0)
         self._prefetch = FolderPrefetch(self.client.ls_pages, enabled=settings.attr_timeout > 0,
-                                        wait=self.client.settings.master_timeout)
+                                        wait=self.client.settings.master_timeout, hold_reusable=self._hold_listed)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
         self._open_reads = OpenReads()
         self._records = ReadRecords(settings.handles_dir)
@@ -166,6 +172,7 @@ class OperationsState:
     def _forget(self, ns: str) -> None:
         self._attrs.drop(ns)
         self._prefetch.clear()
+        self._listings.clear()
         with self._lock:
             for key in [k for k in self._versions if is_under(k, ns)]:
                 del self._versions[key]

@@ -8,8 +8,10 @@ as the kernel lays them out (each struct in fuse.h is already 8-byte aligned by 
 
 from __future__ import annotations
 
+import bisect
 import stat
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 KERNEL_VERSION = 7
@@ -75,6 +77,7 @@ WRITE_CACHE = 1 << 0
 # fuse_open_out.open_flags
 FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_CACHE_DIR = 1 << 3  # (opendir) the kernel keeps what READDIR answers, and answers from it while kept
 FOPEN_NOFLUSH = 1 << 5  # close(2) sends no FLUSH (the kernel's own FUSE_WRITEBACK_CACHE aside)
 # fuse_getattr_in.getattr_flags
 GETATTR_FH = 1 << 0
@@ -225,11 +228,34 @@ def open_out(fh: int, open_flags: int) -> bytes:
     return OPEN_OUT.pack(fh, open_flags, 0)
 
 
-def dirent(ino: int, offset: int, name: str, mode: int) -> bytes:
-    """One directory entry; `offset` is where the next READDIR of this directory starts."""
-    raw = name.encode("utf-8", "surrogateescape")
-    entry = DIRENT_HEAD.pack(ino, offset, len(raw), stat.S_IFMT(mode) >> 12) + raw
-    return entry + b"\0" * (-len(entry) % 8)
+class Dirents:
+    """A directory's entries (name, inode number, mode) as READDIR answers them, each packed
+    once (padded to 8 bytes, the offset in it where the next READDIR starts):
+    `reply(offset, size)` is the entries from `offset` that fit in `size` bytes."""
+
+    def __init__(self, entries: Sequence[tuple[str, int, int]]) -> None:
+        pack, head = DIRENT_HEAD.pack, DIRENT_HEAD.size
+        packed: list[bytes] = []
+        ends = [0]  # ends[i]: the bytes of the first i entries
+        end = 0
+        for offset, (name, ino, mode) in enumerate(entries, 1):
+            raw = name.encode("utf-8", "surrogateescape")
+            size = head + len(raw)
+            padded = (size + 7) & ~7
+            packed.append(pack(ino, offset, len(raw), (mode & 0o170000) >> 12) + raw + b"\0" * (padded - size))
+            end += padded
+            ends.append(end)
+        self._packed = packed
+        self._ends = ends
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    def reply(self, offset: int, size: int) -> bytes:
+        if offset >= len(self._packed):
+            return b""
+        stop = bisect.bisect_right(self._ends, self._ends[offset] + size) - 1
+        return b"".join(self._packed[offset:stop])
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from strata.contract import errors
 from strata.contract.modes import WriteType
 from strata.contract.proto import strata_pb2 as pb
 
-from .conftest import BLOCK_SIZE, Cluster, allow, wait_until
+from .conftest import BLOCK_SIZE, Cluster, allow, metric, wait_until
 from .test_cluster import payload
 
 FSTYPE = "fuse.strata"
@@ -544,6 +544,30 @@ def test_listing_and_stat_agree_on_a_file_put_into_the_store(
     readable = (mnt / "e" / "new").exists()
     assert listed and readable, f"stat says {readable}, ls says {listed}"
     assert (mnt / "e" / "new").read_bytes() == b"new bytes"
+
+
+def test_the_kernel_answers_a_read_only_folders_listing_while_it_stands_then_lists_it_anew(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    """A read-only mount's folder listed again within its sync interval is answered by the
+    kernel's copy (a walk repeated, each epoch of a loader that indexes its dataset, asks the
+    master nothing); a file put into the store shows once the master has synced."""
+    cluster = start_cluster(workers=1)
+    cluster.s3.put_object(bucket, "d/old", b"x")
+    sync = 3.0
+    cluster.mount_bucket("/k", bucket, metadata_sync_interval=sync, read_only=True)
+    mnt = mount_fuse(cluster, "--read-only").path / "k" / "d"
+
+    def listings() -> float:
+        return metric(cluster.master.metrics(), "strata_master_metadata_requests", '{method="ListStatus"}')
+
+    assert os.listdir(mnt) == ["old"]
+    before = listings()
+    for _ in range(20):
+        assert os.listdir(mnt) == ["old"]
+    assert listings() - before <= 2  # the listing stood (once more at most: a sync came meanwhile)
+    cluster.s3.put_object(bucket, "d/new", b"new bytes")
+    wait_until(lambda: sorted(os.listdir(mnt)) == ["new", "old"], 4 * sync, "the new file listed after a sync")
+    assert (mnt / "new").read_bytes() == b"new bytes"
 
 
 def test_a_file_changed_while_open_never_mixes_versions_in_the_page_cache(

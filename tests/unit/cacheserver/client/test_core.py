@@ -261,6 +261,29 @@ def test_an_answer_not_to_reuse_replaces_the_one_held(master: tuple[MasterHandle
         other.close()
 
 
+@pytest.mark.parametrize("grace", [120.0, 0.0], ids=["outage-grace", "no-outage-grace"])
+def test_a_listing_whose_caller_keeps_its_entries_holds_none_and_drops_an_older_answer(
+        master: tuple[MasterHandle, Run[Any]], tmp_path: Path, grace: float) -> None:
+    """ls_pages(hold_reusable=False), as a read-only FUSE mount lists (its attribute cache
+    keeps the entries): none is held, and a held answer the listing shows to be of an older
+    version goes, so a stat asks again rather than answer older than the listing."""
+    handle, _ = master
+    client, store = mounted_client(handle, tmp_path, read_only=True, interval=30, master_outage_grace=grace)
+    other = StrataClient(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, host="h")
+    try:
+        old = client.stat("/r/f1")
+        rewrite(store / "f1", b"a new version")
+        # The master learns of the new version early (a reader found the file changed).
+        assert other.call("GetStatus", pb.GetStatusRequest(path="/r/f1", refresh=True), what="stat").version != old.version
+        listed = {e.path: e for page in client.ls_pages("/r", hold_reusable=False) for e in page}
+        assert listed["/r/f1"].version != old.version
+        assert client._held.get("/r/f0") is None and client._held.get("/r/f1") is None
+        assert client.stat("/r/f1").version == listed["/r/f1"].version
+    finally:
+        client.close()
+        other.close()
+
+
 def test_a_listing_of_many_pages_gives_every_entry_once_with_its_size(master: tuple[MasterHandle, Run[Any]],
                                                                       tmp_path: Path) -> None:
     handle, _ = master

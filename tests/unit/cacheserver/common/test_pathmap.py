@@ -140,3 +140,13 @@ def test_a_page_put_at_once_leaves_what_one_put_after_another_leaves() -> None:
     assert _held(at_once, paths) == _held(one_by_one, paths) == [p for p, _ in page[-12:]]
     assert at_once._below == one_by_one._below  # the index too: only what leads to what is held
     assert at_once.drop_below("/m/d2") == 5 and at_once.get("/m/d3/f4") == 34
+
+
+def test_holds_tells_whether_anything_is_held_at_or_below_a_path() -> None:
+    held: PathMap[int] = PathMap(limit=2)
+    held.put("/a/b/c", 1)
+    assert held.holds("/a/b/c") and held.holds("/a/b") and held.holds("/a") and held.holds("/")
+    assert not held.holds("/a/x") and not held.holds("/a/b/c/d") and not held.holds("/b")
+    held.put("/x", 2)
+    held.put("/y", 3)  # /a/b/c goes: the least recently used
+    assert not held.holds("/a") and held.holds("/x")

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from threadmaster import MASTER_TOKEN, threaded_master
 
 from strata.cacheserver.client.fs import StrataFileSystem
-from strata.cacheserver.fuse.attrcache import MAX_ATTR_TIMEOUT, MAX_READ_ONLY_ATTR_TIMEOUT, attr_timeout_for
+from strata.cacheserver.fuse.attrcache import (MAX_ATTR_TIMEOUT, MAX_READ_ONLY_ATTR_TIMEOUT, attr_timeout_for, inode_of,
+                                               inodes_in)
 from strata.cacheserver.fuse.errnos import errno_of
 from strata.cacheserver.fuse.interface import FileInfo
 from strata.cacheserver.fuse.operations import StrataOperations
@@ -42,6 +45,14 @@ MOUNTS = [mount("/datasets/a", 30), mount("/datasets/b", 0), mount("/logs", -1),
 ])
 def test_metadata_timeout_follows_the_mounts_sync_intervals(root: str, expected: float) -> None:
     assert attr_timeout_for(MOUNTS, root) == expected
+
+
+def test_a_listings_inode_numbers_are_those_of_its_paths() -> None:
+    """Numbered a folder at a time (readdir) or a path at a time (lookup): the same numbers."""
+    names = ["a", "b.bin", "é", "x" * 200]
+    assert inodes_in("/", names) == [inode_of(f"/{n}") for n in names]
+    assert inodes_in("/data/set", names) == [inode_of(f"/data/set/{n}") for n in names]
+    assert len(set(inodes_in("/data/set", names))) == len(names) and min(inodes_in("/", names)) > 1
 
 
 def test_long_intervals_are_capped() -> None:
@@ -222,3 +233,67 @@ def test_the_kernel_is_told_the_size_of_the_version_read_through_the_page_cache(
     for fi in (None, FileInfo(fh=b)):
         assert ops.getattr("/f", fi)["st_size"] == len(new)
     assert ops.release("/f", FileInfo(fh=b)) == 0
+
+
+# -- listings ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Iterator[tuple[StrataFileSystem, Path, Any]]:
+    """A file system on a real master with a read-only mount /m of a folder here (synced
+    hourly, as datasets are) and a writable one /w; and the master's parts."""
+    for name in ("m", "w"):
+        (tmp_path / name / "sub").mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / name / f"f{i}").write_bytes(b"x" * i)
+    with threaded_master(tmp_path) as (handle, _):
+        fs = StrataFileSystem(master=f"127.0.0.1:{handle.port}", token=MASTER_TOKEN, skip_instance_cache=True)
+        fs.client.mount("/m", f"file://{tmp_path / 'm'}", pb.MountOptions(read_only=True, metadata_sync_interval=3600))
+        fs.client.mount("/w", f"file://{tmp_path / 'w'}", pb.MountOptions(metadata_sync_interval=0))
+        try:
+            yield fs, tmp_path, handle.parts
+        finally:
+            fs.client.close()
+
+
+def test_a_listing_is_kept_once_and_answers_the_stats_that_follow(
+        dataset: tuple[StrataFileSystem, Path, Any], tmp_path: Path) -> None:
+    """`ls -l`: the entries of a folder listed through a read-only FUSE mount answer the stats
+    of its files from the mount's attribute cache alone (the client keeps no second copy of
+    each: the kernel opens the files without asking)."""
+    fs, _, master = dataset
+    ops = StrataOperations(fs, FuseSettings(root="/m", read_only=True, attr_timeout=3600,
+                                            handles_dir=tmp_path / "handles"))
+    listed = ops.readdir("/", None)
+    assert [name for name, _, _ in listed] == [".", "..", "f0", "f1", "f2", "sub"]
+    assert [mode for name, _, mode in listed if name.startswith("f")] == [stat.S_IFREG] * 3
+    assert dict((name, ino) for name, ino, _ in listed)["f1"] == ops.getattr("/f1")["st_ino"]
+    assert len(fs.client._held) == 0
+    asked = master.files.metadata_requests["GetStatus"]
+    assert [ops.getattr(f"/f{i}")["st_size"] for i in range(3)] == [0, 1, 2]
+    assert ops.getattr("/sub")["st_mode"] & stat.S_IFDIR
+    assert master.files.metadata_requests["GetStatus"] == asked
+    # A mount point that writes opens files itself: through the client's held answers.
+    writable = StrataOperations(fs, FuseSettings(root="/m", attr_timeout=3600, handles_dir=tmp_path / "handles"))
+    writable.readdir("/", None)
+    assert fs.client._held.get("/m/f1") is not None
+
+
+def test_the_kernel_may_answer_from_a_listing_only_while_the_master_would_give_it(
+        dataset: tuple[StrataFileSystem, Path, Any], tmp_path: Path) -> None:
+    fs, store, _ = dataset
+    settings = FuseSettings(root="/", read_only=True, attr_timeout=1, handles_dir=tmp_path / "handles")
+    ops = StrataOperations(fs, settings)
+    assert not ops.listing_unchanged("/m")  # not listed yet
+    ops.readdir("/m", None)
+    assert ops.listing_unchanged("/m")  # a read-only mount synced hourly
+    ops.readdir("/w", None)
+    assert not ops.listing_unchanged("/w")  # writable: every listing asks again
+    fs.client.mount("/s", f"file://{store / 'm'}", pb.MountOptions(read_only=True, metadata_sync_interval=1))
+    ops.readdir("/s", None)
+    assert ops.listing_unchanged("/s")
+    time.sleep(1.1)
+    assert not ops.listing_unchanged("/s")  # synced since: the kernel reads it anew
+    writable = StrataOperations(fs, FuseSettings(root="/", attr_timeout=1, handles_dir=tmp_path / "handles"))
+    writable.readdir("/m", None)
+    assert not writable.listing_unchanged("/m")  # a mount point that writes: none is kept

@@ -26,7 +26,7 @@ class Folders:
         return pb.FileInfo(path=path, name=path.rsplit("/", 1)[1], is_dir=path in self.tree, length=len(path),
                            valid_for_ms=self.valid_for_ms)
 
-    def ls_pages(self, folder: str) -> Iterator[list[pb.FileInfo]]:
+    def ls_pages(self, folder: str, *, hold_reusable: bool = True) -> Iterator[list[pb.FileInfo]]:
         self.asked.append(folder)
         try:
             if folder not in self.tree:
@@ -48,7 +48,8 @@ def prefetch(folders: Folders, **kwargs: int) -> FolderPrefetch:
 
 def walked(ahead: FolderPrefetch, folders: Folders, ns: str) -> list[pb.FileInfo] | None:
     """What a readdir of `ns` gets ahead (None: it lists the folder itself, as here)."""
-    got = ahead.take(ns)
+    taken = ahead.take(ns)
+    got = taken[0] if taken is not None else None
     ahead.listed(ns, got if got is not None else [e for page in folders.ls_pages(ns) for e in page])
     return got
 

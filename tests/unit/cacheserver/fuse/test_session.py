@@ -60,8 +60,11 @@ class FakeFiles:
     def statfs(self, path: str) -> dict[str, int]:
         return {"f_blocks": 100, "f_bfree": 40, "f_bavail": 40, "f_bsize": 4096, "f_frsize": 4096, "f_namemax": 255}
 
-    def readdir(self, path: str, fh: Any) -> list[Any]:
-        return [(name.lstrip("/"), {"st_ino": 7, "st_mode": stat.S_IFREG}, 0) for name in sorted(self.files)]
+    def readdir(self, path: str, fh: Any) -> list[tuple[str, int, int]]:
+        return [(name.lstrip("/"), 7, stat.S_IFREG) for name in sorted(self.files)]
+
+    def listing_unchanged(self, path: str) -> bool:
+        return False
 
     def chmod(self, path: str, mode: int) -> int:
         return 0

@@ -50,13 +50,19 @@ def test_entries_and_attributes() -> None:
     assert len(wire.attr_out(attr, 0)) == 104
 
 
-def test_directory_entries_are_padded_to_eight_bytes() -> None:
-    entry = wire.dirent(77, 3, "abc", stat.S_IFDIR | 0o755)
-    assert len(entry) == 32
-    assert wire.DIRENT_HEAD.unpack_from(entry) == (77, 3, 3, stat.S_IFDIR >> 12)
-    assert entry[24:27] == b"abc" and entry[27:] == b"\0" * 5
-    assert len(wire.dirent(1, 1, "12345678", stat.S_IFREG)) == 32  # no padding needed
-    assert wire.dirent(1, 1, "é", stat.S_IFREG)[24:26] == "é".encode()
+def test_directory_entries_are_padded_to_eight_bytes_and_answered_as_many_as_fit() -> None:
+    entries = wire.Dirents([("abc", 77, stat.S_IFDIR | 0o755), ("12345678", 1, stat.S_IFREG), ("é", 2, stat.S_IFREG)])
+    first = entries.reply(0, 4096)
+    assert len(first) == 32 + 32 + 32
+    assert wire.DIRENT_HEAD.unpack_from(first) == (77, 1, 3, stat.S_IFDIR >> 12)
+    assert first[24:27] == b"abc" and first[27:32] == b"\0" * 5
+    assert wire.DIRENT_HEAD.unpack_from(first, 32) == (1, 2, 8, stat.S_IFREG >> 12)
+    assert first[56:64] == b"12345678"  # no padding needed
+    assert first[88:90] == "é".encode()
+    assert entries.reply(0, 63) == first[:32]  # only whole entries: the next READDIR starts at offset 1
+    assert entries.reply(1, 64) == first[32:]
+    assert entries.reply(2, 31) == b""  # too small for the next: nothing (the kernel asks with more)
+    assert entries.reply(3, 4096) == b"" and entries.reply(7, 4096) == b""  # the end
 
 
 def test_names_are_nul_terminated() -> None:
