@@ -149,29 +149,32 @@ class BlockIndex:
         return self._table.slots()
 
     def add(self, worker_id: str, refs: Iterable[pb.BlockRef]) -> None:
-        table = self._table
-        for ref in refs:
-            fh, index, length = reported_hash(ref), ref.index, ref.length
-            entry = table.get(fh, index)
-            if entry:
-                if not self._matches(entry, ref.mount_id, length):
-                    self._forget(fh, index, entry)
-                    entry = 0
-                else:
-                    worker = self._workers.get(worker_id)
-                    if worker is not None and self._holds(fh, index, entry, worker):
+        table, counts = self._table, self._workers.counts
+        worker = self._workers.take(worker_id)  # held while its refs go in: the number stays its own
+        journal = self._journal(worker)
+        try:
+            for ref in refs:
+                fh, index, length = reported_hash(ref), ref.index, ref.length
+                entry = table.get(fh, index)
+                if entry:
+                    if not self._matches(entry, ref.mount_id, length):
+                        self._forget(fh, index, entry)
+                        entry = 0
+                    elif self._holds(fh, index, entry, worker):
                         continue  # reported again
-            if not entry:
-                mount = self._mounts.take(ref.mount_id)
-                self._by_mount[mount] = self._by_mount.get(mount, 0) + length
-                if index:
-                    self._rest_of_file[fh] = self._rest_of_file.get(fh, 0) + length
-                entry = length | mount << _LENGTH_BITS
-            worker = self._workers.take(worker_id)
-            table.put(fh, index, self._with_holder(fh, index, entry, worker))
-            self._journal(worker).note(fh, index)
-            holder = (entry >> _LENGTH_BITS & _MOUNT_MASK, worker)
-            self._by_holder[holder] = self._by_holder.get(holder, 0) + length
+                if not entry:
+                    mount = self._mounts.take(ref.mount_id)
+                    self._by_mount[mount] = self._by_mount.get(mount, 0) + length
+                    if index:
+                        self._rest_of_file[fh] = self._rest_of_file.get(fh, 0) + length
+                    entry = length | mount << _LENGTH_BITS
+                table.put(fh, index, self._with_holder(fh, index, entry, worker))
+                counts[worker] += 1
+                journal.note(fh, index)
+                holder = (entry >> _LENGTH_BITS & _MOUNT_MASK, worker)
+                self._by_holder[holder] = self._by_holder.get(holder, 0) + length
+        finally:
+            self._let_go(worker)
 
     def remove(self, worker_id: str, refs: Iterable[pb.BlockRef]) -> None:
         worker = self._workers.get(worker_id)
@@ -215,6 +218,12 @@ class BlockIndex:
             journal = self._journals[worker] = Journal((key & _HASH_MASK, key >> _HASH_BITS) for key in held)
         return journal
 
+    def _let_go(self, worker: int) -> None:
+        """One block (or one call) less for `worker`."""
+        self._workers.release(worker)
+        if not self._workers.counts[worker]:
+            self._journals[worker] = Journal()  # its number may go to another worker
+
     def _matches(self, entry: int, mount_id: int, length: int) -> bool:
         return entry & _LENGTH_MASK == length and self._mounts.name(entry >> _LENGTH_BITS & _MOUNT_MASK) == mount_id
 
@@ -228,6 +237,8 @@ class BlockIndex:
 
     def _holder_numbers(self, fh: int, index: int, entry: int) -> list[int]:
         lanes = entry >> _HOLDERS_SHIFT
+        if lanes <= _LANE:
+            return [lanes - 1]  # its only holder
         numbers = [(lanes >> shift & _LANE) - 1 for shift in _LANE_SHIFTS if lanes >> shift & _LANE]
         more = self._more.get(fh | index << _HASH_BITS, 0) if lanes >> 48 else 0
         return numbers + [w for w in range(more.bit_length()) if more >> w & 1]
@@ -279,9 +290,7 @@ class BlockIndex:
             return
         length, mount = entry & _LENGTH_MASK, entry >> _LENGTH_BITS & _MOUNT_MASK
         _subtract(self._by_holder, (mount, worker), length)
-        self._workers.release(worker)
-        if not self._workers.counts[worker]:
-            self._journals[worker] = Journal()  # its number may go to another worker
+        self._let_go(worker)
         entry = entry & _VALUE_MASK if entry >> _HOLDERS_SHIFT == worker + 1 else \
             self._without_holder(fh, index, entry, worker)
         if entry >> _HOLDERS_SHIFT:
