@@ -274,7 +274,7 @@ class BlockIndex:
             self._keep_more(key, more & (more - 1))
             lanes |= (more & -more).bit_length() << freed  # the lowest worker number there, + 1
         else:
-            last = max(shift for shift in _LANE_SHIFTS if lanes >> shift & _LANE or shift == freed)
+            last = max(freed, (lanes.bit_length() - 1) // 16 * 16)  # the lanes are filled from the first
             lanes = lanes & ~(_LANE << last) | (lanes >> last & _LANE) << freed
         return entry & _VALUE_MASK | lanes << _HOLDERS_SHIFT
 
