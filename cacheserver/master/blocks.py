@@ -168,7 +168,9 @@ class BlockIndex:
                     if index:
                         self._rest_of_file[fh] = self._rest_of_file.get(fh, 0) + length
                     entry = length | mount << _LENGTH_BITS
-                table.put(fh, index, self._with_holder(fh, index, entry, worker))
+                    table.put(fh, index, entry | (worker + 1) << _HOLDERS_SHIFT)  # its first holder
+                else:
+                    table.put(fh, index, self._with_holder(fh, index, entry, worker))
                 counts[worker] += 1
                 journal.note(fh, index)
                 holder = (entry >> _LENGTH_BITS & _MOUNT_MASK, worker)

@@ -94,7 +94,9 @@ class BlockTable:
         """Set the key's entry (its holders word, `entry >> 64`, must not be 0)."""
         holders = entry >> 64
         assert 0 < holders <= _WORD, f"block table entry {entry:#x}: its holders word must be one non-zero word"
-        shard, i = self._at(fh, index)
+        if fh != self._fh or index != self._index:
+            self.get(fh, index)
+        shard, i = self._shard, self._slot
         if shard.holders[i]:
             shard.values[i], shard.holders[i] = entry & _WORD, holders
             return
