@@ -72,9 +72,13 @@ class Workers:
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         if not self.membership.heartbeat(request.worker_id, _own(request.stats), stopping=request.stopping):
             return pb.HeartbeatResponse(reregister=True, mount_table_version=self.mounting.table_version)
-        async with self._indexing(request.worker_id):
-            await _in_steps(self.blocks.add, request.worker_id, request.added)
-            await _in_steps(self.blocks.remove, request.worker_id, request.removed)
+        if request.added or request.removed:
+            # Only changes wait for the worker's index changes before them (its full list, a
+            # drop): an answer held back there holds back the worker's next heartbeat, and a
+            # restarted master's storm of full lists made live workers look silent.
+            async with self._indexing(request.worker_id):
+                await _in_steps(self.blocks.add, request.worker_id, request.added)
+                await _in_steps(self.blocks.remove, request.worker_id, request.removed)
         return pb.HeartbeatResponse(mount_table_version=self.mounting.table_version)
 
     async def list_workers(self, request: pb.ListWorkersRequest) -> pb.ListWorkersResponse:

@@ -66,6 +66,29 @@ async def test_other_workers_heartbeat_between_the_steps_of_a_full_report() -> N
         await parts.close()
 
 
+async def test_a_worker_s_heartbeat_is_answered_while_its_own_full_list_is_taken_in() -> None:
+    """Every worker registering again at once (a master restart) puts each list behind the
+    others; a worker heartbeats on meanwhile. A heartbeat that changes no blocks must not wait
+    for its worker's list: its answer held back, the worker sends no next one, and the master
+    drops it as silent (82 of 100 workers in bench/workers_scale.py's storm)."""
+    config = ServerConfig()
+    mounts = MountTable(None)
+    parts = build_parts(config, mounts, Namespace(mounts, None, block_size=config.block_size), "token")
+    info = pb.WorkerInfo(worker_id="w0", address="127.0.0.1:1", host="node-a")
+    try:
+        await parts.workers.register_worker(pb.RegisterWorkerRequest(worker=info, incarnation="r"))
+        report = asyncio.ensure_future(parts.workers.register_worker(
+            pb.RegisterWorkerRequest(worker=info, incarnation="r", blocks=_refs(20_000, "big"))))
+        await asyncio.sleep(0)  # the list has started
+        answer = await parts.workers.heartbeat(pb.HeartbeatRequest(worker_id="w0"))
+        assert not answer.reregister
+        assert len(parts.workers.blocks) < 20_000  # answered between the list's steps, not after all of it
+        await report
+        assert len(parts.workers.blocks) == 20_000
+    finally:
+        await parts.close()
+
+
 async def test_a_worker_expired_while_it_registers_again_keeps_the_blocks_it_reported() -> None:
     config = ServerConfig()
     mounts = MountTable(None)
