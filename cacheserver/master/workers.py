@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from google.protobuf.message import Message
 
 from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
@@ -17,6 +20,8 @@ from .workerlink import WorkerLink
 from .writes import Writes
 
 log = logging.getLogger(__name__)
+
+Kept = TypeVar("Kept", bound=Message)
 
 # A worker's block list goes into the index STEP blocks at a time: workers' full reports (a
 # restarted master hears every worker's at once, up to 4 MiB of refs each) then hold no
@@ -51,7 +56,8 @@ class Workers:
         self._incarnations[info.worker_id] = request.incarnation
         if previous is not None and previous != request.incarnation:
             self.writes.end_writes_of(info.worker_id)
-        self.membership.register(info, request.stats, incarnation=request.incarnation, stopping=request.stopping)
+        self.membership.register(_own(info), _own(request.stats), incarnation=request.incarnation,
+                                 stopping=request.stopping)
         async with self._indexing(info.worker_id), self._full_lists:
             await _stepwise(self.blocks.dropping(info.worker_id))
             await _in_steps(self.blocks.add, info.worker_id, request.blocks)
@@ -64,11 +70,15 @@ class Workers:
         return pb.RegisterWorkerResponse(mount_table_version=self.mounting.table_version)
 
     async def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
-        if not self.membership.heartbeat(request.worker_id, request.stats, stopping=request.stopping):
+        if not self.membership.heartbeat(request.worker_id, _own(request.stats), stopping=request.stopping):
             return pb.HeartbeatResponse(reregister=True, mount_table_version=self.mounting.table_version)
-        async with self._indexing(request.worker_id):
-            await _in_steps(self.blocks.add, request.worker_id, request.added)
-            await _in_steps(self.blocks.remove, request.worker_id, request.removed)
+        if request.added or request.removed:
+            # Only changes wait for the worker's index changes before them (its full list, a
+            # drop): an answer held back there holds back the worker's next heartbeat, and a
+            # restarted master's storm of full lists made live workers look silent.
+            async with self._indexing(request.worker_id):
+                await _in_steps(self.blocks.add, request.worker_id, request.added)
+                await _in_steps(self.blocks.remove, request.worker_id, request.removed)
         return pb.HeartbeatResponse(mount_table_version=self.mounting.table_version)
 
     async def list_workers(self, request: pb.ListWorkersRequest) -> pb.ListWorkersResponse:
@@ -98,6 +108,16 @@ class Workers:
         if lock is None:
             lock = self._index_locks[worker_id] = asyncio.Lock()
         return lock
+
+
+def _own(message: Kept) -> Kept:
+    """A copy of a part of a request, to keep: the part itself keeps the whole request's memory
+    (protobuf's arena) for as long as it is held. A worker's registration kept this way held its
+    block list, ~1.4 MiB for 10,000 blocks, for as long as the worker was known (measured with
+    bench/workers_scale.py: ~150 B of resident memory a cached block)."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
 
 
 async def _stepwise(steps: Iterator[None]) -> None:

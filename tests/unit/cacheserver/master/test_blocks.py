@@ -5,7 +5,7 @@ import random
 import tracemalloc
 
 from strata.cacheserver.common.keys import BlockKey
-from strata.cacheserver.master.blocks import BlockIndex, Files
+from strata.cacheserver.master.blocks import STEP, BlockIndex, Files
 from strata.contract.proto import strata_pb2 as pb
 
 MiB = 1 << 20
@@ -218,3 +218,51 @@ def test_a_worker_caching_and_evicting_over_and_over_holds_no_more_memory() -> N
     assert grown < 4_000, f"{grown} bytes more after 4,000 blocks cached and evicted"
     index.drop_worker("w0")
     assert index.holders(key("/d/a", 0)) == {"w1"} and len(index) == 1
+
+
+def test_a_block_held_by_more_workers_than_its_entry_has_lanes_names_each() -> None:
+    """An entry names four holders; a block copied to more workers (a hot file spread wide)
+    keeps the rest aside: each is named, counted and forgotten as the first four are."""
+    index = BlockIndex()
+    workers = [f"w{n}" for n in range(7)]
+    for worker in workers:
+        index.add(worker, [ref("/d/a", 0), ref("/d/a", 1)])
+    assert index.holders(key("/d/a", 0)) == set(workers)
+    index.remove("w1", [ref("/d/a", 0)])  # one of the first four: a later holder takes its place
+    index.remove("w5", [ref("/d/a", 0)])  # one of the rest
+    index.drop_worker("w0")
+    assert index.holders(key("/d/a", 0)) == {"w2", "w3", "w4", "w6"}
+    assert index.holders(key("/d/a", 1)) == set(workers) - {"w0"}
+    assert index.cached_bytes_by_worker(1) == {"w1": 4 * MiB, "w5": 4 * MiB} | {
+        w: 8 * MiB for w in ("w2", "w3", "w4", "w6")}
+    index.add("w5", [ref("/d/a", 0)])
+    for worker in ("w2", "w3", "w4", "w6"):
+        index.drop_worker(worker)
+    assert index.holders(key("/d/a", 0)) == {"w5"} and index.holders(key("/d/a", 1)) == {"w1", "w5"}
+    assert index.cached_bytes_of_file(1, "/d/a", "v1", **A_FILE) == 8 * MiB
+    index.drop_worker("w1")
+    index.drop_worker("w5")
+    assert len(index) == 0 and index.cached_bytes_by_mount() == {}
+
+
+def test_a_worker_of_a_million_blocks_is_dropped_in_steps_and_its_slots_given_back() -> None:
+    """A worker holding a million blocks expires: its blocks go STEP at a time (the master
+    serves heartbeats and reads between steps, which see each block held or gone, never a
+    wrong holder), and the table gives its slots back (a dict keeps its million)."""
+    index = BlockIndex()
+    index.add("w1", [ref(f"/d/f{n}", 0) for n in range(0, 3_000, 3)])
+    small = index.slots()
+    blocks = 1_000_000
+    for start in range(0, blocks, 20_000):
+        index.add("w0", [ref(f"/d/f{n}", 0) for n in range(start, start + 20_000)])
+    assert len(index) == blocks and index.slots() > blocks
+    steps = 0
+    for _ in index.dropping("w0"):
+        steps += 1
+        index.add("w2", [ref(f"/e/f{steps}", 0)])  # a heartbeat between steps
+        assert index.holders(key("/d/f3", 0)) == {"w1"}
+    assert steps == blocks // STEP
+    assert len(index) == 1_000 + steps
+    assert index.slots() <= 2 * small
+    assert index.cached_bytes_by_worker(1) == {"w1": 1_000 * 4 * MiB, "w2": steps * 4 * MiB}
+    assert index.holders(key("/d/f4", 0)) == set() and index.holders(key("/d/f3", 0)) == {"w1"}
