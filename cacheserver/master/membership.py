@@ -8,7 +8,7 @@ out of placement even once its name is wanted again: the run after it takes bloc
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from strata.contract.proto import strata_pb2 as pb
@@ -66,6 +66,13 @@ class Membership:
         self._mark_decommissioning(record)
         return True
 
+    def heard(self, worker_id: str) -> None:
+        """The worker was heard from now (its registration was answered): its heartbeats are
+        counted from here."""
+        record = self._workers.get(worker_id)
+        if record is not None:
+            record.last_heartbeat = self._clock()
+
     def _remember_told_to_leave(self, worker_id: str, incarnation: str) -> None:
         """Remember that run `incarnation` of `worker_id` was told to leave (the newest
         TOLD_RUNS_KEPT of a name are kept)."""
@@ -82,9 +89,11 @@ class Membership:
     def is_live(self, record: WorkerRecord) -> bool:
         return self._clock() - record.last_heartbeat <= self._timeout
 
-    def expire(self) -> list[str]:
-        """Forget workers whose heartbeats stopped; returns their ids."""
-        gone = [w for w, r in self._workers.items() if not self.is_live(r)]
+    def expire(self, registering: Collection[str] = ()) -> list[str]:
+        """Forget workers whose heartbeats stopped, except those whose registration is still
+        being taken in (a worker sends no heartbeat while it waits for that answer); returns
+        their ids."""
+        gone = [w for w, r in self._workers.items() if not self.is_live(r) and w not in registering]
         for worker_id in gone:
             del self._workers[worker_id]
         return gone

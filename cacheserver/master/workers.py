@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -47,6 +48,10 @@ class Workers:
         # Full lists are taken in one at a time: a hundred taken side by side, step by step,
         # put a hundred steps ahead of every heartbeat (1.5 s and more on a busy master).
         self._full_lists = asyncio.Lock()
+        # Workers whose registrations wait here (by id, how many): a worker sends no heartbeat
+        # until its registration is answered, and a restarted master's storm of full lists
+        # kept the last ones waiting past the heartbeat timeout.
+        self._registering: Counter[str] = Counter()
 
     async def register_worker(self, request: pb.RegisterWorkerRequest) -> pb.RegisterWorkerResponse:
         info = request.worker
@@ -58,9 +63,16 @@ class Workers:
             self.writes.end_writes_of(info.worker_id)
         self.membership.register(_own(info), _own(request.stats), incarnation=request.incarnation,
                                  stopping=request.stopping)
-        async with self._indexing(info.worker_id), self._full_lists:
-            await _stepwise(self.blocks.dropping(info.worker_id))
-            await _in_steps(self.blocks.add, info.worker_id, request.blocks)
+        self._registering[info.worker_id] += 1
+        try:
+            async with self._indexing(info.worker_id), self._full_lists:
+                await _stepwise(self.blocks.dropping(info.worker_id))
+                await _in_steps(self.blocks.add, info.worker_id, request.blocks)
+        finally:
+            self._registering[info.worker_id] -= 1
+            if not self._registering[info.worker_id]:
+                del self._registering[info.worker_id]
+        self.membership.heard(info.worker_id)
         if len(request.blocks) >= TRIM_AFTER_BLOCKS and not self._full_lists.locked():
             # The last of a run of large lists: their messages' memory is free now, but the
             # allocator keeps its pages unless asked (measured at 100 workers' lists of 10,000
@@ -95,7 +107,7 @@ class Workers:
         return pb.DecommissionWorkersResponse()
 
     async def expire_workers(self) -> None:
-        for worker_id in self.membership.expire():
+        for worker_id in self.membership.expire(registering=self._registering):
             log.warning("worker %s stopped heartbeating; dropped from placement", worker_id)
             self.link.drop(worker_id)
             async with self._indexing(worker_id):

@@ -110,6 +110,36 @@ async def test_a_worker_expired_while_it_registers_again_keeps_the_blocks_it_rep
         await parts.close()
 
 
+async def test_a_worker_waiting_for_its_registration_is_not_dropped_as_silent() -> None:
+    """A worker sends no heartbeat until its registration is answered; a restarted master
+    takes the full lists one at a time, so the last ones wait past the heartbeat timeout (2 of
+    100 workers were dropped in bench/workers_scale.py's storm). Waiting there is not silence,
+    and the heartbeats count from the answer."""
+    config = ServerConfig()
+    mounts = MountTable(None)
+    parts = build_parts(config, mounts, Namespace(mounts, None, block_size=config.block_size), "token")
+    first = pb.WorkerInfo(worker_id="w0", address="127.0.0.1:1", host="node-a")
+    second = pb.WorkerInfo(worker_id="w1", address="127.0.0.1:2", host="node-b")
+    try:
+        ahead = asyncio.ensure_future(parts.workers.register_worker(
+            pb.RegisterWorkerRequest(worker=first, incarnation="r", blocks=_refs(20_000, "a"))))
+        await asyncio.sleep(0)  # w0's list is being taken in
+        waiting = asyncio.ensure_future(parts.workers.register_worker(
+            pb.RegisterWorkerRequest(worker=second, incarnation="r", blocks=_refs(10, "b"))))
+        await asyncio.sleep(0)  # w1 waits behind it
+        assert not waiting.done()
+        parts.workers.membership._workers["w1"].last_heartbeat -= 3600  # as if it had waited an hour
+        await parts.workers.expire_workers()
+        await ahead
+        await waiting
+        await parts.workers.expire_workers()  # answered just now: its heartbeats count from here
+        live = [w.worker_id for w in (await parts.workers.list_workers(pb.ListWorkersRequest())).workers]
+        assert sorted(live) == ["w0", "w1"]
+        assert len(parts.workers.blocks) == 20_010
+    finally:
+        await parts.close()
+
+
 async def test_a_registered_worker_keeps_none_of_its_registrations_block_list() -> None:
     """What the master keeps of a worker's registration (its address, its stats) must not hold
     the request's block list: a part of a parsed request keeps the whole request's memory
