@@ -76,12 +76,18 @@ class BufferPool:
     numpy) holds a reference, so a buffer anyone can still read is never handed out again.
     The pool keeps at most `count` buffers of at least `min_size` bytes (smaller reads get
     new maps); a free one idle for `idle_seconds`, or of another size when the pool is full,
-    is let go when a new one is made."""
+    is let go when a new one is made.
 
-    def __init__(self, count: int = 32, min_size: int = 1 << 20, idle_seconds: float = 30.0) -> None:
+    Ranges (`view`) take a free map at least as large, up to twice (new ones are made a power
+    of two long, so ranges of varying lengths find one; a page past what a range fills is never
+    touched); one over `max_view` bytes gets a map of its own, not kept."""
+
+    def __init__(self, count: int = 32, min_size: int = 1 << 20, idle_seconds: float = 30.0,
+                 max_view: int = 32 << 20) -> None:
         self._count = count
         self._min_size = min_size
         self._idle_seconds = idle_seconds
+        self._max_view = max_view
         self._lock = threading.Lock()
         self._maps: list[mmap.mmap] = []
         self._used: list[float] = []  # time.monotonic() each was last handed out
@@ -95,20 +101,35 @@ class BufferPool:
         """A map of exactly `size` bytes that nobody else refers to (contents undefined)."""
         if size < self._min_size:
             return _new_map(size)
+        return self._take(size, size, size)
+
+    def view(self, size: int) -> memoryview:
+        """A writable view of `size` bytes of a map that nobody else refers to (contents
+        undefined), for a range to be read into: the view holds the map, which is not handed
+        out again while it (or any slice or export of it) lives."""
+        if size < self._min_size:
+            return memoryview(bytearray(size))
+        if size > self._max_view:
+            return memoryview(_new_map(size))
+        return memoryview(self._take(size, 2 * size - 1, 1 << (size - 1).bit_length()))[:size]
+
+    def _take(self, least: int, most: int, new: int) -> mmap.mmap:
+        """A free map of `least` to `most` bytes, else a new one of `new` bytes."""
         now = time.monotonic()
         with self._lock:
             free = [i for i in range(len(self._maps)) if self._free(i)]
-            for i in free:
-                if len(self._maps[i]) == size:
-                    self._used[i] = now
-                    return self._maps[i]
+            fits = [i for i in free if least <= len(self._maps[i]) <= most]
+            if fits:
+                i = min(fits, key=lambda i: len(self._maps[i]))
+                self._used[i] = now
+                return self._maps[i]
             stale = [i for i in free if now - self._used[i] > self._idle_seconds]
             if len(self._maps) - len(stale) >= self._count and len(stale) < len(free):
                 stale.append(next(i for i in free if i not in stale))
             for i in sorted(stale, reverse=True):
                 self._maps.pop(i).close()
                 self._used.pop(i)
-            out = _new_map(size)
+            out = _new_map(new)
             if len(self._maps) < self._count:
                 self._maps.append(out)
                 self._used.append(now)

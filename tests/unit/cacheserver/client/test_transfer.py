@@ -161,6 +161,26 @@ def test_the_pool_keeps_a_bounded_number_of_buffers(counting_worker: int) -> Non
         assert pool._maps == [] and bytes(other) == b"\x06" * 2048
 
 
+def test_a_range_buffer_is_used_again_for_ranges_of_other_lengths_and_never_while_held() -> None:
+    mib = 1 << 20
+    pool = BufferPool(count=4, min_size=mib, max_view=8 * mib)
+    first = pool.view(3 * mib)
+    first[:] = b"\x01" * (3 * mib)
+    held = first[mib:mib + 10].toreadonly()  # a slice handed on (pyarrow decoding from it)
+    second = pool.view(3 * mib)  # the first is still referred to: another map
+    assert second.obj is not first.obj
+    second[:] = b"\x02" * (3 * mib)
+    assert bytes(held) == b"\x01" * 10 and bytes(first[:1]) == b"\x01"
+    kept = id(second.obj)  # the pool keeps the map alive: its id stays its own
+    del second
+    shorter = pool.view(2 * mib + 5)  # a free map of 4 MiB (3 rounded up) holds it: no new memory
+    assert id(shorter.obj) == kept and len(shorter) == 2 * mib + 5
+    del shorter
+    assert pool.view(9 * mib).obj not in pool._maps  # over max_view: its own map, not kept
+    assert pool.view(mib // 2).obj.__class__ is bytearray  # under min_size: not a map at all
+    assert id(pool.view(5 * mib).obj) != kept  # longer than the free 4 MiB map: a new one (8 MiB)
+
+
 @contextmanager
 def worker_sending(replies: list[tuple[dict[str, object], bytes]]) -> Iterator[int]:
     """A port that answers the n-th block request with the n-th reply and body."""
