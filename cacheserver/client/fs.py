@@ -396,9 +396,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
 
     def _pieces(self, start: int, end: int, *, joined: bool = False) -> list[bytes | memoryview]:
         """Bytes [start, end) of the file as pieces in order: views of the blocks held (no
-        copy), or bytes; `joined`: a range across blocks as one piece, put together in one
-        buffer as it is read (block files are read straight into it and checked there: one
-        copy, where pieces and their join make two)."""
+        copy), or bytes; `joined`: the range as one piece, a view of a block held in memory
+        or else put together in one buffer of the client's pool as it is read (block files
+        are read straight into it and checked there: one copy, where pieces and their join
+        make two)."""
         info = self.file_info
         size = info.block_size
         end = min(end, info.length)
@@ -414,7 +415,7 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self._last_index = first
             return [piece if isinstance(piece, bytes) else memoryview(piece)]
         parts: list[bytes | memoryview] = []
-        whole = memoryview(bytearray(end - start)) if joined and last > first else None
+        whole: memoryview | None = None
         at = 0
         blocks = (info.length + size - 1) // size
         for i in range(first, last + 1):
@@ -433,6 +434,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                 raise
             lo = max(start - i * size, 0)
             hi = min(end - i * size, len(data))
+            if joined and i == first and (last > first or isinstance(data, LocalBlock)):
+                # One buffer of the client's pool (used again once nothing refers to it: no
+                # page of it is cleared or faulted in anew) that the blocks are read into.
+                whole = self.client.buffers.view(end - start)
             if whole is not None:
                 if hi - lo != min(end, (i + 1) * size) - max(start, i * size):
                     raise StrataError(f"block {i} of {self.path} holds {len(data)} bytes, fewer than the "

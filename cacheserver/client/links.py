@@ -117,7 +117,7 @@ class Links:
             functools.partial(sync_channel, token=self.token))
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
-        self._buffers = BufferPool()  # receive buffers of the data port, shared by its readers
+        self.buffers = BufferPool()  # receive buffers (the data port's blocks, ranges read into one), shared
         self._record = localstate.WorkerRecord(self.master_address)
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
         # time.monotonic() of the last failed call to the master (down, stopped); None once
@@ -256,13 +256,13 @@ class Links:
             reader = self._data_readers.get(where)
             if reader is None:
                 reader = self._data_readers[where] = DataReader(host, info.data_port, self.token, self._patience(info),
-                                                                    self._buffers, self.kind)
+                                                                    self.buffers, self.kind)
         return reader
 
     def close(self) -> None:
         for reader in [*self._sc_readers.values(), *self._data_readers.values()]:
             reader.close()
-        self._buffers.clear()
+        self.buffers.clear()
         for channel in self._worker_channels.take_all():
             channel.close()
         self._channel.close()

@@ -17,6 +17,7 @@ import logging
 import mmap
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -66,7 +67,8 @@ class Patience:
 
 
 class BufferPool:
-    """Buffers whole blocks are read into (private anonymous maps), used again once nothing
+    """Buffers ranges are read into (private anonymous maps: a short-circuit range for
+    pyarrow, a data-port block whose bytes did not come at once), used again once nothing
     refers to them. A new map costs the kernel a zeroed page for every page it touches
     (clearing 16 MiB took more of a reader's CPU than receiving it); a map used before has
     its pages.
@@ -76,12 +78,18 @@ class BufferPool:
     numpy) holds a reference, so a buffer anyone can still read is never handed out again.
     The pool keeps at most `count` buffers of at least `min_size` bytes (smaller reads get
     new maps); a free one idle for `idle_seconds`, or of another size when the pool is full,
-    is let go when a new one is made."""
+    is let go when a new one is made.
 
-    def __init__(self, count: int = 32, min_size: int = 1 << 20, idle_seconds: float = 30.0) -> None:
+    Ranges (`view`) take a free map at least as large, up to twice (new ones are made a power
+    of two long, so ranges of varying lengths find one; a page past what a range fills is never
+    touched); one over `max_view` bytes gets a map of its own, not kept."""
+
+    def __init__(self, count: int = 32, min_size: int = 1 << 20, idle_seconds: float = 30.0,
+                 max_view: int = 32 << 20) -> None:
         self._count = count
         self._min_size = min_size
         self._idle_seconds = idle_seconds
+        self._max_view = max_view
         self._lock = threading.Lock()
         self._maps: list[mmap.mmap] = []
         self._used: list[float] = []  # time.monotonic() each was last handed out
@@ -95,20 +103,35 @@ class BufferPool:
         """A map of exactly `size` bytes that nobody else refers to (contents undefined)."""
         if size < self._min_size:
             return _new_map(size)
+        return self._take(size, size, size)
+
+    def view(self, size: int) -> memoryview:
+        """A writable view of `size` bytes of a map that nobody else refers to (contents
+        undefined), for a range to be read into: the view holds the map, which is not handed
+        out again while it (or any slice or export of it) lives."""
+        if size < self._min_size:
+            return memoryview(bytearray(size))
+        if size > self._max_view:
+            return memoryview(_new_map(size))
+        return memoryview(self._take(size, 2 * size - 1, 1 << (size - 1).bit_length()))[:size]
+
+    def _take(self, least: int, most: int, new: int) -> mmap.mmap:
+        """A free map of `least` to `most` bytes, else a new one of `new` bytes."""
         now = time.monotonic()
         with self._lock:
             free = [i for i in range(len(self._maps)) if self._free(i)]
-            for i in free:
-                if len(self._maps[i]) == size:
-                    self._used[i] = now
-                    return self._maps[i]
+            fits = [i for i in free if least <= len(self._maps[i]) <= most]
+            if fits:
+                i = min(fits, key=lambda i: len(self._maps[i]))
+                self._used[i] = now
+                return self._maps[i]
             stale = [i for i in free if now - self._used[i] > self._idle_seconds]
             if len(self._maps) - len(stale) >= self._count and len(stale) < len(free):
                 stale.append(next(i for i in free if i not in stale))
             for i in sorted(stale, reverse=True):
                 self._maps.pop(i).close()
                 self._used.pop(i)
-            out = _new_map(size)
+            out = _new_map(new)
             if len(self._maps) < self._count:
                 self._maps.append(out)
                 self._used.append(now)
@@ -256,12 +279,27 @@ class DataReader(_BlockSocketClient):
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self._address, timeout=self._patience.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The kernel's own deadline for a receive that waits for a whole payload (`_payload`):
+        # the most it blocks before the worker's silence is looked into.
+        seconds = int(self._patience.check_after)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("ll", seconds, int((self._patience.check_after - seconds) * 1_000_000)))
         return sock
 
+    def _receive(self, sock: socket.socket, pending: bytearray) -> list[int]:
+        """The reply line's bytes and none past it: the payload that follows stays in the
+        socket, to be received whole into the object handed to the reader."""
+        data = sock.recv(65536, socket.MSG_PEEK)
+        if not data:
+            raise Unavailable(f"block socket {self.where} closed by the worker")
+        end = data.find(b"\n")
+        pending.extend(sock.recv(len(data) if end < 0 else end + 1))
+        return []
+
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0, readahead: int = 0) -> mmap.mmap | bytes:
-        """Bytes [offset, offset+length) of the block, in a private anonymous map the socket
-        fills directly (one copy, by the kernel; the map is one of the pool's when one is
-        free); slicing it copies only what is sliced."""
+        """Bytes [offset, offset+length) of the block, in the bytes object the socket fills
+        directly (one copy, by the kernel; a map of the pool when they come in pieces, see
+        `_payload`); slicing a view of it copies only what is sliced."""
         since = time.monotonic()
         reply, pending, _ = self._exchange(
             request_line(self._token, ref, read_type, client=self._client, offset=offset, length=length,
@@ -282,17 +320,54 @@ class DataReader(_BlockSocketClient):
         return info, self._payload(reply, pending, since, f"{path}")
 
     def _payload(self, reply: dict[str, Any], pending: bytearray, since: float, what: str) -> mmap.mmap | bytes:
-        """The bytes that follow an ok reply (received into a map of the pool), checked
-        against the reply's checksums."""
+        """The bytes that follow an ok reply, checked against the reply's checksums: received
+        whole by the kernel into the bytes object returned (a reader that reads whole blocks
+        gets them with no copy of its own), or, when they do not all come within
+        `check_after` (or a signal cuts the wait), into a map of the pool, waiting on as
+        `Patience` says."""
         size = int(reply["length"])
         if size == 0:
             return b""
-        out = self._buffers.take(size)
-        got = min(len(pending), size)
-        out[:got] = pending[:got]
-        del pending[:got]
-        view = memoryview(out)
         sock = self._conn()[0]
+        first = bytes(pending[:size])  # none: `_receive` leaves the payload in the socket
+        del pending[:size]
+        if not first:
+            first = self._receive_whole(sock, size, what)
+        out: mmap.mmap | bytes = first
+        if len(first) < size:
+            out = self._buffers.take(size)
+            out[:len(first)] = first
+            self._receive_rest(sock, out, len(first), since, what)
+        try:
+            check_pieces(out, reply.get("checksums", ()), int(reply.get("chunk_size", 0)), f"{what} from {self.where}")
+        except DamagedInTransit:
+            self._drop()
+            raise
+        return out
+
+    def _receive_whole(self, sock: socket.socket, size: int, what: str) -> bytes:
+        """Up to `size` bytes of the connection in one bytes object the kernel fills: all of
+        them unless the worker is silent for `check_after` (SO_RCVTIMEO) or a signal came."""
+        try:
+            sock.settimeout(None)  # a blocking receive, bounded by SO_RCVTIMEO
+            try:
+                data = sock.recv(size, socket.MSG_WAITALL)
+            finally:
+                sock.settimeout(self._patience.check_after)
+        except BlockingIOError:  # nothing within check_after: waited on patiently by the caller
+            return b""
+        except OSError as exc:
+            self._drop()
+            raise Unavailable(f"reading {what} from {self.where}: {exc}") from exc
+        if not data:
+            self._drop()
+            raise Unavailable(f"worker {self.where} closed the connection before the bytes of {what}")
+        return data
+
+    def _receive_rest(self, sock: socket.socket, out: mmap.mmap, got: int, since: float, what: str) -> None:
+        """Bytes [got, len(out)) of a payload into `out`, as patiently as `Patience` says."""
+        size = len(out)
+        view = memoryview(out)
         try:
             while got < size:
                 n = self._patiently(lambda: sock.recv_into(view[got:]), since)
@@ -307,12 +382,6 @@ class DataReader(_BlockSocketClient):
             raise Unavailable(f"reading {what} from {self.where}: {exc}") from exc
         finally:
             view.release()
-        try:
-            check_pieces(out, reply.get("checksums", ()), int(reply.get("chunk_size", 0)), f"{what} from {self.where}")
-        except DamagedInTransit:
-            self._drop()
-            raise
-        return out
 
 
 class ShortCircuitReader(_BlockSocketClient):

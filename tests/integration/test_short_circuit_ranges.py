@@ -8,6 +8,7 @@ start and end anywhere.
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,27 @@ def test_ranges_across_blocks_are_the_file_s_bytes_even_when_a_block_file_is_dam
             assert bytes(f.read_buffer(end - start)) == data[start:end], (start, end)
     assert metric(cluster.workers[0].metrics(), "strata_worker_short_circuit_rechecks") >= 1
     assert metric(cluster.workers[0].metrics(), "strata_worker_data_port_reads") == 0
+
+
+def test_ranges_are_read_into_memory_used_again_and_never_while_a_reader_holds_it(
+        start_cluster: Any, bucket: str) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    data = os.urandom(3 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/m", bucket)
+    local = cluster.fs(host="node-0", readahead=2)
+    assert local.cat_file("/m/f.bin") == data
+    with local.open("/m/f.bin", "rb") as f:
+        # pyarrow's reads: ranges within a block and across blocks, views it decodes from
+        held = f.read_buffer(BLOCK_SIZE + 3 * CHUNK)  # across blocks 0 and 1
+        f.seek(5)
+        inside = f.read_buffer(BLOCK_SIZE - 10)  # inside block 0: read into memory as well
+        assert held.obj is not inside.obj
+        assert bytes(held) == data[:BLOCK_SIZE + 3 * CHUNK] and bytes(inside) == data[5:BLOCK_SIZE - 5]
+        memory = weakref.ref(inside.obj)  # kept alive by the client's pool, not by this test
+        del inside
+        f.seek(2 * BLOCK_SIZE + 1)
+        again = f.read_buffer(BLOCK_SIZE - 2)  # the memory let go of is used again, the held one never
+        assert again.obj is memory() and again.obj is not held.obj
+        assert bytes(again) == data[2 * BLOCK_SIZE + 1:3 * BLOCK_SIZE - 1]
+        assert bytes(held) == data[:BLOCK_SIZE + 3 * CHUNK]

@@ -2,8 +2,9 @@
 and then says nothing (stopped, hung) is given up on. The worker here is a real listening
 socket that never answers, as a SIGSTOPped worker's kernel does.
 
-The data port's receive buffers are used again, but never while anything can still read
-them: the worker here is a real socket that answers every request with bytes of its own.
+A block's bytes come as the bytes object the kernel received them into, also when the worker
+pauses in the middle: the worker here is a real socket that answers every request with bytes
+of its own. The client's buffers are used again, but never while anything can still read them.
 
 Bytes whose checksums do not match are never returned: a worker here sends bytes damaged on
 the way (checksums of other bytes), or none at all."""
@@ -14,6 +15,7 @@ import json
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -122,43 +124,105 @@ def pooled_reader(port: int, pool: BufferPool) -> Iterator[DataReader]:
         data.close()
 
 
-def test_a_receive_buffer_is_used_again_once_nothing_refers_to_it(counting_worker: int) -> None:
+def test_a_whole_block_comes_as_the_bytes_the_kernel_received_it_into(counting_worker: int) -> None:
     with pooled_reader(counting_worker, BufferPool(count=4, min_size=1)) as data:
         first = data.read(REF, 0, 1024)
-        first_id = id(first)  # the pool keeps the map alive: its id stays its own
-        del first
-        second = data.read(REF, 0, 1024)
-        assert id(second) == first_id
-        assert bytes(second) == b"\x02" * 1024
+        # bytes: a reader's read() of the whole block hands it over as it is, with no copy
+        assert type(first) is bytes and first == b"\x01" * 1024
+        assert data.read(REF, 0, 1024) == b"\x02" * 1024  # the connection is reused, in step
 
 
-def test_a_receive_buffer_anyone_can_still_read_is_never_filled_again(counting_worker: int) -> None:
-    with pooled_reader(counting_worker, BufferPool(count=4, min_size=1)) as data:
-        first = data.read(REF, 0, 1024)
-        view = memoryview(first)[100:200]  # a slice handed on (fsspec's read_buffer, pread)
-        exported = pa.py_buffer(first)  # a buffer held by C code (pyarrow decoding from it)
-        del first
-        second = data.read(REF, 0, 1024)
-        assert bytes(view) == b"\x01" * 100 and exported.to_pybytes() == b"\x01" * 1024
-        assert bytes(second) == b"\x02" * 1024
-        del second
-        view.release()
-        third = data.read(REF, 0, 1024)  # the second's map: the first is still exported
-        assert exported.to_pybytes() == b"\x01" * 1024 and bytes(third) == b"\x03" * 1024
+@pytest.fixture
+def pausing_worker() -> Iterator[int]:
+    """A port that sends the first half of each block's bytes, pauses longer than the
+    client's check_after, then sends the rest."""
+    body = bytes(range(256)) * 4096  # 1 MiB, 16 chunks
+
+    def serve(conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            for _ in lines:
+                conn.sendall(reply_line(ok_reply(len(body), True, checksums=compute_checksums(body),
+                                                 chunk_size=CHUNK_SIZE)) + body[:len(body) // 2])
+                time.sleep(0.5)
+                conn.sendall(body[len(body) // 2:])
+
+    with listening(lambda conn: threading.Thread(target=serve, args=(conn,), daemon=True).start()) as port:
+        yield port
 
 
-def test_the_pool_keeps_a_bounded_number_of_buffers(counting_worker: int) -> None:
+def test_a_block_whose_bytes_pause_past_check_after_is_received_whole_and_checked(pausing_worker: int) -> None:
+    asked: list[float] = []
+    patience = Patience(connect_timeout=1.0, check_after=0.1, block_timeout=10.0,
+                        alive=lambda: asked.append(time.monotonic()) is None)
+    data = DataReader("127.0.0.1", pausing_worker, "token", patience, BufferPool(count=2, min_size=1))
+    try:
+        for _ in range(2):
+            got = data.read(REF, 0, 1 << 20)
+            assert bytes(got) == bytes(range(256)) * 4096
+        assert asked  # the silence was looked into, and the worker found alive
+    finally:
+        data.close()
+
+
+def test_a_buffer_is_used_again_once_nothing_refers_to_it() -> None:
+    pool = BufferPool(count=4, min_size=1)
+    first = pool.take(1024)
+    memory = weakref.ref(first)  # kept alive by the pool, not by this test
+    del first
+    assert pool.take(1024) is memory()
+
+
+def test_a_buffer_anyone_can_still_read_is_never_handed_out_again() -> None:
+    pool = BufferPool(count=4, min_size=1)
+    first = pool.take(1024)
+    first[:] = b"\x01" * 1024
+    view = memoryview(first)[100:200]  # a slice handed on (fsspec's read_buffer, pread)
+    exported = pa.py_buffer(first)  # a buffer held by C code (pyarrow decoding from it)
+    memory = weakref.ref(first)
+    del first
+    second = pool.take(1024)
+    assert second is not memory()
+    second[:] = b"\x02" * 1024
+    assert bytes(view) == b"\x01" * 100 and exported.to_pybytes() == b"\x01" * 1024
+    del second
+    view.release()
+    third = pool.take(1024)  # the second's map: the first is still exported
+    assert third is not memory()
+    third[:] = b"\x03" * 1024
+    assert exported.to_pybytes() == b"\x01" * 1024
+
+
+def test_the_pool_keeps_a_bounded_number_of_buffers() -> None:
     pool = BufferPool(count=2, min_size=512)
-    with pooled_reader(counting_worker, pool) as data:
-        held = [data.read(REF, 0, 1024) for _ in range(4)]  # all in use: two of them are new maps
-        assert [bytes(b[:1]) for b in held] == [b"\x01", b"\x02", b"\x03", b"\x04"]
-        small = data.read(REF, 0, 100)  # below min_size: never pooled
-        assert len(pool._maps) == 2 and all(m is not small for m in pool._maps)
-        del held
-        other = data.read(REF, 0, 2048)  # full of free maps of another size: one makes room
-        assert sorted(len(m) for m in pool._maps) == [1024, 2048] and any(m is other for m in pool._maps)
-        pool.clear()  # the client closes: the free map goes, the one in use stays its holder's
-        assert pool._maps == [] and bytes(other) == b"\x06" * 2048
+    held = [pool.take(1024) for _ in range(4)]  # all in use: two of them are not kept
+    small = pool.take(100)  # below min_size: never pooled
+    assert len(pool._maps) == 2 and all(m is not small for m in pool._maps)
+    del held
+    other = pool.take(2048)  # full of free maps of another size: one makes room
+    assert sorted(len(m) for m in pool._maps) == [1024, 2048] and any(m is other for m in pool._maps)
+    pool.clear()  # the client closes: the free map goes, the one in use stays its holder's
+    other[:4] = b"abcd"
+    assert pool._maps == [] and bytes(other[:4]) == b"abcd"
+
+
+def test_a_range_buffer_is_used_again_for_ranges_of_other_lengths_and_never_while_held() -> None:
+    mib = 1 << 20
+    pool = BufferPool(count=4, min_size=mib, max_view=8 * mib)
+    first = pool.view(3 * mib)
+    first[:] = b"\x01" * (3 * mib)
+    held = first[mib:mib + 10].toreadonly()  # a slice handed on (pyarrow decoding from it)
+    second = pool.view(3 * mib)  # the first is still referred to: another map
+    assert second.obj is not first.obj
+    second[:] = b"\x02" * (3 * mib)
+    assert bytes(held) == b"\x01" * 10 and bytes(first[:1]) == b"\x01"
+    kept = id(second.obj)  # the pool keeps the map alive: its id stays its own
+    del second
+    shorter = pool.view(2 * mib + 5)  # a free map of 4 MiB (3 rounded up) holds it: no new memory
+    assert id(shorter.obj) == kept and len(shorter) == 2 * mib + 5
+    del shorter
+    assert pool.view(9 * mib).obj not in pool._maps  # over max_view: its own map, not kept
+    assert pool.view(mib // 2).obj.__class__ is bytearray  # under min_size: not a map at all
+    assert id(pool.view(5 * mib).obj) != kept  # longer than the free 4 MiB map: a new one (8 MiB)
 
 
 @contextmanager
