@@ -91,6 +91,7 @@ class SharedTable:
             return os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
+        """Retire the table (readers move to a new one, made when next used) and let go of it."""
         with self.lock:
             if self._table is not None:
                 self._table.retire()
@@ -194,6 +195,11 @@ class PublishedStatuses:
         answered without reuse): readers do not answer with it any more."""
         self.statuses.drop(path.encode())
         self.files.drop(path.encode())
+
+    def drop_files(self) -> None:
+        """Blocks were freed: the published files go with them (readers move to an empty
+        data table, filled again as files are opened)."""
+        self.files.close()
 
     def descriptor(self) -> int | None:
         """A new read-only descriptor of the current status table for a reader (the caller

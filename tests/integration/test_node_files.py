@@ -50,6 +50,11 @@ def test_new_processes_open_warm_small_files_with_no_request_a_file(start_cluste
     assert socket_requests(cluster) - requests == 2, "one request a process (the tables), none a file"
     assert get_status_requests(cluster) == asked
 
+    cluster.fs(host=SHORT_CIRCUIT).client.free("/ds")  # the node's copies go with the blocks
+    requests = socket_requests(cluster)
+    assert read(cluster, paths, tmp_path) == crcs(files)
+    assert socket_requests(cluster) - requests >= len(paths), "freed: every open asks the worker"
+
 
 def test_a_writable_mounts_files_are_never_published(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
     cluster: Cluster = start_cluster(workers=1)
