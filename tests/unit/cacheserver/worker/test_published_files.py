@@ -152,3 +152,23 @@ def test_a_status_table_is_no_data_table() -> None:
             TableView(mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ), datatable.MAGIC)
     finally:
         os.close(fd)
+
+
+def test_no_reader_can_write_the_data_table() -> None:
+    table = published()
+    data = os.urandom(5000)
+    put(table, status(1, len(data)), data)
+    fd = table.files.descriptor()
+    assert fd is not None
+    try:
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, os.fstat(fd).st_size)  # shared and writable: refused
+        again = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # opened again for writing: sealed still
+        try:
+            with pytest.raises(PermissionError):
+                os.pwrite(again, b"x", 0)
+        finally:
+            os.close(again)
+    finally:
+        os.close(fd)
+    assert mapped(table).file_bytes(status(1, len(data))) == data
