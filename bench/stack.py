@@ -43,6 +43,7 @@ MOUNT = "/bench"
 WRITE_MOUNT = "/bench-writes"
 NODE = "bench-node"          # the worker's host name: a client that says it is here reads short-circuit
 OTHER_HOST = "bench-client"  # a client elsewhere: it reads from the worker's data port (TCP)
+DATA_TABLE_BYTES = 2 << 30  # the worker's data table: see Stack._start_worker
 STARTUP_TIMEOUT = 90.0
 # Seconds a server has to end after SIGTERM before SIGKILL (a worker drains its uploads).
 STOP_GRACE = 15.0
@@ -193,7 +194,11 @@ class Stack:
             **self._local_sources(),
         }
         (root / f"worker{suffix}.yaml").write_text(yaml.safe_dump(config))
-        worker_env = {**env, "STRATA_WORKER_ID": f"bench-worker{suffix}", "STRATA_HOSTNAME": node,
+        # The node's data table (worker/published.py): room for the training workload's 10,000
+        # files of ~100 KiB (node RAM; STRATA_WORKER_DATA_TABLE_BYTES in the bench's environment
+        # overrides, 0 turns it off).
+        worker_env = {"STRATA_WORKER_DATA_TABLE_BYTES": str(DATA_TABLE_BYTES), **env,
+                      "STRATA_WORKER_ID": f"bench-worker{suffix}", "STRATA_HOSTNAME": node,
                       "STRATA_ADVERTISE_HOST": "127.0.0.1"}
         worker, _ = spawn(f"worker{suffix}", [*self._python(), "-m", "strata.cacheserver", "worker",
                                               "--config", str(root / f"worker{suffix}.yaml"),

@@ -25,7 +25,10 @@ not mark reusable (writable mounts) go to the master directly once a worker's an
 their folder's are not. A stat of a file not held looks first in the node's status table, a
 mapping of what that worker publishes (client/nodetable.py): a hit costs no request. A miss
 asks that worker for the file's status, which it then publishes for the node's next
-processes. Without a table (no worker on this host, or one that publishes none) a stat asks
+processes. An open of a small file whose valid status it finds there (or holds) takes the
+file's bytes from the node's data table when the worker keeps one (the same exchange hands
+both over): that version's bytes, each chunk checked against its CRC-32C, and no request;
+anything else (not there, another version, a failed check) asks the worker as before. Without a table (no worker on this host, or one that publishes none) a stat asks
 that worker for its folder's statuses instead (worker/folders.py): one request answers every
 file of the folder, each held as the master's answer is, from when the worker asked the master.
 
@@ -204,9 +207,17 @@ class StrataClient(Links):
             held = self._held.get(key)
             if held is not None and sent < held.until:
                 self._held.touch(key)
-                return held.info, True, None
+        table = self._node_table()
+        if held is not None and sent < held.until:
+            return held.info, True, table.file_bytes(held.info) if table is not None else None
+        if table is not None and table.has_data and (found := table.status(key)) is not None:
+            data = table.file_bytes(found)  # the node's copy of a small file: no request
+            if data is not None:
+                return found, True, data
         answered = self._node_status(key, WHOLE_FILE_BELOW, sent)
         if answered is not None:
+            if table is not None and answered[0].valid_for_ms:
+                self._check_table(table, key)
             return answered[0], bool(answered[0].valid_for_ms), answered[1]
         info, reused = self.stat_reused(path)
         return info, reused, None
@@ -248,18 +259,20 @@ class StrataClient(Links):
             if reader is None:
                 return None
             try:
-                fd = reader.status_table()
+                fd, data_fd = reader.node_tables()
             except StrataError as exc:
                 log.debug("worker %s shares no status table (%s): stats ask for what is not held", reader.where, exc)
                 return None
             try:
-                table = NodeTable(fd)
+                table = NodeTable(fd, data_fd)
             except TableError as exc:
                 log.warning("the status table of worker %s is not usable (%s): stats ask for what is not held",
                             reader.where, exc)
                 return None
             finally:
                 os.close(fd)
+                if data_fd is not None:
+                    os.close(data_fd)
             # A retired mapping is left to the collector: another thread may be reading it.
             self._table, self._table_next = table, 0.0
             return table

@@ -398,7 +398,7 @@ class ShortCircuitReader(_BlockSocketClient):
         return sock
 
     def _receive(self, sock: socket.socket, pending: bytearray) -> list[int]:
-        data, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+        data, fds, _, _ = socket.recv_fds(sock, 65536, 2)
         if not data:
             for fd in fds:
                 os.close(fd)
@@ -479,12 +479,21 @@ class ShortCircuitReader(_BlockSocketClient):
     def status_table(self) -> int:
         """A read-only descriptor of the node's status table (`statustable`); the caller
         owns it. Unavailable when the worker sends none."""
+        status, data = self.node_tables()
+        if data is not None:
+            os.close(data)
+        return status
+
+    def node_tables(self) -> tuple[int, int | None]:
+        """Read-only descriptors of the node's status table and of its data table
+        (`datatable`; None when the worker keeps none); the caller owns them. Unavailable
+        when the worker sends no status table."""
         reply, _, fds = self._exchange(table_line(self._token, client=self._client))
-        for fd in fds[1:]:
+        for fd in fds[2:]:
             os.close(fd)
         if not fds:
             raise Unavailable(f"the worker at {self.where} answered {reply} without the status table's descriptor")
-        return fds[0]
+        return fds[0], fds[1] if len(fds) > 1 else None
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0) -> bytes:
         """Bytes [offset, offset+length) of the block, from the worker's block file; the

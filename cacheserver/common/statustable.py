@@ -15,7 +15,12 @@ Layout (little-endian), in one file of `size` bytes:
 - data: records appended, never changed once written: u32 length and u32 crc32 of the body
   that follows; the body is `valid until` (f64, seconds of CLOCK_MONOTONIC, the clock both
   sides share on one node, which neither NTP nor the administrator moves), the path's length
-  (u16), the path, then the serialized FileInfo.
+  (u16), the path, then the serialized FileInfo. A record may carry a payload after its body
+  (from the next 8-byte boundary on), which its body describes and the crc32 does not cover:
+  the node's data table (common/datatable.py) keeps a file's bytes there, checked by their
+  own CRC-32C.
+
+The same layout, under another magic and with fewer slots for its size, is the data table's.
 
 One writer (the worker, under its lock) writes a record whole before the slot that points to
 it, and a record is never written over. A reader trusts nothing it reads: a slot pointing
@@ -54,11 +59,11 @@ class TableError(Exception):
     """The bytes are not a status table of this layout (a reader then uses none)."""
 
 
-def slot_count(size: int) -> int:
+def slot_count(size: int, bytes_per_slot: int = BYTES_PER_SLOT) -> int:
     """The slots of a table of `size` bytes: the largest power of two that leaves each slot
-    in use (at most half of them) BYTES_PER_SLOT bytes of data."""
+    in use (at most half of them) `bytes_per_slot` bytes of data."""
     count = 1
-    while (count * 2) * (8 + BYTES_PER_SLOT // 2) <= size - HEADER_BYTES:
+    while (count * 2) * (8 + bytes_per_slot // 2) <= size - HEADER_BYTES:
         count *= 2
     return count
 
@@ -70,15 +75,15 @@ def _probe(path: bytes, slots: int) -> int:
 class TableView:
     """A table read in a mapping; thread-safe (it only reads)."""
 
-    def __init__(self, table: mmap.mmap) -> None:
+    def __init__(self, table: mmap.mmap, magic: bytes = MAGIC) -> None:
         if len(table) < MIN_TABLE_BYTES:
-            raise TableError(f"a status table of {len(table)} bytes is shorter than the smallest, {MIN_TABLE_BYTES}")
-        magic, layout, _, generation, slots, data_size, _ = _HEADER.unpack_from(table, 0)
-        if magic != MAGIC or layout != LAYOUT:
-            raise TableError(f"not a status table of layout {LAYOUT} (magic {magic!r}, layout {layout})")
+            raise TableError(f"a table of {len(table)} bytes is shorter than the smallest, {MIN_TABLE_BYTES}")
+        found, layout, _, generation, slots, data_size, _ = _HEADER.unpack_from(table, 0)
+        if found != magic or layout != LAYOUT:
+            raise TableError(f"not a {magic!r} table of layout {LAYOUT} (magic {found!r}, layout {layout})")
         self._data_at = HEADER_BYTES + slots * 8
         if slots < 1 or slots & (slots - 1) or self._data_at + data_size > len(table):
-            raise TableError(f"a status table of {len(table)} bytes cannot hold {slots} slots and "
+            raise TableError(f"a table of {len(table)} bytes cannot hold {slots} slots and "
                              f"{data_size} bytes of data")
         self.table = table
         self.generation = int(generation)
@@ -114,26 +119,38 @@ class TableView:
             at = (at + 1) & (slots - 1)
         return None
 
+    def payload(self, offset: int, length: int) -> bytes | None:
+        """The `length` bytes of payload after the record at `offset` (one `find` returned),
+        copied; None when they would lie past the data (a damaged record). Unchecked: what
+        the record's body says of them checks them."""
+        start = offset + _RECORD.size + _RECORD.unpack_from(self.table, offset)[0]
+        start += -start % 8
+        if length < 0 or start + length > self._data_end:
+            return None
+        return self.table[start:start + length]
+
 
 class TableWriter(TableView):
     """The one writer of a table in a writable mapping (not thread-safe: its owner locks)."""
 
     @classmethod
-    def create(cls, table: mmap.mmap, generation: int) -> TableWriter:
+    def create(cls, table: mmap.mmap, generation: int, magic: bytes = MAGIC,
+               bytes_per_slot: int = BYTES_PER_SLOT) -> TableWriter:
         """Lay out an empty table over the (zeroed) mapping."""
-        slots = slot_count(len(table))
+        slots = slot_count(len(table), bytes_per_slot)
         data_size = len(table) - HEADER_BYTES - slots * 8
-        _HEADER.pack_into(table, 0, MAGIC, LAYOUT, 0, generation, slots, data_size, 0)
-        return cls(table)
+        _HEADER.pack_into(table, 0, magic, LAYOUT, 0, generation, slots, data_size, 0)
+        return cls(table, magic)
 
-    def __init__(self, table: mmap.mmap) -> None:
-        super().__init__(table)
+    def __init__(self, table: mmap.mmap, magic: bytes = MAGIC) -> None:
+        super().__init__(table, magic)
         self.records = 0
         self._used = int(struct.unpack_from("<Q", table, _USED_AT)[0])
 
-    def put(self, path: bytes, until: float, info: bytes) -> bool:
-        """Record `info` as the status of `path` valid until `until` (unless the newest record
-        of it says the same); False when the table has no room for it (then a new one is due)."""
+    def put(self, path: bytes, until: float, info: bytes, payload: bytes | memoryview = b"") -> bool:
+        """Record `info` (and `payload` after it) as what `path` has until `until` (unless
+        the newest record of it says the same); False when the table has no room for it
+        (then a new one is due)."""
         if len(path) > MAX_PATH_BYTES:
             return True  # never published: readers of it ask the worker
         table, slots = self.table, self.slots
@@ -157,10 +174,14 @@ class TableWriter(TableView):
         body = _BODY.pack(until, len(path)) + path + info
         start = self._data_at + self._used
         end = start + _RECORD.size + len(body)
-        end += -end % 8  # the next record starts aligned
+        end += -end % 8  # a payload and the next record start aligned
+        payload_at = end
+        if payload:
+            end += len(payload) + -len(payload) % 8
         if end > self._data_end:
             return False
         table[start + _RECORD.size:start + _RECORD.size + len(body)] = body
+        table[payload_at:payload_at + len(payload)] = payload
         _RECORD.pack_into(table, start, len(body), zlib.crc32(body))
         _SLOT.pack_into(table, HEADER_BYTES + at * 8, start)  # last: readers find the whole record
         self._used = end - self._data_at

@@ -56,9 +56,11 @@ def mount_matcher(mount_id: int, held: set[str] | frozenset[str] = frozenset()) 
 class Retention:
     """Pins and frees of one worker's cached blocks."""
 
-    def __init__(self, store: BlockStore, mounts: WorkerMounts, *, orphan_grace: float = 900.0) -> None:
+    def __init__(self, store: BlockStore, mounts: WorkerMounts, *, orphan_grace: float = 900.0,
+                 freed: Callable[[], None] = lambda: None) -> None:
         self._store = store
         self._mounts = mounts
+        self._freed = freed  # told after a free (the node's data table lets its copies go)
         self._orphan_grace = orphan_grace
         # Mount ids of cached blocks, by when (time.monotonic()) a fresh mount table first
         # lacked them; an id the table has again is dropped.
@@ -67,7 +69,10 @@ class Retention:
 
     def free(self, request: pb.FreeBlocksRequest) -> int:
         """Free the blocks the request names; the bytes freed."""
-        return self._store.free(matcher(request.mount_id, request.path_prefix, request.keep))
+        try:
+            return self._store.free(matcher(request.mount_id, request.path_prefix, request.keep))
+        finally:
+            self._freed()
 
     def pin(self, request: pb.PinBlocksRequest) -> int:
         """Pin or unpin the blocks the request names (by ref, else by mount and prefix);

@@ -210,10 +210,11 @@ async def build_parts(config: ServerConfig, *, data_dir: Path, token: str, ident
     link = MasterLink(config.master_address, token, worker_id=identity.worker_id, block_size=config.block_size)
     mounts = WorkerMounts(link.mount_table, allowed_roots=config.local_sources.allowed_roots)
     counters = Counters()
-    retention = Retention(store, mounts, orphan_grace=config.orphan_block_grace)
     peers = Peers(link, worker_id=identity.worker_id, token=token)
     reads = BlockReads(config=config, worker_id=identity.worker_id, store=store, mounts=mounts, link=link,
                        counters=counters, held_elsewhere=peers.held_elsewhere)
+    retention = Retention(store, mounts, orphan_grace=config.orphan_block_grace,
+                          freed=reads.kept.published.drop_files)
     # A staged copy lost while its write's blocks were kept is staged again from them.
     uploads = Uploads(staging, master=link.stub, mounts=mounts, release=retention.release,
                       read_block=reads.whole_block)

@@ -140,3 +140,20 @@ class FolderReadaheadSettings(EnvironmentSettings):
 
 
 FOLDER_READAHEAD_FILES_SETTING = "STRATA_WORKER_FOLDER_READAHEAD_FILES"
+
+
+class DataTableSettings(EnvironmentSettings):
+    """The table of small files' bytes shared with the node's processes (worker/published.py);
+    `STRATA_WORKER_DATA_TABLE_BYTES` overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="STRATA_WORKER_DATA_TABLE_", frozen=True, extra="forbid")
+
+    # Bytes of shared memory the published files take at most: node RAM, charged to the
+    # worker's cgroup as records are written (not reclaimable while a table is in use; size
+    # the worker's memory limit for it). A training set that fits is opened by new processes
+    # with no request a file; full, the worker starts an empty table and the files opened
+    # again go in it. 0 (the default): no table, every open of a small file asks the worker.
+    bytes: int = Field(default=0, ge=0)
+
+
+DATA_TABLE_BYTES_SETTING = "STRATA_WORKER_DATA_TABLE_BYTES"

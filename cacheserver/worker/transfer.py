@@ -232,6 +232,7 @@ class BlockSocketServer(ABC):
                         return
                     try:
                         self._deliver(conn, kept_source, file)
+                        self._share(file, kept_source)
                     finally:
                         kept_source.close()
                     return
@@ -258,11 +259,14 @@ class BlockSocketServer(ABC):
         self._loop.call_soon_threadsafe(self._count_served, client_label(request.get("client")), source.length)
         try:
             self._deliver(conn, source, file)
+            if file is not None:
+                self._share(file, source)
         finally:
             source.close()
 
     def _send_table(self, conn: socket.socket) -> None:
-        """A read-only descriptor of the node's status table, to readers on this host only."""
+        """Read-only descriptors of the node's status table and, when the worker keeps one,
+        its data table (worker/published.py), to readers on this host only."""
         if not self.sends_descriptors:
             self._send_reply(conn, error_reply("INVALID_ARGUMENT", "the node's status table is shared over the "
                                                "short-circuit socket only, with readers on the worker's host"))
@@ -273,10 +277,30 @@ class BlockSocketServer(ABC):
             self._send_reply(conn, error_reply("FAILED_PRECONDITION", "this worker publishes no status table "
                                                "(STRATA_WORKER_STATUS_TABLE_BYTES=0, or the system gave it none)"))
             return
+        fds = [fd]
+        files = published.files.descriptor()
+        if files is not None:
+            fds.append(files)
         try:
-            self._send_reply(conn, {"ok": True, "table": published.generation}, fd)
+            socket.send_fds(conn, [reply_line({"ok": True, "table": published.generation})], fds)
         finally:
-            os.close(fd)
+            for one in fds:
+                os.close(one)
+
+    def _share(self, file: pb.FileInfo, source: BlockSource) -> None:
+        """After an open of a small file was answered with its block: publish its bytes in
+        the node's data table (readers on this host only; see worker/published.py)."""
+        if not self.sends_descriptors or source.fd < 0 or source.offset or source.length != file.length:
+            return
+
+        def read() -> bytes | None:
+            try:
+                data = os.pread(source.fd, source.length, 0)
+            except OSError:
+                return None
+            return data if len(data) == source.length else None
+
+        self._reads.kept.published.publish_file(file, read, source.checksums, source.chunk_size)
 
     async def _open_path(self, path: str, request: dict[str, Any]) -> tuple[pb.FileInfo, BlockSource | None]:
         """The status of the file at `path` and its block when it is small (`blockwire`)."""
