@@ -143,6 +143,8 @@ class LocalCache:
     def reset(self, folders: Sequence[str] = ()) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         self.generation += 1
+        # An earlier run in the same workdir may have left this generation's folder filled.
+        shutil.rmtree(self.folder, ignore_errors=True)
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def fresh_folder(self) -> Path:
