@@ -319,6 +319,22 @@ async def full_report(worker: SyntheticWorker, deadline: float) -> bool:
     return False
 
 
+class LoopLag:
+    """How late this process's own event loop wakes: the synthetic workers' heartbeats go
+    out from it, so a late loop is a silence the master hears that is not the master's doing."""
+
+    TICK = 0.05
+
+    def __init__(self) -> None:
+        self.slowest = 0.0
+
+    async def watch(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.TICK)
+            self.slowest = max(self.slowest, time.monotonic() - before - self.TICK)
+
+
 def dropped_in_log(log_file: Path) -> int:
     """Workers the master has dropped so far ("stopped heartbeating; dropped from placement")."""
     return log_file.read_text(errors="replace").count("stopped heartbeating")
@@ -389,7 +405,11 @@ async def storm(workers: list[SyntheticWorker], pid: int, http: int, address: st
     try:
         cpu, started = cpu_seconds(pid), time.monotonic()
         deadline = started + STORM_DEADLINE
+        lag = LoopLag()
+        watch = asyncio.ensure_future(lag.watch())
         done = await asyncio.gather(*(full_report(w, deadline) for w in workers))
+        watch.cancel()
+        found["bench_loop_lag_max_s"] = round(lag.slowest, 3)
         found["acknowledged_s"] = round(time.monotonic() - started, 2) if all(done) else None
         found["cpu_s"] = round(cpu_seconds(pid) - cpu, 2)
         found["cpu_us_per_block"] = round(1e6 * found["cpu_s"] / found["blocks"], 2)
