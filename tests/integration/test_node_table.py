@@ -8,7 +8,6 @@ them, and each stat'ing process a new Python process.
 
 from __future__ import annotations
 
-import mmap
 import os
 import signal
 import time
@@ -20,6 +19,8 @@ import pytest
 from strata.contract.errors import StrataError
 from strata.cacheserver.client.nodetable import NodeTable
 from strata.cacheserver.client.transfer import Patience, ShortCircuitReader
+from sealing import assert_no_reader_can_write
+
 from .conftest import DATA_TOKEN, Cluster
 from .test_node_answers import SHORT_CIRCUIT, load, metadata_requests
 
@@ -85,18 +86,7 @@ def test_the_table_goes_to_a_data_token_only_and_no_reader_can_write_it(start_cl
         path = sorted(sizes)[0]
         info = table.status(path)
         assert info is not None and info.length == sizes[path] and 0 < info.valid_for_ms <= 120_000
-        with pytest.raises(PermissionError):
-            mmap.mmap(fd, os.fstat(fd).st_size)  # shared and writable: refused
-        with pytest.raises(OSError):
-            os.write(fd, b"x")
-        again = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # opened again for writing: sealed still
-        try:
-            with pytest.raises(PermissionError):
-                mmap.mmap(again, os.fstat(again).st_size)
-            with pytest.raises(PermissionError):
-                os.pwrite(again, b"x", 0)
-        finally:
-            os.close(again)
+        assert_no_reader_can_write(fd)
     finally:
         os.close(fd)
 
