@@ -12,7 +12,7 @@ from strata.contract.config import ServerConfig
 from strata.contract.errors import StrataError
 from strata.contract.proto import strata_pb2 as pb
 from ..common.blockrefs import key_of
-from ..common.pacing import Pacer
+from ..common.pacing import Pacer, between_steps
 from ..namespace.entries import FileEntry
 from ..namespace.tree import Namespace
 from ..common.paths import is_under, received
@@ -70,7 +70,7 @@ class LoadJob:
             held = 0
             for at in range(0, len(self.files), STEP):  # a million files' sum: seconds, in steps
                 if at:
-                    await asyncio.sleep(0)
+                    await between_steps()
                 held += blocks.cached_bytes_of(self.files, at, at + STEP)
             settling = self.finished_at is not None and time.monotonic() - self.finished_at < settle
             progress.bytes_cached = max(held, self.progress.bytes_loaded) if settling else held

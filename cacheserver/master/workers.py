@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from strata.contract.errors import InvalidArgument
 from strata.contract.proto import strata_pb2 as pb
 from .. import heap
+from ..common.pacing import between_steps
 from .blocks import STEP, BlockIndex
 from .membership import Membership
 from .mounting import Mounting
@@ -136,7 +137,7 @@ def _own(message: Kept) -> Kept:
 
 async def _stepwise(steps: Iterator[None]) -> None:
     for _ in steps:
-        await asyncio.sleep(0)
+        await between_steps()
 
 
 async def _in_steps(apply: Callable[[str, Sequence[pb.BlockRef]], None], worker_id: str,
@@ -145,5 +146,5 @@ async def _in_steps(apply: Callable[[str, Sequence[pb.BlockRef]], None], worker_
     loop serve what waits between steps."""
     for at in range(0, len(refs), STEP):
         if at:
-            await asyncio.sleep(0)
+            await between_steps()
         apply(worker_id, refs[at:at + STEP])
