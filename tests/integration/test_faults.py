@@ -377,7 +377,11 @@ def test_a_slow_store_costs_a_reader_its_own_latency(start_cluster: Any, bucket:
     print(f"\nstore slowed by 3s per answer: the cold 3-block read took {whole:.1f}s (longest stall after "
           f"the first block {longest:.1f}s)")
     assert got == data
-    assert whole < 3 * 3.0 + 5  # about the store's latency per block, at worst one after the other
+    # About the store's latency per block, at worst one after the other, and one answer more:
+    # 11.3 s quiet or CPU-loaded (this code and the code before it alike), 14.2 s twice beside
+    # the e2e suite (an extra store answer there, cause not found); a reader stalled on the
+    # slow store (what this guards) waits its deadline a block, far past it.
+    assert whole < 4 * 3.0 + 5
 
 
 # -- stopped and killed workers (item 12) ----------------------------------------------------
