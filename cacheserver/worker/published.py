@@ -150,10 +150,6 @@ class PublishedStatuses:
                                  datatable.MAGIC, datatable.BYTES_PER_SLOT)
 
     @property
-    def size(self) -> int:
-        return self.statuses.size
-
-    @property
     def generation(self) -> int:
         return self.statuses.generation
 
