@@ -760,10 +760,11 @@ def test_a_file_changed_while_open_reads_whole_at_each_version(
     with open(path, "rb", buffering=0) as before:
         seen = 3 * BLOCK_SIZE  # these blocks cached (and the next ones read ahead)
         assert differs(b"".join(os.pread(before.fileno(), MIB, at) for at in range(0, seen, MIB)), old[:seen]) == ""
-        cluster.s3.put_object(bucket, "f.bin", new)
+        opened = cluster.fs().client.stat("/m/f.bin")  # the old version (the master may learn of
+        cluster.s3.put_object(bucket, "f.bin", new)    # the new one at once: a read-ahead meets it)
         other = cluster.fs(host="other")
-        with pytest.raises(errors.FailedPrecondition):  # the last block, not read yet
-            other.client.read_block(other.client.block_ref(cluster.fs().client.stat("/m/f.bin"), 8))
+        with pytest.raises(errors.FailedPrecondition):  # the old version's last block, not read yet
+            other.client.read_block(other.client.block_ref(opened, 8))
         for how in ("read", "cp"):
             assert differs(read_as(how, path, tmp_path), new) == "", how
         for at in (10, 2 * BLOCK_SIZE + 10):  # within the old version's cached blocks, past the new end
