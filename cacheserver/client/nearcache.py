@@ -261,8 +261,14 @@ class NearCache:
         if folder.name not in self._made:
             folder.mkdir(mode=0o700, exist_ok=True)
             self._made.add(folder.name)
-        with replacing(where, sync_file=False, sync_folder=False) as out:
-            out.write(record)
+        try:
+            with replacing(where, sync_file=False, sync_folder=False) as out:
+                out.write(record)
+        except FileNotFoundError:  # the folder was emptied meanwhile (by hand, or another tool): made again
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
+            with replacing(where, sync_file=False, sync_folder=False) as out:
+                out.write(record)
 
     def _count(self, index: int, folder: Path, size: int) -> None:
         """Count `size` bytes more in subfolder `index`; sweep it when it may be past its share."""

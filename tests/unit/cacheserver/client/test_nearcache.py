@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -137,3 +138,13 @@ def test_an_unwritable_folder_never_fails(tmp_path: Path, caplog: pytest.LogCapt
         cache.keep(status(path, length=3), 0.0, b"abc")
         assert cache.find(path) is None
     assert sum("cannot be written" in r.message for r in caplog.records) == 1  # said once
+
+
+def test_a_folder_emptied_meanwhile_is_made_again(tmp_path: Path) -> None:
+    cache = NearCache(tmp_path / "near", 1 << 30, "m")
+    cache.keep(status(length=3), 0.0, b"abc")
+    shutil.rmtree(tmp_path / "near")
+    cache.keep(status(length=3), 0.0, b"abd")
+    found = cache.find("/ds/a.bin")
+    assert found is not None and found.data == b"abd"
+    assert stat.S_IMODE(cache.root.stat().st_mode) == 0o700
