@@ -65,6 +65,8 @@ SWEEP_TO = 0.75
 TOUCH_EVERY = 60.0
 # Seconds after which a temporary file is taken for one its writer left (a process killed while writing).
 STALE_TEMPORARY = 600.0
+# Bytes of a record read first: its head, status and checksums, and the whole of a file of a few KiB.
+FIRST_READ = 4096
 # Seconds an unwritable folder is not written again after a failed write.
 WRITE_PAUSE = 60.0
 # Head: magic, status length, chunk size, bytes' length, until (CLOCK_MONOTONIC seconds; 0: not
@@ -123,30 +125,43 @@ def encode(info: pb.FileInfo, until: float, data: bytes | memoryview, chunk_size
     return meta + _CRC.pack(crc32c(meta)) + bytes(data)
 
 
-def decode(blob: bytes, path: str) -> NearRecord:
-    """The record of `path` in `blob`, every check passed; RecordError naming the first that failed."""
-    if len(blob) < _HEAD.size:
-        raise RecordError(f"{len(blob)} bytes, shorter than a head")
-    magic, status_length, chunk_size, length, until, boot = _HEAD.unpack_from(blob, 0)
+def sizes(head: bytes) -> tuple[int, int]:
+    """(bytes of a record before the file's bytes, the file's length), as the start of a
+    record `head` (at least _HEAD.size bytes of it) says; RecordError if it is no record's."""
+    if len(head) < _HEAD.size:
+        raise RecordError(f"{len(head)} bytes, shorter than a head")
+    magic, status_length, chunk_size, length = _HEAD.unpack_from(head, 0)[:4]
     if magic != MAGIC or chunk_size <= 0:
         raise RecordError("not a near cache record")
-    meta_end = _HEAD.size + status_length + -(-length // chunk_size) * _CRC.size
-    if len(blob) != meta_end + _CRC.size + length:
-        raise RecordError(f"{len(blob)} bytes where the head says {meta_end + _CRC.size + length}")
-    if crc32c(memoryview(blob)[:meta_end]) != _CRC.unpack_from(blob, meta_end)[0]:
+    return _HEAD.size + status_length + -(-length // chunk_size) * _CRC.size + _CRC.size, length
+
+
+def decode_parts(meta: bytes, data: bytes, path: str) -> NearRecord:
+    """The record of `path` made of `meta` (what comes before the file's bytes) and `data`,
+    every check passed; RecordError naming the first that failed."""
+    start, length = sizes(meta)
+    if (len(meta), len(data)) != (start, length):
+        raise RecordError(f"{len(meta)} + {len(data)} bytes where the head says {start} + {length}")
+    _, status_length, chunk_size, _, until, boot = _HEAD.unpack_from(meta, 0)
+    if crc32c(memoryview(meta)[:-_CRC.size]) != _CRC.unpack_from(meta, start - _CRC.size)[0]:
         raise RecordError("the head fails its CRC-32C")
     try:
-        info = pb.FileInfo.FromString(blob[_HEAD.size:_HEAD.size + status_length])
+        info = pb.FileInfo.FromString(meta[_HEAD.size:_HEAD.size + status_length])
     except DecodeError as exc:
         raise RecordError(f"the status does not parse: {exc}") from exc
     if info.path != path or info.length != length:
         raise RecordError(f"a record of {info.path!r} ({info.length} bytes), not of {path!r} ({length} bytes)")
-    checksums = struct.unpack_from(f"<{-(-length // chunk_size)}I", blob, _HEAD.size + status_length)
-    data = blob[meta_end + _CRC.size:]
+    checksums = struct.unpack_from(f"<{-(-length // chunk_size)}I", meta, _HEAD.size + status_length)
     bad = first_bad_chunk(data, 0, checksums, chunk_size)
     if bad is not None:
         raise RecordError(f"chunk {bad} of the bytes fails its CRC-32C")
     return NearRecord(info, until if boot == boot_id() and boot != _NO_BOOT else 0.0, data)
+
+
+def decode(blob: bytes, path: str) -> NearRecord:
+    """The record of `path` that `blob` holds whole (see decode_parts)."""
+    start = sizes(blob)[0]
+    return decode_parts(blob[:start], blob[start:], path)
 
 
 class NearCache:
@@ -158,6 +173,7 @@ class NearCache:
         `quota` bytes in all; a folder that is another user's, or open to others, is not used
         (said once): anyone who can write it could plant bytes."""
         self.root = Path(folder) / FORMAT_FOLDER
+        self._root = str(self.root)
         self.quota = quota
         self.share = quota // FANOUT
         self._cluster = cluster
@@ -186,9 +202,11 @@ class NearCache:
                 return False
         return True
 
-    def _where(self, path: str) -> tuple[int, Path]:
+    def _where(self, path: str) -> tuple[int, str]:
+        """The subfolder of `path`'s record and the record's file name (a str: pathlib costs
+        more than the rest of a hit's lookup)."""
         digest = hashlib.blake2b(f"{self._cluster}\0{path}".encode(), digest_size=16).hexdigest()
-        return int(digest[:2], 16), self.root / digest[:2] / digest
+        return int(digest[:2], 16), f"{self._root}/{digest[:2]}/{digest}"
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -204,22 +222,28 @@ class NearCache:
             return None
         try:
             found = os.fstat(fd)
-            blob = os.read(fd, found.st_size)
+            # The head, status and checksums, then the file's bytes read as one object of
+            # their own (no copy out of a larger one).
+            first = os.pread(fd, FIRST_READ, 0)
+            start, length = sizes(first)
+            if found.st_size != start + length:
+                raise RecordError(f"{found.st_size} bytes where the head says {start + length}")
+            meta = first[:start] if len(first) >= start else first + os.pread(fd, start - len(first), len(first))
+            data = first[start:] if len(first) >= start + length else os.pread(fd, length, start)
             if time.time() - found.st_mtime > TOUCH_EVERY:
                 with contextlib.suppress(OSError):
                     os.utime(fd)  # used now: the last to go in a sweep
+            return decode_parts(meta, data, path)
         except OSError:
+            return None
+        except RecordError as exc:
+            log.warning("near cache record %s of %s fails a check (%s): removed, the file is read anew",
+                        os.path.basename(where), path, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(where)
             return None
         finally:
             os.close(fd)
-        try:
-            return decode(blob, path)
-        except RecordError as exc:
-            log.warning("near cache record %s of %s fails a check (%s): removed, the file is read anew",
-                        where.name, path, exc)
-            with contextlib.suppress(OSError):
-                where.unlink()
-            return None
 
     def file_bytes(self, info: pb.FileInfo) -> bytes | None:
         """The checked bytes of the file `info` names when a record holds that version; else None."""
@@ -236,7 +260,8 @@ class NearCache:
         record = encode(info, until, data)
         if len(record) > self.share:
             return  # larger than a subfolder's share: not kept
-        index, where = self._where(info.path)
+        index, name = self._where(info.path)
+        where = Path(name)
         try:
             self._write(where, record)
             self._count(index, where.parent, len(record))
@@ -254,7 +279,7 @@ class NearCache:
             if record is None or record.info.version != version:
                 return
         with contextlib.suppress(OSError):
-            self._where(path)[1].unlink()
+            os.unlink(self._where(path)[1])
 
     def _write(self, where: Path, record: bytes) -> None:
         folder = where.parent

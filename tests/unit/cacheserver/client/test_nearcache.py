@@ -21,7 +21,7 @@ def status(path: str = "/ds/a.bin", length: int = 200_000, version: str = "v1") 
 
 
 def record_file(cache: NearCache, path: str) -> Path:
-    return cache._where(path)[1]
+    return Path(cache._where(path)[1])
 
 
 def test_a_record_gives_back_its_status_and_bytes() -> None:
