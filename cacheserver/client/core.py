@@ -32,6 +32,11 @@ anything else (not there, another version, a failed check) asks the worker as be
 that worker for its folder's statuses instead (worker/folders.py): one request answers every
 file of the folder, each held as the master's answer is, from when the worker asked the master.
 
+A client on a host without a worker may have a near cache (client/nearcache.py): a folder on
+this host's disk where opens keep small files' statuses and bytes, so the host's next processes
+open them with no request while the status may be reused, and take the bytes from there when
+a status asked anew names the same version.
+
 While the master cannot be reached the client goes on, for a bounded time, with what the
 master last told it: the workers it listed (a new process: those another process of this
 host was told, `localstate.WorkerRecord`), and the metadata of files already looked at, so
