@@ -108,3 +108,20 @@ def test_a_damaged_record_is_never_returned(start_cluster: Any, bucket: str, tmp
     kept_again = requests(cluster)
     load(cluster, REMOTE, sorted(files), tmp_path, STRATA_CLIENT_NEAR_CACHE=str(near))
     assert requests(cluster) == kept_again  # the records written anew serve the next process
+
+
+def test_the_quota_holds(start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    files = {f"/ds/q/f-{i}.bin": os.urandom(1800) for i in range(700)}  # ~1.3 MiB of records
+    for path, data in files.items():
+        cluster.s3.put_object(bucket, path.removeprefix("/ds/"), data)
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=120)
+    expected = {path: zlib.crc32(data) for path, data in files.items()}
+    near = tmp_path / "near"
+    env = {"STRATA_CLIENT_NEAR_CACHE": str(near), "STRATA_CLIENT_NEAR_CACHE_BYTES": str(1 << 20)}
+    for _ in range(2):  # the second process finds part of them there, and reads the rest anew
+        got = load(cluster, REMOTE, sorted(files), tmp_path, **env)
+        assert {p: r[0] for p, r in got.items()} == expected
+        kept = records(near)
+        assert sum(p.stat().st_size for p in kept) <= 1 << 20
+        assert 200 < len(kept) < len(files)
