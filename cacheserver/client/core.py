@@ -77,7 +77,7 @@ from ..common.statustable import TableError
 from ..placement import rank_workers
 from .held import HeldAnswer, HeldAnswers, held_key
 from .links import _MASTER_AWAY, Links
-from .nearcache import NearCache
+from .nearcache import NearCache, NearRecord
 from .nodetable import NodeTable
 from .settings import ClientSettings
 from .transfer import DataReader, LocalBlock, ShortCircuitReader, WorkerStalled, block_ref
@@ -214,6 +214,9 @@ class StrataClient(Links):
         answered the open and the file is small (see the module docstring), else None."""
         sent = time.monotonic()
         key = held_key(path)
+        record = self._near.find(key) if self._near is not None else None
+        if record is not None and (found := record.reusable()) is not None:
+            return found, True, record.data  # from the near cache: no request, not even for the worker list
         with self._lock:
             held = self._held.get(key)
             if held is not None and sent < held.until:
@@ -223,13 +226,13 @@ class StrataClient(Links):
         if held is not None and sent < held.until:
             if table is not None:
                 return held.info, True, table.file_bytes(held.info)
-            return held.info, True, near.file_bytes(held.info) if near is not None else None
+            return held.info, True, record.data if record is not None and record.holds(held.info) else None
         if table is not None and table.has_data and (found := table.status(key)) is not None:
             data = table.file_bytes(found)  # the node's copy of a small file: no request
             if data is not None:
                 return found, True, data
         if near is not None:
-            return self._near_open(near, path, key, sent)
+            return self._near_open(near, record, path, key, sent)
         answered = self._node_status(key, WHOLE_FILE_BELOW, sent)
         if answered is not None:
             if table is not None and answered[0].valid_for_ms:
@@ -253,14 +256,13 @@ class StrataClient(Links):
             seen = self._near_workers = (workers, any(w.host == self.host for w in workers))
         return None if seen[1] else near
 
-    def _near_open(self, near: NearCache, path: str, key: str, sent: float) -> tuple[pb.FileInfo, bool, Block | None]:
-        """open_status on a host with a near cache (client/nearcache.py): the record of `key`
-        while its status may be reused (no request); else the status asked as without it (only
-        the status, when a record may hold the bytes of its version), with the record's bytes
-        if they are of the version it names, else the file's block, kept for the next processes."""
-        record = near.find(key)
-        if record is not None and (found := record.reusable()) is not None:
-            return found, True, record.data  # not held as well: the record answers the next open as fast
+    def _near_open(self, near: NearCache, record: NearRecord | None, path: str, key: str,
+                   sent: float) -> tuple[pb.FileInfo, bool, Block | None]:
+        """open_status on a host with a near cache (client/nearcache.py) whose record of `key`
+        (if any) holds a status that may not be reused: the status asked as without it (only the
+        status, when there is a record that may hold the bytes of its version), with the
+        record's bytes if they are of the version it names, else the file's block, kept for the
+        next processes."""
         answered = self._node_status(key, 0 if record is not None else WHOLE_FILE_BELOW, sent)
         block: Block | None
         if answered is not None:

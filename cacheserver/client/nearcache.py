@@ -92,7 +92,7 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True)
 class NearRecord:
-    info: pb.FileInfo  # the status as it was kept (valid_for_ms as the answer gave it)
+    info: pb.FileInfo  # the status as it was kept (valid_for_ms: as the answer gave it, until reusable() sets it)
     until: float       # time.monotonic() until which `info` may be reused; 0: never
     data: bytes        # the file's bytes, every chunk checked
 
@@ -101,10 +101,8 @@ class NearRecord:
         left = self.until - time.monotonic()
         if left <= 0.001:
             return None
-        info = pb.FileInfo()
-        info.CopyFrom(self.info)
-        info.valid_for_ms = int(left * 1000)
-        return info
+        self.info.valid_for_ms = int(left * 1000)  # the record's own copy, decoded for this find
+        return self.info
 
     def holds(self, info: pb.FileInfo) -> bool:
         """Whether these are the bytes of the file `info` names (mount, version, length)."""
@@ -244,11 +242,6 @@ class NearCache:
             return None
         finally:
             os.close(fd)
-
-    def file_bytes(self, info: pb.FileInfo) -> bytes | None:
-        """The checked bytes of the file `info` names when a record holds that version; else None."""
-        record = self.find(info.path)
-        return record.data if record is not None and record.holds(info) else None
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ users start them, and each loader a new Python process with STRATA_CLIENT_NEAR_C
 from __future__ import annotations
 
 import os
+import re
 import time
 import zlib
 from pathlib import Path
@@ -20,11 +21,13 @@ from .test_node_answers import REMOTE, dataset, get_status_requests, load
 pytestmark = pytest.mark.timeout(240)
 
 
-def requests(cluster: Cluster) -> tuple[float, float, float]:
-    """What the cluster answered so far: the master's statuses, the workers' opens by path and
-    their data port reads."""
+def requests(cluster: Cluster) -> tuple[float, float, float, float]:
+    """What the cluster answered so far: the master's statuses, the workers' opens by path,
+    their data port reads, and the master's worker lists."""
+    listed = re.findall(r'^strata_master_requests_total\{code="OK",method="ListWorkers"\}\s+([0-9.e+-]+)$',
+                        cluster.master.metrics(), re.M)
     return (get_status_requests(cluster), cluster.total_metric("strata_worker_kept_opens"),
-            cluster.total_metric("strata_worker_data_port_reads"))
+            cluster.total_metric("strata_worker_data_port_reads"), sum(float(v) for v in listed))
 
 
 def records(near: Path) -> list[Path]:
@@ -43,9 +46,10 @@ def test_a_new_process_opens_warm_files_with_no_request(start_cluster: Any, buck
     assert {p: r[0] for p, r in first.items()} == expected
     assert len(records(near)) == len(files)
     before = requests(cluster)
+    assert before[3] > 0  # the first process listed the workers
     second = load(cluster, REMOTE, sorted(files), tmp_path, STRATA_CLIENT_NEAR_CACHE=str(near))
     assert {p: r[0] for p, r in second.items()} == expected
-    assert requests(cluster) == before  # no status asked, no open, no block read
+    assert requests(cluster) == before  # no status asked, no open, no block read, not even the worker list
     plain = load(cluster, REMOTE, sorted(files), tmp_path)  # the same without the near cache asks
     assert {p: r[0] for p, r in plain.items()} == expected
     assert requests(cluster) != before
@@ -75,7 +79,7 @@ def test_a_writable_mount_asks_for_the_status_and_takes_only_that_versions_bytes
     fs.pipe("/rw/f.bin", b"one" * 1000)
     near = {"STRATA_CLIENT_NEAR_CACHE": str(tmp_path / "near")}
     assert load(cluster, REMOTE, ["/rw/f.bin"], tmp_path, **near)["/rw/f.bin"][0] == zlib.crc32(b"one" * 1000)
-    asked, opens, reads = requests(cluster)
+    asked, opens, reads, _ = requests(cluster)
     assert load(cluster, REMOTE, ["/rw/f.bin"], tmp_path, **near)["/rw/f.bin"][0] == zlib.crc32(b"one" * 1000)
     after = requests(cluster)
     assert after[0] > asked and after[2] == reads  # close-to-open: the status is asked; the bytes are near
