@@ -9,7 +9,9 @@ read cold. Every contestant reads the same bytes: the dataset's files under its 
 | s3fs          | s3fs straight to the store (no cache)                             |
 | simplecache   | fsspec simplecache over s3fs: whole files copied to a local dir   |
 | blockcache    | fsspec blockcache over s3fs: blocks kept in local sparse files    |
-| strata-remote | Strata's fsspec client on another host: blocks from the data port |
+| strata-remote | Strata's fsspec client on another host: blocks from the data port, |
+|               | small files kept in a near cache folder of that host (its scratch) |
+| strata-remote-direct | the same without the near cache: every open a data port request |
 | strata-fuse   | `strata fuse --read-only` of the dataset's mount on the worker's  |
 |               | node (a read-only CSI volume), read with open()                   |
 | strata-sc     | Strata's fsspec client on the worker's node: short-circuit reads  |
@@ -183,12 +185,21 @@ def build(stack: Any, local_root: Path, scratch: Path, *, bucket: str, mount: st
         finally:
             close_filesystem(fs)
 
+    near = scratch / "near-cache"  # the remote host's near cache folder, emptied for a cold read
+
+    def free_near(folders: Sequence[str]) -> None:
+        free(folders)
+        shutil.rmtree(near, ignore_errors=True)
+
     strata = {"master": stack.master_address, "token": token}
     contestants = [
         Contestant("s3fs", "s3fs, direct", Access("s3fs", bucket, s3_opts), cached=False),
         cache_contestant("simplecache", "fsspec simplecache"),
         cache_contestant("blockcache", "fsspec blockcache"),
-        Contestant("strata-remote", "Strata, fsspec client, remote worker (data port)",
+        Contestant("strata-remote", "Strata, fsspec client, remote worker (data port), near cache",
+                   Access("strata", mount, {**strata, "host": other_host, "near_cache": str(near)}), cached=True,
+                   cold=free_near, reuse_fs=True),
+        Contestant("strata-remote-direct", "Strata, fsspec client, remote worker (data port), no near cache",
                    Access("strata", mount, {**strata, "host": other_host}), cached=True, cold=free, reuse_fs=True),
     ]
     stack.start_fuse()  # the whole namespace, read-write: the metadata workload lists through it

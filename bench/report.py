@@ -76,8 +76,8 @@ def _at_least(share: float) -> Callable[[float], bool]:
 
 
 def judge(workloads: list[Workload], rate_mbit: float = 1000.0) -> list[Target]:
-    """The targets of issue 6, then those of issues 15 and 27."""
-    return judge_issue6(workloads) + judge_issue15(workloads, rate_mbit) + judge_issue27(workloads)
+    """The targets of issue 6, then those of issues 15, 27 and 28."""
+    return judge_issue6(workloads) + judge_issue15(workloads, rate_mbit) + judge_issue27(workloads) + judge_issue28(workloads)
 
 
 def judge_issue6(workloads: list[Workload]) -> list[Target]:
@@ -237,6 +237,24 @@ def judge_issue27(workloads: list[Workload]) -> list[Target]:
     for w in workloads:
         if w.id.startswith("manyfiles-"):
             targets += _many_files_targets(w)
+    return targets
+
+
+# Issue 28, target 2: the fsspec client's warm training reads at least as fast as fsspec's
+# simplecache (a copy on the reader's local disk), on the worker's node and on another host.
+FSSPEC_CLIENT_PATHS = ("strata-remote", "strata-sc")
+
+
+def judge_issue28(workloads: list[Workload]) -> list[Target]:
+    targets: list[Target] = []
+    for w in workloads:
+        if not w.id.startswith("training-"):
+            continue
+        for x in FSSPEC_CLIENT_PATHS:
+            targets.append(_ratio(
+                f"i28-warm-simplecache/{w.id}/{x}", f"warm training reads at least as fast as fsspec simplecache "
+                f"({w.id}): {x}", w, x, "warm", "simplecache", "warm", lambda sx, sc: sc.median / sx.median,
+                _at_least(1.0), ">= 1.0", lambda sx, sc: f"warm median {sx.median:.3f} s, simplecache {sc.median:.3f} s"))
     return targets
 
 

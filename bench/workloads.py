@@ -455,7 +455,7 @@ class Runner:
                      f"{loaders} loader processes read whole files ({dataset.bytes / 2**20:.0f} MiB in all) in a shuffled "
                      f"order, a new one each epoch; time of each epoch (files/s in the table's notes); epoch 1 cold, "
                      "the others warm", dataset.bytes)
-        ids = ["s3fs", "simplecache", "strata-remote", "strata-fuse", "strata-sc", "local"]
+        ids = ["s3fs", "simplecache", "strata-remote", "strata-remote-direct", "strata-fuse", "strata-sc", "local"]
         chosen = [self.by_id[c] for c in ids if c in self.by_id]
         self.skip_unavailable(w, chosen, ("cold", "warm"))
         w.load = (load1(), 0.0)

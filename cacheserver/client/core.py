@@ -32,6 +32,11 @@ anything else (not there, another version, a failed check) asks the worker as be
 that worker for its folder's statuses instead (worker/folders.py): one request answers every
 file of the folder, each held as the master's answer is, from when the worker asked the master.
 
+A client on a host without a worker may have a near cache (client/nearcache.py): a folder on
+this host's disk where opens keep small files' statuses and bytes, so the host's next processes
+open them with no request while the status may be reused, and take the bytes from there when
+a status asked anew names the same version.
+
 While the master cannot be reached the client goes on, for a bounded time, with what the
 master last told it: the workers it listed (a new process: those another process of this
 host was told, `localstate.WorkerRecord`), and the metadata of files already looked at, so
@@ -72,6 +77,7 @@ from ..common.statustable import TableError
 from ..placement import rank_workers
 from .held import HeldAnswer, HeldAnswers, held_key
 from .links import _MASTER_AWAY, Links
+from .nearcache import NearCache, NearRecord
 from .nodetable import NodeTable
 from .settings import ClientSettings
 from .transfer import DataReader, LocalBlock, ShortCircuitReader, WorkerStalled, block_ref
@@ -116,6 +122,9 @@ class StrataClient(Links):
         self._table_next = 0.0  # time.monotonic() before which it is not asked for again
         self._table_checked = 0.0  # time.monotonic() before which it is not found stale again
         self._table_lock = threading.Lock()
+        s = self.settings
+        self._near = NearCache(s.near_cache, s.near_cache_bytes, self.master_address) if s.near_cache else None
+        self._near_workers: tuple[list[pb.WorkerInfo], bool] | None = None  # (a worker list, a worker on this host)
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -147,6 +156,8 @@ class StrataClient(Links):
         `version`, only a status of that version): its next stat asks the master."""
         with self._lock:
             self._held.drop(held_key(path), below=below, version=version)
+        if self._near is not None and not below:
+            self._near.forget(held_key(path), version)
 
     def stat(self, path: str, *, fresh: bool = False) -> pb.FileInfo:
         """The master's metadata of `path`: held from an earlier answer while the master
@@ -203,17 +214,25 @@ class StrataClient(Links):
         answered the open and the file is small (see the module docstring), else None."""
         sent = time.monotonic()
         key = held_key(path)
+        record = self._near.find(key) if self._near is not None else None
+        if record is not None and (found := record.reusable()) is not None:
+            return found, True, record.data  # from the near cache: no request, not even for the worker list
         with self._lock:
             held = self._held.get(key)
             if held is not None and sent < held.until:
                 self._held.touch(key)
         table = self._node_table()
+        near = self._near_cache() if table is None else None
         if held is not None and sent < held.until:
-            return held.info, True, table.file_bytes(held.info) if table is not None else None
+            if table is not None:
+                return held.info, True, table.file_bytes(held.info)
+            return held.info, True, record.data if record is not None and record.holds(held.info) else None
         if table is not None and table.has_data and (found := table.status(key)) is not None:
             data = table.file_bytes(found)  # the node's copy of a small file: no request
             if data is not None:
                 return found, True, data
+        if near is not None:
+            return self._near_open(near, record, path, key, sent)
         answered = self._node_status(key, WHOLE_FILE_BELOW, sent)
         if answered is not None:
             if table is not None and answered[0].valid_for_ms:
@@ -221,6 +240,55 @@ class StrataClient(Links):
             return answered[0], bool(answered[0].valid_for_ms), answered[1]
         info, reused = self.stat_reused(path)
         return info, reused, None
+
+    def _near_cache(self) -> NearCache | None:
+        """The near cache, when there is one and no worker runs on this host (one that does
+        serves its node's processes by short-circuit)."""
+        near = self._near
+        if near is None:
+            return None
+        try:
+            workers = self.workers()
+        except StrataError:
+            return near  # its records are checked, and reused only within their freshness
+        seen = self._near_workers
+        if seen is None or seen[0] is not workers:
+            seen = self._near_workers = (workers, any(w.host == self.host for w in workers))
+        return None if seen[1] else near
+
+    def _near_open(self, near: NearCache, record: NearRecord | None, path: str, key: str,
+                   sent: float) -> tuple[pb.FileInfo, bool, Block | None]:
+        """open_status on a host with a near cache (client/nearcache.py) whose record of `key`
+        (if any) holds a status that may not be reused: the status asked as without it (only the
+        status, when there is a record that may hold the bytes of its version), with the
+        record's bytes if they are of the version it names, else the file's block, kept for the
+        next processes."""
+        answered = self._node_status(key, 0 if record is not None else WHOLE_FILE_BELOW, sent)
+        block: Block | None
+        if answered is not None:
+            (info, block), reused = answered, bool(answered[0].valid_for_ms)
+        else:
+            (info, reused), block = self.stat_reused(path), None
+        if record is not None and record.holds(info):
+            block = record.data
+        elif block is None:
+            block = self._whole_file(info)
+        if isinstance(block, (bytes, mmap.mmap)) and len(block) == info.length and not info.is_dir:
+            with memoryview(block) as view:  # released at once: the client's pool may reuse a map
+                near.keep(info, sent + info.valid_for_ms / 1000 if info.valid_for_ms else 0.0, view)
+        return info, reused, block
+
+    def _whole_file(self, info: pb.FileInfo) -> Buffer | None:
+        """The bytes of a small file in the store (one block below WHOLE_FILE_BELOW), read at
+        its open for the near cache; None for another file or when the read fails (the
+        reader's own read then meets the failure, and deals with it as it does)."""
+        if info.is_dir or not info.persisted or not 0 < info.length < min(WHOLE_FILE_BELOW, info.block_size + 1):
+            return None
+        try:
+            return self.read_block(self.block_ref(info, 0))
+        except StrataError as exc:
+            log.debug("reading %s whole at its open failed (%s); its reader reads it", info.path, exc)
+            return None
 
     def _node_worker(self) -> tuple[pb.WorkerInfo, bool] | None:
         """The worker to ask for statuses, and whether it may fetch a small file's block

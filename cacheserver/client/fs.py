@@ -60,8 +60,15 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def __init__(self, master: str | None = None, token: str | None = None, *, host: str | None = None,
                  short_circuit: bool = True, readahead: int | None = None, write_type: str = "",
-                 client_kind: str = "fsspec", settings: ClientSettings | None = None, **kwargs: Any) -> None:
+                 client_kind: str = "fsspec", settings: ClientSettings | None = None, near_cache: str | None = None,
+                 near_cache_bytes: int | None = None, **kwargs: Any) -> None:
+        """`near_cache`, `near_cache_bytes`: the client settings of those names (a folder for
+        the near cache of a host that runs no worker, and its quota), over the environment's."""
         kwargs.setdefault("listings_expiry_time", LISTINGS_EXPIRY)
+        chosen = {name: value for name, value in (("near_cache", near_cache), ("near_cache_bytes", near_cache_bytes))
+                  if value is not None}
+        if chosen:
+            settings = ClientSettings(**{**(settings or ClientSettings()).model_dump(), **chosen})
         super().__init__(**kwargs)
         self.dircache = Listings(LISTINGS_MAX_ENTRIES, **kwargs)
         self.client = StrataClient(master=master, token=token, host=host, short_circuit=short_circuit,

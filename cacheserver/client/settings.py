@@ -54,3 +54,12 @@ class ClientSettings(EnvironmentSettings):
     # File statuses held for reuse, at most (None: HELD_METADATA_ENTRIES of client/core.py);
     # a FUSE mount holds as many as its --max-nodes.
     held_statuses: int | None = Field(default=None, ge=1)
+    # A folder on this host's disk where the client keeps small files' statuses and bytes for
+    # the next processes of a host that runs no worker (client/nearcache.py): a new process
+    # opens a warm file there with no request. Empty: none. Not used where a worker runs on
+    # this host (its short-circuit tables serve the same, and the node's memory holds one copy).
+    near_cache: str = ""
+    # Bytes the near cache folder holds at most, across every process sharing it (1/256 of it
+    # a subfolder; a file larger than that share is not kept). 4 GiB keeps ~40,000 files of
+    # 100 KiB, and with it every file of up to 16 MiB fits a share.
+    near_cache_bytes: int = Field(default=4 << 30, ge=1 << 20)

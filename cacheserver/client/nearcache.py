@@ -1,0 +1,338 @@
+"""The near cache: small files' statuses and bytes kept on the disk of a host that runs no
+worker, for the processes that come after (a training loader of each epoch).
+
+A reader on such a host asks a worker on another host for every file it opens: one request
+and its answer a file on each side. With a near cache folder (`ClientSettings.near_cache`)
+the client keeps what such an open brought, a small file's status and its whole bytes, in one
+record a path, and a new process of the host opens that file from its record with no request
+at all, while the status may still be reused under the Mount's freshness contract: the same
+rule as for the answers a process holds (client/held.py). After that the status is asked
+again (the worker, else the master) and the record's bytes still serve it when the status
+names the same version; a changed file is read anew. A status the master does not mark
+reusable (a writable, close-to-open Mount) is never reused from here; only bytes of the
+version its fresh status names are.
+
+A record (`<folder>/strata-near-v1/<2 hex>/<32 hex>`, named by a hash of the cluster and the
+path, so no path of the namespace reaches the disk) holds, in order: the head (MAGIC, the
+status's length, the chunk size, the bytes' length, until when the status may be reused on
+CLOCK_MONOTONIC and the boot it counts from), the status (a FileInfo), one CRC-32C a chunk of
+the bytes (common/checksums.py), a CRC-32C of all that, then the bytes. Every read checks the
+head's CRC and every chunk of the bytes it returns; a record that fails a check, is short, or
+names another path is a miss, removed, and the open goes on as without the near cache.
+
+Records are written as a new file renamed over the old one and never changed in place, so a
+reader sees a whole record or none (not fsynced: a record torn by a power cut fails its check).
+A process killed while writing leaves only a temporary file, removed by a later sweep. The
+folder is bounded: each of its FANOUT subfolders holds at most 1/FANOUT of the quota, counted
+by each process from one scan of the subfolder when it first writes there plus what it wrote
+since; past that share it scans again and removes the records least recently used (to within
+TOUCH_EVERY) until the subfolder is at SWEEP_TO of its share. An insert never scans more than
+one subfolder. A folder that cannot be written (full, read-only) never fails a read: it is
+said once, and reads go on through the workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import stat
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from crc32c import crc32c
+from google.protobuf.message import DecodeError
+
+from strata.contract.proto import strata_pb2 as pb
+from ..common.checksums import CHUNK_SIZE, compute_checksums, first_bad_chunk
+from ..common.durable import replacing
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"STRATANC"
+# The folder of this record format inside the configured one (another format, another folder).
+FORMAT_FOLDER = "strata-near-v1"
+# Subfolders, each with its share of the quota: an insert scans one of them, never all.
+FANOUT = 256
+# A sweep leaves a subfolder at this part of its share, so the next inserts do not sweep again at once.
+SWEEP_TO = 0.75
+# Seconds between two updates of a record's time of use (one syscall on a hit at most this often).
+TOUCH_EVERY = 60.0
+# Seconds after which a temporary file is taken for one its writer left (a process killed while writing).
+STALE_TEMPORARY = 600.0
+# Bytes of a record read first: its head, status and checksums, and the whole of a file of a few KiB.
+FIRST_READ = 4096
+# Seconds an unwritable folder is not written again after a failed write.
+WRITE_PAUSE = 60.0
+# Head: magic, status length, chunk size, bytes' length, until (CLOCK_MONOTONIC seconds; 0: not
+# reusable), boot id (the boot CLOCK_MONOTONIC counts from).
+_HEAD = struct.Struct("<8sIIId16s")
+_CRC = struct.Struct("<I")
+_NO_BOOT = bytes(16)
+
+
+@functools.cache
+def boot_id() -> bytes:
+    """This boot's id (a status's `until` means nothing after a reboot); zeros if unknown, and
+    then no status is kept for reuse."""
+    try:
+        return uuid.UUID(Path("/proc/sys/kernel/random/boot_id").read_text().strip()).bytes
+    except (OSError, ValueError):
+        return _NO_BOOT
+
+
+class RecordError(ValueError):
+    """A record that fails a check: a miss, and the record goes."""
+
+
+@dataclass(frozen=True)
+class NearRecord:
+    info: pb.FileInfo  # the status as it was kept (valid_for_ms: as the answer gave it, until reusable() sets it)
+    until: float       # time.monotonic() until which `info` may be reused; 0: never
+    data: bytes        # the file's bytes, every chunk checked
+
+    def reusable(self) -> pb.FileInfo | None:
+        """The status while it may be reused, its valid_for_ms what is left of that; else None."""
+        left = self.until - time.monotonic()
+        if left <= 0.001:
+            return None
+        self.info.valid_for_ms = int(left * 1000)  # the record's own copy, decoded for this find
+        return self.info
+
+    def holds(self, info: pb.FileInfo) -> bool:
+        """Whether these are the bytes of the file `info` names (mount, version, length)."""
+        kept = self.info
+        return (kept.mount_id, kept.version, kept.length, kept.block_size) == \
+            (info.mount_id, info.version, info.length, info.block_size) and kept.path == info.path
+
+
+def encode(info: pb.FileInfo, until: float, data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) -> bytes:
+    """The record of `info` (reusable until `until`, 0 for never) and the file's `data`."""
+    status = info.SerializeToString(deterministic=True)
+    boot = boot_id()
+    if boot == _NO_BOOT:
+        until = 0.0
+    checksums = compute_checksums(data, chunk_size)
+    meta = (_HEAD.pack(MAGIC, len(status), chunk_size, len(data), until, boot) + status
+            + struct.pack(f"<{len(checksums)}I", *checksums))
+    return meta + _CRC.pack(crc32c(meta)) + bytes(data)
+
+
+def sizes(head: bytes) -> tuple[int, int]:
+    """(bytes of a record before the file's bytes, the file's length), as the start of a
+    record `head` (at least _HEAD.size bytes of it) says; RecordError if it is no record's."""
+    if len(head) < _HEAD.size:
+        raise RecordError(f"{len(head)} bytes, shorter than a head")
+    magic, status_length, chunk_size, length = _HEAD.unpack_from(head, 0)[:4]
+    if magic != MAGIC or chunk_size <= 0:
+        raise RecordError("not a near cache record")
+    return _HEAD.size + status_length + -(-length // chunk_size) * _CRC.size + _CRC.size, length
+
+
+def decode_parts(meta: bytes, data: bytes, path: str) -> NearRecord:
+    """The record of `path` made of `meta` (what comes before the file's bytes) and `data`,
+    every check passed; RecordError naming the first that failed."""
+    start, length = sizes(meta)
+    if (len(meta), len(data)) != (start, length):
+        raise RecordError(f"{len(meta)} + {len(data)} bytes where the head says {start} + {length}")
+    _, status_length, chunk_size, _, until, boot = _HEAD.unpack_from(meta, 0)
+    if crc32c(memoryview(meta)[:-_CRC.size]) != _CRC.unpack_from(meta, start - _CRC.size)[0]:
+        raise RecordError("the head fails its CRC-32C")
+    try:
+        info = pb.FileInfo.FromString(meta[_HEAD.size:_HEAD.size + status_length])
+    except DecodeError as exc:
+        raise RecordError(f"the status does not parse: {exc}") from exc
+    if info.path != path or info.length != length:
+        raise RecordError(f"a record of {info.path!r} ({info.length} bytes), not of {path!r} ({length} bytes)")
+    checksums = struct.unpack_from(f"<{-(-length // chunk_size)}I", meta, _HEAD.size + status_length)
+    bad = first_bad_chunk(data, 0, checksums, chunk_size)
+    if bad is not None:
+        raise RecordError(f"chunk {bad} of the bytes fails its CRC-32C")
+    return NearRecord(info, until if boot == boot_id() and boot != _NO_BOOT else 0.0, data)
+
+
+def decode(blob: bytes, path: str) -> NearRecord:
+    """The record of `path` that `blob` holds whole (see decode_parts)."""
+    start = sizes(blob)[0]
+    return decode_parts(blob[:start], blob[start:], path)
+
+
+class NearCache:
+    """One near cache folder as one client uses it (thread-safe: records are whole files; the
+    counts of what it wrote are a hint, guarded by the GIL)."""
+
+    def __init__(self, folder: str | os.PathLike[str], quota: int, cluster: str) -> None:
+        """Records of the cluster `cluster` (its master's address) under `folder`, at most
+        `quota` bytes in all; a folder that is another user's, or open to others, is not used
+        (said once): anyone who can write it could plant bytes."""
+        self.root = Path(folder) / FORMAT_FOLDER
+        self._root = str(self.root)
+        self.quota = quota
+        self.share = quota // FANOUT
+        self._cluster = cluster
+        self._written = [-1] * FANOUT  # bytes this process put in each subfolder since it counted it; -1: not yet
+        self._counted = [0] * FANOUT   # bytes the subfolder held at that count
+        self._made: set[str] = set()
+        self._write_off_until = 0.0
+        self.usable = self._prepare()
+
+    def _prepare(self) -> bool:
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            found = os.stat(self.root)
+        except OSError as exc:
+            log.warning("near cache %s cannot be made (%s): reads go through the workers", self.root, exc)
+            return False
+        if found.st_uid != os.getuid():
+            log.warning("near cache %s belongs to uid %d, not this process's %d: not used", self.root,
+                        found.st_uid, os.getuid())
+            return False
+        if stat.S_IMODE(found.st_mode) & 0o077:
+            try:
+                os.chmod(self.root, 0o700)
+            except OSError as exc:
+                log.warning("near cache %s is open to other users and cannot be closed (%s): not used", self.root, exc)
+                return False
+        return True
+
+    def _where(self, path: str) -> tuple[int, str]:
+        """The subfolder of `path`'s record and the record's file name (a str: pathlib costs
+        more than the rest of a hit's lookup)."""
+        digest = hashlib.blake2b(f"{self._cluster}\0{path}".encode(), digest_size=16).hexdigest()
+        return int(digest[:2], 16), f"{self._root}/{digest[:2]}/{digest}"
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def find(self, path: str) -> NearRecord | None:
+        """The checked record of `path` (as the master answers paths: "/a/b"); None if there is
+        none or it fails a check (then it is removed)."""
+        if not self.usable:
+            return None
+        where = self._where(path)[1]
+        try:
+            fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            found = os.fstat(fd)
+            # The head, status and checksums, then the file's bytes read as one object of
+            # their own (no copy out of a larger one).
+            first = os.pread(fd, FIRST_READ, 0)
+            start, length = sizes(first)
+            if found.st_size != start + length:
+                raise RecordError(f"{found.st_size} bytes where the head says {start + length}")
+            meta = first[:start] if len(first) >= start else first + os.pread(fd, start - len(first), len(first))
+            data = first[start:] if len(first) >= start + length else os.pread(fd, length, start)
+            if time.time() - found.st_mtime > TOUCH_EVERY:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)  # used now: the last to go in a sweep
+            return decode_parts(meta, data, path)
+        except OSError:
+            return None
+        except RecordError as exc:
+            log.warning("near cache record %s of %s fails a check (%s): removed, the file is read anew",
+                        os.path.basename(where), path, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(where)
+            return None
+        finally:
+            os.close(fd)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def keep(self, info: pb.FileInfo, until: float, data: bytes | memoryview) -> None:
+        """Keep the status `info`, reusable until `until` (time.monotonic(); 0: never), with the
+        file's bytes. Never raises: a folder that cannot be written is said once a while."""
+        if not self.usable or time.monotonic() < self._write_off_until or len(data) != info.length:
+            return
+        record = encode(info, until, data)
+        if len(record) > self.share:
+            return  # larger than a subfolder's share: not kept
+        index, name = self._where(info.path)
+        where = Path(name)
+        try:
+            self._write(where, record)
+            self._count(index, where.parent, len(record))
+        except OSError as exc:
+            self._write_off_until = time.monotonic() + WRITE_PAUSE
+            log.warning("near cache %s cannot be written (%s): reads go on through the workers; trying again in %gs",
+                        self.root, exc, WRITE_PAUSE)
+
+    def forget(self, path: str, version: str | None = None) -> None:
+        """Remove the record of `path` (only one of `version`, if given)."""
+        if not self.usable:
+            return
+        if version is not None:
+            record = self.find(path)
+            if record is None or record.info.version != version:
+                return
+        with contextlib.suppress(OSError):
+            os.unlink(self._where(path)[1])
+
+    def _write(self, where: Path, record: bytes) -> None:
+        folder = where.parent
+        if folder.name not in self._made:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            self._made.add(folder.name)
+        try:
+            with replacing(where, sync_file=False, sync_folder=False) as out:
+                out.write(record)
+        except FileNotFoundError:  # the folder was emptied meanwhile (by hand, or another tool): made again
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
+            with replacing(where, sync_file=False, sync_folder=False) as out:
+                out.write(record)
+
+    def _count(self, index: int, folder: Path, size: int) -> None:
+        """Count `size` bytes more in subfolder `index`; sweep it when it may be past its share."""
+        if self._written[index] >= 0:
+            self._written[index] += size
+            if self._counted[index] + self._written[index] <= self.share:
+                return
+        self._counted[index] = self.sweep(folder)
+        self._written[index] = 0
+
+    def sweep(self, folder: Path) -> int:
+        """Bring `folder` (a subfolder) within its share, the least recently used records first,
+        and remove temporary files left by killed writers; the bytes it holds then."""
+        now = time.time()
+        records: list[tuple[float, int, str]] = []
+        total = 0
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    found = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # removed meanwhile
+                if entry.name.endswith(".tmp"):
+                    if now - found.st_mtime > STALE_TEMPORARY:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+                        continue
+                else:
+                    records.append((found.st_mtime, found.st_size, entry.path))
+                total += found.st_size
+        if total <= self.share:
+            return total
+        records.sort()
+        goal = int(self.share * SWEEP_TO)
+        for _, size, path in records:
+            if total <= goal:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            total -= size
+        return total
+
+    def used(self) -> int:
+        """Bytes the folder holds (a scan of every subfolder: for tests and tools, not reads)."""
+        total = 0
+        for folder in self.root.iterdir() if self.root.is_dir() else ():
+            if folder.is_dir():
+                total += sum(f.stat().st_size for f in folder.iterdir())
+        return total
