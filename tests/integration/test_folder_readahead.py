@@ -144,3 +144,29 @@ def test_a_file_replaced_after_the_listing_is_never_served_as_the_listed_version
         assert "changed in the store" in str(exc), str(exc)
         got = read(cluster.fs(host="node-0"), f"/m/{replaced}")
     assert got == new, "bytes of an object replaced after the listing were served as the listed version"
+
+
+def master_statuses(cluster: Cluster) -> float:
+    return metric(cluster.master.metrics(), "strata_master_metadata_requests", '{method="GetStatus"}')
+
+
+@pytest.mark.parametrize("host", ["node-0", "elsewhere"], ids=["short-circuit", "remote"])
+def test_opens_of_the_files_a_read_ahead_listed_ask_the_master_nothing(
+        start_cluster: Any, bucket: str, host: str) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    files = put_folder(cluster, bucket, 40)
+    read_only_mount(cluster, bucket)
+    order = list(files)
+    random.Random(5).shuffle(order)
+    fs = cluster.fs(host=host)
+    for key in order[:4]:  # the trigger
+        assert read(fs, f"/m/{key}") == files[key]
+    wait_until(lambda: fetched_ahead(cluster) >= len(files) - 4, 60, "the read-ahead of the folder")
+    before = master_statuses(cluster)
+    # A new loader process opens the rest: the worker answers each open from the listing the
+    # read-ahead took from the master (its entries as reusable as the master's answers).
+    loader = cluster.fs(host=host)
+    for key in order[4:]:
+        assert read(loader, f"/m/{key}") == files[key], key
+    asked = master_statuses(cluster) - before
+    assert asked == 0, f"{asked:g} of {len(order) - 4} opens asked the master for a status"
