@@ -313,7 +313,8 @@ class BlockReads:
 
     async def _fetch_ahead(self, info: pb.FileInfo) -> None:
         """Cache the only block of the small file `info` describes, from the store, as the
-        version `info` names (the store's read insists on it): the folder's read-ahead."""
+        version `info` names (the store's read insists on it), and keep where it lies with
+        the file's status: the folder's read-ahead."""
         ref = only_block(info)
         key = key_of(ref)
         mount = await self.mounts.get(ref.mount_id)
@@ -327,6 +328,9 @@ class BlockReads:
         if not hit:
             self.counters.folder_readahead_files += 1
             self.counters.folder_readahead_bytes += block.length
+            # Its status is kept from the listing (`_listed_pages`): the socket threads answer
+            # the file's first open too (worker/keptopens.py), without a turn of the loop.
+            await self._keep_block(info, ref)
 
     async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int, int]:
         """Have the blocks cached (a load); (bytes cached, bytes of them fetched now, bytes
