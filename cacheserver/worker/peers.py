@@ -12,7 +12,7 @@ import time
 
 import grpc
 
-from strata.contract.errors import FailedPrecondition, StrataError
+from strata.contract.errors import FailedPrecondition, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from strata.contract.rpc import aio_channel
@@ -78,9 +78,10 @@ class Peers:
     def _others_listed(self) -> bool:
         return any(w != self.worker_id for w in self._workers)
 
-    async def _alone(self, patience: float) -> bool:
+    async def _alone(self, patience: float) -> bool | None:
         """Whether no worker but this one is live, as the master listed them within
-        ALONE_FOR (asked again, within `patience` seconds, when the list is older)."""
+        ALONE_FOR (asked again, within `patience` seconds, when the list is older); None
+        when the master did not list them in time."""
         if self._others_listed():
             return False
         if time.monotonic() - self._listed_at > ALONE_FOR:
@@ -90,7 +91,7 @@ class Peers:
             try:
                 await asyncio.wait_for(asyncio.shield(self._listing), patience)
             except (StrataError, TimeoutError):
-                return False
+                return None
         return not self._others_listed()
 
     def listed(self) -> list[pb.WorkerInfo]:
@@ -157,9 +158,12 @@ class Peers:
             return None
         wait = self.settings.peer_wait
         deadline = time.monotonic() + wait
-        if ref.in_store and await self._alone(min(wait, LOCATE_TIMEOUT)):
+        alone = await self._alone(min(wait, LOCATE_TIMEOUT)) if ref.in_store else False
+        if alone:
             return None
         try:
+            if alone is None:
+                raise Unavailable(f"the master did not list the workers within {min(wait, LOCATE_TIMEOUT):g}s")
             (location,) = await self._link.client.locate_blocks(
                 [ref], timeout=min(wait, LOCATE_TIMEOUT), what=f"the holders of block {ref.index} of {ref.path}")
         except (StrataError, ValueError) as exc:
