@@ -9,10 +9,13 @@ import heapq
 import itertools
 import re
 import time
-from pathlib import Path
 from collections.abc import AsyncGenerator
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
+from aiobotocore.session import AioSession  # type: ignore[import-untyped]
+from botocore.utils import parse_timestamp
 from fsspec.spec import AbstractFileSystem
 from s3fs.core import calculate_chunksize
 
@@ -34,6 +37,29 @@ _S3_WALK_HELD = 100_000
 # The characters that sort before "/": a name with one of them may have a folder come later
 # whose name is the part before it ("a" after "a.txt", "a-b/...").
 _BEFORE_SLASH = re.compile("[\x00-\x2e]")
+
+
+_MONTHS = {name: number for number, name in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+
+
+def s3_timestamp(text: str) -> datetime:
+    """A time as S3 writes it, in UTC: an HTTP date in headers ("Sun, 06 Dec 2026 16:02:34
+    GMT", a GET's Last-Modified) or ISO 8601 in listings ("2026-12-06T16:02:34.000Z").
+    botocore's own parser (dateutil's, ~0.15 ms a time) took a tenth of the worker's CPU of
+    a small GET and ~0.15 s of each 1000-entry listing page; these two forms are read
+    directly, any other goes to botocore's parser as before."""
+    try:
+        if text.endswith(" GMT"):
+            _, day, month, year, clock, _ = text.split(" ")
+            hour, minute, second = clock.split(":")
+            return datetime(int(year), _MONTHS[month], int(day), int(hour), int(minute), int(second),
+                            tzinfo=timezone.utc)
+        if text.endswith("Z"):
+            return datetime.fromisoformat(text[:-1]).replace(tzinfo=timezone.utc)
+    except (ValueError, KeyError):
+        pass
+    return parse_timestamp(text)  # type: ignore[no-any-return]
 
 
 def _key_before(key: str) -> str:
@@ -65,6 +91,9 @@ class S3Store(FsspecStore):
     def _make_fs(self) -> AbstractFileSystem:
         fs = super()._make_fs()
         fs.retries = 1
+        if fs.session is None:  # the session s3fs would make, with S3's times read by `s3_timestamp`
+            fs.session = AioSession(**fs.kwargs)
+            fs.session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=s3_timestamp)
         return fs
 
     async def check(self) -> None:

@@ -12,7 +12,7 @@ import time
 
 import grpc
 
-from strata.contract.errors import FailedPrecondition, StrataError
+from strata.contract.errors import FailedPrecondition, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 from strata.contract.proto import strata_pb2_grpc as pb_grpc
 from strata.contract.rpc import aio_channel
@@ -37,6 +37,12 @@ LOCATE_TIMEOUT = 1.0
 # Seconds a worker fetches its misses from the store without asking the master where they
 # are after the master did not answer (a master outage costs one wait, not one a block).
 LOCATE_BACKOFF_SECONDS = 5.0
+# Seconds the master's list of workers, naming none but this one, stands for "no other worker
+# holds a block" (as the master's word that no worker holds a file does, worker/reads.py's
+# HELD_NOWHERE_FOR); older, a miss asks for the list again (one question a second at most,
+# shared by the misses waiting for it) before going to the store without asking where its
+# block is.
+ALONE_FOR = 1.0
 
 
 class PeerFailed(Exception):
@@ -51,6 +57,8 @@ class Peers:
         self.worker_id = worker_id
         self.settings = settings or PeerSettings()
         self._workers: dict[str, pb.WorkerInfo] = {}
+        self._listed_at = -ALONE_FOR  # time.monotonic() of the master's last list of workers
+        self._listing: asyncio.Future[None] | None = None  # a question for the list under way
         self._tasks = BackgroundTasks()
         self._channels: rpcutil.ChannelCache[grpc.aio.Channel] = rpcutil.ChannelCache(
             lambda address: aio_channel(address, token), retire=self._close_channel)
@@ -65,6 +73,26 @@ class Peers:
     def update(self, workers: list[pb.WorkerInfo]) -> None:
         """Take the master's list of live workers."""
         self._workers = {w.worker_id: w for w in workers}
+        self._listed_at = time.monotonic()
+
+    def _others_listed(self) -> bool:
+        return any(w != self.worker_id for w in self._workers)
+
+    async def _alone(self, patience: float) -> bool | None:
+        """Whether no worker but this one is live, as the master listed them within
+        ALONE_FOR (asked again, within `patience` seconds, when the list is older); None
+        when the master did not list them in time."""
+        if self._others_listed():
+            return False
+        if time.monotonic() - self._listed_at > ALONE_FOR:
+            if self._listing is None or self._listing.done():
+                self._listing = asyncio.ensure_future(self.refresh())
+                self._listing.add_done_callback(lambda f: f.cancelled() or f.exception())
+            try:
+                await asyncio.wait_for(asyncio.shield(self._listing), patience)
+            except (StrataError, TimeoutError):
+                return None
+        return not self._others_listed()
 
     def listed(self) -> list[pb.WorkerInfo]:
         """The live workers as the master last listed them, this one included."""
@@ -121,13 +149,21 @@ class Peers:
         """Bytes [offset, offset+length) (length 0: to the end) of a block this worker
         misses, from a live worker that holds it; None when no live worker holds it (as the
         master's block index says), or none sent it whole and checked within `peer_wait`
-        seconds: the caller fetches it from the store. Never waits longer, never raises."""
+        seconds: the caller fetches it from the store. Never waits longer, never raises.
+        A block in the store is fetched from it without asking the master where it is while
+        no other worker is live (`_alone`): a training epoch's cold reads on a cluster's only
+        worker cost their store request alone."""
         length = length or key_of(ref).length - offset
         if time.monotonic() < self._locate_after:
             return None
         wait = self.settings.peer_wait
         deadline = time.monotonic() + wait
+        alone = await self._alone(min(wait, LOCATE_TIMEOUT)) if ref.in_store else False
+        if alone:
+            return None
         try:
+            if alone is None:
+                raise Unavailable(f"the master did not list the workers within {min(wait, LOCATE_TIMEOUT):g}s")
             (location,) = await self._link.client.locate_blocks(
                 [ref], timeout=min(wait, LOCATE_TIMEOUT), what=f"the holders of block {ref.index} of {ref.path}")
         except (StrataError, ValueError) as exc:

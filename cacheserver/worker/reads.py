@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from cachetools import TTLCache
@@ -191,8 +191,7 @@ class BlockReads:
         self._readahead_pending: set[str] = set()
         self._tasks = BackgroundTasks()
         # The small files of folders readers open cold, fetched ahead (worker/folderahead.py).
-        self.ahead = FolderReadahead(folder_readahead or FolderReadaheadSettings(),
-                                     pages=lambda path: link.folder_pages(path, timeout=LISTING_DEADLINE),
+        self.ahead = FolderReadahead(folder_readahead or FolderReadaheadSettings(), pages=self._listed_pages,
                                      fetch=self._fetch_ahead, held=lambda info: self.store.lookup(key_of(only_block(info))) is not None,
                                      full=lambda share: self.store.used_share() >= share,
                                      listable=self._in_read_only_mount)
@@ -208,6 +207,22 @@ class BlockReads:
             self._held_nowhere[file] = True
         else:
             self._held_nowhere.pop(file, None)
+
+    async def _listed_pages(self, path: str) -> AsyncGenerator[Sequence[pb.FileInfo], None]:
+        """The master's listing of a folder for its read-ahead, a page at a time. Each entry
+        is kept as the master's status of its file (not published: as the entries of a
+        listing for the node's readers are, worker/folders.py), valid from when the listing
+        was asked for: the folder's opens that follow need no question to the master."""
+        asked = time.monotonic()
+        pages = self._link.folder_pages(path, timeout=LISTING_DEADLINE)
+        try:
+            async for page in pages:
+                for info in page:
+                    if not info.is_dir:
+                        self.kept.put(info, asked, publish=False)
+                yield page
+        finally:
+            await pages.aclose()
 
     def _in_read_only_mount(self, path: str) -> bool:
         mount = self.mounts.covering(path)
@@ -298,7 +313,8 @@ class BlockReads:
 
     async def _fetch_ahead(self, info: pb.FileInfo) -> None:
         """Cache the only block of the small file `info` describes, from the store, as the
-        version `info` names (the store's read insists on it): the folder's read-ahead."""
+        version `info` names (the store's read insists on it), and keep where it lies with
+        the file's status: the folder's read-ahead."""
         ref = only_block(info)
         key = key_of(ref)
         mount = await self.mounts.get(ref.mount_id)
@@ -312,6 +328,9 @@ class BlockReads:
         if not hit:
             self.counters.folder_readahead_files += 1
             self.counters.folder_readahead_bytes += block.length
+            # Its status is kept from the listing (`_listed_pages`): the socket threads answer
+            # the file's first open too (worker/keptopens.py), without a turn of the loop.
+            await self._keep_block(info, ref)
 
     async def cache_blocks(self, refs: list[pb.BlockRef]) -> tuple[int, int, int]:
         """Have the blocks cached (a load); (bytes cached, bytes of them fetched now, bytes

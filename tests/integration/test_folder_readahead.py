@@ -144,3 +144,36 @@ def test_a_file_replaced_after_the_listing_is_never_served_as_the_listed_version
         assert "changed in the store" in str(exc), str(exc)
         got = read(cluster.fs(host="node-0"), f"/m/{replaced}")
     assert got == new, "bytes of an object replaced after the listing were served as the listed version"
+
+
+def kept_opens(cluster: Cluster) -> float:
+    return metric(cluster.workers[0].metrics(), "strata_worker_kept_opens")
+
+
+def master_statuses(cluster: Cluster) -> float:
+    return metric(cluster.master.metrics(), "strata_master_metadata_requests", '{method="GetStatus"}')
+
+
+@pytest.mark.parametrize("host", ["node-0", "elsewhere"], ids=["short-circuit", "remote"])
+def test_opens_of_the_files_a_read_ahead_fetched_ask_neither_the_master_nor_the_workers_loop(
+        start_cluster: Any, bucket: str, host: str) -> None:
+    cluster: Cluster = start_cluster(workers=1)
+    files = put_folder(cluster, bucket, 40)
+    read_only_mount(cluster, bucket)
+    order = list(files)
+    random.Random(5).shuffle(order)
+    fs = cluster.fs(host=host)
+    for key in order[:4]:  # the trigger
+        assert read(fs, f"/m/{key}") == files[key]
+    wait_until(lambda: fetched_ahead(cluster) >= len(files) - 4, 60, "the read-ahead of the folder")
+    before, kept_before = master_statuses(cluster), kept_opens(cluster)
+    # A new loader process opens the rest: the worker answers each open from the listing the
+    # read-ahead took from the master (its entries as reusable as the master's answers) and
+    # the block it fetched, in the socket's thread (worker/keptopens.py).
+    loader = cluster.fs(host=host)
+    for key in order[4:]:
+        assert read(loader, f"/m/{key}") == files[key], key
+    asked = master_statuses(cluster) - before
+    assert asked == 0, f"{asked:g} of {len(order) - 4} opens asked the master for a status"
+    answered = kept_opens(cluster) - kept_before
+    assert answered == len(order) - 4, f"{answered:g} of {len(order) - 4} opens answered without the worker's loop"

@@ -750,6 +750,37 @@ async def test_a_read_of_a_version_on_s3_is_one_conditional_get(s3_server: Any, 
         assert len(seen.requests) == 1  # the store refused it (412): not retried, no second look
 
 
+async def test_s3_times_are_read_without_dateutil_and_a_changed_object_is_still_refused(
+        s3_server: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # dateutil's parser took a tenth of the worker's CPU of a small GET: S3's two forms of a
+    # time (a GET's Last-Modified header, a listing's ISO dates) are read without it, to the
+    # same values, and the conditional GET refuses a replaced object as before.
+    import dateutil.parser
+    from botocore.utils import parse_timestamp
+
+    from strata.cacheserver.ufs.s3 import s3_timestamp
+
+    for text in ("Sun, 06 Dec 2026 16:02:34 GMT", "Mon, 1 Jan 2024 00:00:09 GMT", "2026-12-06T16:02:34.000Z",
+                 "2026-12-06T16:02:34.123456Z", "2026-12-06T16:02:34+02:00", "1700000000"):
+        assert s3_timestamp(text) == parse_timestamp(text), text
+    s3_server.put_object(bucket, "ds/a", b"first")
+    created = s3_server.client("s3").head_object(Bucket=bucket, Key="ds/a")["LastModified"]
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("dateutil parsed a time of an S3 answer")
+
+    monkeypatch.setattr(dateutil.parser, "parse", refused)
+    monkeypatch.setattr(dateutil.parser.parser, "parse", refused)
+    async with Store(f"s3://{bucket}", s3_server.storage_options()) as store:
+        listed = (await store.listed_from("ds", 10)).statuses
+        assert [(s.path, s.mtime_unix_ms) for s in listed] == [("ds/a", int(created.timestamp() * 1000))]
+        assert (await store.info("ds/a")).mtime_unix_ms == int(created.timestamp() * 1000)
+        assert await store.read_range("ds/a", 0, 5, version=listed[0].version, exact=True) == b"first"
+        s3_server.put_object(bucket, "ds/a", b"other")
+        with pytest.raises(FailedPrecondition, match="changed in the store"):
+            await store.read_range("ds/a", 0, 5, version=listed[0].version, exact=True)
+
+
 async def test_a_page_of_an_s3_folder_starts_at_the_file_asked_for(s3_server: Any, bucket: str) -> None:
     # f10 sorts between f1 and f2: a start "just below f2" must not take f1x keys along.
     for name in ("f0", "f1", "f10", "f2", "f3", "sub/x", "sub/y", "zz/", "../../elsewhere"):

@@ -10,6 +10,7 @@ import pytest
 
 from strata.cacheserver import rpcutil
 from strata.cacheserver.master.blocks import MAX_LOCATE_BLOCKS
+from strata.cacheserver.worker import peers
 from strata.cacheserver.worker.membership import Endpoints
 from strata.cacheserver.worker.server import WorkerParts
 from strata.cacheserver.worker.service import WorkerService
@@ -134,3 +135,30 @@ async def test_cache_blocks_tells_the_store_bytes_apart_from_a_peers_copy(
     await other.peers.refresh()
     rest = len(DATA) - 2 * BLOCK
     assert await other.reads.cache_blocks(refs) == (len(DATA), len(DATA), rest)
+
+
+async def test_a_worker_alone_fetches_a_store_block_it_misses_without_asking_the_master_where_it_is(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold read on the only worker (a training epoch's) costs the store request alone: no
+    other worker can hold the block. A worker that joins is seen by the next miss once the
+    list is older than ALONE_FOR, which then asks where the block is."""
+    await cluster.mount()
+    cluster.put("m/alone.bin", DATA)
+    info = await cluster.status("/m/alone.bin")
+    worker = await cluster.worker("w1")
+    await worker.peers.refresh()
+    asked: list[pb.BlockRef] = []
+    locate = worker.link.client.locate_blocks
+
+    async def counted(refs: list[pb.BlockRef], **kwargs: object) -> list[pb.BlockLocation]:
+        asked.extend(refs)
+        return await locate(refs, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker.link.client, "locate_blocks", counted)
+    assert await worker.peers.held_elsewhere(ref_for(info, 0)) is None
+    assert (await worker.reads.read_cached(ref_for(info, 1), 0, 10, promote=False))[0] == DATA[BLOCK:BLOCK + 10]
+    assert asked == []
+    monkeypatch.setattr(peers, "ALONE_FOR", 0.0)  # every miss looks at the list again
+    await cluster.worker("w2")
+    assert await worker.peers.held_elsewhere(ref_for(info, 2)) is None
+    assert [r.index for r in asked] == [2]
