@@ -4,6 +4,7 @@ training loaders, which open many small files in every epoch, rely on."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 from strata.cacheserver.fuse import mountkeeper
 from strata.cacheserver.fuse.nodes import NodeTable
 
-from .conftest import wait_until
+from .conftest import BLOCK_SIZE, wait_until
 from .test_cluster import payload
 from .test_fuse import FuseProcess, fuse_skip_reason, mount_fuse  # noqa: F401 (a fixture)
 
@@ -45,6 +46,19 @@ def sha256s(paths: list[Path], timeout: float) -> dict[str, str]:
     return result
 
 
+@contextlib.contextmanager
+def stopped(fuse: FuseProcess, waited: str) -> Iterator[None]:
+    """The FUSE process stopped (SIGSTOP) meanwhile: a request that reaches it is not answered,
+    and a reader that times out waiting for one fails the test with `waited`."""
+    os.kill(fuse.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    except subprocess.TimeoutExpired:
+        pytest.fail(waited)
+    finally:
+        os.kill(fuse.process.pid, signal.SIGCONT)
+
+
 def rss(pid: int) -> int:
     """Resident bytes of process `pid`."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -64,15 +78,10 @@ def test_warm_files_of_a_read_only_mount_are_opened_and_read_without_the_fuse_pr
     paths = [fuse.path / key for key in files]
     want = {str(fuse.path / key): hashlib.sha256(data).hexdigest() for key, data in files.items()}
     assert sha256s(paths, 60) == want  # epoch 1: the kernel caches the files
-    os.kill(fuse.process.pid, signal.SIGSTOP)
-    try:
-        # Epoch 2, new processes: the kernel opens, reads and closes each file itself. (A
-        # stopped FUSE process would hold an open it is asked for until the timeout.)
+    # Epoch 2, new processes: the kernel opens, reads and closes each file itself. (A
+    # stopped FUSE process would hold an open it is asked for until the timeout.)
+    with stopped(fuse, "opening a file the kernel holds waited for the FUSE process"):
         assert sha256s(paths, 20) == want
-    except subprocess.TimeoutExpired:
-        pytest.fail("opening a file the kernel holds waited for the FUSE process")
-    finally:
-        os.kill(fuse.process.pid, signal.SIGCONT)
     assert sha256s(paths, 60) == want
 
 
@@ -172,3 +181,44 @@ def test_a_mount_holds_at_most_max_nodes_however_many_files_are_looked_up(
     assert held > bound // 2  # the bound, not an emptied table
     for key in keys[::60]:  # dropped long ago, most of them: looked up again, and read right
         assert (fuse.path / key).read_bytes() == files[key], key
+
+
+# Reads a file front to back in 1 MiB reads, then at offsets spread over it as a Parquet reader
+# does (footer, then column chunks), printing the sha256 of what the front-to-back read gave.
+LARGE_READER = """
+import hashlib, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+digest = hashlib.sha256()
+while chunk := os.read(fd, 1 << 20):
+    digest.update(chunk)
+size = os.fstat(fd).st_size
+for offset in (size - 8, 0, size // 3, size // 2 + 12345, size - (5 << 20)):
+    assert len(os.pread(fd, 1 << 20, offset)) == min(1 << 20, size - offset)
+print(digest.hexdigest())
+"""
+
+
+def large_read(path: Path, timeout: float) -> str:
+    done = subprocess.run([sys.executable, "-c", LARGE_READER, str(path)], capture_output=True, text=True,
+                          timeout=timeout, check=True)
+    return done.stdout.strip()
+
+
+def test_a_large_file_read_again_after_its_attributes_expire_is_read_from_the_page_cache(
+        start_cluster: Any, bucket: str, mount_fuse: Callable[..., FuseProcess]) -> None:
+    """A large file of several blocks read warm by a new process, also after the kernel asked
+    for its attributes again (the mount's metadata interval passed, the file unchanged): every
+    read is answered from the kernel's page cache, none by the FUSE process."""
+    cluster = start_cluster(workers=1)
+    data = payload(7 * BLOCK_SIZE + 4321)
+    cluster.s3.put_object(bucket, "big.bin", data)
+    interval = 2.0
+    cluster.mount_bucket("/ds", bucket, read_only=True, metadata_sync_interval=interval)
+    fuse = mount_fuse(cluster, "--read-only", "--root", "/ds")
+    path = fuse.path / "big.bin"
+    want = hashlib.sha256(data).hexdigest()
+    assert large_read(path, 120) == want  # the kernel caches the file's pages
+    time.sleep(interval + 1)
+    assert path.stat().st_size == len(data)  # the kernel asks again, and is told the same file
+    with stopped(fuse, "a warm read of a large file waited for the FUSE process"):
+        assert large_read(path, 20) == want
