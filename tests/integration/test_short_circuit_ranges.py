@@ -80,3 +80,30 @@ def test_ranges_are_read_into_memory_used_again_and_never_while_a_reader_holds_i
         assert again.obj is memory() and again.obj is not held.obj
         assert bytes(again) == data[2 * BLOCK_SIZE + 1:3 * BLOCK_SIZE - 1]
         assert bytes(held) == data[:BLOCK_SIZE + 3 * CHUNK]
+
+
+def test_a_sequential_reader_gets_right_bytes_past_a_damaged_range_and_a_block_file_cut_short_under_it(
+        start_cluster: Any, bucket: str, tmp_path: Path) -> None:
+    ssd = tmp_path / "ssd"
+    cluster: Cluster = start_cluster(workers=1, tiers=[{"medium": "SSD", "quota": "256Mi", "dirs": [str(ssd)]}])
+    data = os.urandom(2 * BLOCK_SIZE)
+    cluster.s3.put_object(bucket, "f.bin", data)
+    cluster.mount_bucket("/m", bucket)
+    local = cluster.fs(host="node-0", readahead=2)
+    assert local.cat_file("/m/f.bin") == data
+    first, second = sorted(ssd.glob("*.blk"), key=lambda p: data.index(p.read_bytes()[:64]))
+    flip_byte(first, 5 * CHUNK + 3)  # in the third read of 2 chunks
+    fetched = cluster.worker_metric(0, "strata_worker_ufs_bytes_read")
+    got = []
+    with local.open("/m/f.bin", "rb") as f:
+        while piece := f.read(2 * CHUNK):  # as a line counter reads: read(n) front to back
+            got.append(piece)
+            if len(got) == 3:  # the reader holds both block files by now (blocks read ahead)
+                with open(second, "r+b") as cut:
+                    cut.truncate(CHUNK)  # cut short under the reader: read again, never a crash
+    assert b"".join(got) == data
+    metrics = cluster.workers[0].metrics()
+    assert metric(metrics, "strata_worker_short_circuit_rechecks") >= 1  # the damaged range
+    assert metric(metrics, "strata_worker_data_port_reads") == 0
+    # Both copies were dropped and fetched again from the store, each once.
+    assert metric(metrics, "strata_worker_ufs_bytes_read") - fetched == len(data)
