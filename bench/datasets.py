@@ -82,7 +82,10 @@ def _made(root: Path, name: str, spec: dict[str, Any]) -> Dataset | None:
     """The dataset if an earlier run made it with this spec; else None, with its folder ready."""
     manifest = _manifest(root / name)
     if manifest is not None and manifest.get("spec") == spec:
-        return _dataset(root, name, manifest)
+        try:
+            return _dataset(root, name, manifest)
+        except FileNotFoundError:  # some of its files were removed since: made again
+            pass
     (root / name).mkdir(parents=True, exist_ok=True)
     return None
 
