@@ -243,6 +243,8 @@ def judge_issue27(workloads: list[Workload]) -> list[Target]:
 # Issue 28, target 2: the fsspec client's warm training reads at least as fast as fsspec's
 # simplecache (a copy on the reader's local disk), on the worker's node and on another host.
 FSSPEC_CLIENT_PATHS = ("strata-remote", "strata-sc")
+# Every path a training job may read through (the remote one with and without a near cache).
+TRAINING_PATHS = ("strata-remote", "strata-remote-direct", "strata-fuse", "strata-sc")
 
 
 def judge_issue28(workloads: list[Workload]) -> list[Target]:
@@ -255,6 +257,11 @@ def judge_issue28(workloads: list[Workload]) -> list[Target]:
                 f"i28-warm-simplecache/{w.id}/{x}", f"warm training reads at least as fast as fsspec simplecache "
                 f"({w.id}): {x}", w, x, "warm", "simplecache", "warm", lambda sx, sc: sc.median / sx.median,
                 _at_least(1.0), ">= 1.0", lambda sx, sc: f"warm median {sx.median:.3f} s, simplecache {sc.median:.3f} s"))
+        for x in TRAINING_PATHS:
+            targets.append(_ratio(
+                f"i28-cold-s3fs/{w.id}/{x}", f"cold training reads at least twice as fast as s3fs ({w.id}): {x}",
+                w, x, "cold", "s3fs", "cold", lambda sx, s3: s3.median / sx.median,
+                _at_least(2.0), ">= 2.0", lambda sx, s3: f"cold median {sx.median:.1f} s, s3fs {s3.median:.1f} s"))
     return targets
 
 
