@@ -242,7 +242,7 @@ def run(args: argparse.Namespace, kube: Kube) -> int:
     namespace = args.namespace or kube.namespace
     target, cluster = target_of(kube, namespace, args.cluster)
     with forwarded(kube, target) as address:
-        base = ["--master", address, "--token", target.token]
+        base = ["--master", address, f"--token={target.token}"]  # a token may start with "-"
         if args.command == "status":
             print("\n".join(status_lines(cluster, kube.objects(namespace, constants.MOUNT_PLURAL))))
             print()
