@@ -222,7 +222,6 @@ class StrataClient(Links):
             if held is not None and sent < held.until:
                 self._held.touch(key)
         table = self._node_table()
-        near = self._near_cache() if table is None else None
         if held is not None and sent < held.until:
             if table is not None:
                 return held.info, True, table.file_bytes(held.info)
@@ -231,7 +230,7 @@ class StrataClient(Links):
             data = table.file_bytes(found)  # the node's copy of a small file: no request
             if data is not None:
                 return found, True, data
-        if near is not None:
+        if table is None and (near := self._near_cache()) is not None:
             return self._near_open(near, record, path, key, sent)
         answered = self._node_status(key, WHOLE_FILE_BELOW, sent)
         if answered is not None:

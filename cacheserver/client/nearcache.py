@@ -156,12 +156,6 @@ def decode_parts(meta: bytes, data: bytes, path: str) -> NearRecord:
     return NearRecord(info, until if boot == boot_id() and boot != _NO_BOOT else 0.0, data)
 
 
-def decode(blob: bytes, path: str) -> NearRecord:
-    """The record of `path` that `blob` holds whole (see decode_parts)."""
-    start = sizes(blob)[0]
-    return decode_parts(blob[:start], blob[start:], path)
-
-
 class NearCache:
     """One near cache folder as one client uses it (thread-safe: records are whole files; the
     counts of what it wrote are a hint, guarded by the GIL)."""
@@ -175,8 +169,9 @@ class NearCache:
         self.quota = quota
         self.share = quota // FANOUT
         self._cluster = cluster
-        self._written = [-1] * FANOUT  # bytes this process put in each subfolder since it counted it; -1: not yet
-        self._counted = [0] * FANOUT   # bytes the subfolder held at that count
+        # Bytes each subfolder holds as this process counts them (its last scan plus what it
+        # wrote since); -1: not scanned yet.
+        self._held = [-1] * FANOUT
         self._made: set[str] = set()
         self._write_off_until = 0.0
         self.usable = self._prepare()
@@ -290,12 +285,11 @@ class NearCache:
 
     def _count(self, index: int, folder: Path, size: int) -> None:
         """Count `size` bytes more in subfolder `index`; sweep it when it may be past its share."""
-        if self._written[index] >= 0:
-            self._written[index] += size
-            if self._counted[index] + self._written[index] <= self.share:
+        if self._held[index] >= 0:
+            self._held[index] += size
+            if self._held[index] <= self.share:
                 return
-        self._counted[index] = self.sweep(folder)
-        self._written[index] = 0
+        self._held[index] = self.sweep(folder)
 
     def sweep(self, folder: Path) -> int:
         """Bring `folder` (a subfolder) within its share, the least recently used records first,
@@ -327,12 +321,4 @@ class NearCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             total -= size
-        return total
-
-    def used(self) -> int:
-        """Bytes the folder holds (a scan of every subfolder: for tests and tools, not reads)."""
-        total = 0
-        for folder in self.root.iterdir() if self.root.is_dir() else ():
-            if folder.is_dir():
-                total += sum(f.stat().st_size for f in folder.iterdir())
         return total
