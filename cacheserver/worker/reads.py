@@ -312,9 +312,11 @@ class BlockReads:
         return block, hit
 
     async def _fetch_ahead(self, info: pb.FileInfo) -> None:
-        """Cache the only block of the small file `info` describes, from the store, as the
-        version `info` names (the store's read insists on it), and keep where it lies with
-        the file's status: the folder's read-ahead."""
+        """Cache the only block of the small file `info` describes, and keep where it lies
+        with the file's status: the folder's read-ahead. A file the listing says a worker
+        caches is copied from it (a block any worker holds is not fetched from the store
+        again); otherwise, or when no holder sends it, the store serves the version `info`
+        names (the store's read insists on it)."""
         ref = only_block(info)
         key = key_of(ref)
         mount = await self.mounts.get(ref.mount_id)
@@ -322,6 +324,9 @@ class BlockReads:
         version.set_result(info.store_version or info.version)
 
         async def fetch() -> bytes:
+            data = await self._from_peers(ref, 0, key.length) if info.cached_bytes else None
+            if data is not None:
+                return self._copied(data)
             return await self._read_store(ref, key.offset, key.offset + key.length, version)
 
         block, hit = await self.store.get_or_fetch(key, fetch, pin=mount.is_pinned(ref.path))
@@ -369,13 +374,17 @@ class BlockReads:
             raise
         if data is not None:
             version.cancel()
-            self.counters.peer_reads += 1
-            self.counters.peer_bytes_read += len(data)
-            return data
+            return self._copied(data)
         start = key_of(ref).offset + offset
         data = await self._read_store(ref, start, start + length, version)
         if on_store is not None:
             on_store(len(data))
+        return data
+
+    def _copied(self, data: bytes) -> bytes:
+        """`data`, copied from another worker, counted as such."""
+        self.counters.peer_reads += 1
+        self.counters.peer_bytes_read += len(data)
         return data
 
     async def _from_peers(self, ref: pb.BlockRef, offset: int, length: int) -> bytes | None:

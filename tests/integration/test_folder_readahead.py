@@ -177,3 +177,32 @@ def test_opens_of_the_files_a_read_ahead_fetched_ask_neither_the_master_nor_the_
     assert asked == 0, f"{asked:g} of {len(order) - 4} opens asked the master for a status"
     answered = kept_opens(cluster) - kept_before
     assert answered == len(order) - 4, f"{answered:g} of {len(order) - 4} opens answered without the worker's loop"
+
+
+def test_the_read_ahead_copies_files_another_worker_holds_instead_of_fetching_them_from_the_store(
+        start_cluster: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_WORKER_FOLDER_READAHEAD_FILES", "3")
+    cluster: Cluster = start_cluster(workers=2)
+    files = put_folder(cluster, bucket, 40)
+    read_only_mount(cluster, bucket)
+    # A first job on worker-1's node caches the whole folder there.
+    first = cluster.fs(host="node-1")
+    for key in files:
+        assert read(first, f"/m/{key}") == files[key]
+
+    def located() -> bool:
+        return all(b.worker_ids for key in files for b in first.client.block_locations(f"/m/{key}").blocks)
+
+    wait_until(located, 10, "the master to know where every block is")
+    # A job on worker-0's node reads it in another order: worker-0 misses every file, and its
+    # read-ahead, triggered by those misses, copies the rest from worker-1.
+    order = list(files)
+    random.Random(7).shuffle(order)
+    fs = cluster.fs(host="node-0")
+    with cluster.s3.recording() as rec:
+        for key in order:
+            assert read(fs, f"/m/{key}") == files[key], key
+        wait_until(lambda: fetched_ahead(cluster) > 0, 30, "worker-0's read-ahead")
+    assert fetched_ahead(cluster) > 0
+    fetched = [g.path for g in rec.matching("GET") if "/ds/" in g.path]
+    assert not fetched, f"{len(fetched)} files another worker held were fetched from the store, e.g. {fetched[:3]}"
