@@ -23,7 +23,8 @@ from strata.contract.errors import ResourceExhausted
 from strata.contract.units import format_size
 from .eviction import EvictionPolicy
 from .filework import copy_block, finish_in_thread, sync_block, write_block
-from .files import remove_block_files
+from .files import block_file, remove_block_files
+from .hugepages import HugePages
 from .index import MEM, BlockIndex, CachedBlock, Entry, sole_copy_on_disk
 from ..common.keys import BlockKey
 from .metadata import BlockMetadata
@@ -52,6 +53,8 @@ class BlockPlacement(BlockIndex):
         super().__init__(tiers, policy, on_change, clock)
         self._high = high_watermark
         self._low = low_watermark
+        # A MEM tier's new block files are gathered into huge pages (cache/hugepages.py).
+        self.huge_pages = HugePages()
         # Blocks evicted from each tier (moved one tier down, or out of the cache), by medium.
         self.evicted: dict[str, int] = {}
 
@@ -102,10 +105,16 @@ class BlockPlacement(BlockIndex):
                     ) from exc
         entry = Entry(meta, tier, directory, verified=True)
         self._attach(entry)
+        self._landed_in(tier, directory, meta)
         self._policy.record_add(entry.block_id)
         block = entry.snapshot()
         self._pending.added(block)
         return block
+
+    def _landed_in(self, tier: Tier, directory: Path, meta: BlockMetadata) -> None:
+        """A block file just put in `directory` of `tier`: in memory, gathered into huge pages."""
+        if tier.medium == MEM:
+            self.huge_pages.submit(block_file(directory, meta.key.block_id), meta.length)
 
     def _tiers_for(self, key: BlockKey, pin: bool) -> Sequence[Tier]:
         """Where a new block may go, fastest first: a written file's pinned block (its only
@@ -252,6 +261,7 @@ class BlockPlacement(BlockIndex):
         entry.meta.medium = dest.medium
         dest.block_ids.add(block_id)
         source.release(nbytes, old_directory)
+        self._landed_in(dest, directory, entry.meta)
         if entry.meta.pinned != copied.pinned:  # pinned or unpinned while it was copied
             self._write_sidecar(entry)
         remove_block_files(old_directory, block_id)

@@ -151,6 +151,7 @@ class BlockStore(BlockPlacement):
         for task in list(self._inflight.values()):
             task.cancel()
         await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        await asyncio.to_thread(self.huge_pages.close)
         async with self._write_lock:
             self._state = "closed"
             stale = [
