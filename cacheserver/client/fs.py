@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -36,12 +35,6 @@ FETCH_THREADS = 16
 # A read smaller than this that does not continue the previous one fetches just its range,
 # not the whole block (footers, indexes, random access).
 SMALL_READ = 1024 * 1024
-# A read() of at least AHEAD_MIN bytes (and at most AHEAD_MAX) from a block file of this host
-# that continues the one before has the next range of its length read and checked in a thread
-# of the pool meanwhile (os.pread and the CRC-32C let go of the GIL): a reader that works on
-# each range (counts lines, parses) has the next one ready and checked when it asks for it.
-AHEAD_MIN = 256 * 1024
-AHEAD_MAX = 16 * 1024 * 1024
 # readline() looks for the end of a line in a block file held open this many bytes at a time.
 LINE_WINDOW = 64 * 1024
 
@@ -241,13 +234,6 @@ class StrataFileSystem(AbstractFileSystem):  # type: ignore[misc]
                           file_info=kwargs.get("file_info"))
 
 
-def _joined(parts: list[bytes | memoryview]) -> bytes:
-    """The pieces as one bytes object, copied once (a single bytes piece as it is)."""
-    if len(parts) == 1:
-        return parts[0] if isinstance(parts[0], bytes) else parts[0].tobytes()
-    return b"".join(parts)
-
-
 def _weak_fetcher(file: StrataFile) -> Callable[[int, int], bytes]:
     method = weakref.WeakMethod(file._fetch_range)
 
@@ -306,8 +292,6 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self._last_index = -2
             # readline's last window of a block file: (the block, its offset in it, its bytes)
             self._window: tuple[LocalBlock, int, bytes] | None = None
-            # The next range of a sequential read(), read and checked ahead: (start, end, bytes)
-            self._ahead: tuple[int, int, Future[bytes | memoryview]] | None = None
             self._lock = threading.Lock()
         else:
             existing = self._existing_length(path) if mode in ("xb", "ab") else None
@@ -357,7 +341,6 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             self._blocks.clear()
             self._last_index = -2
             self._window = None
-            self._drop_ahead()
             self._adopt(fresh, holders)
             self.blocksize = fresh.block_size or 1
             self.size = self.cache.size = fresh.length
@@ -481,47 +464,12 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         return parts if whole is None else [whole]
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        """Bytes [start, end) for read(): the range read ahead when it is the one asked for."""
-        with self._lock:
-            ahead, self._ahead = self._ahead, None
-        piece = None
-        if ahead is not None:
-            if ahead[:2] == (start, end) and not self._reopenable:
-                with contextlib.suppress(CancelledError, StrataError):
-                    piece = ahead[2].result()
-            else:
-                ahead[2].cancel()
-        parts = [piece] if piece is not None else self._read_pieces(start, end)
-        self._read_ahead(start, end)
-        return _joined(parts)
-
-    def _read_ahead(self, start: int, end: int) -> None:
-        """Have the range after [start, end), of its length, read and checked in the pool
-        when [start, end) is a large read within a block file of this host (see AHEAD_MIN)."""
-        size = self.file_info.block_size
-        index = start // size
-        if not AHEAD_MIN <= end - start <= AHEAD_MAX or (end - 1) // size != index or end % size == 0:
-            return
-        with self._lock:
-            future = self._blocks.get(index)
-            if future is None or not future.done() or future.cancelled() or future.exception() is not None:
-                return
-            block = future.result()
-            if not isinstance(block, LocalBlock) or end >= min(self.size, (index + 1) * size):
-                return
-            stop = min(end + (end - start), (index + 1) * size, self.size)
-            base = index * size
-            self._ahead = (end, stop, self.fs._pool.submit(block.read, end - base, stop - base))
-
-    def _drop_ahead(self) -> None:
-        if self._ahead is not None:
-            self._ahead[2].cancel()
-            self._ahead = None
-
-    def pread(self, size: int, offset: int) -> bytes:
-        """Up to `size` bytes at `offset`, as os.pread: the file position does not move, and
-        several threads may read one file at once (a FUSE mount's reads of one open file)."""
-        return _joined(self._read_pieces(offset, offset + size))
+        # The result is copied out of the blocks once, whatever the number of blocks (a
+        # whole block already held as bytes is handed over as it is).
+        parts = self._read_pieces(start, end)
+        if len(parts) == 1:
+            return parts[0] if isinstance(parts[0], bytes) else parts[0].tobytes()
+        return b"".join(parts)
 
     def _take(self, length: int, *, joined: bool = False) -> list[bytes | memoryview]:
         """The pieces of the next `length` bytes (< 0: to the end; `joined`: see `_pieces`);
@@ -563,6 +511,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
             at += len(part)
         return at
 
+    def pread(self, size: int, offset: int) -> bytes:
+        """Up to `size` bytes at `offset`, as os.pread: the file position does not move, and
+        several threads may read one file at once (a FUSE mount's reads of one open file)."""
+        return self._fetch_range(offset, offset + size)
 
     def readline(self, size: int | None = -1) -> bytes:
         """One line, found in the blocks already held (fsspec's default reads a whole block
@@ -636,5 +588,4 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
                     future.cancel()
                 self._blocks.clear()
                 self._window = None
-                self._drop_ahead()
         super().close()
