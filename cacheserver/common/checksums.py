@@ -6,6 +6,7 @@ peer worker) check the bytes they get against them.
 
 from __future__ import annotations
 
+import functools
 import mmap
 from collections.abc import Sequence
 
@@ -85,14 +86,18 @@ def _byte_tables(matrix: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(_gf2_times(matrix, b << (8 * k)) for b in range(256)) for k in range(4))
 
 
-# The CRC-32C of A followed by a chunk B is shift(crc(A)) ^ crc(B), where shift is the change
-# of the register over CHUNK_SIZE zero bytes, kept as four tables of a byte each.
-_T0, _T1, _T2, _T3 = _byte_tables(_zeros_operator(CHUNK_SIZE))
+@functools.cache
+def _chunk_shift() -> tuple[tuple[int, ...], ...]:
+    """The CRC-32C of A followed by a chunk B is shift(crc(A)) ^ crc(B), where shift is the
+    change of the register over CHUNK_SIZE zero bytes: four tables of a byte each, made on
+    first use (~3 ms), not at every process's import."""
+    return _byte_tables(_zeros_operator(CHUNK_SIZE))
 
 
 def _combined(checksums: Sequence[int], first: int, count: int) -> int:
     """The CRC-32C of `count` whole chunks from chunk `first` on, from their checksums."""
+    t0, t1, t2, t3 = _chunk_shift()
     crc = checksums[first]
     for index in range(first + 1, first + count):
-        crc = _T0[crc & 0xFF] ^ _T1[(crc >> 8) & 0xFF] ^ _T2[(crc >> 16) & 0xFF] ^ _T3[crc >> 24] ^ checksums[index]
+        crc = t0[crc & 0xFF] ^ t1[(crc >> 8) & 0xFF] ^ t2[(crc >> 16) & 0xFF] ^ t3[crc >> 24] ^ checksums[index]
     return crc

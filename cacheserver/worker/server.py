@@ -107,6 +107,8 @@ class WorkerCollector(Collector):
              "Requests (blocks, opens, stats, listings, the status table) on the data port and short-circuit socket"),
             ("strata_worker_peer_failures", self._peers.failed,
              "Holders that did not send a missed block in time (or sent it damaged): the store's bytes were used"),
+            ("strata_worker_huge_page_bytes", self._store.huge_pages.collapsed_bytes,
+             "Bytes of MEM tier block files the kernel moved into 2 MiB pages (cache/hugepages.py)"),
         ):
             yield CounterMetricFamily(name, text, value=value)
         served = CounterMetricFamily("strata_worker_served_bytes",

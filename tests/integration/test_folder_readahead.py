@@ -61,13 +61,21 @@ def put_folder(cluster: Cluster, bucket: str, count: int) -> dict[str, bytes]:
     return files
 
 
+def folder_cluster(start_cluster: Any, bucket: str, count: int, *, workers: int = 1,
+                   endpoint_url: str | None = None) -> tuple[Cluster, dict[str, bytes]]:
+    """A cluster of `workers` with `count` files of a folder in the store, read-only mounted at
+    /m (through `endpoint_url` when given); the cluster and the files by key."""
+    cluster: Cluster = start_cluster(workers=workers)
+    files = put_folder(cluster, bucket, count)
+    read_only_mount(cluster, bucket, endpoint_url)
+    return cluster, files
+
+
 @pytest.mark.parametrize("host", ["node-0", "elsewhere"], ids=["short-circuit", "remote"])
 def test_cold_opens_of_a_folder_fetch_its_other_files_ahead_each_object_once(
         start_cluster: Any, bucket: str, proxy: StoreProxy, host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATA_WORKER_FOLDER_READAHEAD_FILES", "3")
-    cluster: Cluster = start_cluster(workers=1)
-    files = put_folder(cluster, bucket, 80)
-    read_only_mount(cluster, bucket, proxy.endpoint_url)
+    cluster, files = folder_cluster(start_cluster, bucket, 80, endpoint_url=proxy.endpoint_url)
     fs = cluster.fs(host=host)
     order = list(files)
     random.Random(11).shuffle(order)
@@ -91,9 +99,7 @@ def test_cold_opens_of_a_folder_fetch_its_other_files_ahead_each_object_once(
 def test_the_read_ahead_keeps_at_most_its_setting_of_requests_in_flight(
         start_cluster: Any, bucket: str, proxy: StoreProxy, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATA_WORKER_FOLDER_READAHEAD_FILES", "2")
-    cluster: Cluster = start_cluster(workers=1)
-    files = put_folder(cluster, bucket, 60)
-    read_only_mount(cluster, bucket, proxy.endpoint_url)
+    cluster, files = folder_cluster(start_cluster, bucket, 60, endpoint_url=proxy.endpoint_url)
     fs = cluster.fs(host="node-0")
     order = list(files)
     random.Random(3).shuffle(order)
@@ -110,9 +116,7 @@ def test_the_read_ahead_keeps_at_most_its_setting_of_requests_in_flight(
 
 
 def test_one_file_read_in_a_big_folder_fetches_nothing_else(start_cluster: Any, bucket: str) -> None:
-    cluster: Cluster = start_cluster(workers=1)
-    files = put_folder(cluster, bucket, 200)
-    read_only_mount(cluster, bucket)
+    cluster, files = folder_cluster(start_cluster, bucket, 200)
     fs = cluster.fs(host="node-0")
     with cluster.s3.recording() as rec:
         for key in list(files)[:3]:  # below the trigger (4 cold opens)
@@ -125,9 +129,7 @@ def test_one_file_read_in_a_big_folder_fetches_nothing_else(start_cluster: Any, 
 def test_a_file_replaced_after_the_listing_is_never_served_as_the_listed_version(
         start_cluster: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATA_WORKER_FOLDER_READAHEAD_FILES", "1")
-    cluster: Cluster = start_cluster(workers=1)
-    files = put_folder(cluster, bucket, 40)
-    read_only_mount(cluster, bucket)
+    cluster, files = folder_cluster(start_cluster, bucket, 40)
     fs = cluster.fs(host="node-0")
     names = sorted(files)
     # The master lists the folder; the store then holds another object under the last name.
@@ -157,9 +159,7 @@ def master_statuses(cluster: Cluster) -> float:
 @pytest.mark.parametrize("host", ["node-0", "elsewhere"], ids=["short-circuit", "remote"])
 def test_opens_of_the_files_a_read_ahead_fetched_ask_neither_the_master_nor_the_workers_loop(
         start_cluster: Any, bucket: str, host: str) -> None:
-    cluster: Cluster = start_cluster(workers=1)
-    files = put_folder(cluster, bucket, 40)
-    read_only_mount(cluster, bucket)
+    cluster, files = folder_cluster(start_cluster, bucket, 40)
     order = list(files)
     random.Random(5).shuffle(order)
     fs = cluster.fs(host=host)
@@ -182,9 +182,7 @@ def test_opens_of_the_files_a_read_ahead_fetched_ask_neither_the_master_nor_the_
 def test_the_read_ahead_copies_files_another_worker_holds_instead_of_fetching_them_from_the_store(
         start_cluster: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATA_WORKER_FOLDER_READAHEAD_FILES", "3")
-    cluster: Cluster = start_cluster(workers=2)
-    files = put_folder(cluster, bucket, 40)
-    read_only_mount(cluster, bucket)
+    cluster, files = folder_cluster(start_cluster, bucket, 40, workers=2)
     # A first job on worker-1's node caches the whole folder there.
     first = cluster.fs(host="node-1")
     for key in files:
