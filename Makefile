@@ -18,10 +18,10 @@ LOCK := requirements.lock
 # whoever wants it.
 UV_VERSION := 0.13.9
 UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet --constraint $(LOCK) --build-constraint $(LOCK)
-$(VENV)/.installed: pyproject.toml setup.py contract/proto/strata.proto $(LOCK)
+$(VENV)/.installed: pyproject.toml setup.py contract/proto/strata.proto $(LOCK) native/Cargo.toml native/Cargo.lock native/src/lib.rs
 	test -x $(PY) || python3 -m venv $(VENV)
 	test -x $(VENV)/bin/uv || $(PY) -m pip install --quiet uv==$(UV_VERSION)
-	$(UV_INSTALL) grpcio-tools mypy-protobuf setuptools wheel
+	$(UV_INSTALL) grpcio-tools mypy-protobuf setuptools wheel setuptools-rust
 	PYTHON=$(PY) scripts/gen_protos.sh
 	$(UV_INSTALL) --compile-bytecode -e '.[test]'
 	$(PY) -m compileall -q -j0 cacheserver operator contract tests bench scripts > /dev/null

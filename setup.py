@@ -1,7 +1,7 @@
 """Map the source folders to their import names: contract/ -> strata.contract,
-operator/ -> strata.operator, cacheserver/ -> strata.cacheserver; and make the gRPC stubs from the .proto files in every
-build (wheel, sdist, editable), so an installed package never lacks them. Everything else is
-in pyproject.toml.
+operator/ -> strata.operator, cacheserver/ -> strata.cacheserver; make the gRPC stubs from the .proto files in every
+build (wheel, sdist, editable), so an installed package never lacks them; and build the
+compiled core (native/, with cargo). Everything else is in pyproject.toml.
 
 `python -P setup.py build_protos` makes the stubs in the source tree (scripts/gen_protos.sh
 runs it; with mypy-protobuf installed the type stubs are mypy-protobuf's)."""
@@ -16,6 +16,7 @@ from pathlib import Path
 from setuptools import Command, find_packages, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
+from setuptools_rust import Binding, RustExtension
 
 FOLDERS = {"strata.contract": "contract", "strata.operator": "operator", "strata.cacheserver": "cacheserver"}
 # Folders holding .proto files, and the package their stubs are imported from.
@@ -98,5 +99,10 @@ class sdist_with_protos(sdist):
 setup(
     packages=mapped_packages(),
     package_dir=FOLDERS,
+    # The compiled core (native/, Rust): strata.cacheserver.native, one module for every
+    # Python 3.11+ (the stable ABI), built by cargo in every build.
+    rust_extensions=[RustExtension("strata.cacheserver.native", "native/Cargo.toml", binding=Binding.PyO3,
+                                   py_limited_api=True, debug=False)],
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
     cmdclass={"build_protos": build_protos, "build_py": build_py_with_protos, "sdist": sdist_with_protos},
 )

@@ -9,6 +9,8 @@
 #   podman, buildah, mmdebstrap, uidmap
 #                            the e2e images: a Debian base made with mmdebstrap, both
 #                            Dockerfiles built with podman (no Docker engine, no registry)
+#   cargo-web                Rust (cargo, rustc) for the compiled core, native/, where no
+#                            toolchain is on PATH (rustup's or Debian's)
 #   prometheus               promtool (the alert rules' unit tests, `promtool check metrics`)
 #                            and the Prometheus the e2e suite scrapes the cluster with
 set -euo pipefail
@@ -20,6 +22,7 @@ have_cmd ip || need+=(iproute2)
 have_cmd getfattr || need+=(attr)
 have_cmd rsync || need+=(rsync)
 have_cmd promtool || need+=(prometheus)
+have_cmd cargo || need+=(cargo-web)
 for pkg in runc containernetworking-plugins nftables conntrack iptables podman buildah mmdebstrap uidmap; do
   have_pkg "$pkg" || need+=("$pkg")
 done

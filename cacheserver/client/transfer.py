@@ -21,7 +21,6 @@ import struct
 import sys
 import threading
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ from strata.contract.errors import DataLoss, StrataError, Unavailable
 from strata.contract.proto import strata_pb2 as pb
 from ..common.blockwire import (DamagedInTransit, check_pieces, check_reply, file_of, list_line, listing_of, open_line,
                                request_line, table_line)
-from ..common.checksums import chunk_span, first_bad_chunk
+from ..common.checksums import chunk_span
+from ..native import BlockFile
 
 log = logging.getLogger(__name__)
 
@@ -406,27 +406,33 @@ class ShortCircuitReader(_BlockSocketClient):
         pending.extend(data)
         return list(fds)
 
-    def _open(self, ref: pb.BlockRef, read_type: int, verify: bool) -> _OpenBlock:
-        """The block's file descriptor, length and checksums; the caller closes the
-        descriptor. `verify` has the worker check the whole block first."""
+    def _open(self, ref: pb.BlockRef, read_type: int, verify: bool) -> BlockFile:
+        """The block's file, length and checksums. `verify` has the worker check the whole
+        block first."""
         extra = {"verify": 1} if verify else {}
         reply, _, fds = self._exchange(request_line(self._token, ref, read_type, client=self._client, **extra))
         return self._block_of(reply, fds, ref)
 
-    def _block_of(self, reply: dict[str, Any], fds: list[int], ref: pb.BlockRef) -> _OpenBlock:
-        """The block file an ok reply handed over (the first descriptor; others are closed)."""
+    def _block_of(self, reply: dict[str, Any], fds: list[int], ref: pb.BlockRef) -> BlockFile:
+        """The block file an ok reply handed over (the first descriptor, which the returned
+        object holds a duplicate of; all those received are closed)."""
         if not fds:
             raise Unavailable(f"the worker at {self.where} answered without a file descriptor")
-        for extra_fd in fds[1:]:
-            os.close(extra_fd)
-        block = _OpenBlock(fds[0], int(reply["length"]), tuple(reply.get("checksums", ())),
-                           int(reply.get("chunk_size", 0)))
-        if block.chunk_size <= 0 or len(block.checksums) != -(-block.length // block.chunk_size):
-            os.close(block.fd)
-            raise Unavailable(f"the worker at {self.where} sent no checksums for block {ref.index} of {ref.path}")
-        return block
+        try:
+            length, chunk_size = int(reply["length"]), int(reply.get("chunk_size", 0))
+            checksums = reply.get("checksums", ())
+            if chunk_size <= 0 or len(checksums) != -(-length // chunk_size):
+                raise Unavailable(f"the worker at {self.where} sent no checksums for block {ref.index} of {ref.path}")
+            try:
+                return BlockFile(fds[0], length, checksums, chunk_size)
+            except (ValueError, TypeError, OverflowError) as e:
+                raise Unavailable(f"the worker at {self.where} described block {ref.index} of {ref.path} "
+                                  f"wrongly: {e}") from None
+        finally:
+            for fd in fds:
+                os.close(fd)
 
-    def _verified(self, ref: pb.BlockRef, read_type: int, read: Callable[[_OpenBlock], _T | None]) -> _T:
+    def _verified(self, ref: pb.BlockRef, read_type: int, read: Callable[[BlockFile], _T | None]) -> _T:
         """`read(block)` of the block file, which returns what it read or None when a chunk
         failed its checksum (or the file is shorter than the block). After a failure the
         worker checks the block, dropping a damaged copy and fetching the block again, and
@@ -436,7 +442,7 @@ class ShortCircuitReader(_BlockSocketClient):
             try:
                 result = read(block)
             finally:
-                os.close(block.fd)
+                block.close()
             if result is not None:
                 return result
             log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check%s",
@@ -449,7 +455,6 @@ class ShortCircuitReader(_BlockSocketClient):
         worker fetches the block first if it does not hold it."""
         block = self._open(ref, read_type, False)
         if block.length == 0:
-            os.close(block.fd)
             return b""
         return LocalBlock(self, ref, read_type, block)
 
@@ -472,7 +477,6 @@ class ShortCircuitReader(_BlockSocketClient):
         ref = block_ref(info, 0)
         block = self._block_of(reply, fds, ref)
         if block.length == 0:
-            os.close(block.fd)
             return info, b""
         return info, LocalBlock(self, ref, read_type, block)
 
@@ -499,15 +503,13 @@ class ShortCircuitReader(_BlockSocketClient):
         """Bytes [offset, offset+length) of the block, from the worker's block file; the
         chunks they lie in are verified."""
 
-        def read(block: _OpenBlock) -> bytes | None:
+        def read(block: BlockFile) -> bytes | None:
             if offset > block.length:
                 raise StrataError(f"offset {offset} is past the end of block {ref.index} ({block.length} bytes)")
             want = min(length, block.length - offset)
             start, stop = chunk_span(offset, want, block.chunk_size, block.length)
-            data = _pread_exactly(block.fd, start, stop - start)
-            if data is None or first_bad_chunk(data, start, block.checksums, block.chunk_size) is not None:
-                return None
-            return data[offset - start:offset - start + want]
+            data = block.read(start, stop, ahead=False)
+            return None if data is None else data[offset - start:offset - start + want]
 
         return self._verified(ref, read_type, read)
 
@@ -516,21 +518,27 @@ class LocalBlock:
     """A block file of the worker on this host, held open while a reader reads from it:
     each range asked for is read from the file (one copy, as a read of a local file would
     make) and its chunks are checked against the block's checksums before it is returned, so
-    what the file holds later, damaged or not, never reaches the reader unchecked. A range
+    what the file holds later, damaged or not, never reaches the reader unchecked. Both run
+    in the compiled core (`native.BlockFile`) without the interpreter's lock, and a reader
+    going through the block in order has its next range read and checked meanwhile. A range
     whose chunks fail is read again through the worker, which checks the block (dropping a
-    damaged copy and fetching it anew). The descriptor is closed when the last holder lets
-    go of the object, never while another thread reads through it."""
+    damaged copy and fetching it anew). The file is closed when the last holder lets go of
+    the object."""
 
-    def __init__(self, reader: ShortCircuitReader, ref: pb.BlockRef, read_type: int, block: _OpenBlock) -> None:
+    def __init__(self, reader: ShortCircuitReader, ref: pb.BlockRef, read_type: int, block: BlockFile) -> None:
         self._reader = reader
         self._ref = ref
         self._read_type = read_type
         self._block = block
         self._damaged = False
-        weakref.finalize(self, os.close, block.fd)
 
     def __len__(self) -> int:
         return self._block.length
+
+    def _failed(self) -> None:
+        self._damaged = True  # the worker checks it; later ranges go through it too
+        log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
+                    "worker to check it", self._ref.index, self._ref.path, self._reader.where)
 
     def read(self, start: int, end: int) -> bytes | memoryview:
         """Bytes [start, end) of the block, checked (a view when they are part of the
@@ -541,12 +549,10 @@ class LocalBlock:
             return b""
         if not self._damaged:
             lo, hi = chunk_span(start, end - start, block.chunk_size, block.length)
-            data = _pread_exactly(block.fd, lo, hi - lo)
-            if data is not None and first_bad_chunk(data, lo, block.checksums, block.chunk_size) is None:
+            data = block.read(lo, hi)
+            if data is not None:
                 return data if (lo, hi) == (start, end) else memoryview(data)[start - lo:end - lo]
-            self._damaged = True  # the worker checks it below; later ranges go through it too
-            log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
-                        "worker to check it", self._ref.index, self._ref.path, self._reader.where)
+            self._failed()
         return self._reader.read(self._ref, start, end - start, self._read_type)
 
     def read_into(self, start: int, end: int, out: memoryview) -> None:
@@ -564,41 +570,10 @@ class LocalBlock:
         if start < first:
             out[:first - start] = self.read(start, first)
         middle = out[first - start:last - start]
-        if not (_preadv_exactly(self._block.fd, middle, first)
-                and first_bad_chunk(middle, first, self._block.checksums, chunk) is None):
-            self._damaged = True
-            log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
-                        "worker to check it", self._ref.index, self._ref.path, self._reader.where)
+        if not self._block.read_into(middle, first):
+            self._failed()
             middle[:] = self.read(first, last)
         if last < end:
             out[last - start:end - start] = self.read(last, end)
 
 
-def _preadv_exactly(fd: int, out: memoryview, offset: int) -> bool:
-    """Fill `out` from the file at `offset`; False if the file ends first."""
-    got = 0
-    while got < len(out):
-        n = os.preadv(fd, [out[got:]], offset + got)
-        if n == 0:
-            return False
-        got += n
-    return True
-
-
-def _pread_exactly(fd: int, offset: int, length: int) -> bytes | None:
-    """`length` bytes of the file at `offset`; None if it ends first."""
-    data = os.pread(fd, length, offset)
-    while len(data) < length:
-        more = os.pread(fd, length - len(data), offset + len(data))
-        if not more:
-            return None
-        data += more
-    return data
-
-
-@dataclass(frozen=True)
-class _OpenBlock:
-    fd: int
-    length: int
-    checksums: tuple[int, ...]
-    chunk_size: int

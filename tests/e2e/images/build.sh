@@ -65,8 +65,9 @@ fi
 
 # -- the Dockerfiles ------------------------------------------------------------------------
 # The build context as .dockerignore lets it through (only these paths), the lock, the base.
-context_key="$(cd "$repo" && find pyproject.toml setup.py README.md contract cacheserver operator scripts/gen_protos.sh \
-  -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -name '*_pb2*.py' ! -name '*_pb2*.pyi' | LC_ALL=C sort)"
+context_key="$(cd "$repo" && find pyproject.toml setup.py README.md MANIFEST.in contract cacheserver operator scripts/gen_protos.sh \
+  native/Cargo.toml native/Cargo.lock native/src \
+  -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -name '*_pb2*.py' ! -name '*_pb2*.pyi' ! -name '*.so' | LC_ALL=C sort)"
 pipconf="$out/pip.conf"
 printf '[global]\nconstraint = /etc/strata/requirements.lock\n' >"$pipconf"
 for image in server operator; do
