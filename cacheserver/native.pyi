@@ -1,6 +1,7 @@
 """Types of the compiled core (native/src/lib.rs)."""
 
 from collections.abc import Sequence
+from mmap import mmap
 
 class BlockFile:
     """A block file held open (a descriptor of its own), read in checked ranges."""
@@ -13,3 +14,13 @@ class BlockFile:
     def read(self, start: int, stop: int, ahead: bool = True) -> bytes | None: ...
     def read_into(self, out: memoryview | bytearray, start: int) -> bool: ...
     def close(self) -> None: ...
+
+COMPLETE: int
+TIMED_OUT: int
+CLOSED: int
+
+def exchange(fd: int, request: bytes | None, timeout: float) -> tuple[bytes, int]: ...
+def receive_checked(fd: int, size: int, checksums: Sequence[int], chunk_size: int,
+                    timeout: float) -> tuple[bytes, int, int | None, int]: ...
+def first_bad_chunk(data: bytes | bytearray | memoryview | mmap, start: int, checksums: Sequence[int],
+                    chunk_size: int) -> int | None: ...

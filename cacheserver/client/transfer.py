@@ -17,12 +17,11 @@ import logging
 import mmap
 import os
 import socket
-import struct
 import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,6 +30,7 @@ from strata.contract.proto import strata_pb2 as pb
 from ..common.blockwire import (DamagedInTransit, check_pieces, check_reply, file_of, list_line, listing_of, open_line,
                                request_line, table_line)
 from ..common.checksums import chunk_span
+from .. import native
 from ..native import BlockFile
 
 log = logging.getLogger(__name__)
@@ -216,6 +216,14 @@ class _BlockSocketClient(ABC):
         pending.extend(data)
         return []
 
+    def _send_and_receive(self, sock: socket.socket, request: bytes, pending: bytearray, fds: list[int],
+                          since: float) -> None:
+        """Send the request; receive through the reply line into `pending`, and the
+        descriptors that came with it into `fds`."""
+        sock.sendall(request)
+        while b"\n" not in pending:
+            fds += self._patiently(lambda: self._receive(sock, pending), since)
+
     def _exchange(self, request: bytes) -> tuple[dict[str, Any], bytearray, list[int]]:
         """Send a request, return the reply, the connection's pending bytes (the reply's
         payload starts there) and any descriptors received. Error replies raise; the caller
@@ -228,9 +236,7 @@ class _BlockSocketClient(ABC):
             self._local.used = True
             fds: list[int] = []
             try:
-                sock.sendall(request)
-                while b"\n" not in pending:
-                    fds += self._patiently(lambda: self._receive(sock, pending), since)
+                self._send_and_receive(sock, request, pending, fds, since)
                 break
             except (OSError, Unavailable) as exc:
                 self._drop()
@@ -279,22 +285,28 @@ class DataReader(_BlockSocketClient):
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self._address, timeout=self._patience.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # The kernel's own deadline for a receive that waits for a whole payload (`_payload`):
-        # the most it blocks before the worker's silence is looked into.
-        seconds = int(self._patience.check_after)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                        struct.pack("ll", seconds, int((self._patience.check_after - seconds) * 1_000_000)))
         return sock
 
-    def _receive(self, sock: socket.socket, pending: bytearray) -> list[int]:
-        """The reply line's bytes and none past it: the payload that follows stays in the
-        socket, to be received whole into the object handed to the reader."""
-        data = sock.recv(65536, socket.MSG_PEEK)
-        if not data:
-            raise Unavailable(f"block socket {self.where} closed by the worker")
-        end = data.find(b"\n")
-        pending.extend(sock.recv(len(data) if end < 0 else end + 1))
-        return []
+    def _send_and_receive(self, sock: socket.socket, request: bytes, pending: bytearray, fds: list[int],
+                          since: float) -> None:
+        """The request sent and the reply line received by the compiled core, which lets go of
+        the GIL once for both rather than once a system call: a thread fetching blocks ahead
+        of a reader busy in Python takes the GIL back only after up to the switch interval
+        (5 ms) each time. The payload that follows the line stays in the socket, to be
+        received whole into the object handed to the reader."""
+        unsent = [request]
+
+        def receive() -> list[int]:
+            line, status = native.exchange(sock.fileno(), unsent.pop() if unsent else None,
+                                           self._patience.check_after)
+            pending.extend(line)
+            if status == native.CLOSED:
+                raise Unavailable(f"block socket {self.where} closed by the worker")
+            if status == native.TIMED_OUT:
+                raise TimeoutError
+            return []
+
+        self._patiently(receive, since)
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0, readahead: int = 0) -> mmap.mmap | bytes:
         """Bytes [offset, offset+length) of the block, in the bytes object the socket fills
@@ -329,40 +341,42 @@ class DataReader(_BlockSocketClient):
         if size == 0:
             return b""
         sock = self._conn()[0]
-        first = bytes(pending[:size])  # none: `_receive` leaves the payload in the socket
+        checksums = reply.get("checksums", ())
+        chunk_size = int(reply.get("chunk_size", 0))
+        first = bytes(pending[:size])  # none: `_send_and_receive` leaves the payload in the socket
         del pending[:size]
-        if not first:
-            first = self._receive_whole(sock, size, what)
+        if not first and chunk_size > 0 and len(checksums) == -(-size // chunk_size):
+            data, got, bad, status = self._receive_checked(sock, size, checksums, chunk_size, what)
+            if got == size and bad is None:
+                return data
+            first = data if got == size else data[:got]
+            if status == native.CLOSED:
+                self._drop()
+                raise Unavailable(f"worker {self.where} closed the connection after {got} of {size} bytes of {what}")
         out: mmap.mmap | bytes = first
         if len(first) < size:
             out = self._buffers.take(size)
             out[:len(first)] = first
             self._receive_rest(sock, out, len(first), since, what)
         try:
-            check_pieces(out, reply.get("checksums", ()), int(reply.get("chunk_size", 0)), f"{what} from {self.where}")
+            check_pieces(out, checksums, chunk_size, f"{what} from {self.where}")
         except DamagedInTransit:
             self._drop()
             raise
         return out
 
-    def _receive_whole(self, sock: socket.socket, size: int, what: str) -> bytes:
-        """Up to `size` bytes of the connection in one bytes object the kernel fills: all of
-        them unless the worker is silent for `check_after` (SO_RCVTIMEO) or a signal came."""
+    def _receive_checked(self, sock: socket.socket, size: int, checksums: Sequence[int], chunk_size: int,
+                         what: str) -> tuple[bytes, int, int | None, int]:
+        """Up to `size` bytes of the connection in one bytes object, received and checked by
+        the compiled core with the GIL let go once: all of them unless the worker is silent
+        for `check_after` (the rest is waited on patiently by the caller). Returns the bytes
+        (only the first `got` are the payload's), got, the first chunk that failed its
+        checksum, and how the receive ended (native.COMPLETE / TIMED_OUT / CLOSED)."""
         try:
-            sock.settimeout(None)  # a blocking receive, bounded by SO_RCVTIMEO
-            try:
-                data = sock.recv(size, socket.MSG_WAITALL)
-            finally:
-                sock.settimeout(self._patience.check_after)
-        except BlockingIOError:  # nothing within check_after: waited on patiently by the caller
-            return b""
+            return native.receive_checked(sock.fileno(), size, checksums, chunk_size, self._patience.check_after)
         except OSError as exc:
             self._drop()
             raise Unavailable(f"reading {what} from {self.where}: {exc}") from exc
-        if not data:
-            self._drop()
-            raise Unavailable(f"worker {self.where} closed the connection before the bytes of {what}")
-        return data
 
     def _receive_rest(self, sock: socket.socket, out: mmap.mmap, got: int, since: float, what: str) -> None:
         """Bytes [got, len(out)) of a payload into `out`, as patiently as `Patience` says."""

@@ -304,8 +304,212 @@ impl Drop for BlockFile {
     }
 }
 
+/// How a receive ended: all it was asked for, nothing more within the timeout, or the
+/// peer closed the connection.
+const COMPLETE: u8 = 0;
+const TIMED_OUT: u8 = 1;
+const CLOSED: u8 = 2;
+
+/// The longest reply line a worker sends (a block's checksums, a file's status).
+const MAX_LINE: usize = 4 << 20;
+
+/// Wait until `fd` is ready for `events`; false when `timeout_ms` passed first (or a signal
+/// came: the caller returns to Python, which handles it and waits on).
+fn ready(fd: RawFd, events: libc::c_short, timeout_ms: i32) -> std::io::Result<bool> {
+    let mut poll = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    }
+    Ok(n > 0)
+}
+
+/// recv(2) into `buf`; None when it would block (or a signal came).
+fn recv_some(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> std::io::Result<Option<usize>> {
+    // SAFETY: `buf` is writable for its length.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags | libc::MSG_DONTWAIT) };
+    if n >= 0 {
+        return Ok(Some(n as usize));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
+        _ => Err(e),
+    }
+}
+
+fn send_all(fd: RawFd, mut data: &[u8], timeout_ms: i32) -> std::io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is readable for its length.
+        let n = unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            data = &data[n as usize..];
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => {
+                if !ready(fd, libc::POLLOUT, timeout_ms)? {
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer took no request"));
+                }
+            }
+            std::io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Receive through the end of a line: the bytes consumed, and how it ended.
+fn receive_line(fd: RawFd, timeout_ms: i32) -> std::io::Result<(Vec<u8>, u8)> {
+    let mut line = Vec::new();
+    let mut peek = vec![0u8; 64 << 10];
+    loop {
+        let n = match recv_some(fd, &mut peek, libc::MSG_PEEK)? {
+            Some(0) => return Ok((line, CLOSED)),
+            Some(n) => n,
+            None => {
+                if !ready(fd, libc::POLLIN, timeout_ms)? {
+                    return Ok((line, TIMED_OUT));
+                }
+                continue;
+            }
+        };
+        // Take the line's bytes and none past it: the payload stays in the socket.
+        let end = peek[..n].iter().position(|&b| b == b'\n');
+        let take = end.map_or(n, |e| e + 1);
+        let start = line.len();
+        line.resize(start + take, 0);
+        let mut got = 0;
+        while got < take {
+            match recv_some(fd, &mut line[start + got..start + take], 0)? {
+                Some(0) => return Ok((line, CLOSED)),
+                Some(k) => got += k,
+                None => continue, // (peeked bytes are there to be taken)
+            }
+        }
+        if end.is_some() {
+            return Ok((line, COMPLETE));
+        }
+        if line.len() > MAX_LINE {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a reply line longer than {MAX_LINE} bytes"),
+            ));
+        }
+    }
+}
+
+fn timeout_ms(seconds: f64) -> i32 {
+    (seconds * 1000.0).ceil().clamp(0.0, i32::MAX as f64) as i32
+}
+
+/// Send `request` (when given) on the connected socket `fd` and receive the reply line,
+/// with the interpreter's lock let go once for both: (the bytes received, which end with the
+/// line's newline when `status` is COMPLETE; `status`). TIMED_OUT: nothing came for `timeout`
+/// seconds (call again with no request to wait on); CLOSED: the peer closed the connection.
+#[pyfunction]
+#[pyo3(signature = (fd, request, timeout))]
+fn exchange(py: Python<'_>, fd: RawFd, request: Option<&[u8]>, timeout: f64) -> PyResult<(Py<PyBytes>, u8)> {
+    let wait = timeout_ms(timeout);
+    let request = request.map(|r| r.to_vec());
+    let (line, status) = py
+        .detach(move || -> std::io::Result<(Vec<u8>, u8)> {
+            if let Some(request) = request {
+                send_all(fd, &request, wait)?;
+            }
+            receive_line(fd, wait)
+        })
+        .map_err(|e| PyOSError::new_err(format!("block socket: {e}")))?;
+    py.check_signals()?;
+    Ok((PyBytes::new(py, &line).unbind(), status))
+}
+
+/// Receive `size` bytes from the socket `fd` into a new bytes object, and check them against
+/// `checksums` (CRC-32C of each `chunk_size` piece) once all came, with the interpreter's
+/// lock let go once for both: (the bytes, how many came, the first chunk that failed or None,
+/// status). The bytes past those that came are not the payload's: a caller that got fewer
+/// takes the received ones and waits on.
+#[pyfunction]
+fn receive_checked(
+    py: Python<'_>,
+    fd: RawFd,
+    size: usize,
+    checksums: Vec<u32>,
+    chunk_size: usize,
+    timeout: f64,
+) -> PyResult<(Py<PyBytes>, usize, Option<usize>, u8)> {
+    if chunk_size == 0 || checksums.len() != size.div_ceil(chunk_size) {
+        return Err(PyValueError::new_err(format!(
+            "{} checksums for {size} bytes in {chunk_size}-byte chunks",
+            checksums.len()
+        )));
+    }
+    let wait = timeout_ms(timeout);
+    let (out, data) = new_bytes(py, size)?;
+    let target = Target(data, size);
+    let (got, bad, status) = py
+        .detach(move || -> std::io::Result<(usize, Option<usize>, u8)> {
+            let target = target;
+            // SAFETY: the bytes object is this call's alone until it returns.
+            let buf = unsafe { std::slice::from_raw_parts_mut(target.0, target.1) };
+            let mut got = 0;
+            while got < size {
+                match recv_some(fd, &mut buf[got..], 0)? {
+                    Some(0) => return Ok((got, None, CLOSED)),
+                    Some(n) => got += n,
+                    None => {
+                        if !ready(fd, libc::POLLIN, wait)? {
+                            return Ok((got, None, TIMED_OUT));
+                        }
+                    }
+                }
+            }
+            let bad = buf
+                .chunks(chunk_size)
+                .zip(&checksums)
+                .position(|(piece, &sum)| crc32c::crc32c(piece) != sum);
+            Ok((got, bad, COMPLETE))
+        })
+        .map_err(|e| PyOSError::new_err(format!("block socket: {e}")))?;
+    py.check_signals()?;
+    Ok((out, got, bad, status))
+}
+
+/// Index of the first `chunk_size` chunk of `data` (which starts at chunk-aligned offset
+/// `start` of a block with these `checksums`) whose CRC-32C is wrong, or None when all match,
+/// checked without the interpreter's lock.
+#[pyfunction]
+fn first_bad_chunk(py: Python<'_>, data: PyBuffer<u8>, start: u64, checksums: Vec<u32>, chunk_size: u64) -> PyResult<Option<usize>> {
+    if !data.is_c_contiguous() || chunk_size == 0 {
+        return Err(PyValueError::new_err("first_bad_chunk needs a contiguous buffer and a chunk size"));
+    }
+    let first = (start / chunk_size) as usize;
+    let target = Target(data.buf_ptr() as *mut u8, data.len_bytes());
+    let bad = py.detach(move || {
+        let target = target;
+        // SAFETY: `data` holds the buffer in place for this call, and it is only read.
+        let bytes = unsafe { std::slice::from_raw_parts(target.0 as *const u8, target.1) };
+        bytes
+            .chunks(chunk_size as usize)
+            .enumerate()
+            .position(|(i, piece)| checksums.get(first + i).is_none_or(|&sum| crc32c::crc32c(piece) != sum))
+            .map(|i| first + i)
+    });
+    drop(data);
+    Ok(bad)
+}
+
 #[pymodule]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BlockFile>()?;
+    m.add_function(wrap_pyfunction!(exchange, m)?)?;
+    m.add_function(wrap_pyfunction!(receive_checked, m)?)?;
+    m.add_function(wrap_pyfunction!(first_bad_chunk, m)?)?;
+    m.add("COMPLETE", COMPLETE)?;
+    m.add("TIMED_OUT", TIMED_OUT)?;
+    m.add("CLOSED", CLOSED)?;
     Ok(())
 }

@@ -1,16 +1,21 @@
-"""The compiled core's block file (native/src/lib.rs): ranges of a real file read and checked
-against its chunks' CRC-32C outside the interpreter's lock, the next range of a sequential
-reader read ahead in a thread of its own, and every damaged or missing byte refused."""
+"""The compiled core (native/src/lib.rs). Its block file: ranges of a real file read and
+checked against its chunks' CRC-32C outside the interpreter's lock, the next range of a
+sequential reader read ahead in a thread of its own, and every damaged or missing byte refused.
+Its data port receive: a reply line taken without the payload behind it, a payload received
+whole and checked, and a silent or gone worker said so with what came."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import threading
 from pathlib import Path
 
 import pytest
 
 from strata.cacheserver.common.checksums import compute_checksums
+from strata.cacheserver import native
 from strata.cacheserver.native import BlockFile
 
 CHUNK = 64 * 1024
@@ -155,3 +160,72 @@ def test_threads_reading_one_block_at_once_each_get_their_own_bytes(tmp_path: Pa
     for t in threads:
         t.join()
     assert wrong == []
+
+
+# -- the data port's receive (a real socket pair) ---------------------------------------------
+
+def test_an_exchange_sends_the_request_and_takes_the_reply_line_and_nothing_past_it() -> None:
+    ours, worker = socket.socketpair()
+    with ours, worker:
+        worker.sendall(b'{"length": 5}\nhello')
+        line, status = native.exchange(ours.fileno(), b"request\n", 1.0)
+        assert (line, status) == (b'{"length": 5}\n', native.COMPLETE)
+        assert worker.recv(100) == b"request\n"
+        assert ours.recv(100) == b"hello"  # the payload stayed in the socket
+
+
+def test_an_exchange_says_when_the_worker_is_silent_or_gone_with_what_came() -> None:
+    ours, worker = socket.socketpair()
+    with ours:
+        worker.sendall(b'{"len')
+        assert native.exchange(ours.fileno(), None, 0.05) == (b'{"len', native.TIMED_OUT)
+        worker.sendall(b'gth": 0}\n')
+        assert native.exchange(ours.fileno(), None, 1.0) == (b'gth": 0}\n', native.COMPLETE)
+        worker.close()
+        assert native.exchange(ours.fileno(), None, 1.0) == (b"", native.CLOSED)
+
+
+def test_a_reply_line_without_an_end_is_refused() -> None:
+    ours, worker = socket.socketpair()
+    with ours, worker:
+        def flood() -> None:
+            with contextlib.suppress(OSError):
+                worker.sendall(b"x" * (5 << 20))
+        sender = threading.Thread(target=flood)
+        sender.start()
+        with pytest.raises(OSError, match="reply line longer than"):
+            native.exchange(ours.fileno(), None, 1.0)
+        ours.close()
+        sender.join()
+
+
+def test_a_payload_is_received_whole_and_checked_and_damage_is_named() -> None:
+    payload = os.urandom(3 * CHUNK + 100)
+    sums = compute_checksums(payload)
+    ours, worker = socket.socketpair()
+    with ours, worker:
+        sender = threading.Thread(target=worker.sendall, args=(payload,))
+        sender.start()
+        data, got, bad, status = native.receive_checked(ours.fileno(), len(payload), sums, CHUNK, 1.0)
+        sender.join()
+        assert (data, got, bad, status) == (payload, len(payload), None, native.COMPLETE)
+        damaged = bytearray(payload)
+        damaged[2 * CHUNK + 5] ^= 0x10
+        worker.sendall(bytes(damaged))
+        assert native.receive_checked(ours.fileno(), len(payload), sums, CHUNK, 1.0)[1:] == (len(payload), 2, native.COMPLETE)
+        with pytest.raises(ValueError, match="2 checksums for"):
+            native.receive_checked(ours.fileno(), len(payload), sums[:2], CHUNK, 1.0)
+
+
+def test_a_payload_cut_short_returns_what_came_and_how() -> None:
+    payload = os.urandom(2 * CHUNK)
+    sums = compute_checksums(payload)
+    ours, worker = socket.socketpair()
+    with ours:
+        worker.sendall(payload[:1000])
+        data, got, bad, status = native.receive_checked(ours.fileno(), len(payload), sums, CHUNK, 0.05)
+        assert (data[:got], bad, status) == (payload[:1000], None, native.TIMED_OUT)
+        worker.sendall(payload[1000:5000])
+        worker.close()
+        data, got, bad, status = native.receive_checked(ours.fileno(), len(payload), sums, CHUNK, 1.0)
+        assert (data[:got], bad, status) == (payload[1000:5000], None, native.CLOSED)
