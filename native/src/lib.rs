@@ -430,8 +430,8 @@ fn exchange(py: Python<'_>, fd: RawFd, request: Option<&[u8]>, timeout: f64) -> 
 /// Receive `size` bytes from the socket `fd` into a new bytes object, and check them against
 /// `checksums` (CRC-32C of each `chunk_size` piece) once all came, with the interpreter's
 /// lock let go once for both: (the bytes, how many came, the first chunk that failed or None,
-/// status). The bytes past those that came are not the payload's: a caller that got fewer
-/// takes the received ones and waits on.
+/// status). The bytes past those that came are zeros, not the payload's: a caller that got
+/// fewer takes the received ones and waits on.
 #[pyfunction]
 fn receive_checked(
     py: Python<'_>,
@@ -457,14 +457,17 @@ fn receive_checked(
             let buf = unsafe { std::slice::from_raw_parts_mut(target.0, target.1) };
             let mut got = 0;
             while got < size {
-                match recv_some(fd, &mut buf[got..], 0)? {
-                    Some(0) => return Ok((got, None, CLOSED)),
-                    Some(n) => got += n,
-                    None => {
-                        if !ready(fd, libc::POLLIN, wait)? {
-                            return Ok((got, None, TIMED_OUT));
-                        }
+                let ended = match recv_some(fd, &mut buf[got..], 0)? {
+                    Some(0) => Some(CLOSED),
+                    Some(n) => {
+                        got += n;
+                        None
                     }
+                    None => (!ready(fd, libc::POLLIN, wait)?).then_some(TIMED_OUT),
+                };
+                if let Some(status) = ended {
+                    buf[got..].fill(0); // (never memory this process held before)
+                    return Ok((got, None, status));
                 }
             }
             let bad = buf

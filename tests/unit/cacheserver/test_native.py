@@ -225,6 +225,7 @@ def test_a_payload_cut_short_returns_what_came_and_how() -> None:
         worker.sendall(payload[:1000])
         data, got, bad, status = native.receive_checked(ours.fileno(), len(payload), sums, CHUNK, 0.05)
         assert (data[:got], bad, status) == (payload[:1000], None, native.TIMED_OUT)
+        assert data[got:] == bytes(len(payload) - got)  # zeros, not memory the process held before
         worker.sendall(payload[1000:5000])
         worker.close()
         data, got, bad, status = native.receive_checked(ours.fileno(), len(payload), sums, CHUNK, 1.0)
