@@ -208,21 +208,31 @@ class _BlockSocketClient(ABC):
                         "its health check (stopped or hung)"
                     ) from None
 
-    def _receive(self, sock: socket.socket, pending: bytearray) -> list[int]:
-        """More bytes into `pending`; descriptors that came with them."""
-        data = sock.recv(65536)
-        if not data:
-            raise Unavailable(f"block socket {self.where} closed by the worker")
-        pending.extend(data)
-        return []
-
     def _send_and_receive(self, sock: socket.socket, request: bytes, pending: bytearray, fds: list[int],
                           since: float) -> None:
-        """Send the request; receive through the reply line into `pending`, and the
-        descriptors that came with it into `fds`."""
-        sock.sendall(request)
-        while b"\n" not in pending:
-            fds += self._patiently(lambda: self._receive(sock, pending), since)
+        """Send the request and receive through the reply line into `pending` (and the
+        descriptors sent along into `fds`), waiting as `Patience` says. Both are done by the
+        compiled core, which lets go of the GIL once for them rather than once a system call:
+        a thread fetching blocks ahead of a reader busy in Python takes the GIL back only
+        after up to the switch interval (5 ms) each time."""
+        unsent = [request]
+
+        def receive() -> list[int]:
+            data, received, status = self._native_exchange(sock.fileno(), unsent.pop() if unsent else None)
+            pending.extend(data)
+            fds.extend(received)
+            if status == native.CLOSED:
+                raise Unavailable(f"block socket {self.where} closed by the worker")
+            if status == native.TIMED_OUT:
+                raise TimeoutError
+            return []
+
+        self._patiently(receive, since)
+
+    @abstractmethod
+    def _native_exchange(self, fd: int, request: bytes | None) -> tuple[bytes, list[int], int]:
+        """One call of the compiled core's exchange on this kind of socket: (bytes received,
+        descriptors received, native.COMPLETE / TIMED_OUT / CLOSED)."""
 
     def _exchange(self, request: bytes) -> tuple[dict[str, Any], bytearray, list[int]]:
         """Send a request, return the reply, the connection's pending bytes (the reply's
@@ -287,26 +297,11 @@ class DataReader(_BlockSocketClient):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def _send_and_receive(self, sock: socket.socket, request: bytes, pending: bytearray, fds: list[int],
-                          since: float) -> None:
-        """The request sent and the reply line received by the compiled core, which lets go of
-        the GIL once for both rather than once a system call: a thread fetching blocks ahead
-        of a reader busy in Python takes the GIL back only after up to the switch interval
-        (5 ms) each time. The payload that follows the line stays in the socket, to be
-        received whole into the object handed to the reader."""
-        unsent = [request]
-
-        def receive() -> list[int]:
-            line, status = native.exchange(sock.fileno(), unsent.pop() if unsent else None,
-                                           self._patience.check_after)
-            pending.extend(line)
-            if status == native.CLOSED:
-                raise Unavailable(f"block socket {self.where} closed by the worker")
-            if status == native.TIMED_OUT:
-                raise TimeoutError
-            return []
-
-        self._patiently(receive, since)
+    def _native_exchange(self, fd: int, request: bytes | None) -> tuple[bytes, list[int], int]:
+        # The reply line and none past it: the payload that follows stays in the socket, to
+        # be received whole into the object handed to the reader (`_payload`).
+        line, status = native.exchange(fd, request, self._patience.check_after)
+        return line, [], status
 
     def read(self, ref: pb.BlockRef, offset: int, length: int, read_type: int = 0, readahead: int = 0) -> mmap.mmap | bytes:
         """Bytes [offset, offset+length) of the block, in the bytes object the socket fills
@@ -343,7 +338,7 @@ class DataReader(_BlockSocketClient):
         sock = self._conn()[0]
         checksums = reply.get("checksums", ())
         chunk_size = int(reply.get("chunk_size", 0))
-        first = bytes(pending[:size])  # none: `_send_and_receive` leaves the payload in the socket
+        first = bytes(pending[:size])  # none: `_native_exchange` leaves the payload in the socket
         del pending[:size]
         if not first and chunk_size > 0 and len(checksums) == -(-size // chunk_size):
             data, got, bad, status = self._receive_checked(sock, size, checksums, chunk_size, what)
@@ -411,14 +406,8 @@ class ShortCircuitReader(_BlockSocketClient):
             raise
         return sock
 
-    def _receive(self, sock: socket.socket, pending: bytearray) -> list[int]:
-        data, fds, _, _ = socket.recv_fds(sock, 65536, 2)
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            raise Unavailable(f"short-circuit socket {self.where} closed by the worker")
-        pending.extend(data)
-        return list(fds)
+    def _native_exchange(self, fd: int, request: bytes | None) -> tuple[bytes, list[int], int]:
+        return native.exchange_fds(fd, request, self._patience.check_after, 2)
 
     def _open(self, ref: pb.BlockRef, read_type: int, verify: bool) -> BlockFile:
         """The block's file, length and checksums. `verify` has the worker check the whole

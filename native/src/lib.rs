@@ -402,6 +402,110 @@ fn receive_line(fd: RawFd, timeout_ms: i32) -> std::io::Result<(Vec<u8>, u8)> {
     }
 }
 
+/// recvmsg(2) into `buf` with up to `max_fds` descriptors (SCM_RIGHTS, close-on-exec) into
+/// `fds`; None when it would block (or a signal came).
+fn recv_with_fds(fd: RawFd, buf: &mut [u8], max_fds: usize, fds: &mut Vec<RawFd>) -> std::io::Result<Option<usize>> {
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE((max_fds * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8).max(1)]; // (aligned for cmsghdr)
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: a zeroed msghdr is valid; every pointer set below lives through the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` describes writable memory of the lengths it names.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: the kernel filled the control buffer `msg` points to; the macros walk it
+    // within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg) as *const RawFd;
+                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(std::ptr::read_unaligned(data.add(i)));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok(Some(n as usize))
+}
+
+/// Send `request` (when given) on the connected Unix socket `fd` and receive until a newline
+/// has come, with the descriptors sent along (at most `max_fds` a message), the interpreter's
+/// lock let go once for all: (the bytes received, which may go on past the line; the
+/// descriptors, the caller's to close; status as `exchange`).
+#[pyfunction]
+#[pyo3(signature = (fd, request, timeout, max_fds))]
+fn exchange_fds(
+    py: Python<'_>,
+    fd: RawFd,
+    request: Option<&[u8]>,
+    timeout: f64,
+    max_fds: usize,
+) -> PyResult<(Py<PyBytes>, Vec<RawFd>, u8)> {
+    let wait = timeout_ms(timeout);
+    let request = request.map(|r| r.to_vec());
+    let mut fds = Vec::new();
+    let result = py.detach(|| -> std::io::Result<(Vec<u8>, u8)> {
+        if let Some(request) = request {
+            send_all(fd, &request, wait)?;
+        }
+        let mut data = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match recv_with_fds(fd, &mut buf, max_fds, &mut fds)? {
+                Some(0) => return Ok((data, CLOSED)),
+                Some(n) => {
+                    data.extend_from_slice(&buf[..n]);
+                    if buf[..n].contains(&b'\n') {
+                        return Ok((data, COMPLETE));
+                    }
+                    if data.len() > MAX_LINE {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("a reply line longer than {MAX_LINE} bytes"),
+                        ));
+                    }
+                }
+                None => {
+                    if !ready(fd, libc::POLLIN, wait)? {
+                        return Ok((data, TIMED_OUT));
+                    }
+                }
+            }
+        }
+    });
+    match result {
+        Ok((data, status)) => {
+            py.check_signals().inspect_err(|_| close_all(&fds))?;
+            Ok((PyBytes::new(py, &data).unbind(), fds, status))
+        }
+        Err(e) => {
+            close_all(&fds);
+            Err(PyOSError::new_err(format!("short-circuit socket: {e}")))
+        }
+    }
+}
+
+fn close_all(fds: &[RawFd]) {
+    for &fd in fds {
+        // SAFETY: descriptors this call received and no one else holds.
+        unsafe { libc::close(fd) };
+    }
+}
+
 fn timeout_ms(seconds: f64) -> i32 {
     (seconds * 1000.0).ceil().clamp(0.0, i32::MAX as f64) as i32
 }
@@ -509,6 +613,7 @@ fn first_bad_chunk(py: Python<'_>, data: PyBuffer<u8>, start: u64, checksums: Ve
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BlockFile>()?;
     m.add_function(wrap_pyfunction!(exchange, m)?)?;
+    m.add_function(wrap_pyfunction!(exchange_fds, m)?)?;
     m.add_function(wrap_pyfunction!(receive_checked, m)?)?;
     m.add_function(wrap_pyfunction!(first_bad_chunk, m)?)?;
     m.add("COMPLETE", COMPLETE)?;

@@ -230,3 +230,22 @@ def test_a_payload_cut_short_returns_what_came_and_how() -> None:
         worker.close()
         data, got, bad, status = native.receive_checked(ours.fileno(), len(payload), sums, CHUNK, 1.0)
         assert (data[:got], bad, status) == (payload[1000:5000], None, native.CLOSED)
+
+
+def test_an_exchange_on_the_short_circuit_socket_takes_the_descriptors_sent_with_the_reply(tmp_path: Path) -> None:
+    block = tmp_path / "block"
+    block.write_bytes(b"the block's bytes")
+    ours, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, worker, open(block, "rb") as f:
+        socket.send_fds(worker, [b'{"length": 17}\n'], [f.fileno()])
+        data, fds, status = native.exchange_fds(ours.fileno(), b"open\n", 1.0, 2)
+        assert (data, status, len(fds)) == (b'{"length": 17}\n', native.COMPLETE, 1)
+        assert worker.recv(100) == b"open\n"
+        try:
+            assert os.pread(fds[0], 100, 0) == b"the block's bytes"
+            assert os.get_inheritable(fds[0]) is False
+        finally:
+            os.close(fds[0])
+        assert native.exchange_fds(ours.fileno(), None, 0.05, 2) == (b"", [], native.TIMED_OUT)
+        worker.close()
+        assert native.exchange_fds(ours.fileno(), None, 1.0, 2) == (b"", [], native.CLOSED)
