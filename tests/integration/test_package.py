@@ -77,10 +77,11 @@ def test_a_wheel_and_an_sdist_carry_the_stubs_and_the_installed_command_reads(
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     assert set(STUBS) <= names, f"the wheel lacks {set(STUBS) - names}"
+    assert "strata/cacheserver/native.abi3.so" in names, "the wheel lacks the compiled core"
 
     # The sdist from the same tracked files carries the stubs too, and builds a wheel.
     run(*uv_install, "-c", REPO / "requirements.lock", "setuptools>=68", "wheel", "grpcio-tools>=1.62",
-        env=env, cwd=tmp_path)
+        "setuptools-rust>=1.11", env=env, cwd=tmp_path)
     run(python, "-P", "setup.py", "-q", "sdist", "-d", dist, cwd=source, env=env)
     sdist = next(dist.glob("strata-*.tar.gz"))
     with tarfile.open(sdist) as tf:
@@ -88,10 +89,11 @@ def test_a_wheel_and_an_sdist_carry_the_stubs_and_the_installed_command_reads(
     for stub in STUBS:
         folder = stub.removeprefix("strata/")
         assert folder in members, f"the sdist lacks {folder}"
+    assert {"native/Cargo.toml", "native/Cargo.lock", "native/src/lib.rs"} <= members, "the sdist lacks the core's crate"
     from_sdist = tmp_path / "from-sdist"
     run(*pip, "wheel", "--no-deps", *build_pins, "-w", from_sdist, sdist, env=env, cwd=tmp_path)
     with zipfile.ZipFile(next(from_sdist.glob("strata-*.whl"))) as zf:
-        assert set(STUBS) <= set(zf.namelist())
+        assert set(STUBS) | {"strata/cacheserver/native.abi3.so"} <= set(zf.namelist())
 
     # The dependencies at the versions this test runs with (resolving them afresh can take
     # pip many minutes of backtracking; the project's lock file pins them for users).
