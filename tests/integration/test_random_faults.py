@@ -44,6 +44,7 @@ MAX_OPS = int(os.environ.get("STRATA_RANDOM_OPS", "400"))
 OP_TIMEOUT = 90.0
 # After the faults end: uploads settle, workers re-register.
 SETTLE_TIMEOUT = 90.0
+SETTLED_FOR = 2.0  # seconds of no pending upload in the report (10 heartbeats)
 
 pytestmark = pytest.mark.timeout(int(SECONDS + 4 * OP_TIMEOUT + SETTLE_TIMEOUT + 120))
 
@@ -283,8 +284,20 @@ def verify(run: Run) -> None:
     """After the run: every acknowledged write reads back; the through types are in the store."""
     cluster = run.cluster
     cluster.wait_workers(len(cluster.workers))
-    wait_until(lambda: cluster.fs().client.report().pending_uploads.count == 0, SETTLE_TIMEOUT,
-               "the pending ASYNC_THROUGH uploads to settle")
+    # The report sums the workers' heartbeats: a write acknowledged a moment ago, or the
+    # uploads a restarted worker recovers from its journal, count from its next heartbeat on.
+    # None pending for SETTLED_FOR seconds (many heartbeats) is settled.
+    zero_since: list[float] = []
+
+    def settled() -> bool:
+        if cluster.fs().client.report().pending_uploads.count:
+            zero_since.clear()
+            return False
+        if not zero_since:
+            zero_since.append(time.monotonic())
+        return time.monotonic() - zero_since[0] >= SETTLED_FOR
+
+    wait_until(settled, SETTLE_TIMEOUT, "the pending ASYNC_THROUGH uploads to settle")
     keys = {o["Key"] for o in cluster.s3.client().list_objects_v2(Bucket=run.bucket).get("Contents", [])}
     problems = []
     for path, expected in sorted(run.expected.items()):
