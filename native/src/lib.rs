@@ -1,12 +1,14 @@
-//! Strata's compiled core: a block file of this node's worker read and checked outside
-//! the interpreter's lock.
+//! Strata's compiled core: what a reader does with block bytes, done outside the
+//! interpreter's lock.
 //!
 //! A short-circuit reader reads ranges of a block file the worker handed it and checks each
-//! chunk against the block's CRC-32C checksums. In Python the check takes the interpreter's
-//! lock back after each call, and a thread reading the next range ahead only runs when the
-//! reader blocks: the read, the check and the reader's own work on the bytes follow one
-//! another. Here the read and the check run without the lock, and a sequential reader's next
-//! range is read and checked in a thread of its own while the reader works on this one.
+//! chunk against the block's CRC-32C checksums (`BlockFile`); a data-port reader sends a
+//! request, takes the reply line and receives the payload (`exchange`, `exchange_fds`,
+//! `receive_checked`). In Python each system call and each check gives up the lock and takes
+//! it back, and a thread that wants it back while the reader is busy in Python waits up to
+//! the switch interval (5 ms) each time: the reads ahead of a reader ran only when it blocked.
+//! Here each of those is one call that lets go of the lock once, and a sequential reader's
+//! next range is read and checked in a thread of its own while the reader works on this one.
 
 use std::fs::File;
 use std::os::fd::{BorrowedFd, RawFd};
