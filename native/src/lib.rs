@@ -314,6 +314,9 @@ const CLOSED: u8 = 2;
 
 /// The longest reply line a worker sends (a block's checksums, a file's status).
 const MAX_LINE: usize = 4 << 20;
+/// Bytes taken from a socket at a time while a reply line comes: a block's reply (256
+/// checksums) fits; zeroed on every exchange, so no larger than that.
+const REPLY_BUFFER: usize = 8 << 10;
 
 /// Wait until `fd` is ready for `events`; false when `timeout_ms` passed first (or a signal
 /// came: the caller returns to Python, which handles it and waits on).
@@ -367,7 +370,7 @@ fn send_all(fd: RawFd, mut data: &[u8], timeout_ms: i32) -> std::io::Result<()> 
 /// Receive through the end of a line: the bytes consumed, and how it ended.
 fn receive_line(fd: RawFd, timeout_ms: i32) -> std::io::Result<(Vec<u8>, u8)> {
     let mut line = Vec::new();
-    let mut peek = vec![0u8; 64 << 10];
+    let mut peek = vec![0u8; REPLY_BUFFER];
     loop {
         let n = match recv_some(fd, &mut peek, libc::MSG_PEEK)? {
             Some(0) => return Ok((line, CLOSED)),
@@ -465,7 +468,7 @@ fn exchange_fds(
             send_all(fd, &request, wait)?;
         }
         let mut data = Vec::new();
-        let mut buf = vec![0u8; 64 << 10];
+        let mut buf = vec![0u8; REPLY_BUFFER];
         loop {
             match recv_with_fds(fd, &mut buf, max_fds, &mut fds)? {
                 Some(0) => return Ok((data, CLOSED)),

@@ -13,20 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from damage import flip_byte
 
 from .conftest import BLOCK_SIZE, Cluster, metric
 
 pytestmark = pytest.mark.timeout(240)
 
 CHUNK = 64 * 1024  # the block files' checksum chunks
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def test_ranges_across_blocks_are_the_file_s_bytes_even_when_a_block_file_is_damaged(

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from strata.cacheserver.common.checksums import compute_checksums
+from damage import flip_byte
+
 from strata.cacheserver import native
+from strata.cacheserver.common.checksums import compute_checksums
 from strata.cacheserver.native import BlockFile
 
 CHUNK = 64 * 1024
@@ -31,14 +33,6 @@ def block_file(path: Path, data: bytes, chunk: int = CHUNK) -> BlockFile:
         return BlockFile(fd, len(data), compute_checksums(data, chunk), chunk)
     finally:
         os.close(fd)
-
-
-def damage(path: Path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0x01]))
 
 
 @pytest.fixture
@@ -67,7 +61,7 @@ def test_a_range_read_ahead_is_the_bytes_checked_when_it_was_read(tmp_path: Path
     block.close()  # waits for the read-ahead of [1 MiB, 2 MiB)
     block = block_file(path, data)
     assert block.read(0, MiB) == data[:MiB]
-    damage(path, MiB + 100)
+    flip_byte(path, MiB + 100, 0x01)
     # The read-ahead may have started before or after the damage: either its bytes are the
     # block's own, or the range is refused; never the damaged byte.
     got = block.read(MiB, 2 * MiB)
@@ -79,7 +73,7 @@ def test_a_range_read_ahead_is_the_bytes_checked_when_it_was_read(tmp_path: Path
 def test_a_damaged_chunk_fails_the_range_it_lies_in_and_no_other(tmp_path: Path, data: bytes, at: int) -> None:
     path = tmp_path / "b"
     path.write_bytes(data)
-    damage(path, at)
+    flip_byte(path, at, 0x01)
     fd = os.open(path, os.O_RDONLY)
     block = BlockFile(fd, len(data), compute_checksums(data), CHUNK)
     os.close(fd)
