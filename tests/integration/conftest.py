@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import s3server
 import yaml
+from waiting import wait_until as wait_until  # the suites take it from here
 
 from strata.cacheserver import launcher
 from strata.cacheserver.common.blockrefs import block_count
@@ -92,17 +93,6 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def read_by_blocks(client: StrataClient, path: str) -> bytes:

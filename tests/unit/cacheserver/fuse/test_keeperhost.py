@@ -10,11 +10,12 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from waiting import wait_until
 
 from strata.contract.errors import Unavailable
 from strata.cacheserver.fuse import keeperhost, mountkeeper, settings
@@ -197,13 +198,6 @@ def ended(listening: tuple[mountkeeper.Keeper, socket.socket], monkeypatch: pyte
     return calls
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {timeout:.0f}s for {what}"
-        time.sleep(0.01)
-
-
 def attach_as_server(k: mountkeeper.Keeper, sock: socket.socket, poller: select.poll, **hello: object) -> None:
     sock.sendall(json.dumps({"version": 1, "pid": 4242, "resume_timeout": 60, **hello}).encode() + b"\n")
     assert k._accept(poller)
@@ -258,7 +252,7 @@ def test_a_server_whose_process_ended_is_dropped_though_its_connection_stays_ope
     assert k.process == os.getpid()  # (this test is the server)
     zombie = subprocess.Popen(["true"])
     try:
-        wait_for(lambda: mountkeeper.process_ended(zombie.pid), "the child to end")
+        wait_until(lambda: mountkeeper.process_ended(zombie.pid), 30, "the child to end", interval=0.01)
         k.process = zombie.pid  # as a killed server's main thread is, while another waits in the kernel
         assert k._check_server(poller)
     finally:

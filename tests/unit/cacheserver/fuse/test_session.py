@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from strata.cacheserver.fuse import wire
 from strata.cacheserver.fuse.interface import MAX_IO, FileInfo, FuseError, Operations
@@ -313,7 +314,9 @@ def test_forget_is_not_answered(served: Served) -> None:
     statfs = kernel.request(wire.STATFS)  # the next reply is this one's
     assert statfs.error == 0
     assert wire.STATFS_OUT.unpack(statfs.payload)[:3] == (100, 40, 40)
-    assert nodeid not in served.session.nodes
+    # The session's reader threads take requests in turn, so the STATFS can be answered
+    # before another thread has applied the FORGET (the kernel waits for neither).
+    wait_until(lambda: nodeid not in served.session.nodes, 10, "the FORGET to drop the node")
     assert kernel.request(wire.GETATTR, wire.GETATTR_IN.pack(0, 0, 0), nodeid).error == errno.ESTALE
 
 
