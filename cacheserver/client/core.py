@@ -630,8 +630,15 @@ class StrataClient(Links):
                    read_type: pb.ReadType.ValueType = pb.READ_TYPE_UNSPECIFIED, holders: Iterable[str] = ()) -> Block:
         """One whole block to read ranges from: the worker's block file when a worker on this
         host serves it by short-circuit (a `LocalBlock`: nothing is read until a range is
-        asked for), else its bytes."""
-        return self._block(ref, 0, 0, readahead, read_type, holders, hold=True)
+        asked for), else its bytes. A block file held a moment before (`held_blocks`) is
+        given out again without asking."""
+        kept = self.held_blocks.get(ref, read_type)
+        if kept is not None:
+            return kept
+        block = self._block(ref, 0, 0, readahead, read_type, holders, hold=True)
+        if isinstance(block, LocalBlock):
+            self.held_blocks.put(ref, read_type, block)
+        return block
 
     def _block(self, ref: pb.BlockRef, offset: int, length: int, readahead: int, read_type: pb.ReadType.ValueType,
                holders: Iterable[str], *, hold: bool) -> Block:

@@ -28,6 +28,7 @@ from .. import rpcutil
 from ..auth import load_token
 from ..common.paths import check_request_paths
 from . import localstate
+from .heldblocks import HeldBlocks
 from .settings import ClientSettings
 from .transfer import BufferPool, DataReader, Patience, ShortCircuitReader
 
@@ -118,6 +119,8 @@ class Links:
         self._sc_readers: dict[str, ShortCircuitReader] = {}
         self._data_readers: dict[str, DataReader] = {}
         self.buffers = BufferPool()  # receive buffers (the data port's blocks, ranges read into one), shared
+        # Block files of this host's worker kept open between opens of a file (heldblocks.py).
+        self.held_blocks = HeldBlocks(self.settings.held_blocks, self.settings.held_blocks_for)
         self._record = localstate.WorkerRecord(self.master_address)
         self._stalled: dict[str, float] = {}  # worker id -> time.monotonic() until it is tried last
         # time.monotonic() of the last failed call to the master (down, stopped); None once
@@ -263,6 +266,7 @@ class Links:
         for reader in [*self._sc_readers.values(), *self._data_readers.values()]:
             reader.close()
         self.buffers.clear()
+        self.held_blocks.clear()
         for channel in self._worker_channels.take_all():
             channel.close()
         self._channel.close()

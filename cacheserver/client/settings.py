@@ -54,6 +54,14 @@ class ClientSettings(EnvironmentSettings):
     # File statuses held for reuse, at most (None: HELD_METADATA_ENTRIES of client/core.py);
     # a FUSE mount holds as many as its --max-nodes.
     held_statuses: int | None = Field(default=None, ge=1)
+    # Block files of the worker on this host that a process keeps open between its opens of
+    # files (client/heldblocks.py), at most: an open of a file read a moment before asks the
+    # worker for none of its blocks again. 0: none kept.
+    held_blocks: int = Field(default=256, ge=0)
+    # Seconds a kept block file is given out again (0: none kept). A kept file of a block the
+    # worker has let go of since is closed within a second; the worker hears of a block in
+    # use at least this often.
+    held_blocks_for: float = Field(default=10.0, ge=0)
     # A folder on this host's disk where the client keeps small files' statuses and bytes for
     # the next processes of a host that runs no worker (client/nearcache.py): a new process
     # opens a warm file there with no request. Empty: none. Not used where a worker runs on

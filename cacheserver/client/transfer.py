@@ -538,6 +538,11 @@ class LocalBlock:
     def __len__(self) -> int:
         return self._block.length
 
+    def sound(self) -> bool:
+        """Whether a later open may read the block from this file again: no range of it
+        failed its check, and the worker still keeps the file (client/heldblocks.py)."""
+        return not self._damaged and self._block.linked()
+
     def _failed(self) -> None:
         self._damaged = True  # the worker checks it; later ranges go through it too
         log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "

@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::os::fd::{BorrowedFd, RawFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -262,6 +262,14 @@ impl BlockFile {
         });
         drop(out);
         Ok(ok)
+    }
+
+    /// Whether the file still has a name (a link) in its folder: a worker unlinks a block
+    /// file when it evicts the block, moves it to another tier or drops a damaged copy, after
+    /// which this descriptor reads a copy the worker no longer keeps. False too when the
+    /// file cannot be asked (fstat fails).
+    fn linked(&self) -> bool {
+        self.block.file.metadata().map(|m| m.nlink() > 0).unwrap_or(false)
     }
 
     /// Stop reading ahead (waiting for a read under way); the descriptor closes with the object.

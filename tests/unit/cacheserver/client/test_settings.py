@@ -10,7 +10,8 @@ def test_defaults() -> None:
     assert ClientSettings().model_dump() == {
         "master_timeout": 30.0, "block_timeout": 45.0, "connect_timeout": 3.0, "stall_check_after": 2.0,
         "liveness_timeout": 1.0, "skip_stalled_for": 10.0, "master_quick_timeout": 2.0,
-        "master_outage_grace": 120.0, "no_workers_wait": 10.0, "held_statuses": None,
+        "master_outage_grace": 120.0, "no_workers_wait": 10.0, "held_statuses": None, "held_blocks": 256,
+        "held_blocks_for": 10.0,
         "near_cache": "", "near_cache_bytes": 4 << 30,
     }
 
