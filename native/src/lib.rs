@@ -13,8 +13,7 @@
 use std::fs::File;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -102,20 +101,94 @@ impl Block {
 }
 
 /// A range being read ahead: the bytes object it is read into, which no one else can see
-/// until the thread is joined, and the thread.
+/// until the read is done, and where the read says it is done.
 struct Ahead {
     start: u64,
     stop: u64,
     out: Py<PyBytes>,
-    task: JoinHandle<bool>,
+    done: Arc<Done>,
 }
 
 impl Ahead {
-    /// Wait for the thread; true when its range was read whole and checked.
+    /// Wait for the read; true when its range was read whole and checked.
     fn finish(self) -> (bool, Py<PyBytes>) {
-        let ok = self.task.join().unwrap_or(false);
-        (ok, self.out)
+        (self.done.wait(), self.out)
     }
+}
+
+/// How a read ahead ended (None while under way), and the signal that it did.
+#[derive(Default)]
+struct Done {
+    result: Mutex<Option<bool>>,
+    ended: Condvar,
+}
+
+impl Done {
+    fn set(&self, ok: bool) {
+        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(ok);
+        self.ended.notify_all();
+    }
+
+    fn wait(&self) -> bool {
+        let mut result = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(ok) = *result {
+                return ok;
+            }
+            result = self.ended.wait(result).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Sets a read ahead's end to "failed" if its job ends without saying (a panic).
+struct EndGuard(Arc<Done>);
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        let mut result = self.0.result.lock().unwrap_or_else(|e| e.into_inner());
+        if result.is_none() {
+            *result = Some(false);
+            self.0.ended.notify_all();
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The threads that read ranges ahead, started at the first read ahead of a process and
+/// kept (a thread started for each range cost a sequential reader ~5% of its time: clone3
+/// in its profile). A forked child has none of its parent's threads: it starts its own.
+struct Helpers {
+    pid: u32,
+    jobs: mpsc::Sender<Job>,
+}
+
+static HELPERS: Mutex<Option<Helpers>> = Mutex::new(None);
+
+/// Run `job` on a read-ahead thread.
+fn run_ahead(job: Job) -> std::io::Result<()> {
+    let mut helpers = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    let current = match helpers.as_ref() {
+        Some(h) if h.pid == pid => h,
+        _ => {
+            let (jobs, queue) = mpsc::channel::<Job>();
+            let queue = Arc::new(Mutex::new(queue));
+            let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
+            for _ in 0..threads {
+                let queue = Arc::clone(&queue);
+                std::thread::Builder::new().name("strata-read-ahead".into()).spawn(move || loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    match next {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })?;
+            }
+            helpers.insert(Helpers { pid, jobs })
+        }
+    };
+    current.jobs.send(job).map_err(|_| std::io::Error::other("the read-ahead threads have ended"))
 }
 
 /// A writable pointer handed to the read-ahead thread, which alone writes through it until
@@ -289,17 +362,18 @@ impl BlockFile {
         let (out, data) = new_bytes(py, (stop - start) as usize)?;
         let target = Target(data, (stop - start) as usize);
         let block = Arc::clone(&self.block);
-        let task = std::thread::Builder::new()
-            .name("strata-read-ahead".into())
-            .spawn(move || {
-                let target = target;
-                // SAFETY: the bytes object is kept alive by `Ahead::out`, which is dropped only
-                // after this thread is joined; nothing reads it before then.
-                let buf = unsafe { std::slice::from_raw_parts_mut(target.0, target.1) };
-                block.fill_checked(buf, start)
-            })
-            .map_err(|e| PyOSError::new_err(format!("cannot start a read-ahead thread: {e}")))?;
-        Ok(Ahead { start, stop, out, task })
+        let done = Arc::new(Done::default());
+        let guard = EndGuard(Arc::clone(&done));
+        run_ahead(Box::new(move || {
+            let target = target;
+            // SAFETY: the bytes object is kept alive by `Ahead::out`, which is let go of only
+            // after the read is done (`Done`); nothing reads it before then.
+            let buf = unsafe { std::slice::from_raw_parts_mut(target.0, target.1) };
+            let ok = block.fill_checked(buf, start);
+            guard.0.set(ok);
+        }))
+        .map_err(|e| PyOSError::new_err(format!("cannot read ahead: {e}")))?;
+        Ok(Ahead { start, stop, out, done })
     }
 }
 

@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,30 @@ def test_threads_reading_one_block_at_once_each_get_their_own_bytes(tmp_path: Pa
 
 
 # -- the data port's receive (a real socket pair) ---------------------------------------------
+
+def test_a_forked_child_reads_ahead_with_threads_of_its_own(tmp_path: Path, data: bytes) -> None:
+    """The read-ahead threads are started once per process; a child forked after the parent
+    read ahead (a data loader's workers) has none of them, and must not wait for them."""
+    block = block_file(tmp_path / "b", data)
+    assert block.read(0, MiB) == data[:MiB] and block.read(MiB, 2 * MiB) == data[MiB:2 * MiB]
+    pid = os.fork()
+    if pid == 0:  # the child: a sequential read of its own, each range after the first read ahead
+        ok = False
+        try:
+            child = block_file(tmp_path / "c", data)
+            ok = b"".join(child.read(at, min(at + MiB, len(data))) or b"" for at in range(0, len(data), MiB)) == data
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 30
+    while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's read ahead never ended")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(ended[1]) == 0
+    block.close()
+
 
 def test_an_exchange_sends_the_request_and_takes_the_reply_line_and_nothing_past_it() -> None:
     ours, worker = socket.socketpair()
