@@ -585,7 +585,10 @@ class StrataFile(AbstractBufferedFile):  # type: ignore[misc]
         if self.mode == "rb" and not self.closed:
             with self._lock:
                 for future in self._blocks.values():
-                    future.cancel()
+                    if not future.cancel() and future.done() and future.exception() is None:
+                        block = future.result()
+                        if isinstance(block, LocalBlock):
+                            block.stop_reading_ahead()  # the client may keep its file (held_blocks)
                 self._blocks.clear()
                 self._window = None
         super().close()

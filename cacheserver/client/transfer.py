@@ -543,6 +543,11 @@ class LocalBlock:
         failed its check, and the worker still keeps the file (client/heldblocks.py)."""
         return not self._damaged and self._block.linked()
 
+    def stop_reading_ahead(self) -> None:
+        """Let go of a range read ahead (a reader is done with the block for now); the file
+        stays open."""
+        self._block.close()
+
     def _failed(self) -> None:
         self._damaged = True  # the worker checks it; later ranges go through it too
         log.warning("block %d of %s from the worker at %s: a chunk failed its CRC-32C check; asking the "
