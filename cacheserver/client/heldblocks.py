@@ -78,9 +78,10 @@ class HeldBlocks:
         """Keep a block file just held (the oldest kept goes past the limit)."""
         if not self._limit or self._closed.is_set():
             return
+        key = _key(ref, read_type)
         with self._lock:
-            self._blocks[_key(ref, read_type)] = (time.monotonic(), block)
-            self._blocks.move_to_end(_key(ref, read_type))
+            self._blocks[key] = (time.monotonic(), block)
+            self._blocks.move_to_end(key)
             while len(self._blocks) > self._limit:
                 self._blocks.popitem(last=False)
             checker = self._checker
