@@ -26,7 +26,6 @@ its eviction sees them used.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -53,7 +52,7 @@ class HeldBlocks:
         self._keep_for = keep_for
         self._lock = threading.Lock()
         self._blocks: OrderedDict[_Key, tuple[float, LocalBlock]] = OrderedDict()  # oldest first
-        self._checker: tuple[int, threading.Thread] | None = None  # (pid, thread) looking at them
+        self._checker: threading.Thread | None = None  # the thread looking at them
         self._closed = threading.Event()
 
     def __len__(self) -> int:
@@ -84,12 +83,10 @@ class HeldBlocks:
             self._blocks.move_to_end(key)
             while len(self._blocks) > self._limit:
                 self._blocks.popitem(last=False)
-            checker = self._checker
-            if checker is None or checker[0] != os.getpid() or not checker[1].is_alive():
-                # (a forked child has the parent's kept files but not its thread)
-                thread = threading.Thread(target=self._check, name="strata-held-blocks", daemon=True)
-                self._checker = (os.getpid(), thread)
-                thread.start()
+            # (a forked child has the parent's kept files, and its thread as one not alive)
+            if self._checker is None or not self._checker.is_alive():
+                self._checker = threading.Thread(target=self._check, name="strata-held-blocks", daemon=True)
+                self._checker.start()
 
     def clear(self) -> None:
         """Let go of every kept file, and stop looking at them."""

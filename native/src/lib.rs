@@ -14,6 +14,7 @@ use std::fs::File;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -160,46 +161,92 @@ impl Drop for EndGuard {
     }
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A range to read ahead, and where to say how it ended (said after the thread is listed
+/// idle again, so the reader's next range finds it there).
+type Job = (Box<dyn FnOnce() -> bool + Send>, EndGuard);
 
-/// The threads that read ranges ahead, started at the first read ahead of a process and
-/// kept (a thread started for each range cost a sequential reader ~5% of its time: clone3
-/// in its profile). A forked child has none of its parent's threads: it starts its own.
+/// Seconds a read-ahead thread waits for its next range before it ends.
+const IDLE_FOR: Duration = Duration::from_secs(30);
+
+/// The threads that read ranges ahead, kept between ranges (a thread started for each range
+/// cost a sequential reader ~5% of its time: clone3 in its profile). A range goes to an idle
+/// thread, or to a new one when none is idle, so a read stuck on one block file (a disk that
+/// does not answer) holds up no other reader's; a thread idle for IDLE_FOR ends. A forked
+/// child has none of its parent's threads: it starts its own.
 struct Helpers {
     pid: u32,
-    jobs: mpsc::Sender<Job>,
+    /// Each idle thread's own queue, by the thread's number.
+    idle: Vec<(u64, mpsc::Sender<Job>)>,
+    started: u64,
 }
 
 static HELPERS: Mutex<Option<Helpers>> = Mutex::new(None);
 
-/// Run `job` on a read-ahead thread.
-fn run_ahead(job: Job) -> std::io::Result<()> {
-    let mut helpers = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
-    let pid = std::process::id();
-    let current = match helpers.as_ref() {
-        Some(h) if h.pid == pid => h,
-        _ => {
-            let (jobs, queue) = mpsc::channel::<Job>();
-            let queue = Arc::new(Mutex::new(queue));
-            let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
-            for _ in 0..threads {
-                let queue = Arc::clone(&queue);
-                std::thread::Builder::new().name("strata-read-ahead".into()).spawn(move || loop {
-                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    match next {
-                        Ok(job) => job(),
-                        Err(_) => return,
-                    }
-                })?;
-            }
-            helpers.insert(Helpers { pid, jobs })
-        }
-    };
-    current.jobs.send(job).map_err(|_| std::io::Error::other("the read-ahead threads have ended"))
+fn helpers() -> std::sync::MutexGuard<'static, Option<Helpers>> {
+    HELPERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A writable pointer handed to the read-ahead thread, which alone writes through it until
-/// it is joined.
+/// Run `job` on a read-ahead thread.
+fn run_ahead(job: Job) -> std::io::Result<()> {
+    let mut guard = helpers();
+    let pid = std::process::id();
+    let helpers = match guard.as_mut() {
+        Some(h) if h.pid == pid => h,
+        _ => guard.insert(Helpers { pid, idle: Vec::new(), started: 0 }),
+    };
+    // An idle thread left the list only under this lock, so it waits on its queue.
+    let job = match helpers.idle.pop() {
+        Some((_, queue)) => match queue.send(job) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::SendError(job)) => job,
+        },
+        None => job,
+    };
+    let (queue, jobs) = mpsc::channel::<Job>();
+    let number = helpers.started;
+    helpers.started += 1;
+    queue.send(job).map_err(|_| std::io::Error::other("a new read-ahead thread's queue is closed"))?;
+    std::thread::Builder::new()
+        .name("strata-read-ahead".into())
+        .spawn(move || read_ahead_thread(number, queue, jobs))?;
+    Ok(())
+}
+
+/// A read-ahead thread: its ranges, one at a time, listed idle between them.
+fn read_ahead_thread(number: u64, queue: mpsc::Sender<Job>, jobs: mpsc::Receiver<Job>) {
+    loop {
+        match jobs.recv_timeout(IDLE_FOR) {
+            Ok((work, ended)) => {
+                let ok = work();
+                let listed = match helpers().as_mut() {
+                    Some(h) if h.pid == std::process::id() => {
+                        h.idle.push((number, queue.clone()));
+                        true
+                    }
+                    _ => false,
+                };
+                ended.0.set(ok);
+                if !listed {
+                    return;
+                }
+            }
+            Err(_) => {
+                let mut guard = helpers();
+                let Some(h) = guard.as_mut() else { return };
+                match h.idle.iter().position(|(n, _)| *n == number) {
+                    Some(at) => {
+                        h.idle.swap_remove(at);
+                        return;
+                    }
+                    None => continue, // taken meanwhile: its range is in the queue
+                }
+            }
+        }
+    }
+}
+
+/// A writable pointer handed to a read-ahead thread, which alone writes through it until the
+/// read is done.
 struct Target(*mut u8, usize);
 unsafe impl Send for Target {}
 
@@ -370,15 +417,14 @@ impl BlockFile {
         let target = Target(data, (stop - start) as usize);
         let block = Arc::clone(&self.block);
         let done = Arc::new(Done::default());
-        let guard = EndGuard(Arc::clone(&done));
-        run_ahead(Box::new(move || {
+        let work = Box::new(move || {
             let target = target;
             // SAFETY: the bytes object is kept alive by `Ahead::out`, which is let go of only
             // after the read is done (`Done`); nothing reads it before then.
             let buf = unsafe { std::slice::from_raw_parts_mut(target.0, target.1) };
-            let ok = block.fill_checked(buf, start);
-            guard.0.set(ok);
-        }))
+            block.fill_checked(buf, start)
+        });
+        run_ahead((work, EndGuard(Arc::clone(&done))))
         .map_err(|e| PyOSError::new_err(format!("cannot read ahead: {e}")))?;
         Ok(Ahead { start, stop, out, done })
     }
