@@ -126,6 +126,11 @@ class StrataClient(Links):
         self._near = NearCache(s.near_cache, s.near_cache_bytes, self.master_address) if s.near_cache else None
         self._near_workers: tuple[list[pb.WorkerInfo], bool] | None = None  # (a worker list, a worker on this host)
 
+    def close(self) -> None:
+        if self._near is not None:
+            self._near.close()  # the records still waiting, written within a deadline
+        super().close()
+
     # -- metadata ----------------------------------------------------------------------------
 
     def _hold(self, infos: Iterable[pb.FileInfo], sent: float, *, reusable: bool = True, below: str = "/") -> None:

@@ -22,8 +22,19 @@ names another path is a miss, removed, and the open goes on as without the near 
 
 Records are written as a new file renamed over the old one and never changed in place, so a
 reader sees a whole record or none (not fsynced: a record torn by a power cut fails its check).
-A process killed while writing leaves only a temporary file, removed by a later sweep. The
-folder is bounded: each of its FANOUT subfolders holds at most 1/FANOUT of the quota, counted
+A process killed while writing leaves only a temporary file, removed by a later sweep.
+
+Records are written by a thread of the process's own, not by the reader that brought the
+bytes: a cold epoch asks for one file after another, and a record's create, write and rename
+(0.1-1 ms each, more while the disk is busy) would add to every request. A record waits in
+memory until it is written, PENDING_BYTES of them at most (past that a record is not kept:
+the file is read through the workers next time); `forget` drops a waiting record of its path
+and waits for one of its path being written, so no record outlives a `forget`. The thread
+ends when it has had nothing to write for WRITER_LINGER seconds, and a process's exit waits
+for it (it is no daemon), so what waits is written first; `close` writes it within a
+deadline. A forked child starts a thread of its own.
+
+The folder is bounded: each of its FANOUT subfolders holds at most 1/FANOUT of the quota, counted
 by each process from one scan of the subfolder when it first writes there plus what it wrote
 since; past that share it scans again and removes the records least recently used (to within
 TOUCH_EVERY) until the subfolder is at SWEEP_TO of its share. An insert never scans more than
@@ -40,8 +51,11 @@ import logging
 import os
 import stat
 import struct
+import threading
 import time
 import uuid
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +83,10 @@ STALE_TEMPORARY = 600.0
 FIRST_READ = 4096
 # Seconds an unwritable folder is not written again after a failed write.
 WRITE_PAUSE = 60.0
+# Bytes of records waiting to be written at most (see the module docstring).
+PENDING_BYTES = 64 << 20
+# Seconds the writing thread waits for another record before it ends.
+WRITER_LINGER = 0.2
 # Head: magic, status length, chunk size, bytes' length, until (CLOCK_MONOTONIC seconds; 0: not
 # reusable), boot id (the boot CLOCK_MONOTONIC counts from).
 _HEAD = struct.Struct("<8sIIId16s")
@@ -156,9 +174,17 @@ def decode_parts(meta: bytes, data: bytes, path: str) -> NearRecord:
     return NearRecord(info, until if boot == boot_id() and boot != _NO_BOOT else 0.0, data)
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """A record waiting to be written."""
+    index: int  # its subfolder
+    version: str
+    record: bytes
+
+
 class NearCache:
-    """One near cache folder as one client uses it (thread-safe: records are whole files; the
-    counts of what it wrote are a hint, guarded by the GIL)."""
+    """One near cache folder as one client uses it (thread-safe: records are whole files,
+    written by one thread at a time; the counts of what it wrote are that thread's)."""
 
     def __init__(self, folder: str | os.PathLike[str], quota: int, cluster: str) -> None:
         """Records of the cluster `cluster` (its master's address) under `folder`, at most
@@ -174,7 +200,13 @@ class NearCache:
         self._held = [-1] * FANOUT
         self._made: set[str] = set()
         self._write_off_until = 0.0
+        self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # record file -> what to write there, oldest first
+        self._waiting_bytes = 0
+        self._changed = threading.Condition()  # guards the two above, `_writer` and `_in_flight`
+        self._writer: threading.Thread | None = None
+        self._in_flight: str | None = None  # the record file being written
         self.usable = self._prepare()
+        _caches.add(self)
 
     def _prepare(self) -> bool:
         try:
@@ -249,7 +281,62 @@ class NearCache:
         if len(record) > self.share:
             return  # larger than a subfolder's share: not kept
         index, name = self._where(info.path)
-        where = Path(name)
+        with self._changed:
+            earlier = self._waiting.pop(name, None)
+            if earlier is not None:
+                self._waiting_bytes -= len(earlier.record)
+            if self._waiting_bytes + len(record) > PENDING_BYTES:
+                return  # the disk is behind: not kept
+            self._waiting[name] = _Waiting(index, info.version, record)
+            self._waiting_bytes += len(record)
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=self._write_waiting, name="strata-near-cache-writer")
+                self._writer.start()
+            else:
+                self._changed.notify_all()  # the writer, and not only a flush that waits
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every record kept so far is written (or given up); False if `timeout`
+        seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while self._waiting or self._in_flight is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what waits, for at most `timeout` seconds (a disk that does not answer keeps
+        the rest unwritten: a cache can do without it)."""
+        if not self.flush(timeout):
+            log.warning("near cache %s: records still unwritten after %gs at close", self.root, timeout)
+
+    def _write_waiting(self) -> None:
+        """The writing thread: the records waiting, oldest first; ends after WRITER_LINGER
+        seconds with none."""
+        while True:
+            with self._changed:
+                if not self._waiting:
+                    self._changed.wait(WRITER_LINGER)
+                if not self._waiting:
+                    if self._writer is threading.current_thread():
+                        self._writer = None
+                    return
+                name, waiting = self._waiting.popitem(last=False)
+                self._waiting_bytes -= len(waiting.record)
+                self._in_flight = name
+            try:
+                self._store(waiting.index, Path(name), waiting.record)
+            finally:
+                with self._changed:
+                    self._in_flight = None
+                    self._changed.notify_all()
+
+    def _store(self, index: int, where: Path, record: bytes) -> None:
+        if time.monotonic() < self._write_off_until:
+            return
         try:
             self._write(where, record)
             self._count(index, where.parent, len(record))
@@ -262,12 +349,29 @@ class NearCache:
         """Remove the record of `path` (only one of `version`, if given)."""
         if not self.usable:
             return
+        name = self._where(path)[1]
+        with self._changed:
+            waiting = self._waiting.get(name)
+            if waiting is not None and version in (None, waiting.version):
+                del self._waiting[name]
+                self._waiting_bytes -= len(waiting.record)
+            while self._in_flight == name:  # a record of the path being written lands first, then goes
+                self._changed.wait()
         if version is not None:
             record = self.find(path)
             if record is None or record.info.version != version:
                 return
         with contextlib.suppress(OSError):
-            os.unlink(self._where(path)[1])
+            os.unlink(name)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's writing thread is not here, nor its locks' holders;
+        what waited is the parent's to write."""
+        self._waiting = OrderedDict()
+        self._waiting_bytes = 0
+        self._changed = threading.Condition()
+        self._writer = None
+        self._in_flight = None
 
     def _write(self, where: Path, record: bytes) -> None:
         folder = where.parent
@@ -322,3 +426,15 @@ class NearCache:
                 os.unlink(path)
             total -= size
         return total
+
+
+# Every near cache of the process, to be set right in a forked child.
+_caches: weakref.WeakSet[NearCache] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for cache in list(_caches):
+        cache._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
