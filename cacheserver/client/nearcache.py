@@ -200,13 +200,19 @@ class NearCache:
         self._held = [-1] * FANOUT
         self._made: set[str] = set()
         self._write_off_until = 0.0
+        self._new_queue()
+        self.usable = self._prepare()
+        _caches.add(self)
+
+    def _new_queue(self) -> None:
+        """No record waiting and no writing thread (at the start, and in a forked child: the
+        parent's thread is not there, nor the holders of its locks, and what waited is the
+        parent's to write)."""
         self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # record file -> what to write there, oldest first
         self._waiting_bytes = 0
         self._changed = threading.Condition()  # guards the two above, `_writer` and `_in_flight`
-        self._writer: threading.Thread | None = None
+        self._writer: threading.Thread | None = None  # None once it has decided to end
         self._in_flight: str | None = None  # the record file being written
-        self.usable = self._prepare()
-        _caches.add(self)
 
     def _prepare(self) -> bool:
         try:
@@ -321,8 +327,7 @@ class NearCache:
                 if not self._waiting:
                     self._changed.wait(WRITER_LINGER)
                 if not self._waiting:
-                    if self._writer is threading.current_thread():
-                        self._writer = None
+                    self._writer = None
                     return
                 name, waiting = self._waiting.popitem(last=False)
                 self._waiting_bytes -= len(waiting.record)
@@ -363,15 +368,6 @@ class NearCache:
                 return
         with contextlib.suppress(OSError):
             os.unlink(name)
-
-    def _after_fork(self) -> None:
-        """In a forked child: the parent's writing thread is not here, nor its locks' holders;
-        what waited is the parent's to write."""
-        self._waiting = OrderedDict()
-        self._waiting_bytes = 0
-        self._changed = threading.Condition()
-        self._writer = None
-        self._in_flight = None
 
     def _write(self, where: Path, record: bytes) -> None:
         folder = where.parent
@@ -434,7 +430,7 @@ _caches: weakref.WeakSet[NearCache] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for cache in list(_caches):
-        cache._after_fork()
+        cache._new_queue()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
