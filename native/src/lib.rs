@@ -115,11 +115,18 @@ struct Ahead {
     stop: u64,
     out: Py<PyBytes>,
     done: Arc<Done>,
+    /// The process whose thread reads it: a child forked meanwhile holds a copy that no
+    /// thread of its own will ever finish.
+    pid: u32,
 }
 
 impl Ahead {
-    /// Wait for the read; true when its range was read whole and checked.
+    /// Wait for the read; true when its range was read whole and checked. A forked child's
+    /// copy of its parent's read ahead is not waited for: it ends as failed.
     fn finish(self) -> (bool, Py<PyBytes>) {
+        if self.pid != std::process::id() {
+            return (false, self.out);
+        }
         (self.done.wait(), self.out)
     }
 }
@@ -186,14 +193,50 @@ fn helpers() -> std::sync::MutexGuard<'static, Option<Helpers>> {
     HELPERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+thread_local! {
+    /// The list's lock, held by the thread that forks for the length of the fork.
+    static HELD_FOR_FORK: std::cell::RefCell<Option<std::sync::MutexGuard<'static, Option<Helpers>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A fork copies the list's lock as it is: taken by a read-ahead thread listing itself idle,
+/// it would stay taken in the child, whose first read ahead would wait for it forever. So
+/// the thread that forks takes the lock first and lets go of it on both sides; the child
+/// then leaves its parent's list unused (its threads are not the child's; the senders in it
+/// are not dropped, as a receiver of the parent's may have held their channel's lock).
+extern "C" fn before_fork() {
+    let guard = helpers();
+    HELD_FOR_FORK.with(|held| *held.borrow_mut() = Some(guard));
+}
+
+extern "C" fn after_fork_in_parent() {
+    HELD_FOR_FORK.with(|held| drop(held.borrow_mut().take()));
+}
+
+extern "C" fn after_fork_in_child() {
+    HELD_FOR_FORK.with(|held| {
+        if let Some(mut guard) = held.borrow_mut().take() {
+            std::mem::forget(guard.take());
+        }
+    });
+}
+
+static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
+
 /// Run `job` on a read-ahead thread.
 fn run_ahead(job: Job) -> std::io::Result<()> {
+    FORK_HANDLERS.call_once(|| {
+        // SAFETY: the handlers take and let go of a lock of this module only.
+        unsafe {
+            libc::pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child))
+        };
+    });
     let mut guard = helpers();
     let pid = std::process::id();
-    let helpers = match guard.as_mut() {
-        Some(h) if h.pid == pid => h,
-        _ => guard.insert(Helpers { pid, idle: Vec::new(), started: 0 }),
-    };
+    if guard.as_ref().is_some_and(|h| h.pid != pid) {
+        std::mem::forget(guard.take()); // a parent's (see after_fork_in_child)
+    }
+    let helpers = guard.get_or_insert_with(|| Helpers { pid, idle: Vec::new(), started: 0 });
     // An idle thread left the list only under this lock, so it waits on its queue.
     let job = match helpers.idle.pop() {
         Some((_, queue)) => match queue.send(job) {
@@ -337,7 +380,7 @@ impl BlockFile {
             (state.ahead.take(), sequential)
         };
         let result = match held {
-            Some(held) if held.start == start && held.stop == stop => {
+            Some(held) if held.start == start && held.stop == stop && held.pid == std::process::id() => {
                 let (ok, out) = py.detach(|| held.finish());
                 ok.then_some(out)
             }
@@ -426,7 +469,7 @@ impl BlockFile {
         });
         run_ahead((work, EndGuard(Arc::clone(&done))))
         .map_err(|e| PyOSError::new_err(format!("cannot read ahead: {e}")))?;
-        Ok(Ahead { start, stop, out, done })
+        Ok(Ahead { start, stop, out, done, pid: std::process::id() })
     }
 }
 

@@ -172,15 +172,59 @@ def test_a_forked_child_reads_ahead_with_threads_of_its_own(tmp_path: Path, data
             ok = b"".join(child.read(at, min(at + MiB, len(data))) or b"" for at in range(0, len(data), MiB)) == data
         finally:
             os._exit(0 if ok else 1)
+    assert wait_for_child(pid, "the forked child's read ahead never ended") == 0
+    block.close()
+
+
+def wait_for_child(pid: int, what: str) -> int:
+    """The child's exit code; it is killed and the test failed if it takes 30 s."""
     deadline = time.monotonic() + 30
     while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            pytest.fail("the forked child's read ahead never ended")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(ended[1]) == 0
-    block.close()
+            pytest.fail(what)
+        time.sleep(0.005)
+    return os.waitstatus_to_exitcode(ended[1])
+
+
+def test_children_forked_while_the_parent_reads_ahead_read_on_their_own(tmp_path: Path, data: bytes) -> None:
+    """A data loader forks its workers while its other threads read: a fork in the moment a
+    read-ahead thread of the parent holds the threads' list, or a range of the parent's still
+    being read ahead, must not leave a child waiting for a thread it does not have. Each child
+    goes on with a block its parent was reading (the range read ahead at the fork is not its
+    own) and reads it right to the end."""
+    blocks = [block_file(tmp_path / f"b{i}", data) for i in range(2)]
+    stop = threading.Event()
+
+    def read_on(block: BlockFile) -> None:
+        while not stop.is_set():
+            for at in range(0, len(data), MiB):
+                block.read(at, min(at + MiB, len(data)))
+
+    readers = [threading.Thread(target=read_on, args=(b,)) for b in blocks]
+    for reader in readers:
+        reader.start()
+    try:
+        mine = block_file(tmp_path / "mine", data)
+        for _ in range(40):
+            assert mine.read(0, MiB) == data[:MiB]  # the next MiB is being read ahead
+            pid = os.fork()
+            if pid == 0:
+                ok = False
+                try:
+                    ok = b"".join(mine.read(at, min(at + MiB, len(data))) or b""
+                                  for at in range(MiB, len(data), MiB)) == data[MiB:]
+                finally:
+                    os._exit(0 if ok else 1)
+            assert wait_for_child(pid, "a child forked while its parent read ahead never ended") == 0
+        mine.close()
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join()
+    for block in blocks:
+        block.close()
 
 
 def test_an_exchange_sends_the_request_and_takes_the_reply_line_and_nothing_past_it() -> None:
