@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -129,13 +130,37 @@ class Contestant:
             self._fs = None
 
 
+def retired_folder(scratch: Path) -> Path:
+    """Where cache folders go when a cold read replaces them, until `remove_retired`."""
+    return scratch / "retired"
+
+
+def retire(folder: Path, scratch: Path) -> None:
+    """Move a cache folder a cold read replaces out of the way (a rename); it is removed
+    between workloads (`remove_retired`), not now: ext4 gives a new file none of the inodes
+    freed in the last minute, and scans past each of them for every create in their block
+    group (`recently_deleted` was 22% of a near-cache writer's profile, with
+    `find_get_block_common` 25%, right after 10,000 records were removed), so a removal just
+    before a cold read would cost that read's caches (the near cache's records, a simplecache's
+    copies) what a host that did not just delete a dataset does not pay."""
+    if folder.exists():
+        target = retired_folder(scratch)
+        target.mkdir(parents=True, exist_ok=True)
+        folder.rename(target / f"{folder.parent.name}-{folder.name}-{time.monotonic_ns()}")
+
+
+def remove_retired(scratch: Path) -> None:
+    shutil.rmtree(retired_folder(scratch), ignore_errors=True)
+
+
 class LocalCache:
     """The cache folder of a simplecache/blockcache contestant: a new empty one makes the
     next read cold; reusing it (from a new filesystem instance, as a new process of the same
     job would) makes it warm."""
 
-    def __init__(self, base: Path, name: str) -> None:
+    def __init__(self, base: Path, name: str, scratch: Path) -> None:
         self.base = base / name
+        self.scratch = scratch
         self.generation = 0
 
     @property
@@ -143,7 +168,7 @@ class LocalCache:
         return self.base / f"gen-{self.generation}"
 
     def reset(self, folders: Sequence[str] = ()) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        retire(self.folder, self.scratch)
         self.generation += 1
         # An earlier run in the same workdir may have left this generation's folder filled.
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -159,7 +184,7 @@ def build(stack: Any, local_root: Path, scratch: Path, *, bucket: str, mount: st
           node: str, other_host: str, token: str) -> list[Contestant]:
     """All contestants for one stack; FUSE is listed unavailable when it cannot mount."""
     s3_opts = stack.storage_options()
-    caches = {name: LocalCache(scratch / "fsspec-cache", name) for name in ("simplecache", "blockcache")}
+    caches = {name: LocalCache(scratch / "fsspec-cache", name, scratch) for name in ("simplecache", "blockcache")}
     for cache in caches.values():
         cache.reset()
 
@@ -185,20 +210,29 @@ def build(stack: Any, local_root: Path, scratch: Path, *, bucket: str, mount: st
         finally:
             close_filesystem(fs)
 
-    near = scratch / "near-cache"  # the remote host's near cache folder, emptied for a cold read
+    # The remote host's near cache folder: a new empty one for each cold read (as simplecache's).
+    near = LocalCache(scratch, "near-cache", scratch)
+    near.reset()
+    strata = {"master": stack.master_address, "token": token}
+
+    def near_access() -> Access:
+        return Access("strata", mount, {**strata, "host": other_host, "near_cache": str(near.folder)})
+
+    remote = Contestant("strata-remote", "Strata, fsspec client, remote worker (data port), near cache",
+                        near_access(), cached=True, reuse_fs=True)
 
     def free_near(folders: Sequence[str]) -> None:
         free(folders)
-        shutil.rmtree(near, ignore_errors=True)
+        remote.close()  # the filesystem kept for the run holds the near cache it opened
+        near.reset()
+        remote.access = near_access()
 
-    strata = {"master": stack.master_address, "token": token}
+    remote.cold = free_near
     contestants = [
         Contestant("s3fs", "s3fs, direct", Access("s3fs", bucket, s3_opts), cached=False),
         cache_contestant("simplecache", "fsspec simplecache"),
         cache_contestant("blockcache", "fsspec blockcache"),
-        Contestant("strata-remote", "Strata, fsspec client, remote worker (data port), near cache",
-                   Access("strata", mount, {**strata, "host": other_host, "near_cache": str(near)}), cached=True,
-                   cold=free_near, reuse_fs=True),
+        remote,
         Contestant("strata-remote-direct", "Strata, fsspec client, remote worker (data port), no near cache",
                    Access("strata", mount, {**strata, "host": other_host}), cached=True, cold=free, reuse_fs=True),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import os
 import signal
 import statistics
@@ -140,12 +141,14 @@ def on_stack(settings: StackSettings, args: argparse.Namespace, local: Path, rep
         for c in contestants:
             if c.unavailable:
                 log(f"{c.id}: {c.unavailable}")
-        runner = Runner(stack, contestants, local, reps, BUCKET, MOUNT, log=log, big_cold_reps=args.big_cold_reps)
+        runner = Runner(stack, contestants, local, reps, BUCKET, MOUNT, log=log, big_cold_reps=args.big_cold_reps,
+                        scratch=args.workdir / "run")
         try:
             return checked, stack.link.describe(), workloads(runner)
         finally:
             for c in contestants:
                 c.close()
+            runner.between_workloads()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,21 +201,25 @@ def main(argv: list[str] | None = None) -> int:
         needed.update({d.name: d for w, ds in wanted.items() if w in only for d in ds if d is not None})
 
         def main_workloads(runner: Runner) -> list[Workload]:
-            found = []
+            steps: list[Callable[[], Workload]] = []
             if "aggregate" in only:
-                found += [runner.aggregation(d) for d in agg]
+                steps += [functools.partial(runner.aggregation, d) for d in agg]
             if "linecount" in only:
-                found.append(runner.line_count(text))
+                steps.append(lambda: runner.line_count(text))
             if "write" in only:
-                found.append(runner.writes(write))
+                steps.append(lambda: runner.writes(write))
             if "sharing" in only:
-                found.append(runner.sharing(share))
+                steps.append(lambda: runner.sharing(share))
             if "metadata" in only:
-                found.append(runner.metadata(meta, META_MOUNT))
+                steps.append(lambda: runner.metadata(meta, META_MOUNT))
             if train is not None:
-                found.append(runner.training(train))
+                steps.append(lambda: runner.training(train))
             if readers is not None:
-                found.append(runner.many_readers(readers))
+                steps.append(lambda: runner.many_readers(readers))
+            found = []
+            for step in steps:
+                found.append(step())
+                runner.between_workloads()
             return found
 
         if only - {"spill", "manyfiles"}:

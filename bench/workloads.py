@@ -19,7 +19,7 @@ from typing import Any
 
 from strata.contract.modes import WriteType
 
-from contestants import Access, Contestant, LoopbackSender, close_filesystem, open_filesystem
+from contestants import Access, Contestant, LoopbackSender, close_filesystem, open_filesystem, remove_retired
 from datasets import Dataset, human, size_label
 from ops import READ_CHUNK, aggregate, check, count_lines, list_and_stat
 from results import Series, Workload
@@ -100,10 +100,18 @@ class Runner:
     # ~10 s per contestant): keeps the full run near half an hour.
     big_cold_reps: int = 3
     big: int = 1024 ** 3
+    # The cache folders cold reads replaced (contestants.retire), removed between workloads.
+    scratch: Path | None = None
     by_id: dict[str, Contestant] = field(init=False)
 
     def __post_init__(self) -> None:
         self.by_id = {c.id: c for c in self.contestants}
+
+    def between_workloads(self) -> None:
+        """Remove the cache folders the last workload's cold reads replaced (while no
+        contestant reads)."""
+        if self.scratch is not None:
+            remove_retired(self.scratch)
 
     def timed(self, fn: Callable[[], float], expected: float, op: str, who: str) -> float:
         start = time.perf_counter()
