@@ -118,7 +118,8 @@ def main() -> int:
         c = contestants[args.contestant]
         if c.unavailable:
             raise SystemExit(f"{c.id}: {c.unavailable}")
-        access = c.access
+        c.cold([ds.name])
+        access = c.access  # after cold(): a cold read may give the contestant a new cache folder
         if args.workload == "metadata":
             root = {"s3fs": f"{BUCKET}/{ds.name}", "local": str(local / ds.name)}.get(c.id)
             if root is None:
@@ -126,7 +127,6 @@ def main() -> int:
             paths = [root]
         else:
             paths = [access.path(f) for f in ds.files]
-        c.cold([ds.name])
         if args.phase == "warm":
             with c.filesystem() as fs:
                 run_op(op, fs, paths)
