@@ -124,10 +124,15 @@ impl Ahead {
     /// Wait for the read; true when its range was read whole and checked. A forked child's
     /// copy of its parent's read ahead is not waited for: it ends as failed.
     fn finish(self) -> (bool, Py<PyBytes>) {
-        if self.pid != std::process::id() {
+        if !self.ours() {
             return (false, self.out);
         }
         (self.done.wait(), self.out)
+    }
+
+    /// Whether a thread of this process reads it (not a forked child's copy).
+    fn ours(&self) -> bool {
+        self.pid == std::process::id()
     }
 }
 
@@ -179,9 +184,8 @@ const IDLE_FOR: Duration = Duration::from_secs(30);
 /// cost a sequential reader ~5% of its time: clone3 in its profile). A range goes to an idle
 /// thread, or to a new one when none is idle, so a read stuck on one block file (a disk that
 /// does not answer) holds up no other reader's; a thread idle for IDLE_FOR ends. A forked
-/// child has none of its parent's threads: it starts its own.
+/// child has none of its parent's threads: it starts its own (see after_fork_in_child).
 struct Helpers {
-    pid: u32,
     /// Each idle thread's own queue, by the thread's number.
     idle: Vec<(u64, mpsc::Sender<Job>)>,
     started: u64,
@@ -232,11 +236,7 @@ fn run_ahead(job: Job) -> std::io::Result<()> {
         };
     });
     let mut guard = helpers();
-    let pid = std::process::id();
-    if guard.as_ref().is_some_and(|h| h.pid != pid) {
-        std::mem::forget(guard.take()); // a parent's (see after_fork_in_child)
-    }
-    let helpers = guard.get_or_insert_with(|| Helpers { pid, idle: Vec::new(), started: 0 });
+    let helpers = guard.get_or_insert_with(|| Helpers { idle: Vec::new(), started: 0 });
     // An idle thread left the list only under this lock, so it waits on its queue.
     let job = match helpers.idle.pop() {
         Some((_, queue)) => match queue.send(job) {
@@ -262,11 +262,11 @@ fn read_ahead_thread(number: u64, queue: mpsc::Sender<Job>, jobs: mpsc::Receiver
             Ok((work, ended)) => {
                 let ok = work();
                 let listed = match helpers().as_mut() {
-                    Some(h) if h.pid == std::process::id() => {
+                    Some(h) => {
                         h.idle.push((number, queue.clone()));
                         true
                     }
-                    _ => false,
+                    None => false,
                 };
                 ended.0.set(ok);
                 if !listed {
@@ -380,7 +380,7 @@ impl BlockFile {
             (state.ahead.take(), sequential)
         };
         let result = match held {
-            Some(held) if held.start == start && held.stop == stop && held.pid == std::process::id() => {
+            Some(held) if held.start == start && held.stop == stop && held.ours() => {
                 let (ok, out) = py.detach(|| held.finish());
                 ok.then_some(out)
             }
