@@ -90,8 +90,9 @@ class OneFileServer:
                 payload, error = b"", exc.errno or errno.EIO
             try:
                 os.write(self.fd, wire.out_header(header.unique, len(payload), error) + payload)
-            except OSError:
-                return
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # ENOENT: the request was interrupted, the connection goes on
+                    return
 
     def _answer(self, header: wire.InHeader, body: memoryview) -> bytes:
         if header.opcode == wire.INIT:
