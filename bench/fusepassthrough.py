@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 
 from strata.cacheserver.fuse import kernel, wire
-from strata.cacheserver.fuse.mountpoints import unmount
+from strata.cacheserver.fuse.mountpoints import find_mount, unmount
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pagecache import PAGE, READ, best_passes, folio_pages  # noqa: E402
@@ -43,11 +43,17 @@ MAX_STACK_DEPTH = 1
 NAME = b"file"
 FILE_ID = 2
 TIMEOUT = 3600  # seconds the kernel may keep names and attributes: nothing changes
+# Seconds the whole measurement may take: past it every connection is aborted, so a read
+# waiting for a server that stopped answering fails (EIO, ENOTCONN) instead of waiting on.
+DEADLINE = 600.0
 
+OPENS_ANSWERED = "page cache, opens answered"
+KERNEL_OPENS = "page cache, kernel opens"
+PASSTHROUGH = "passthrough"
 WAYS = {
-    "page cache, opens answered": "the server answers each OPEN (FOPEN_KEEP_CACHE) and READs the pages",
-    "page cache, kernel opens": "OPEN answered ENOSYS once: the kernel opens without asking (Strata's read-only mounts)",
-    "passthrough": "each OPEN hands the kernel the local file (FOPEN_PASSTHROUGH): no READ reaches the server",
+    OPENS_ANSWERED: "the server answers each OPEN (FOPEN_KEEP_CACHE) and READs the pages",
+    KERNEL_OPENS: "OPEN answered ENOSYS once: the kernel opens without asking (Strata's read-only mounts)",
+    PASSTHROUGH: "each OPEN hands the kernel the local file (FOPEN_PASSTHROUGH): no READ reaches the server",
 }
 
 
@@ -64,6 +70,12 @@ class OneFileServer:
         self.fd = kernel.mount(kernel.MountRequest(mountpoint=mountpoint, source="bench:passthrough", read_only=True))
         self.thread = threading.Thread(target=self._serve, name=f"fuse {way}", daemon=True)
         self.thread.start()
+
+    def abort(self) -> None:
+        """End the connection: every request waiting for an answer fails at once."""
+        entry = find_mount(self.mountpoint)
+        if entry is not None and entry.device:
+            kernel.abort(entry.device)
 
     def close(self) -> None:
         unmount(self.mountpoint, lazy=True)
@@ -88,6 +100,9 @@ class OneFileServer:
                 error = 0
             except OSError as exc:
                 payload, error = b"", exc.errno or errno.EIO
+            except Exception as exc:  # a request this server cannot parse: it fails, the connection goes on
+                print(f"{self.way}: opcode {header.opcode} failed: {exc!r}", file=sys.stderr)
+                payload, error = b"", errno.EIO
             try:
                 os.write(self.fd, wire.out_header(header.unique, len(payload), error) + payload)
             except OSError as exc:
@@ -113,18 +128,18 @@ class OneFileServer:
         raise OSError(errno.ENOSYS, "not served")
 
     def _init(self, body: memoryview) -> bytes:
-        want = wire.ASYNC_READ | wire.MAX_PAGES | (INIT_PASSTHROUGH if self.way == "passthrough" else 0)
+        want = wire.ASYNC_READ | wire.MAX_PAGES | (INIT_PASSTHROUGH if self.way == PASSTHROUGH else 0)
         agreed = wire.negotiate(body, want, READ)
-        if self.way == "passthrough" and not agreed.flags & INIT_PASSTHROUGH:
+        if self.way == PASSTHROUGH and not agreed.flags & INIT_PASSTHROUGH:
             self.refused = "the kernel offers no passthrough at INIT"
         depth = MAX_STACK_DEPTH if agreed.flags & INIT_PASSTHROUGH else 0
         return wire.INIT_OUT.pack(agreed.major, agreed.minor, agreed.max_readahead, agreed.flags & 0xFFFFFFFF, 0, 0,
                                   agreed.max_write, 1, agreed.max_pages, 0, agreed.flags >> 32, depth)
 
     def _open(self) -> bytes:
-        if self.way == "page cache, kernel opens":
+        if self.way == KERNEL_OPENS:
             raise OSError(errno.ENOSYS, "the kernel opens without asking from now on")
-        if self.way == "passthrough" and not self.refused:
+        if self.way == PASSTHROUGH and not self.refused:
             if not self.backing_id:
                 try:
                     # Kept until the connection ends: an opener looks the id up after this
@@ -153,8 +168,11 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("mounting the minimal servers needs root")
     servers: list[OneFileServer] = []
+    deadline = threading.Timer(DEADLINE, lambda: [server.abort() for server in servers])
+    deadline.daemon = True
     with tempfile.TemporaryDirectory(prefix="strata-passthrough-") as folder:
         try:
+            deadline.start()
             for i, way in enumerate(WAYS):
                 mountpoint = Path(folder) / str(i)
                 mountpoint.mkdir()
@@ -172,6 +190,7 @@ def main() -> None:
             for way, text in WAYS.items():
                 print(f"  {way}: {text}")
         finally:
+            deadline.cancel()
             for server in servers:
                 server.close()
 
