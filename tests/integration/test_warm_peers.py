@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from strata.cacheserver.client.fs import StrataFileSystem
+from strata.cacheserver.worker.peers import ALONE_FOR
 
 from .conftest import BLOCK_SIZE, Cluster, wait_until
 from .test_integrity import flip_middle_bytes
@@ -39,6 +40,10 @@ def preloaded(cluster: Cluster, bucket: str, files: dict[str, bytes]) -> StrataF
         return all(all(b.worker_ids for b in fs.client.block_locations(f"/d/set/{name}").blocks) for name in files)
 
     wait_until(located, 10, "the master to know where every loaded block is")
+    # A worker trusts a list of workers naming only itself for ALONE_FOR seconds (its misses
+    # then go to the store without asking where their blocks are): a list taken before the
+    # other workers registered is stale by then, and the next miss asks again.
+    time.sleep(ALONE_FOR)
     return fs
 
 
