@@ -13,7 +13,9 @@ read cold. Every contestant reads the same bytes: the dataset's files under its 
 |               | small files kept in a near cache folder of that host (its scratch) |
 | strata-remote-direct | the same without the near cache: every open a data port request |
 | strata-fuse   | `strata fuse --read-only` of the dataset's mount on the worker's  |
-|               | node (a read-only CSI volume), read with open()                   |
+|               | node (a read-only CSI volume), read with open(); large files with |
+|               | `--passthrough` (the kernel reads local copies), small files      |
+|               | (training) without it (the kernel opens them without asking)      |
 | strata-sc     | Strata's fsspec client on the worker's node: short-circuit reads  |
 | local         | the same files on local disk (page cache when warm)               |
 """
@@ -106,6 +108,7 @@ class Contestant:
     cold: Callable[[Sequence[str]], None] = lambda folders: None
     reuse_fs: bool = False           # one filesystem for the whole run (Strata's client)
     unavailable: str = ""            # why it cannot run here, if it cannot
+    small_files: Access | None = None  # how it reads datasets of small files, if not by `access`
     _fs: Any = None
 
     @contextmanager
@@ -239,15 +242,23 @@ def build(stack: Any, local_root: Path, scratch: Path, *, bucket: str, mount: st
     stack.start_fuse()  # the whole namespace, read-write: the metadata workload lists through it
     mountpoint = stack.start_dataset_fuse(mount)
     fuse_root = str(mountpoint) if mountpoint is not None else ""
+    large = stack.start_large_files_fuse(mount)
 
     def fuse_cold(folders: Sequence[str]) -> None:
         free(folders)
-        for folder in folders:
-            base = Path(fuse_root) / folder
-            drop_page_cache([str(p) for p in base.iterdir() if p.is_file()])
+        for root in (fuse_root, str(large or "")):
+            for folder in folders:
+                base = Path(root) / folder
+                if base.is_dir():
+                    drop_page_cache([str(p) for p in base.iterdir() if p.is_file()])
+        if large is not None:
+            stack.restart_large_files_fuse(mount)  # no local copy left
 
-    contestants.append(Contestant("strata-fuse", "Strata, FUSE (open/read)", Access("posix", fuse_root), cached=True,
-                                  cold=fuse_cold, unavailable=stack.fuse_unavailable))
+    # Large files through the mount that passes them through to local copies; small files
+    # (training, metadata) through the one whose kernel opens them without asking.
+    contestants.append(Contestant("strata-fuse", "Strata, FUSE (open/read)", Access("posix", str(large or fuse_root)),
+                                  cached=True, cold=fuse_cold, unavailable=stack.fuse_unavailable,
+                                  small_files=Access("posix", fuse_root)))
     contestants.append(Contestant("strata-sc", "Strata, fsspec client, short-circuit",
                                   Access("strata", mount, {**strata, "host": node}), cached=True, cold=free, reuse_fs=True))
 

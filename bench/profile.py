@@ -120,6 +120,8 @@ def main() -> int:
             raise SystemExit(f"{c.id}: {c.unavailable}")
         c.cold([ds.name])
         access = c.access  # after cold(): a cold read may give the contestant a new cache folder
+        if args.workload == "training":
+            access = c.small_files or access
         if args.workload == "metadata":
             root = {"s3fs": f"{BUCKET}/{ds.name}", "local": str(local / ds.name)}.get(c.id)
             if root is None:
@@ -132,7 +134,7 @@ def main() -> int:
                 run_op(op, fs, paths)
         spies: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
         servers = {child.name: child for child in stack.children}
-        watched = ["worker"] + (["master"] if args.workload in ("metadata", "training") else []) + (["fuse-dataset"] if c.id == "strata-fuse" else [])
+        watched = ["worker"] + (["master"] if args.workload in ("metadata", "training") else []) + ([("fuse-dataset" if args.workload == "training" else "fuse-large")] if c.id == "strata-fuse" else [])
         for name in watched:
             if name in servers:
                 raw = raws / f"{tag}-{name}.raw"

@@ -8,7 +8,9 @@
   named as on a node of its own) as processes on this host (`python -P -m
   strata.cacheserver master|worker`, as tests/integration/conftest.py starts them), each
   worker's MEM tier in /dev/shm, the bucket mounted at /bench;
-- `strata fuse` at a mount point, when this checkout has it.
+- `strata fuse` at a mount point, when this checkout has it: the dataset's mount read-only
+  (kernel opens: small files), and again passing large files through to local copies
+  (`--passthrough`), as a Mount of small files and one of large files would each be mounted.
 
 Children are started, awaited and stopped by strata.cacheserver.launcher (each in a session of
 its own, stopped by process group on close).
@@ -45,6 +47,9 @@ NODE = "bench-node"          # the worker's host name: a client that says it is 
 OTHER_HOST = "bench-client"  # a client elsewhere: it reads from the worker's data port (TCP)
 DATA_TABLE_BYTES = 2 << 30  # the worker's data table: see Stack._start_worker
 STARTUP_TIMEOUT = 90.0
+# Bytes of local copies the large-files FUSE mount keeps (`strata fuse --passthrough`): the
+# largest workload's files (2 GiB of Parquet) fit.
+PASSTHROUGH_ROOM = "3Gi"
 # Seconds a server has to end after SIGTERM before SIGKILL (a worker drains its uploads).
 STOP_GRACE = 15.0
 REGION = "us-east-1"
@@ -97,6 +102,7 @@ class Stack:
     worker_https: list[int] = field(default_factory=list)
     fuse_mountpoint: Path | None = None
     dataset_fuse_mountpoint: Path | None = None  # the dataset's Strata mount alone, read-only
+    large_files_fuse_mountpoint: Path | None = None  # the same, passing large files through
     fuse_unavailable: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
@@ -283,6 +289,21 @@ class Stack:
             self.dataset_fuse_mountpoint = self._start_fuse("fuse-dataset", ["--read-only", "--root", mount])
         return self.dataset_fuse_mountpoint
 
+    def start_large_files_fuse(self, mount: str) -> Path | None:
+        """Mount the Strata mount `mount` alone, read-only, passing files of 1 MiB or more through
+        to local copies (`--passthrough`, as a Mount of large files would be); None as start_fuse."""
+        if self.large_files_fuse_mountpoint is None:
+            copies = self.workdir / "fuse-copies"
+            self.large_files_fuse_mountpoint = self._start_fuse(
+                "fuse-large", ["--read-only", "--root", mount, "--passthrough", f"{copies}:{PASSTHROUGH_ROOM}"])
+        return self.large_files_fuse_mountpoint
+
+    def restart_large_files_fuse(self, mount: str) -> Path | None:
+        """Mount it anew: no local copy is left (a cold read)."""
+        self._stop_fuse("fuse-large", self.large_files_fuse_mountpoint)
+        self.large_files_fuse_mountpoint = None
+        return self.start_large_files_fuse(mount)
+
     def _start_fuse(self, name: str, options: list[str]) -> Path | None:
         if self.fuse_unavailable:
             return None
@@ -309,15 +330,19 @@ class Stack:
         return mountpoint
 
     def stop_fuse(self) -> None:
-        for name, mountpoint in (("fuse", self.fuse_mountpoint), ("fuse-dataset", self.dataset_fuse_mountpoint)):
-            if mountpoint is None:
-                continue
-            for child in [c for c in self.children if c.name == name]:
-                child.stop(grace=STOP_GRACE)
-                self.children.remove(child)
-            if _is_mounted(mountpoint):
-                subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
-        self.fuse_mountpoint = self.dataset_fuse_mountpoint = None
+        for name, mountpoint in (("fuse", self.fuse_mountpoint), ("fuse-dataset", self.dataset_fuse_mountpoint),
+                                 ("fuse-large", self.large_files_fuse_mountpoint)):
+            self._stop_fuse(name, mountpoint)
+        self.fuse_mountpoint = self.dataset_fuse_mountpoint = self.large_files_fuse_mountpoint = None
+
+    def _stop_fuse(self, name: str, mountpoint: Path | None) -> None:
+        if mountpoint is None:
+            return
+        for child in [c for c in self.children if c.name == name]:
+            child.stop(grace=STOP_GRACE)
+            self.children.remove(child)
+        if _is_mounted(mountpoint):
+            subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
 
 
 def _is_mounted(path: Path) -> bool:

@@ -479,7 +479,8 @@ class Runner:
                     phase = "cold" if epoch == 0 else "warm"
                     order = list(dataset.files)
                     random.Random(rep * (1 + warm_epochs) + epoch).shuffle(order)
-                    jobs = [{"access": c.access.to_json(), "op": "read_files", "paths": order[i::loaders]}
+                    access = c.small_files or c.access
+                    jobs = [{"access": access.to_json(), "op": "read_files", "paths": order[i::loaders]}
                             for i in range(loaders)]
                     series = w.series_for(c.id, c.label, phase)
 

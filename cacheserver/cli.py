@@ -111,6 +111,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         mountpoint=Path(args.mountpoint), root=args.root, read_only=args.read_only, allow_other=args.allow_other,
         write_type=args.write_type or "", attr_timeout=args.attr_timeout, readahead=args.readahead,
         spool_dir=args.spool_dir, readers=args.readers, max_nodes=args.max_nodes, resume_timeout=fuse_environment().resume_timeout if args.resume_timeout is None else args.resume_timeout,
+        passthrough=args.passthrough or "",
     )
     return run_fuse(options, master=args.master, token=args.token)
 
@@ -440,6 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="if this process dies, how long readers wait for `strata fuse` to be run again on the "
                    "mount point before they get an error and the mount ends (default: STRATA_FUSE_RESUME_TIMEOUT "
                    "or 60)")
+    p.add_argument("--passthrough", default=None, metavar="DIR:SIZE",
+                   help="with --read-only: the kernel reads files of 1 MiB or more itself (FUSE passthrough, "
+                   "Linux 6.9+, as root) from whole local copies kept in DIR, SIZE bytes at most, made at a "
+                   "file's first open and checked at the next: large files read at a local file's speed. "
+                   "Opens are answered, so small files open slower than without it")
 
     p = add(sub, "fuse-holder", cmd_fuse_holder, "start and reap the keepers of the FUSE mounts of `strata fuse` "
             "processes run with STRATA_FUSE_HOLDER (a node's CSI volumes); runs until SIGTERM")

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -36,6 +37,7 @@ from strata.contract.errors import (
     Unavailable,
 )
 from strata.contract.modes import WriteType
+from strata.contract.units import parse_size
 from ..client.fs import StrataFileSystem
 from ..client.settings import ClientSettings
 from ..common.paths import normalize
@@ -47,7 +49,8 @@ from .attrcache import attr_timeout_for
 from .operations import StrataOperations
 from .settings import DEFAULT_MAX_NODES, DEFAULT_READERS, DEFAULT_RESUME_TIMEOUT, FuseSettings, fuse_environment
 from .session import Session
-from .wire import InitReply
+from .localcopies import MIN_BYTES
+from .wire import PASSTHROUGH, InitReply
 
 log = logging.getLogger("strata.fuse")
 
@@ -71,6 +74,24 @@ class FuseOptions:
     readers: int | None = None       # files of a read-only mount kept ready to read; None: DEFAULT_READERS
     max_nodes: int | None = None     # nodes the kernel is let hold (and statuses remembered); None: DEFAULT_MAX_NODES
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT  # seconds readers wait for a successor of a dead server
+    passthrough: str = ""            # DIR:SIZE: local copies the kernel reads itself (localcopies.py); "": none
+
+
+def passthrough_of(value: str, mountpoint: Path, read_only: bool) -> tuple[Path | None, int]:
+    """The folder of this mount's local copies and their room, from `--passthrough DIR:SIZE`
+    (a folder of its own in DIR for each mount point: a successor clears it)."""
+    if not value:
+        return None, 0
+    folder, sep, size = value.rpartition(":")
+    if not sep or not folder:
+        raise InvalidArgument(f"--passthrough {value!r}: write DIR:SIZE, e.g. /mnt/nvme/strata-copies:50Gi")
+    if not read_only:
+        raise InvalidArgument("--passthrough needs --read-only: a file passed through to a copy cannot be written")
+    room = parse_size(size, what="--passthrough size")
+    if room < MIN_BYTES:
+        raise InvalidArgument(f"--passthrough {value!r}: give at least {MIN_BYTES} bytes of room")
+    key = hashlib.sha256(str(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return Path(folder).absolute() / f"mount-{key}", room
 
 
 def prepare_mountpoint(mountpoint: Path) -> Path:
@@ -140,7 +161,7 @@ def _mount(mountpoint: Path, root: str, options: FuseOptions, state: Path) -> mo
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True, mode=0o700)
     mountkeeper.write_json(state / mountkeeper.SESSION, {"mountpoint": str(mountpoint), "root": root,
-                                               "read_only": options.read_only})
+                                               "read_only": options.read_only, "passthrough": options.passthrough})
     fd = kernel.mount(kernel.MountRequest(mountpoint=mountpoint, source="strata:" + root, read_only=options.read_only,
                                           allow_other=options.allow_other, max_read=MAX_IO))
     try:
@@ -173,11 +194,13 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
     attachment = mountkeeper.attach(state, options.resume_timeout)
     if attachment is not None:
         kept = mountkeeper.read_json(state / mountkeeper.SESSION)
-        if (kept.get("root"), kept.get("read_only")) != (root, options.read_only):
+        if (kept.get("root"), kept.get("read_only"), kept.get("passthrough", "")) != (root, options.read_only,
+                                                                                   options.passthrough):
             attachment.close()
             raise InvalidArgument(
                 f"{mountpoint} is kept mounted with --root {kept.get('root')}"
-                f"{' --read-only' if kept.get('read_only') else ''}; resume it with the same options, "
+                f"{' --read-only' if kept.get('read_only') else ''}"
+                f"{' --passthrough ' + kept['passthrough'] if kept.get('passthrough') else ''}; resume it with the same options, "
                 f"or unmount it first: fusermount3 -u {mountpoint}")
     max_nodes = DEFAULT_MAX_NODES if options.max_nodes is None else options.max_nodes
     if max_nodes < 1:
@@ -194,10 +217,11 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         timeout = options.attr_timeout
         if timeout is None:
             timeout = attr_timeout_for(fs.client.mounts(), root)
+        copies, room = passthrough_of(options.passthrough, mountpoint, options.read_only)
         settings = FuseSettings(root=root, read_only=options.read_only, write_type=write_type,
                                 attr_timeout=timeout, spool_dir=options.spool_dir, handles_dir=state / mountkeeper.HANDLES,
                                 readers=DEFAULT_READERS if options.readers is None else options.readers,
-                                max_nodes=max_nodes)
+                                max_nodes=max_nodes, passthrough_dir=copies, passthrough_room=room)
         ops = StrataOperations(fs, settings)
         resumed = attachment is not None
         if attachment is None:
@@ -216,6 +240,8 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
             ops.adopt()  # the predecessor's open files, at their versions
         session = Session(attachment.fd, ops, nodes, timeout=timeout, read_only=options.read_only, root=root,
                           on_init=remember_init)
+        if resumed and mountkeeper.read_json(state / mountkeeper.SESSION).get("init", {}).get("flags", 0) & PASSTHROUGH:
+            session.pass_through(resumed=True)  # agreed at the predecessor's INIT
         threading.Thread(target=_stop_on_signal, args=(ops, mountpoint, attachment), name="strata-fuse-signals",
                          daemon=True).start()
         if resumed and not session.resume():
@@ -235,6 +261,7 @@ def run_fuse(options: FuseOptions, *, master: str | None = None, token: str | No
         raise_readahead(mountpoint)
         session.wait()
         ops.commit_all()
+        ops.drop_copies()
         attachment.stop()
         nodes.close()
         log.info("strata fuse: %s unmounted", mountpoint)

@@ -24,6 +24,7 @@ from strata.contract.errors import ResourceExhausted, StrataError
 from .errnos import as_errno, errno_of
 from .handles import ReadHandle, WriteHandle
 from .interface import MAX_IO, FuseError
+from .localcopies import LocalCopies, copy_name
 from .openreads import Opened
 from .reads import Reads
 
@@ -38,12 +39,32 @@ class Files(Reads):
             file = self.fs.open(ns, "rb")
             reader = ReadHandle(file)
             self._attrs.put(reader.info)
-            with self._lock:  # decided and added at once: a handle of another version opened meanwhile counts
-                keep, direct = self._page_cache_locked(ns, reader.info.version)
-                fi.keep_cache, fi.direct_io = int(keep), int(direct)
-                reader.direct = direct
-                fi.fh = self._add_locked(reader)
-                opened = Opened(ns, keep, direct, self._open_reads.changes(ns))
+            copy = self._copies.usable(reader.info)
+            try:
+                with self._lock:  # decided and added at once: a handle of another version opened meanwhile counts
+                    passing = self._copies.passing(ns)
+                    if passing is not None and (copy is None or passing != copy_name(copy.info)):
+                        raise LocalCopies.conflict(ns)
+                    if copy is not None and (passing is not None or not self._open_reads.versions(ns)):
+                        # The kernel reads the copy: this handle is never read, nor the page cache.
+                        self._versions.pop(ns, None)
+                        reader.direct = True
+                        fi.backing_id = copy.backing_id
+                    else:
+                        keep, direct = self._page_cache_locked(ns, reader.info.version)
+                        fi.keep_cache, fi.direct_io = int(keep), int(direct)
+                        reader.direct = direct
+                    fi.fh = self._add_locked(reader)
+                    opened = Opened(ns, bool(fi.keep_cache), reader.direct, self._open_reads.changes(ns))
+                    if copy is not None and fi.backing_id:
+                        self._copies.opened(fi.fh, copy)
+            except BaseException:
+                if copy is not None:
+                    self._copies.unused(copy)
+                file.close()
+                raise
+            if copy is not None and not fi.backing_id:
+                self._copies.unused(copy)
             file.may_reopen = functools.partial(self._may_switch, opened, fi.fh)
             try:
                 self._records.add(fi.fh, reader.info)
@@ -144,8 +165,11 @@ class Files(Reads):
                 self._open_reads.change(handle, -1)
         if not self.is_write_handle(fi.fh):
             self._records.remove(fi.fh)  # a predecessor's handle this process never read included
+            self._copies.released(fi.fh)
         if handle is None:
             return 0
+        if isinstance(handle, ReadHandle) and handle.bytes_read >= handle.info.length:
+            self._copies.read_whole(handle.info)
         try:
             if isinstance(handle, WriteHandle):
                 handle.commit(self._upload)  # normally done by flush already

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from . import wire
+from . import kernel, wire
 from .interface import MAX_IO, UTIME_NOW, UTIME_OMIT, FileInfo, FuseError, Operations, S
 from .nodes import NodeTable
 from .pins import Pins
@@ -142,11 +142,23 @@ class Handlers(Generic[S]):
     # -- session ------------------------------------------------------------------------------
 
     def _init(self, header: wire.InHeader, body: memoryview) -> Payload:
-        reply = wire.negotiate(body, WANT, MAX_IO)
+        wanted = self.ops.passes_through()
+        reply = wire.negotiate(body, WANT | (wire.PASSTHROUGH if wanted else 0), MAX_IO)
+        if reply.flags & wire.PASSTHROUGH:
+            self.pass_through(resumed=False)
+        elif wanted:
+            log.warning("strata fuse: this kernel passes no files through (Linux 6.9+ built with "
+                        "CONFIG_FUSE_PASSTHROUGH can): files are read through the page cache")
         self._on_init(reply)
         log.info("strata fuse: %s ready (FUSE %d.%d, metadata timeout %.1fs%s)", self.root, reply.major,
                  reply.minor, self.timeout, ", read-only" if self.read_only else "")
         return [reply.pack()]
+
+    def pass_through(self, *, resumed: bool) -> None:
+        """Opens may hand the kernel a local file to read (agreed at INIT, by this process or,
+        `resumed`, the predecessor whose connection it took over)."""
+        self.ops.pass_through(functools.partial(kernel.backing_open, self.fd),
+                              functools.partial(kernel.backing_close, self.fd), resumed=resumed)
 
     def _destroy(self, header: wire.InHeader, body: memoryview) -> Payload:
         self.ops.commit_all()
@@ -233,6 +245,8 @@ class Handlers(Generic[S]):
         # A file opened for reading has nothing to flush: its close(2) need not wait for an
         # answer from this process.
         reading = flags & os.O_ACCMODE == os.O_RDONLY
+        if fi.backing_id:  # the kernel reads the local file: no page cache of its own to keep
+            return [wire.open_out(fi.fh, wire.FOPEN_PASSTHROUGH | wire.FOPEN_NOFLUSH, fi.backing_id)]
         return [wire.open_out(fi.fh, (wire.FOPEN_KEEP_CACHE if fi.keep_cache else 0)
                               | (wire.FOPEN_DIRECT_IO if fi.direct_io else 0)
                               | (wire.FOPEN_NOFLUSH if reading else 0))]

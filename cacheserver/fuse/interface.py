@@ -41,6 +41,7 @@ class FileInfo:
     fh: int = 0
     keep_cache: int = 0
     direct_io: int = 0
+    backing_id: int = 0  # the kernel reads the file it names instead (passthrough, see open)
 
 
 class Status(Protocol):
@@ -111,7 +112,8 @@ class Operations(Protocol[S]):
         ...
 
     def open(self, path: str, fi: FileInfo) -> int:
-        """Sets fi.fh, and fi.keep_cache and fi.direct_io for the kernel's page cache."""
+        """Sets fi.fh, and fi.keep_cache and fi.direct_io for the kernel's page cache, or
+        fi.backing_id for a file the kernel reads itself (see pass_through)."""
         ...
 
     def create(self, path: str, mode: int, fi: FileInfo) -> int: ...
@@ -132,6 +134,15 @@ class Operations(Protocol[S]):
 
     def release(self, path: str, fi: FileInfo) -> int: ...
 
+    def passes_through(self) -> bool:
+        """Whether opens may hand the kernel a local file to read (asked for at INIT)."""
+        ...
+    def pass_through(self, register: Callable[[int], int], unregister: Callable[[int], None], *,
+                     resumed: bool) -> None:
+        """INIT agreed on passthrough (`resumed`: the predecessor's INIT, on the connection this
+        process took over): `register(fd)` gives the kernel's id of an open local file (for
+        fi.backing_id), `unregister(id)` lets go of one."""
+        ...
     def commit_all(self) -> None:
         """Write every changed open file (the kernel ends the session)."""
         ...

@@ -3,6 +3,9 @@
 - As root: open /dev/fuse and mount(2) with its descriptor (`fd=N,rootmode=...`).
 - Otherwise: fusermount3 (setuid root) mounts and hands the descriptor back over a Unix socket
   (the `_FUSE_COMMFD` protocol of libfuse's mount helper).
+- `backing_open` / `backing_close` register a local file with a connection for passthrough
+  (Linux 6.9+, CAP_SYS_ADMIN): an OPEN answered with its id has the kernel read that file
+  itself, the server asked no READ.
 - `abort` ends a connection through /sys/fs/fuse/connections/N/abort: every request waiting
   for an answer fails at once, and the mount answers ENOTCONN until it is unmounted.
 """
@@ -11,9 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
+import fcntl
 import os
 import shutil
 import socket
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,11 @@ MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 FUSERMOUNT_TIMEOUT = 30.0
+# /dev/fuse's ioctls of linux/fuse.h: _IOW(229, 1, struct fuse_backing_map {s32 fd; u32 flags;
+# u64 padding}) gives the id of a backing file, _IOW(229, 2, u32) lets go of one.
+BACKING_OPEN = 0x4010E501
+BACKING_CLOSE = 0x4004E502
+BACKING_MAP = struct.Struct("=iIQ")
 
 
 @dataclass(frozen=True)
@@ -103,3 +114,20 @@ def abort(device: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def backing_open(connection: int, fd: int) -> int:
+    """The id the connection `connection` (a /dev/fuse descriptor) gives the open file `fd`, for
+    OPEN answers that pass reads through to it; OSError if the kernel refuses (no passthrough
+    agreed at INIT, no CAP_SYS_ADMIN, a file it cannot stack on)."""
+    return int(fcntl.ioctl(connection, BACKING_OPEN, bytearray(BACKING_MAP.pack(fd, 0, 0)), True))
+
+
+def backing_close(connection: int, backing_id: int) -> None:
+    """Let go of a backing file's id: files the kernel opened with it keep reading it; an id
+    the connection does not know (ENOENT) is no error."""
+    try:
+        fcntl.ioctl(connection, BACKING_CLOSE, bytearray(struct.pack("=I", backing_id)), True)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise

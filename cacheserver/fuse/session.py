@@ -58,8 +58,9 @@ class Session(Handlers[S]):
         self._on_init = on_init
         self.kernel_attrs = KernelAttrs()
         self.node_limit = NodeLimit(fd, nodes)
-        # The kernel opens files without asking (see the module docstring).
-        self.kernel_opens = read_only and self.timeout > 0
+        # The kernel opens files without asking (see the module docstring); not where opens
+        # may pass files through, which only an answer to an OPEN does.
+        self.kernel_opens = read_only and self.timeout > 0 and not ops.passes_through()
         # The kernel keeps listings of this mount's folders (see Handlers._opendir).
         self.kernel_lists = self.kernel_opens
         self.pins = Pins(ops, self._invalidate_data)

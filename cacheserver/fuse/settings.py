@@ -50,6 +50,10 @@ class FuseSettings:
     handles_dir: Path | None = None  # what each read handle reads, for a successor (handles.ReadRecords)
     readers: int = DEFAULT_READERS  # client file objects kept for files the kernel opened without asking
     max_nodes: int = DEFAULT_MAX_NODES  # nodes the kernel is let hold, and statuses remembered, at most
+    # Where local copies of files passed through to the kernel are kept, and their bytes at
+    # most (`--passthrough DIR:SIZE`, see localcopies.py); None: no passthrough.
+    passthrough_dir: Path | None = None
+    passthrough_room: int = 0
 
 
 class FuseEnvironment(BaseSettings):

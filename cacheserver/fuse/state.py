@@ -16,7 +16,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from strata.contract.errors import NotFound, StrataError
@@ -28,10 +28,14 @@ from .dirlistings import KernelListings
 from .handles import ReadHandle, ReadRecords, WriteHandle
 from .interface import MAX_IO, FuseError
 from .openreads import OpenReads
+from .localcopies import LocalCopies
 from .prefetch import FolderPrefetch
 from .settings import FuseSettings
 
 log = logging.getLogger("strata.fuse")
+
+# Bytes read at a time into a local copy (localcopies.py).
+COPY_PIECE = 8 * 1024 * 1024
 
 
 class OperationsState:
@@ -44,10 +48,14 @@ class OperationsState:
         self.root = settings.root
         self._attrs = AttrCache(settings.attr_timeout, settings.max_nodes)
         self._listings = KernelListings()
+        # Local copies of files the kernel reads itself (passthrough), if the mount makes them.
+        self._copies = LocalCopies(settings.passthrough_dir if settings.read_only else None,
+                                   settings.passthrough_room, self._chunks_of, self._held_here)
         # A read-only mount that reuses metadata has the kernel open its files without asking
-        # (session.py): a listed entry is used from the attribute cache alone, and the client
-        # keeps no second copy of it. Elsewhere opens go by the client's held answers.
-        self._hold_listed = not (settings.read_only and settings.attr_timeout > 0)
+        # (session.py) unless it passes files through: a listed entry is used from the
+        # attribute cache alone, and the client keeps no second copy of it. Elsewhere opens go
+        # by the client's held answers.
+        self._hold_listed = not (settings.read_only and settings.attr_timeout > 0) or self._copies.wanted
         self._prefetch = FolderPrefetch(self.client.ls_pages, enabled=settings.attr_timeout > 0,
                                         wait=self.client.settings.master_timeout, hold_reusable=self._hold_listed)
         self._handles: dict[int, ReadHandle | WriteHandle] = {}
@@ -61,6 +69,29 @@ class OperationsState:
         self._lock = threading.Lock()
         self._statfs: tuple[float, dict[str, int]] | None = None
         self._uid, self._gid = os.getuid(), os.getgid()
+
+    def _chunks_of(self, info: pb.FileInfo) -> Iterator[bytes]:
+        """The bytes of version `info` in pieces, each checked on its way from the worker."""
+        with self.fs.open(info.path, "rb", file_info=info) as file:
+            while chunk := file.read(COPY_PIECE):
+                yield chunk
+
+    def _held_here(self, info: pb.FileInfo) -> bool:
+        """Whether the worker on this host holds every block of version `info` (the master's word)."""
+        located = self.client.block_locations(info.path)
+        return (located.file.version == info.version and len(located.blocks) > 0
+                and all(self.client.host in block.hosts for block in located.blocks))
+
+    def drop_copies(self) -> None:
+        """Remove the local copies (the mount ended)."""
+        self._copies.close()
+
+    def passes_through(self) -> bool:
+        return self._copies.wanted
+
+    def pass_through(self, register: Callable[[int], int], unregister: Callable[[int], None], *,
+                     resumed: bool) -> None:
+        self._copies.attach(register, unregister, resumed=resumed)
 
     def _ns(self, path: str) -> str:
         """The namespace path of a path below the mount point."""

@@ -71,6 +71,7 @@ PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
 INIT_EXT = 1 << 30
 HAS_RESEND = 1 << 39  # the kernel can put requests in flight back in the queue (7.40)
+PASSTHROUGH = 1 << 37  # an open may hand the kernel a local file to read instead (Linux 6.9+)
 
 # fuse_write_in.write_flags: a write of the page cache (a shared mapping), not of a write(2)
 WRITE_CACHE = 1 << 0
@@ -79,6 +80,7 @@ FOPEN_DIRECT_IO = 1 << 0
 FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_CACHE_DIR = 1 << 3  # (opendir) the kernel keeps what READDIR answers, and answers from it while kept
 FOPEN_NOFLUSH = 1 << 5  # close(2) sends no FLUSH (the kernel's own FUSE_WRITEBACK_CACHE aside)
+FOPEN_PASSTHROUGH = 1 << 7  # reads and mmap go to the backing file the OPEN answer names, not here
 # fuse_getattr_in.getattr_flags
 GETATTR_FH = 1 << 0
 # fuse_setattr_in.valid
@@ -224,8 +226,8 @@ def attr_out(attr: Attr, timeout: float) -> bytes:
     return ATTR_OUT_HEAD.pack(sec, nsec, 0) + attr.pack()
 
 
-def open_out(fh: int, open_flags: int) -> bytes:
-    return OPEN_OUT.pack(fh, open_flags, 0)
+def open_out(fh: int, open_flags: int, backing_id: int = 0) -> bytes:
+    return OPEN_OUT.pack(fh, open_flags, backing_id)
 
 
 class Dirents:
@@ -267,10 +269,13 @@ class InitReply:
     flags: int
     max_write: int
     max_pages: int
+    # File systems stacked under a backing file, at most (PASSTHROUGH; 1: backing files on a
+    # file system that is itself on no other, as a worker's disk is).
+    max_stack_depth: int = 0
 
     def pack(self) -> bytes:
         return INIT_OUT.pack(self.major, self.minor, self.max_readahead, self.flags & 0xFFFFFFFF, 0, 0,
-                             self.max_write, 1, self.max_pages, 0, self.flags >> 32, 0)
+                             self.max_write, 1, self.max_pages, 0, self.flags >> 32, self.max_stack_depth)
 
 
 def negotiate(body: bytes | memoryview, want: int, max_io: int) -> InitReply:
@@ -280,5 +285,7 @@ def negotiate(body: bytes | memoryview, want: int, max_io: int) -> InitReply:
         flags |= INIT_IN_EXT.unpack_from(body, INIT_IN.size)[0] << 32
     if major != KERNEL_VERSION:
         raise ValueError(f"the kernel speaks FUSE {major}.{minor}; Strata speaks {KERNEL_VERSION}.x")
+    agreed = flags & (want | INIT_EXT)
     return InitReply(major=KERNEL_VERSION, minor=min(minor, KERNEL_MINOR), max_readahead=min(max_readahead, max_io),
-                     flags=flags & (want | INIT_EXT), max_write=max_io, max_pages=max_io // 4096)
+                     flags=agreed, max_write=max_io, max_pages=max_io // 4096,
+                     max_stack_depth=1 if agreed & PASSTHROUGH else 0)

@@ -64,6 +64,12 @@ class FakeFiles:
     def readdir(self, path: str, fh: Any) -> list[tuple[str, int, int]]:
         return [(name.lstrip("/"), 7, stat.S_IFREG) for name in sorted(self.files)]
 
+    def passes_through(self) -> bool:
+        return False
+
+    def pass_through(self, register: Any, unregister: Any, *, resumed: bool) -> None:
+        raise AssertionError("passthrough is not asked for")
+
     def listing_unchanged(self, path: str) -> bool:
         return False
 

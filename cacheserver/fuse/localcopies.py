@@ -1,0 +1,407 @@
+"""Whole local copies of the files a read-only mount reads, which the kernel reads itself
+(FUSE passthrough, Linux 6.9+): `strata fuse --read-only --passthrough DIR:SIZE`.
+
+A read through a FUSE mount's page cache is a copy out of 4 KiB pages, a fifth to a third
+slower than a read of a local file, whose pages the kernel keeps in large folios. An OPEN
+answered with FOPEN_PASSTHROUGH and a backing file has the kernel read that file instead:
+its page cache, its readahead, no request to this process. The kernel passes a file through
+to one backing file at the same offsets, and the worker keeps a file as one file per block;
+so an open of a file's version (of at least MIN_BYTES) that has no copy is answered from the
+page cache as before, and a thread copies that version whole into DIR once every block of it
+is held by the worker on this node (as the master says at an open, or as a file just read
+whole through this mount shows at its close: a copy does not fetch from the store), reading
+it as every read does (each chunk checked against the block's CRC-32C on its way from the
+worker). Later opens of that version pass through to the copy.
+
+- Checked at open: a copy is written from checked bytes, and each open that would pass it
+  through first looks at its file (inode, size, times): a file written to since it was made
+  (or last read back) is read back whole, each piece's CRC-32C compared with the one taken as
+  it was written (about 0.2 s a GiB); a copy that differs is removed and the open reads
+  through the page cache. The copy is registered with the kernel (FUSE_DEV_IOC_BACKING_OPEN)
+  once, at the first open that passes it through. What the kernel reads from the copy is
+  not checked again, as a local file's bytes are not: the copy is in the FUSE process's own
+  folder (mode 0600 in a 0700 folder), written once.
+- Bounded: copies take at most SIZE bytes of DIR; a new copy evicts the least recently
+  opened copies no file is open on (their id let go of, their file removed); a file too big
+  for the room is not copied.
+- One way per file at a time: the kernel fails an open (EIO) that would mix passthrough with
+  the page cache, or two backing files, on one file. While a file is open through the page
+  cache, its opens stay there; while open passed through, its opens pass through to the same
+  copy; an open of another version of it meanwhile (the file changed in the store) fails
+  with EIO until those close, said in the log.
+- A version is never changed: a file changed in the store is a new version, copied anew.
+- A successor process (the mount kept across a restart, see mountkeeper.py) starts with no
+  copies: it lets go of the ids its predecessor registered (their names carry them) and
+  removes their files; files the kernel opened through them read on. An open of a file the
+  predecessor passed through that is still open fails (EIO) until those opens close.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crc32c import crc32c
+
+from strata.contract.proto import strata_pb2 as pb
+from .interface import FuseError
+
+log = logging.getLogger("strata.fuse")
+
+# Files smaller than this are not copied: a read of a few pages gains nothing from passthrough.
+MIN_BYTES = 1024 * 1024
+# Bytes of a copy checked at a time (one CRC-32C each).
+PIECE = 4 * 1024 * 1024
+# Copies waiting for the copying thread, at most; an open past it is not copied this time.
+PENDING = 64
+# Seconds a version whose blocks were not all on this node is not asked about again, and how
+# many such versions are remembered.
+ELSEWHERE_FOR = 5.0
+ELSEWHERE = 1024
+TEMP_SUFFIX = ".tmp"
+
+
+def copy_name(info: pb.FileInfo) -> str:
+    """The name of the copy of `info`'s version (its backing id, once it has one, after a dot)."""
+    return hashlib.sha256(f"{info.path}\0{info.version}".encode("utf-8", "surrogateescape")).hexdigest()[:40]
+
+
+@dataclass
+class Copy:
+    info: pb.FileInfo
+    path: Path
+    pieces: list[int] = field(default_factory=list)  # CRC-32C of each PIECE as written
+    ready: bool = False  # written whole
+    held: bool = False  # every block is known to be on this node (no need to ask the master)
+    backing_id: int = 0  # the kernel's id of it (0: not registered)
+    stamp: tuple[int, ...] = ()  # its file's identity and times when last checked
+    opens: int = 0  # files the kernel opened passed through to it
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+    """Write `data` at `offset` whole; the offset after it."""
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        offset += done
+        view = view[done:]
+    return offset
+
+
+Reader = Callable[[pb.FileInfo], Iterator[bytes]]
+HeldHere = Callable[[pb.FileInfo], bool]
+
+
+class LocalCopies:
+    """The copies in `folder`, `room` bytes at most, of files read by `read(info)` (the bytes
+    of a version, each chunk checked) once `held_here(info)` (every block of the version is
+    on this node's worker). Passthrough starts once `attach` gives it the
+    connection's registration (INIT agreed on it); a folder of None: never (no copy is made,
+    no open passes through)."""
+
+    def __init__(self, folder: Path | None, room: int, read: Reader, held_here: HeldHere) -> None:
+        self.folder = folder
+        self.room = room
+        self._read = read
+        self._held_here = held_here
+        self._elsewhere: OrderedDict[str, float] = OrderedDict()  # name: when its blocks were not all here
+        self._copies: OrderedDict[str, Copy] = OrderedDict()  # least recently opened first
+        self._passing: dict[str, tuple[str, int]] = {}  # path: (copy name, files open passed through)
+        self._handles: dict[int, tuple[str, str]] = {}  # file handle opened passed through: its path, copy
+        self._used = 0
+        self._register: Callable[[int], int] | None = None
+        self._unregister: Callable[[int], None] = lambda backing_id: None
+        self._pending: queue.Queue[str] = queue.Queue(PENDING)
+        self._lock = threading.Lock()
+
+    @property
+    def wanted(self) -> bool:
+        """Whether this mount passes files through where the kernel can."""
+        return self.folder is not None
+
+    def _clear(self, folder: Path, unregister: Callable[[int], None] | None) -> None:
+        """Remove the copies an earlier process left, letting go of the ids it registered on
+        this connection (`unregister`: a predecessor's; None: another connection's, gone);
+        the folder is made if missing."""
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for entry in folder.iterdir():
+            name, _, suffix = entry.name.partition(".")
+            if suffix.isdigit() and unregister is not None:
+                try:
+                    unregister(int(suffix))
+                except OSError as exc:
+                    log.warning("strata fuse: could not let go of backing file %s: %s", entry, exc)
+            entry.unlink(missing_ok=True)
+
+    def attach(self, register: Callable[[int], int], unregister: Callable[[int], None], *, resumed: bool) -> None:
+        """Passthrough was agreed (`resumed`: by the predecessor whose connection this process
+        took over): copies are made and registered from now on, what an earlier process left
+        in the folder cleared first."""
+        if self.folder is None:
+            return
+        self._clear(self.folder, unregister if resumed else None)
+        self._register, self._unregister = register, unregister
+        threading.Thread(target=self._copy_pending, name="strata-fuse-copies", daemon=True).start()
+
+    # -- opens -------------------------------------------------------------------------------------
+
+    def usable(self, info: pb.FileInfo) -> Copy | None:
+        """The copy of `info`'s version an open may pass through to: written, checked and
+        registered (each once), and kept for the open until `opened` or `unused`; None
+        otherwise, and a copy is queued if there is none."""
+        folder = self._folder_for(info)
+        if folder is None:
+            return None
+        name = copy_name(info)
+        with self._lock:
+            copy = self._copies.get(name)
+            if copy is None:
+                self._queue(folder, name, info)
+                return None
+            if not copy.ready:
+                return None
+            copy.opens += 1  # not evicted meanwhile
+        if self._check_and_register(name, copy):
+            return copy
+        self.unused(copy)
+        return None
+
+    def read_whole(self, info: pb.FileInfo) -> None:
+        """A file open through the page cache read all of version `info`: its blocks are on
+        this node now; it is copied (if it has no copy)."""
+        folder = self._folder_for(info)
+        if folder is None:
+            return
+        name = copy_name(info)
+        with self._lock:
+            if name not in self._copies:
+                self._elsewhere.pop(name, None)
+                self._queue(folder, name, info, held=True)
+
+    def _folder_for(self, info: pb.FileInfo) -> Path | None:
+        """Where a copy of `info` would be kept; None if it is not to be copied (passthrough
+        not agreed, or a file too small to gain or too large for the room)."""
+        if self._register is None or not MIN_BYTES <= info.length <= self.room:
+            return None
+        return self.folder
+
+    def unused(self, copy: Copy) -> None:
+        """The open `usable` kept `copy` for did not pass through to it."""
+        with self._lock:
+            copy.opens -= 1
+
+    def passing(self, path: str) -> str | None:
+        """The name of the copy files open on `path` are passed through to (None: none is)."""
+        with self._lock:
+            held = self._passing.get(path)
+            return held[0] if held else None
+
+    def opened(self, fh: int, copy: Copy) -> None:
+        """Handle `fh` was opened passed through to `copy` (kept for it by `usable`)."""
+        name = copy_name(copy.info)
+        with self._lock:
+            self._copies.move_to_end(name)
+            held = self._passing.get(copy.info.path, (name, 0))
+            self._passing[copy.info.path] = (name, held[1] + 1)
+            self._handles[fh] = (copy.info.path, name)
+
+    def released(self, fh: int) -> None:
+        with self._lock:
+            held = self._handles.pop(fh, None)
+            if held is None:
+                return
+            path, name = held
+            copy = self._copies.get(name)
+            if copy is not None:
+                copy.opens -= 1
+            count = self._passing[path][1]
+            if count > 1:
+                self._passing[path] = (name, count - 1)
+            else:
+                del self._passing[path]
+
+    @staticmethod
+    def conflict(path: str) -> FuseError:
+        """An open of `path` at another version than the files open on it passed through."""
+        log.warning("strata fuse: %s changed in the store while open passed through to its copy of the older "
+                    "version: opens of it fail until those files are closed", path)
+        return FuseError(errno.EIO)
+
+    # -- copies ------------------------------------------------------------------------------------
+
+    def _queue(self, folder: Path, name: str, info: pb.FileInfo, *, held: bool = False) -> None:
+        """Called with the lock held: room is made for the copy (or it is not queued)."""
+        since = self._elsewhere.get(name)
+        if since is not None and time.monotonic() - since < ELSEWHERE_FOR:
+            return
+        if not self._make_room(info.length):
+            return
+        try:
+            self._pending.put_nowait(name)
+        except queue.Full:
+            return
+        self._copies[name] = Copy(info, folder / name, held=held)
+        self._used += info.length
+
+    def _make_room(self, length: int) -> bool:
+        """Evict the least recently opened copies no file is open on until `length` more bytes
+        fit; False if they cannot. Called with the lock held."""
+        for name in list(self._copies):
+            if self._used + length <= self.room:
+                break
+            copy = self._copies[name]
+            if copy.opens == 0 and copy.ready:
+                self._drop_locked(name)
+        return self._used + length <= self.room
+
+    def _drop_locked(self, name: str) -> None:
+        copy = self._copies.pop(name)
+        self._used -= copy.info.length
+        if copy.backing_id:
+            try:
+                self._unregister(copy.backing_id)
+            except OSError as exc:
+                log.warning("strata fuse: could not let go of the backing file of %s: %s", copy.info.path, exc)
+        copy.path.unlink(missing_ok=True)
+
+    def _copy_pending(self) -> None:
+        while True:
+            name = self._pending.get()
+            with self._lock:
+                copy = self._copies.get(name)
+            if copy is None:
+                continue
+            try:
+                if not copy.held and not self._held_here(copy.info):
+                    self._forget(name, copy, elsewhere=True)
+                    continue
+                started = time.monotonic()
+                self._write(copy)
+                log.info("strata fuse: copied %s (%.0f MiB) in %.1fs: its next open passes it through",
+                         copy.info.path, copy.info.length / 2**20, time.monotonic() - started)
+            except Exception as exc:  # noqa: BLE001 - the file is read through the page cache instead
+                log.warning("strata fuse: no local copy of %s for passthrough: %s", copy.info.path, exc)
+                self._forget(name, copy)
+                copy.path.with_name(copy.path.name + TEMP_SUFFIX).unlink(missing_ok=True)
+
+    def _forget(self, name: str, copy: Copy, *, elsewhere: bool = False) -> None:
+        """A queued copy that was not made (`elsewhere`: its blocks are not all on this node)."""
+        with self._lock:
+            if self._copies.get(name) is copy:
+                self._copies.pop(name)
+                self._used -= copy.info.length
+            if elsewhere:
+                self._elsewhere[name] = time.monotonic()
+                self._elsewhere.move_to_end(name)
+                while len(self._elsewhere) > ELSEWHERE:
+                    self._elsewhere.popitem(last=False)
+
+    def _write(self, copy: Copy) -> None:
+        """Write the version whole (its bytes checked on their way here), then name it."""
+        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
+        pieces: list[int] = []
+        written = 0
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            pending = bytearray()
+            for chunk in self._read(copy.info):
+                pending += chunk
+                while len(pending) >= PIECE:
+                    with memoryview(pending)[:PIECE] as piece:
+                        pieces.append(crc32c(piece))
+                        written = _write_all(fd, piece, written)
+                    del pending[:PIECE]
+            if pending:
+                pieces.append(crc32c(pending))
+                written = _write_all(fd, pending, written)
+        finally:
+            os.close(fd)
+        if written != copy.info.length:
+            raise OSError(errno.EIO, f"read {written} bytes of {copy.info.length}")
+        os.rename(temp, copy.path)
+        with self._lock:
+            # Written from checked bytes: sound while its file is not written to (see _check_and_register).
+            copy.pieces, copy.stamp, copy.ready = pieces, _stamp(os.stat(copy.path)), True
+            if self._copies.get(copy_name(copy.info)) is not copy:  # dropped meanwhile (close)
+                copy.path.unlink(missing_ok=True)
+
+    def _check_and_register(self, name: str, copy: Copy) -> bool:
+        """Register the copy with the kernel, once; a copy whose file changed since it was
+        written or last checked (a write to it changes its times) is first read back against
+        its pieces' CRC-32C. False (the copy removed) if it cannot pass through."""
+        try:
+            fd = os.open(copy.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.warning("strata fuse: the copy of %s is gone (%s): read through the page cache", copy.info.path, exc)
+            self._drop(name, copy)
+            return False
+        try:
+            stamp = _stamp(os.fstat(fd))
+            with self._lock:
+                unchanged = copy.stamp == stamp
+                if unchanged and copy.backing_id:
+                    return True
+            if not unchanged:
+                bad = self._first_bad_piece(fd, copy)
+                if bad is not None:
+                    log.warning("strata fuse: the copy of %s failed its check at byte %d: removed, the file is "
+                                "read through the page cache", copy.info.path, bad)
+                    self._drop(name, copy)
+                    return False
+            with self._lock:
+                if self._register is None or self._copies.get(name) is not copy:
+                    return False
+                if copy.backing_id:  # registered before, and read back now
+                    copy.stamp = stamp
+                    return True
+                try:
+                    copy.backing_id = self._register(fd)
+                except OSError as exc:
+                    log.warning("strata fuse: the kernel refused %s as a backing file (%s): no passthrough on "
+                                "this mount", copy.path, exc)
+                    self._register = None
+                    return False
+                registered = copy.path.with_name(f"{name}.{copy.backing_id}")
+                os.rename(copy.path, registered)  # a successor lets go of the id (see the module docstring)
+                copy.path, copy.stamp = registered, _stamp(os.fstat(fd))
+                return True
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _first_bad_piece(fd: int, copy: Copy) -> int | None:
+        size = os.fstat(fd).st_size
+        if size != copy.info.length:
+            return min(size, copy.info.length)
+        for index, expected in enumerate(copy.pieces):
+            data = os.pread(fd, PIECE, index * PIECE)
+            if crc32c(data) != expected:
+                return index * PIECE
+        return None
+
+    def _drop(self, name: str, copy: Copy) -> None:
+        """Remove a copy that failed: no later open passes through to it (files the kernel
+        opened through it before read on; opens of the file fail until they close)."""
+        with self._lock:
+            if self._copies.get(name) is copy:
+                self._drop_locked(name)
+
+    def close(self) -> None:
+        """Remove every copy: the connection ended, and its ids with it."""
+        with self._lock:
+            self._register, self._unregister = None, lambda backing_id: None
+            for name in list(self._copies):
+                self._drop_locked(name)

@@ -1,0 +1,173 @@
+"""The local copies a passthrough mount hands the kernel (fuse/localcopies.py), without a
+mount: the kernel's registration of backing files is a counter here (the integration tests
+in tests/integration/test_fuse_passthrough.py use the kernel's own)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from strata.cacheserver.fuse.localcopies import MIN_BYTES, LocalCopies, copy_name
+from strata.contract.proto import strata_pb2 as pb
+
+from tests.support.waiting import wait_until
+
+
+class Kernel:
+    """Backing ids given and let go of, as the connection's registry keeps them."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}  # id: the fd's inode
+        self.next = 1
+        self.lock = threading.Lock()
+
+    def register(self, fd: int) -> int:
+        with self.lock:
+            backing_id, self.next = self.next, self.next + 1
+            self.ids[backing_id] = os.fstat(fd).st_ino
+            return backing_id
+
+    def unregister(self, backing_id: int) -> None:
+        with self.lock:
+            self.ids.pop(backing_id, None)
+
+
+class Store:
+    """The bytes of each version, and whether this node holds them."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, str], bytes] = {}
+        self.here: set[str] = set()
+        self.asked = 0
+
+    def add(self, path: str, version: str, data: bytes, *, here: bool = True) -> pb.FileInfo:
+        self.data[(path, version)] = data
+        if here:
+            self.here.add(version)
+        return pb.FileInfo(path=path, version=version, length=len(data))
+
+    def read(self, info: pb.FileInfo) -> Iterator[bytes]:
+        data = self.data[(info.path, info.version)]
+        for i in range(0, len(data), 1 << 20):
+            yield data[i:i + (1 << 20)]
+
+    def held_here(self, info: pb.FileInfo) -> bool:
+        self.asked += 1
+        return info.version in self.here
+
+
+@pytest.fixture
+def store() -> Store:
+    return Store()
+
+
+@pytest.fixture
+def kernel() -> Kernel:
+    return Kernel()
+
+
+def copies_in(tmp_path: Path, store: Store, kernel: Kernel, room: int = 64 * MIN_BYTES) -> LocalCopies:
+    copies = LocalCopies(tmp_path / "copies", room, store.read, store.held_here)
+    copies.attach(kernel.register, kernel.unregister, resumed=False)
+    return copies
+
+
+def open_through(copies: LocalCopies, info: pb.FileInfo, fh: int) -> int:
+    """What an open passes through to (a backing id), 0 for the page cache; opened as `fh`."""
+    copy = copies.usable(info)
+    if copy is None:
+        return 0
+    copies.opened(fh, copy)
+    return copy.backing_id
+
+
+def until_passed_through(copies: LocalCopies, info: pb.FileInfo, fh: int) -> int:
+    return wait_until(lambda: open_through(copies, info, fh), 10, f"{info.path} passed through")
+
+
+def test_a_file_is_copied_whole_and_registered_once_for_every_open(tmp_path: Path, store: Store,
+                                                                    kernel: Kernel) -> None:
+    data = os.urandom(3 * MIN_BYTES + 17)
+    info = store.add("/a", "v1", data)
+    copies = copies_in(tmp_path, store, kernel)
+    assert open_through(copies, info, 2) == 0  # no copy yet: the page cache, and a copy queued
+    first = until_passed_through(copies, info, 4)
+    assert open_through(copies, info, 6) == first and list(kernel.ids) == [first]
+    (path,) = (tmp_path / "copies").iterdir()
+    assert path.name == f"{copy_name(info)}.{first}" and path.read_bytes() == data
+    assert copies.passing("/a") == copy_name(info)
+    for fh in (4, 6):
+        copies.released(fh)
+    assert copies.passing("/a") is None
+
+
+def test_a_small_file_or_one_not_all_here_is_not_copied(tmp_path: Path, store: Store, kernel: Kernel) -> None:
+    small = store.add("/small", "s", os.urandom(MIN_BYTES - 1))
+    away = store.add("/away", "w", os.urandom(2 * MIN_BYTES), here=False)
+    copies = copies_in(tmp_path, store, kernel)
+    assert open_through(copies, small, 2) == 0
+    assert open_through(copies, away, 4) == 0
+    wait_until(lambda: store.asked == 1, 10, "the master asked where /away's blocks are")
+    for fh in range(6, 20, 2):  # asked again only after a while, not at every open
+        assert open_through(copies, away, fh) == 0
+    assert store.asked == 1 and not list((tmp_path / "copies").iterdir())
+    # A file read whole through the page cache is known to be here: copied without asking.
+    copies.read_whole(away)
+    assert until_passed_through(copies, away, 30) and store.asked == 1
+
+
+def test_copies_stay_within_their_room_evicting_the_least_recently_opened(tmp_path: Path, store: Store,
+                                                                         kernel: Kernel) -> None:
+    infos = [store.add(f"/f{i}", f"v{i}", os.urandom(2 * MIN_BYTES)) for i in range(4)]
+    copies = copies_in(tmp_path, store, kernel, room=5 * MIN_BYTES)  # two fit
+    held = until_passed_through(copies, infos[0], 2)  # kept open: never evicted
+    for fh, info in enumerate(infos[1:], 10):
+        until_passed_through(copies, info, fh)
+        copies.released(fh)
+        on_disk = list((tmp_path / "copies").iterdir())
+        assert len(on_disk) <= 2 and sum(p.stat().st_size for p in on_disk) <= 5 * MIN_BYTES
+    assert held in kernel.ids and len(kernel.ids) == 2  # the evicted ones were let go of
+
+
+def test_a_copy_written_to_is_read_back_and_removed_if_it_differs(tmp_path: Path, store: Store,
+                                                                 kernel: Kernel) -> None:
+    info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
+    copies = copies_in(tmp_path, store, kernel)
+    backing_id = until_passed_through(copies, info, 2)
+    copies.released(2)
+    (path,) = (tmp_path / "copies").iterdir()
+    with open(path, "r+b") as f:  # rewritten with the same bytes: read back, still sound
+        head = f.read(10)
+        f.seek(0)
+        f.write(head)
+    assert open_through(copies, info, 4) == backing_id
+    copies.released(4)
+    with open(path, "r+b") as f:
+        f.seek(MIN_BYTES + 3)
+        byte = f.read(1)
+        f.seek(MIN_BYTES + 3)
+        f.write(bytes([byte[0] ^ 1]))
+    assert open_through(copies, info, 6) == 0
+    assert not path.exists() and backing_id not in kernel.ids
+
+
+def test_a_successor_lets_go_of_its_predecessors_ids_and_a_new_mount_only_removes_the_files(
+        tmp_path: Path, store: Store, kernel: Kernel) -> None:
+    info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
+    until_passed_through(copies_in(tmp_path, store, kernel), info, 2)
+    (tmp_path / "copies" / "left.tmp").write_bytes(b"partial")
+    assert len(kernel.ids) == 1
+    LocalCopies(tmp_path / "copies", MIN_BYTES * 8, store.read, store.held_here).attach(
+        kernel.register, kernel.unregister, resumed=True)
+    assert not kernel.ids and not list((tmp_path / "copies").iterdir())
+
+
+def test_no_folder_means_no_copies(tmp_path: Path, store: Store, kernel: Kernel) -> None:
+    info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
+    copies = LocalCopies(None, 8 * MIN_BYTES, store.read, store.held_here)
+    copies.attach(kernel.register, kernel.unregister, resumed=False)
+    assert not copies.wanted and open_through(copies, info, 2) == 0 and store.asked == 0
