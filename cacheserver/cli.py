@@ -443,8 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "or 60)")
     p.add_argument("--passthrough", default=None, metavar="DIR:SIZE",
                    help="with --read-only: the kernel reads files of 1 MiB or more itself (FUSE passthrough, "
-                   "Linux 6.9+, as root) from whole local copies kept in DIR, SIZE bytes at most, made at a "
-                   "file's first open and checked at the next: large files read at a local file's speed. "
+                   "Linux 6.9+, as root) from whole local copies kept in DIR, SIZE bytes at most, made from "
+                   "the checked bytes of a file's first read: large files read at a local file's speed. "
                    "Opens are answered, so small files open slower than without it")
 
     p = add(sub, "fuse-holder", cmd_fuse_holder, "start and reap the keepers of the FUSE mounts of `strata fuse` "

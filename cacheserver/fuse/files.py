@@ -102,7 +102,11 @@ class Files(Reads):
 
     @as_errno
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
-        return self._handle(fi).read(size, offset)
+        handle = self._handle(fi)
+        data = handle.read(size, offset)
+        if isinstance(handle, ReadHandle) and not handle.direct:  # the kernel's pages of this version
+            self._copies.fill(handle.info, offset, data)
+        return data
 
     @as_errno
     def write(self, path: str, data: bytes | memoryview, offset: int, fi: Any) -> int:
@@ -168,8 +172,8 @@ class Files(Reads):
             self._copies.released(fi.fh)
         if handle is None:
             return 0
-        if isinstance(handle, ReadHandle) and handle.bytes_read >= handle.info.length:
-            self._copies.read_whole(handle.info)
+        if isinstance(handle, ReadHandle) and not handle.direct:
+            self._copies.read_done(handle.info)
         try:
             if isinstance(handle, WriteHandle):
                 handle.commit(self._upload)  # normally done by flush already

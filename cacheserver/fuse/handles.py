@@ -46,18 +46,13 @@ class ReadHandle:
         # Reads around the kernel's page cache (direct I/O); a handle a successor opened
         # again counts as one that does not, as the predecessor's choice is not known.
         self.direct = False
-        # Bytes its reads gave (approximately, with reads in parallel): one that read its whole
-        # file had every block of it on a worker just now.
-        self.bytes_read = 0
 
     @property
     def info(self) -> pb.FileInfo:
         return self._file.file_info
 
     def read(self, size: int, offset: int) -> bytes:
-        data = self._file.pread(size, offset)
-        self.bytes_read += len(data)
-        return data
+        return self._file.pread(size, offset)
 
     def close(self) -> None:
         self._file.close()

@@ -6,24 +6,25 @@ slower than a read of a local file, whose pages the kernel keeps in large folios
 answered with FOPEN_PASSTHROUGH and a backing file has the kernel read that file instead:
 its page cache, its readahead, no request to this process. The kernel passes a file through
 to one backing file at the same offsets, and the worker keeps a file as one file per block;
-so an open of a file's version (of at least MIN_BYTES) that has no copy is answered from the
-page cache as before, and a thread copies that version whole into DIR once every block of it
-is held by the worker on this node (as the master says at an open, or as a file just read
-whole through this mount shows at its close: a copy does not fetch from the store), reading
-it as every read does (each chunk checked against the block's CRC-32C on its way from the
-worker). Later opens of that version pass through to the copy.
+so the pages the FUSE process answers a file's version with (each chunk checked against the
+block's CRC-32C on its way from the worker, as every read is) are also written into a copy of
+it in DIR, at their offsets. A file read whole that way (its first read, cold or warm) has its
+copy complete; one read in part (a Parquet file's columns) has the rest read from the worker
+on this node when the reader closes it, once every block of it is there (the master's word:
+a copy never fetches from the store). Later opens of that version pass through to the copy.
 
-- Checked at open: a copy is written from checked bytes, and each open that would pass it
+- Checked at open: a copy is written from checked bytes only, and each open that would pass it
   through first looks at its file (inode, size, times): a file written to since it was made
-  (or last read back) is read back whole, each piece's CRC-32C compared with the one taken as
-  it was written (about 0.2 s a GiB); a copy that differs is removed and the open reads
-  through the page cache. The copy is registered with the kernel (FUSE_DEV_IOC_BACKING_OPEN)
+  (or last read back) is read back whole, each piece's CRC-32C compared with the one taken
+  after it was made (about 0.2 s a GiB; a copy changed before they were taken cannot be
+  checked); a copy that differs is removed and the open reads through the page cache. The copy is registered with the kernel (FUSE_DEV_IOC_BACKING_OPEN)
   once, at the first open that passes it through. What the kernel reads from the copy is
   not checked again, as a local file's bytes are not: the copy is in the FUSE process's own
   folder (mode 0600 in a 0700 folder), written once.
 - Bounded: copies take at most SIZE bytes of DIR; a new copy evicts the least recently
-  opened copies no file is open on (their id let go of, their file removed); a file too big
-  for the room is not copied.
+  opened copies no file is open on (their id let go of, their file removed), copies being
+  filled included; a file too big for the room is not copied. What a copy being filled holds
+  in memory is a byte a page (which pages it has).
 - One way per file at a time: the kernel fails an open (EIO) that would mix passthrough with
   the page cache, or two backing files, on one file. While a file is open through the page
   cache, its opens stay there; while open passed through, its opens pass through to the same
@@ -61,8 +62,9 @@ log = logging.getLogger("strata.fuse")
 MIN_BYTES = 1024 * 1024
 # Bytes of a copy checked at a time (one CRC-32C each).
 PIECE = 4 * 1024 * 1024
-# Copies waiting for the copying thread, at most; an open past it is not copied this time.
+# Copies waiting for the copying thread, at most; one past it is finished later.
 PENDING = 64
+PAGE = 4096
 # Seconds a version whose blocks were not all on this node is not asked about again, and how
 # many such versions are remembered.
 ELSEWHERE_FOR = 5.0
@@ -79,12 +81,27 @@ def copy_name(info: pb.FileInfo) -> str:
 class Copy:
     info: pb.FileInfo
     path: Path
-    pieces: list[int] = field(default_factory=list)  # CRC-32C of each PIECE as written
-    ready: bool = False  # written whole
-    held: bool = False  # every block is known to be on this node (no need to ask the master)
+    pieces: list[int] = field(default_factory=list)  # CRC-32C of each PIECE as written (once taken)
+    ready: bool = False  # written whole and named
+    fd: int = -1  # its temporary file while it is filled (-1: none)
+    covered: bytearray = field(default_factory=bytearray)  # 1 for each PAGE written
+    left: int = 0  # pages not written yet
+    queued: bool = False  # waiting for the copying thread (its gaps filled, or its pieces' CRC-32C taken)
     backing_id: int = 0  # the kernel's id of it (0: not registered)
     stamp: tuple[int, ...] = ()  # its file's identity and times when last checked
     opens: int = 0  # files the kernel opened passed through to it
+
+
+def _gaps(covered: bytearray, length: int) -> list[tuple[int, int]]:
+    """The byte ranges (offset, length) of the pages not written yet."""
+    gaps: list[tuple[int, int]] = []
+    page = covered.find(0)
+    while page >= 0:
+        end = covered.find(1, page)
+        stop = len(covered) if end < 0 else end
+        gaps.append((page * PAGE, min(stop * PAGE, length) - page * PAGE))
+        page = -1 if end < 0 else covered.find(0, end)
+    return gaps
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
@@ -101,14 +118,15 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> in
     return offset
 
 
-Reader = Callable[[pb.FileInfo], Iterator[bytes]]
+# The bytes of ranges (offset, length) of a version, checked, as (offset, bytes) pieces.
+Reader = Callable[[pb.FileInfo, list[tuple[int, int]]], Iterator[tuple[int, bytes]]]
 HeldHere = Callable[[pb.FileInfo], bool]
 
 
 class LocalCopies:
-    """The copies in `folder`, `room` bytes at most, of files read by `read(info)` (the bytes
-    of a version, each chunk checked) once `held_here(info)` (every block of the version is
-    on this node's worker). Passthrough starts once `attach` gives it the
+    """The copies in `folder`, `room` bytes at most, of the versions read through this mount
+    (`fill`), their gaps read by `read(info, ranges)` once `held_here(info)` (every block of
+    the version is on this node's worker). Passthrough starts once `attach` gives it the
     connection's registration (INIT agreed on it); a folder of None: never (no copy is made,
     no open passes through)."""
 
@@ -161,17 +179,13 @@ class LocalCopies:
     def usable(self, info: pb.FileInfo) -> Copy | None:
         """The copy of `info`'s version an open may pass through to: written, checked and
         registered (each once), and kept for the open until `opened` or `unused`; None
-        otherwise, and a copy is queued if there is none."""
-        folder = self._folder_for(info)
-        if folder is None:
+        otherwise (the open's reads fill one)."""
+        if self._folder_for(info) is None:
             return None
         name = copy_name(info)
         with self._lock:
             copy = self._copies.get(name)
-            if copy is None:
-                self._queue(folder, name, info)
-                return None
-            if not copy.ready:
+            if copy is None or not copy.ready:
                 return None
             copy.opens += 1  # not evicted meanwhile
         if self._check_and_register(name, copy):
@@ -179,17 +193,31 @@ class LocalCopies:
         self.unused(copy)
         return None
 
-    def read_whole(self, info: pb.FileInfo) -> None:
-        """A file open through the page cache read all of version `info`: its blocks are on
-        this node now; it is copied (if it has no copy)."""
+    def fill(self, info: pb.FileInfo, offset: int, data: bytes | memoryview) -> None:
+        """Bytes of version `info` at `offset`, checked, that a read through the page cache
+        gave: written into its copy (begun if there is none and it fits)."""
         folder = self._folder_for(info)
-        if folder is None:
+        if folder is None or not data:
             return
         name = copy_name(info)
         with self._lock:
-            if name not in self._copies:
-                self._elsewhere.pop(name, None)
-                self._queue(folder, name, info, held=True)
+            copy = self._copies.get(name)
+            if copy is None:
+                copy = self._begin_locked(folder, name, info)
+            if copy is not None and copy.fd >= 0:
+                self._write_locked(name, copy, offset, data)
+
+    def read_done(self, info: pb.FileInfo) -> None:
+        """A file open through the page cache at version `info` was closed: the rest of its
+        copy, if any, is read from this node's worker."""
+        if self._folder_for(info) is None:
+            return
+        name = copy_name(info)
+        with self._lock:
+            copy = self._copies.get(name)
+            since = self._elsewhere.get(name)
+            if copy is not None and copy.fd >= 0 and (since is None or time.monotonic() - since >= ELSEWHERE_FOR):
+                self._enqueue_locked(name, copy)
 
     def _folder_for(self, info: pb.FileInfo) -> Path | None:
         """Where a copy of `info` would be kept; None if it is not to be copied (passthrough
@@ -242,19 +270,76 @@ class LocalCopies:
 
     # -- copies ------------------------------------------------------------------------------------
 
-    def _queue(self, folder: Path, name: str, info: pb.FileInfo, *, held: bool = False) -> None:
-        """Called with the lock held: room is made for the copy (or it is not queued)."""
-        since = self._elsewhere.get(name)
-        if since is not None and time.monotonic() - since < ELSEWHERE_FOR:
-            return
+    def _begin_locked(self, folder: Path, name: str, info: pb.FileInfo) -> Copy | None:
+        """A new copy of `info` to fill (None if it does not fit)."""
         if not self._make_room(info.length):
+            return None
+        copy = Copy(info, folder / name)
+        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
+        try:
+            copy.fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            os.ftruncate(copy.fd, info.length)
+        except OSError as exc:
+            log.warning("strata fuse: no local copy of %s for passthrough: %s", info.path, exc)
+            if copy.fd >= 0:
+                os.close(copy.fd)
+            temp.unlink(missing_ok=True)
+            return None
+        pages = -(-info.length // PAGE)
+        copy.covered, copy.left = bytearray(pages), pages
+        self._copies[name] = copy
+        self._used += info.length
+        return copy
+
+    def _write_locked(self, name: str, copy: Copy, offset: int, data: bytes | memoryview) -> None:
+        """Write checked bytes into a copy being filled; the whole pages they cover count as
+        written (the last page of the file may be short). A copy that failed is dropped."""
+        end = min(offset + len(data), copy.info.length)
+        if offset >= end:
+            return
+        try:
+            _write_all(copy.fd, memoryview(data)[:end - offset], offset)
+        except OSError as exc:
+            log.warning("strata fuse: no local copy of %s for passthrough: %s", copy.info.path, exc)
+            self._drop_locked(name)
+            return
+        first = -(-offset // PAGE)
+        last = -(-end // PAGE) if end == copy.info.length else end // PAGE
+        covered = copy.covered
+        new = last - first - sum(covered[first:last])
+        if new > 0:
+            covered[first:last] = b"\1" * (last - first)
+            copy.left -= new
+        if copy.left == 0:
+            self._complete_locked(name, copy)
+
+    def _complete_locked(self, name: str, copy: Copy) -> None:
+        """A copy is whole: named, and ready for the next open (written from checked bytes: sound
+        while its file is not written to, see _check_and_register). The CRC-32C of its pieces,
+        for a later check, are taken by the copying thread."""
+        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
+        os.close(copy.fd)
+        copy.fd = -1
+        try:
+            os.rename(temp, copy.path)
+            copy.stamp = _stamp(os.stat(copy.path))
+        except OSError as exc:
+            log.warning("strata fuse: no local copy of %s for passthrough: %s", copy.info.path, exc)
+            self._drop_locked(name)
+            return
+        copy.ready, copy.covered = True, bytearray()
+        log.info("strata fuse: copied %s (%.0f MiB): its next open passes it through", copy.info.path,
+                 copy.info.length / 2**20)
+        self._enqueue_locked(name, copy)
+
+    def _enqueue_locked(self, name: str, copy: Copy) -> None:
+        if copy.queued:
             return
         try:
             self._pending.put_nowait(name)
         except queue.Full:
-            return
-        self._copies[name] = Copy(info, folder / name, held=held)
-        self._used += info.length
+            return  # finished at a later close
+        copy.queued = True
 
     def _make_room(self, length: int) -> bool:
         """Evict the least recently opened copies no file is open on until `length` more bytes
@@ -262,8 +347,7 @@ class LocalCopies:
         for name in list(self._copies):
             if self._used + length <= self.room:
                 break
-            copy = self._copies[name]
-            if copy.opens == 0 and copy.ready:
+            if self._copies[name].opens == 0:
                 self._drop_locked(name)
         return self._used + length <= self.room
 
@@ -275,6 +359,10 @@ class LocalCopies:
                 self._unregister(copy.backing_id)
             except OSError as exc:
                 log.warning("strata fuse: could not let go of the backing file of %s: %s", copy.info.path, exc)
+        if copy.fd >= 0:
+            os.close(copy.fd)
+            copy.fd = -1
+        copy.path.with_name(copy.path.name + TEMP_SUFFIX).unlink(missing_ok=True)
         copy.path.unlink(missing_ok=True)
 
     def _copy_pending(self) -> None:
@@ -282,61 +370,48 @@ class LocalCopies:
             name = self._pending.get()
             with self._lock:
                 copy = self._copies.get(name)
-            if copy is None:
-                continue
-            try:
-                if not copy.held and not self._held_here(copy.info):
-                    self._forget(name, copy, elsewhere=True)
+                if copy is None:
                     continue
-                started = time.monotonic()
-                self._write(copy)
-                log.info("strata fuse: copied %s (%.0f MiB) in %.1fs: its next open passes it through",
-                         copy.info.path, copy.info.length / 2**20, time.monotonic() - started)
+                copy.queued = False
+            try:
+                if copy.ready:
+                    self._take_pieces(name, copy)
+                else:
+                    self._fill_gaps(name, copy)
             except Exception as exc:  # noqa: BLE001 - the file is read through the page cache instead
                 log.warning("strata fuse: no local copy of %s for passthrough: %s", copy.info.path, exc)
-                self._forget(name, copy)
-                copy.path.with_name(copy.path.name + TEMP_SUFFIX).unlink(missing_ok=True)
+                with self._lock:
+                    if self._copies.get(name) is copy:
+                        self._drop_locked(name)
 
-    def _forget(self, name: str, copy: Copy, *, elsewhere: bool = False) -> None:
-        """A queued copy that was not made (`elsewhere`: its blocks are not all on this node)."""
+    def _take_pieces(self, name: str, copy: Copy) -> None:
+        """The CRC-32C of each piece of a whole copy, as it was written (its file unchanged)."""
+        with open(copy.path, "rb", buffering=0) as file:
+            stamp = _stamp(os.fstat(file.fileno()))
+            pieces = [crc32c(os.pread(file.fileno(), PIECE, offset)) for offset in range(0, copy.info.length, PIECE)]
         with self._lock:
-            if self._copies.get(name) is copy:
-                self._copies.pop(name)
-                self._used -= copy.info.length
-            if elsewhere:
+            if self._copies.get(name) is copy and copy.stamp == stamp:
+                copy.pieces = pieces
+
+    def _fill_gaps(self, name: str, copy: Copy) -> None:
+        """Read the pages of a copy not written yet from this node's worker, if every block of
+        the version is there (the copy is then whole)."""
+        with self._lock:
+            if copy.fd < 0:
+                return
+            gaps = _gaps(copy.covered, copy.info.length)
+        if not self._held_here(copy.info):
+            with self._lock:
                 self._elsewhere[name] = time.monotonic()
                 self._elsewhere.move_to_end(name)
                 while len(self._elsewhere) > ELSEWHERE:
                     self._elsewhere.popitem(last=False)
-
-    def _write(self, copy: Copy) -> None:
-        """Write the version whole (its bytes checked on their way here), then name it."""
-        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
-        pieces: list[int] = []
-        written = 0
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            pending = bytearray()
-            for chunk in self._read(copy.info):
-                pending += chunk
-                while len(pending) >= PIECE:
-                    with memoryview(pending)[:PIECE] as piece:
-                        pieces.append(crc32c(piece))
-                        written = _write_all(fd, piece, written)
-                    del pending[:PIECE]
-            if pending:
-                pieces.append(crc32c(pending))
-                written = _write_all(fd, pending, written)
-        finally:
-            os.close(fd)
-        if written != copy.info.length:
-            raise OSError(errno.EIO, f"read {written} bytes of {copy.info.length}")
-        os.rename(temp, copy.path)
-        with self._lock:
-            # Written from checked bytes: sound while its file is not written to (see _check_and_register).
-            copy.pieces, copy.stamp, copy.ready = pieces, _stamp(os.stat(copy.path)), True
-            if self._copies.get(copy_name(copy.info)) is not copy:  # dropped meanwhile (close)
-                copy.path.unlink(missing_ok=True)
+            return
+        for offset, data in self._read(copy.info, gaps):
+            with self._lock:
+                if self._copies.get(name) is not copy or copy.fd < 0:
+                    return  # evicted meanwhile
+                self._write_locked(name, copy, offset, data)
 
     def _check_and_register(self, name: str, copy: Copy) -> bool:
         """Register the copy with the kernel, once; a copy whose file changed since it was
@@ -355,7 +430,7 @@ class LocalCopies:
                 if unchanged and copy.backing_id:
                     return True
             if not unchanged:
-                bad = self._first_bad_piece(fd, copy)
+                bad = self._first_bad_piece(fd, copy) if copy.pieces else 0  # changed before its pieces were taken
                 if bad is not None:
                     log.warning("strata fuse: the copy of %s failed its check at byte %d: removed, the file is "
                                 "read through the page cache", copy.info.path, bad)

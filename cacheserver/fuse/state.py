@@ -34,7 +34,7 @@ from .settings import FuseSettings
 
 log = logging.getLogger("strata.fuse")
 
-# Bytes read at a time into a local copy (localcopies.py).
+# Bytes read at a time into a local copy's gaps (localcopies.py).
 COPY_PIECE = 8 * 1024 * 1024
 
 
@@ -50,7 +50,7 @@ class OperationsState:
         self._listings = KernelListings()
         # Local copies of files the kernel reads itself (passthrough), if the mount makes them.
         self._copies = LocalCopies(settings.passthrough_dir if settings.read_only else None,
-                                   settings.passthrough_room, self._chunks_of, self._held_here)
+                                   settings.passthrough_room, self._ranges_of, self._held_here)
         # A read-only mount that reuses metadata has the kernel open its files without asking
         # (session.py) unless it passes files through: a listed entry is used from the
         # attribute cache alone, and the client keeps no second copy of it. Elsewhere opens go
@@ -70,11 +70,13 @@ class OperationsState:
         self._statfs: tuple[float, dict[str, int]] | None = None
         self._uid, self._gid = os.getuid(), os.getgid()
 
-    def _chunks_of(self, info: pb.FileInfo) -> Iterator[bytes]:
-        """The bytes of version `info` in pieces, each checked on its way from the worker."""
+    def _ranges_of(self, info: pb.FileInfo, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, bytes]]:
+        """The bytes of ranges (offset, length) of version `info` in pieces, each checked on its
+        way from the worker."""
         with self.fs.open(info.path, "rb", file_info=info) as file:
-            while chunk := file.read(COPY_PIECE):
-                yield chunk
+            for offset, length in ranges:
+                for start in range(offset, offset + length, COPY_PIECE):
+                    yield start, file.pread(min(COPY_PIECE, offset + length - start), start)
 
     def _held_here(self, info: pb.FileInfo) -> bool:
         """Whether the worker on this host holds every block of version `info` (the master's word)."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,7 @@ class Store:
         self.data: dict[tuple[str, str], bytes] = {}
         self.here: set[str] = set()
         self.asked = 0
+        self.gaps_read = 0
 
     def add(self, path: str, version: str, data: bytes, *, here: bool = True) -> pb.FileInfo:
         self.data[(path, version)] = data
@@ -50,10 +53,17 @@ class Store:
             self.here.add(version)
         return pb.FileInfo(path=path, version=version, length=len(data))
 
-    def read(self, info: pb.FileInfo) -> Iterator[bytes]:
+    def read(self, info: pb.FileInfo, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, bytes]]:
         data = self.data[(info.path, info.version)]
-        for i in range(0, len(data), 1 << 20):
-            yield data[i:i + (1 << 20)]
+        for offset, length in ranges:
+            self.gaps_read += length
+            yield offset, data[offset:offset + length]
+
+    def pages(self, info: pb.FileInfo, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """The file's bytes as the kernel's reads of its page cache ask for them: 128 KiB at a time."""
+        data = self.data[(info.path, info.version)]
+        for offset in range(start, len(data) if stop is None else stop, 128 * 1024):
+            yield offset, data[offset:offset + 128 * 1024]
 
     def held_here(self, info: pb.FileInfo) -> bool:
         self.asked += 1
@@ -76,6 +86,14 @@ def copies_in(tmp_path: Path, store: Store, kernel: Kernel, room: int = 64 * MIN
     return copies
 
 
+def read_through_page_cache(copies: LocalCopies, store: Store, info: pb.FileInfo, start: int = 0,
+                            stop: int | None = None) -> None:
+    """A file open through the page cache read (from `start` to `stop`) and closed."""
+    for offset, data in store.pages(info, start, stop):
+        copies.fill(info, offset, data)
+    copies.read_done(info)
+
+
 def open_through(copies: LocalCopies, info: pb.FileInfo, fh: int) -> int:
     """What an open passes through to (a backing id), 0 for the page cache; opened as `fh`."""
     copy = copies.usable(info)
@@ -89,13 +107,15 @@ def until_passed_through(copies: LocalCopies, info: pb.FileInfo, fh: int) -> int
     return wait_until(lambda: open_through(copies, info, fh), 10, f"{info.path} passed through")
 
 
-def test_a_file_is_copied_whole_and_registered_once_for_every_open(tmp_path: Path, store: Store,
-                                                                    kernel: Kernel) -> None:
+def test_a_file_read_whole_is_copied_by_its_reads_and_registered_once_for_every_open(
+        tmp_path: Path, store: Store, kernel: Kernel) -> None:
     data = os.urandom(3 * MIN_BYTES + 17)
     info = store.add("/a", "v1", data)
     copies = copies_in(tmp_path, store, kernel)
-    assert open_through(copies, info, 2) == 0  # no copy yet: the page cache, and a copy queued
+    assert open_through(copies, info, 2) == 0  # no copy yet: the page cache
+    read_through_page_cache(copies, store, info)
     first = until_passed_through(copies, info, 4)
+    assert store.asked == 0 and store.gaps_read == 0, "a file read whole needs nothing more"
     assert open_through(copies, info, 6) == first and list(kernel.ids) == [first]
     (path,) = (tmp_path / "copies").iterdir()
     assert path.name == f"{copy_name(info)}.{first}" and path.read_bytes() == data
@@ -105,27 +125,41 @@ def test_a_file_is_copied_whole_and_registered_once_for_every_open(tmp_path: Pat
     assert copies.passing("/a") is None
 
 
-def test_a_small_file_or_one_not_all_here_is_not_copied(tmp_path: Path, store: Store, kernel: Kernel) -> None:
-    small = store.add("/small", "s", os.urandom(MIN_BYTES - 1))
-    away = store.add("/away", "w", os.urandom(2 * MIN_BYTES), here=False)
+def test_a_file_read_in_part_has_the_rest_read_from_this_node_once_all_its_blocks_are_here(
+        tmp_path: Path, store: Store, kernel: Kernel) -> None:
+    data = os.urandom(4 * MIN_BYTES + 5)
+    info = store.add("/a", "v1", data, here=False)
     copies = copies_in(tmp_path, store, kernel)
-    assert open_through(copies, small, 2) == 0
-    assert open_through(copies, away, 4) == 0
-    wait_until(lambda: store.asked == 1, 10, "the master asked where /away's blocks are")
-    for fh in range(6, 20, 2):  # asked again only after a while, not at every open
-        assert open_through(copies, away, fh) == 0
-    assert store.asked == 1 and not list((tmp_path / "copies").iterdir())
-    # A file read whole through the page cache is known to be here: copied without asking.
-    copies.read_whole(away)
-    assert until_passed_through(copies, away, 30) and store.asked == 1
+    read_through_page_cache(copies, store, info, MIN_BYTES, 2 * MIN_BYTES)
+    wait_until(lambda: store.asked == 1, 10, "the master asked where /a's blocks are")
+    for _ in range(5):  # not asked again at every close
+        read_through_page_cache(copies, store, info, 0, 128 * 1024)
+    time.sleep(0.2)
+    assert store.asked == 1 and open_through(copies, info, 2) == 0 and store.gaps_read == 0
+    store.here.add("v1")
+    with mock.patch("strata.cacheserver.fuse.localcopies.ELSEWHERE_FOR", 0.0):
+        read_through_page_cache(copies, store, info, 0, 128 * 1024)
+        until_passed_through(copies, info, 4)
+    assert store.gaps_read == len(data) - MIN_BYTES - 128 * 1024
+    (path,) = (tmp_path / "copies").iterdir()
+    assert path.read_bytes() == data
+
+
+def test_a_small_file_is_not_copied(tmp_path: Path, store: Store, kernel: Kernel) -> None:
+    small = store.add("/small", "s", os.urandom(MIN_BYTES - 1))
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, small)
+    assert open_through(copies, small, 2) == 0 and not list((tmp_path / "copies").iterdir())
 
 
 def test_copies_stay_within_their_room_evicting_the_least_recently_opened(tmp_path: Path, store: Store,
                                                                          kernel: Kernel) -> None:
     infos = [store.add(f"/f{i}", f"v{i}", os.urandom(2 * MIN_BYTES)) for i in range(4)]
     copies = copies_in(tmp_path, store, kernel, room=5 * MIN_BYTES)  # two fit
+    read_through_page_cache(copies, store, infos[0])
     held = until_passed_through(copies, infos[0], 2)  # kept open: never evicted
     for fh, info in enumerate(infos[1:], 10):
+        read_through_page_cache(copies, store, info)
         until_passed_through(copies, info, fh)
         copies.released(fh)
         on_disk = list((tmp_path / "copies").iterdir())
@@ -137,8 +171,11 @@ def test_a_copy_written_to_is_read_back_and_removed_if_it_differs(tmp_path: Path
                                                                  kernel: Kernel) -> None:
     info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
     copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, info)
     backing_id = until_passed_through(copies, info, 2)
     copies.released(2)
+    # (The CRC-32C of its pieces are taken after it is named; one changed before is dropped.)
+    wait_until(lambda: all(c.pieces for c in copies._copies.values()), 10, "the pieces' CRC-32C taken")
     (path,) = (tmp_path / "copies").iterdir()
     with open(path, "r+b") as f:  # rewritten with the same bytes: read back, still sound
         head = f.read(10)
@@ -158,7 +195,9 @@ def test_a_copy_written_to_is_read_back_and_removed_if_it_differs(tmp_path: Path
 def test_a_successor_lets_go_of_its_predecessors_ids_and_a_new_mount_only_removes_the_files(
         tmp_path: Path, store: Store, kernel: Kernel) -> None:
     info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
-    until_passed_through(copies_in(tmp_path, store, kernel), info, 2)
+    first = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(first, store, info)
+    until_passed_through(first, info, 2)
     (tmp_path / "copies" / "left.tmp").write_bytes(b"partial")
     assert len(kernel.ids) == 1
     LocalCopies(tmp_path / "copies", MIN_BYTES * 8, store.read, store.held_here).attach(
@@ -170,4 +209,5 @@ def test_no_folder_means_no_copies(tmp_path: Path, store: Store, kernel: Kernel)
     info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
     copies = LocalCopies(None, 8 * MIN_BYTES, store.read, store.held_here)
     copies.attach(kernel.register, kernel.unregister, resumed=False)
+    read_through_page_cache(copies, store, info)
     assert not copies.wanted and open_through(copies, info, 2) == 0 and store.asked == 0
