@@ -65,6 +65,12 @@ PIECE = 4 * 1024 * 1024
 # Copies waiting for the copying thread, at most; one past it is finished later.
 PENDING = 64
 PAGE = 4096
+# Bytes of checked pages waiting to be written into copies, at most: a read past it leaves
+# its pages out (read from the worker at the file's close). A read never waits for the
+# copies' disk.
+WRITES_BYTES = 64 * 1024 * 1024
+CLOSE = -1  # a copy was dropped: its file is closed
+READ_DONE = -2  # a file read in part was closed: its copy's gaps are read
 # Seconds a version whose blocks were not all on this node is not asked about again, and how
 # many such versions are remembered.
 ELSEWHERE_FOR = 5.0
@@ -83,7 +89,9 @@ class Copy:
     path: Path
     pieces: list[int] = field(default_factory=list)  # CRC-32C of each PIECE as written (once taken)
     ready: bool = False  # written whole and named
-    fd: int = -1  # its temporary file while it is filled (-1: none)
+    fd: int = -1  # its temporary file while it is filled (-1: none): the writing thread's alone
+    filling: bool = True  # pages are still written into it
+    dropped: bool = False  # evicted or failed: the writing thread closes its file
     covered: bytearray = field(default_factory=bytearray)  # 1 for each PAGE written
     left: int = 0  # pages not written yet
     queued: bool = False  # waiting for the copying thread (its gaps filled, or its pieces' CRC-32C taken)
@@ -143,7 +151,11 @@ class LocalCopies:
         self._register: Callable[[int], int] | None = None
         self._unregister: Callable[[int], None] = lambda backing_id: None
         self._pending: queue.Queue[str] = queue.Queue(PENDING)
+        # Pages to write into copies, WRITES_BYTES at most (and, with no bytes, CLOSE or READ_DONE).
+        self._writes: queue.SimpleQueue[tuple[Copy, int, bytes | memoryview]] = queue.SimpleQueue()
+        self._waiting = 0  # bytes in _writes
         self._lock = threading.Lock()
+        self._written = threading.Condition(self._lock)  # _waiting went down
 
     @property
     def wanted(self) -> bool:
@@ -173,6 +185,7 @@ class LocalCopies:
         self._clear(self.folder, unregister if resumed else None)
         self._register, self._unregister = register, unregister
         threading.Thread(target=self._copy_pending, name="strata-fuse-copies", daemon=True).start()
+        threading.Thread(target=self._write_pending, name="strata-fuse-copy-writes", daemon=True).start()
 
     # -- opens -------------------------------------------------------------------------------------
 
@@ -204,20 +217,27 @@ class LocalCopies:
             copy = self._copies.get(name)
             if copy is None:
                 copy = self._begin_locked(folder, name, info)
-            if copy is not None and copy.fd >= 0:
-                self._write_locked(name, copy, offset, data)
+            if copy is None or not copy.filling or self._waiting + len(data) > WRITES_BYTES:
+                return
+            self._waiting += len(data)
+        self._writes.put((copy, offset, data))
 
     def read_done(self, info: pb.FileInfo) -> None:
         """A file open through the page cache at version `info` was closed: the rest of its
-        copy, if any, is read from this node's worker."""
-        if self._folder_for(info) is None:
+        copy (all of it, if the kernel answered every read from its pages) is read from this
+        node's worker."""
+        folder = self._folder_for(info)
+        if folder is None:
             return
         name = copy_name(info)
         with self._lock:
-            copy = self._copies.get(name)
             since = self._elsewhere.get(name)
-            if copy is not None and copy.fd >= 0 and (since is None or time.monotonic() - since >= ELSEWHERE_FOR):
-                self._enqueue_locked(name, copy)
+            if since is not None and time.monotonic() - since < ELSEWHERE_FOR:
+                return
+            copy = self._copies.get(name) or self._begin_locked(folder, name, info)
+            if copy is None or not copy.filling:
+                return
+        self._writes.put((copy, READ_DONE, b""))  # after the pages its reads gave are written
 
     def _folder_for(self, info: pb.FileInfo) -> Path | None:
         """Where a copy of `info` would be kept; None if it is not to be copied (passthrough
@@ -271,66 +291,84 @@ class LocalCopies:
     # -- copies ------------------------------------------------------------------------------------
 
     def _begin_locked(self, folder: Path, name: str, info: pb.FileInfo) -> Copy | None:
-        """A new copy of `info` to fill (None if it does not fit)."""
+        """A new copy of `info` to fill (None if it does not fit); its file is made by the
+        writing thread."""
         if not self._make_room(info.length):
             return None
-        copy = Copy(info, folder / name)
-        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
-        try:
-            copy.fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            os.ftruncate(copy.fd, info.length)
-        except OSError as exc:
-            log.warning("strata fuse: no local copy of %s for passthrough: %s", info.path, exc)
-            if copy.fd >= 0:
-                os.close(copy.fd)
-            temp.unlink(missing_ok=True)
-            return None
         pages = -(-info.length // PAGE)
-        copy.covered, copy.left = bytearray(pages), pages
+        copy = Copy(info, folder / name, covered=bytearray(pages), left=pages)
         self._copies[name] = copy
         self._used += info.length
         return copy
 
-    def _write_locked(self, name: str, copy: Copy, offset: int, data: bytes | memoryview) -> None:
-        """Write checked bytes into a copy being filled; the whole pages they cover count as
-        written (the last page of the file may be short). A copy that failed is dropped."""
+    def _write_pending(self) -> None:
+        """The writing thread: pages into copies, and each copy made whole named."""
+        while True:
+            copy, offset, data = self._writes.get()
+            with self._lock:
+                self._waiting -= len(data)
+                self._written.notify_all()
+            try:
+                self._write(copy, offset, data)
+            except OSError as exc:
+                log.warning("strata fuse: no local copy of %s for passthrough: %s", copy.info.path, exc)
+                with self._lock:
+                    if self._copies.get(copy_name(copy.info)) is copy:
+                        self._drop_locked(copy_name(copy.info))
+                self._close(copy)
+
+    def _write(self, copy: Copy, offset: int, data: bytes | memoryview) -> None:
+        if offset == READ_DONE:
+            with self._lock:
+                if copy.filling:
+                    self._enqueue_locked(copy_name(copy.info), copy)
+            return
+        if copy.dropped or offset == CLOSE:
+            self._close(copy)
+            return
+        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
+        if copy.fd < 0:
+            copy.fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            os.ftruncate(copy.fd, copy.info.length)
         end = min(offset + len(data), copy.info.length)
         if offset >= end:
             return
-        try:
-            _write_all(copy.fd, memoryview(data)[:end - offset], offset)
-        except OSError as exc:
-            log.warning("strata fuse: no local copy of %s for passthrough: %s", copy.info.path, exc)
-            self._drop_locked(name)
-            return
+        _write_all(copy.fd, memoryview(data)[:end - offset], offset)
         first = -(-offset // PAGE)
         last = -(-end // PAGE) if end == copy.info.length else end // PAGE
-        covered = copy.covered
-        new = last - first - sum(covered[first:last])
-        if new > 0:
-            covered[first:last] = b"\1" * (last - first)
-            copy.left -= new
-        if copy.left == 0:
-            self._complete_locked(name, copy)
-
-    def _complete_locked(self, name: str, copy: Copy) -> None:
-        """A copy is whole: named, and ready for the next open (written from checked bytes: sound
-        while its file is not written to, see _check_and_register). The CRC-32C of its pieces,
-        for a later check, are taken by the copying thread."""
-        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
-        os.close(copy.fd)
-        copy.fd = -1
-        try:
-            os.rename(temp, copy.path)
-            copy.stamp = _stamp(os.stat(copy.path))
-        except OSError as exc:
-            log.warning("strata fuse: no local copy of %s for passthrough: %s", copy.info.path, exc)
-            self._drop_locked(name)
-            return
-        copy.ready, copy.covered = True, bytearray()
+        with self._lock:
+            if copy.dropped:  # its file was removed meanwhile, perhaps after this opened it anew
+                temp.unlink(missing_ok=True)
+                return
+            covered = copy.covered
+            new = last - first - sum(covered[first:last])
+            if new > 0:
+                covered[first:last] = b"\1" * (last - first)
+                copy.left -= new
+            if copy.left or copy.dropped:
+                return
+            copy.filling = False
+        # Whole: named, and ready for the next open (written from checked bytes: sound while its
+        # file is not written to, see _check_and_register). The CRC-32C of its pieces, for a
+        # later check, are taken by the copying thread.
+        self._close(copy)
+        os.rename(temp, copy.path)
+        stamp = _stamp(os.stat(copy.path))
+        name = copy_name(copy.info)
+        with self._lock:
+            if self._copies.get(name) is not copy:  # dropped meanwhile
+                copy.path.unlink(missing_ok=True)
+                return
+            copy.ready, copy.stamp, copy.covered = True, stamp, bytearray()
+            self._enqueue_locked(name, copy)
         log.info("strata fuse: copied %s (%.0f MiB): its next open passes it through", copy.info.path,
                  copy.info.length / 2**20)
-        self._enqueue_locked(name, copy)
+
+    @staticmethod
+    def _close(copy: Copy) -> None:
+        if copy.fd >= 0:
+            os.close(copy.fd)
+            copy.fd = -1
 
     def _enqueue_locked(self, name: str, copy: Copy) -> None:
         if copy.queued:
@@ -359,9 +397,9 @@ class LocalCopies:
                 self._unregister(copy.backing_id)
             except OSError as exc:
                 log.warning("strata fuse: could not let go of the backing file of %s: %s", copy.info.path, exc)
-        if copy.fd >= 0:
-            os.close(copy.fd)
-            copy.fd = -1
+        if copy.filling:  # the writing thread closes its file
+            copy.dropped, copy.filling = True, False
+            self._writes.put((copy, CLOSE, b""))
         copy.path.with_name(copy.path.name + TEMP_SUFFIX).unlink(missing_ok=True)
         copy.path.unlink(missing_ok=True)
 
@@ -397,7 +435,7 @@ class LocalCopies:
         """Read the pages of a copy not written yet from this node's worker, if every block of
         the version is there (the copy is then whole)."""
         with self._lock:
-            if copy.fd < 0:
+            if not copy.filling:
                 return
             gaps = _gaps(copy.covered, copy.info.length)
         if not self._held_here(copy.info):
@@ -409,9 +447,12 @@ class LocalCopies:
             return
         for offset, data in self._read(copy.info, gaps):
             with self._lock:
-                if self._copies.get(name) is not copy or copy.fd < 0:
+                while self._waiting + len(data) > WRITES_BYTES and self._waiting:
+                    self._written.wait()
+                if not copy.filling:
                     return  # evicted meanwhile
-                self._write_locked(name, copy, offset, data)
+                self._waiting += len(data)
+            self._writes.put((copy, offset, data))
 
     def _check_and_register(self, name: str, copy: Copy) -> bool:
         """Register the copy with the kernel, once; a copy whose file changed since it was
