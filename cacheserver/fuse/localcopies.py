@@ -113,6 +113,7 @@ def _gaps(covered: bytearray, length: int) -> list[tuple[int, int]]:
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    """A file's inode, size and times: a write changes its mtime, any change its ctime."""
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -428,7 +429,8 @@ class LocalCopies:
             stamp = _stamp(os.fstat(file.fileno()))
             pieces = [crc32c(os.pread(file.fileno(), PIECE, offset)) for offset in range(0, copy.info.length, PIECE)]
         with self._lock:
-            if self._copies.get(name) is copy and copy.stamp == stamp:
+            # Not written to since it was named (its registration's rename changes its ctime alone).
+            if self._copies.get(name) is copy and copy.stamp[:3] == stamp[:3]:
                 copy.pieces = pieces
 
     def _fill_gaps(self, name: str, copy: Copy) -> None:
