@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import errno
-import fcntl
 import os
 import stat
-import struct
 import sys
 import tempfile
 import threading
@@ -32,14 +30,6 @@ from strata.cacheserver.fuse.mountpoints import find_mount, unmount
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pagecache import PAGE, READ, best_passes, folio_pages  # noqa: E402
 
-# linux/fuse.h: the INIT flag (flags2 bit 5), the open flag, and /dev/fuse's ioctls
-# (_IOW(229, 1, struct fuse_backing_map {s32 fd; u32 flags; u64 padding}), _IOW(229, 2, u32)).
-INIT_PASSTHROUGH = 1 << 37
-FOPEN_PASSTHROUGH = 1 << 7
-BACKING_OPEN = 0x4010E501
-BACKING_MAP = struct.Struct("=iIQ")
-# A stack of file systems at most this deep under the mount (the backing file's own is 0).
-MAX_STACK_DEPTH = 1
 NAME = b"file"
 FILE_ID = 2
 TIMEOUT = 3600  # seconds the kernel may keep names and attributes: nothing changes
@@ -128,13 +118,11 @@ class OneFileServer:
         raise OSError(errno.ENOSYS, "not served")
 
     def _init(self, body: memoryview) -> bytes:
-        want = wire.ASYNC_READ | wire.MAX_PAGES | (INIT_PASSTHROUGH if self.way == PASSTHROUGH else 0)
+        want = wire.ASYNC_READ | wire.MAX_PAGES | (wire.PASSTHROUGH if self.way == PASSTHROUGH else 0)
         agreed = wire.negotiate(body, want, READ)
-        if self.way == PASSTHROUGH and not agreed.flags & INIT_PASSTHROUGH:
+        if self.way == PASSTHROUGH and not agreed.flags & wire.PASSTHROUGH:
             self.refused = "the kernel offers no passthrough at INIT"
-        depth = MAX_STACK_DEPTH if agreed.flags & INIT_PASSTHROUGH else 0
-        return wire.INIT_OUT.pack(agreed.major, agreed.minor, agreed.max_readahead, agreed.flags & 0xFFFFFFFF, 0, 0,
-                                  agreed.max_write, 1, agreed.max_pages, 0, agreed.flags >> 32, depth)
+        return agreed.pack()  # max_stack_depth 1 where passthrough was agreed
 
     def _open(self) -> bytes:
         if self.way == KERNEL_OPENS:
@@ -144,14 +132,13 @@ class OneFileServer:
                 try:
                     # Kept until the connection ends: an opener looks the id up after this
                     # reply is written, so it must not be closed at once.
-                    self.backing_id = fcntl.ioctl(self.fd, BACKING_OPEN, bytearray(BACKING_MAP.pack(self.source, 0, 0)),
-                                                  True)
+                    self.backing_id = kernel.backing_open(self.fd, self.source)
                 except OSError as exc:
                     self.refused = f"FUSE_DEV_IOC_BACKING_OPEN: {exc.strerror}"
             if self.backing_id:
                 # The kernel refuses FOPEN_KEEP_CACHE with passthrough: the pages are the backing file's.
-                return wire.OPEN_OUT.pack(0, FOPEN_PASSTHROUGH, self.backing_id)
-        return wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE, 0)
+                return wire.open_out(0, wire.FOPEN_PASSTHROUGH, self.backing_id)
+        return wire.open_out(0, wire.FOPEN_KEEP_CACHE)
 
     def _attr(self, nodeid: int) -> bytes:
         if nodeid == wire.ROOT_ID:

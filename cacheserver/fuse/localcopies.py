@@ -99,6 +99,11 @@ class Copy:
     stamp: tuple[int, ...] = ()  # its file's identity and times when last checked
     opens: int = 0  # files the kernel opened passed through to it
 
+    @property
+    def temp(self) -> Path:
+        """Its file while it is filled."""
+        return self.path.with_name(self.path.name + TEMP_SUFFIX)
+
 
 def _gaps(covered: bytearray, length: int) -> list[tuple[int, int]]:
     """The byte ranges (offset, length) of the pages not written yet."""
@@ -110,6 +115,12 @@ def _gaps(covered: bytearray, length: int) -> list[tuple[int, int]]:
         gaps.append((page * PAGE, min(stop * PAGE, length) - page * PAGE))
         page = -1 if end < 0 else covered.find(0, end)
     return gaps
+
+
+def _pieces(fd: int, length: int) -> Iterator[int]:
+    """The CRC-32C of each PIECE of the file `fd`'s first `length` bytes."""
+    for offset in range(0, length, PIECE):
+        yield crc32c(os.pread(fd, PIECE, offset))
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
@@ -327,7 +338,7 @@ class LocalCopies:
         if copy.dropped or offset == CLOSE:
             self._close(copy)
             return
-        temp = copy.path.with_name(copy.path.name + TEMP_SUFFIX)
+        temp = copy.temp
         if copy.fd < 0:
             copy.fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             os.ftruncate(copy.fd, copy.info.length)
@@ -401,7 +412,7 @@ class LocalCopies:
         if copy.filling:  # the writing thread closes its file
             copy.dropped, copy.filling = True, False
             self._writes.put((copy, CLOSE, b""))
-        copy.path.with_name(copy.path.name + TEMP_SUFFIX).unlink(missing_ok=True)
+        copy.temp.unlink(missing_ok=True)
         copy.path.unlink(missing_ok=True)
 
     def _copy_pending(self) -> None:
@@ -427,7 +438,7 @@ class LocalCopies:
         """The CRC-32C of each piece of a whole copy, as it was written (its file unchanged)."""
         with open(copy.path, "rb", buffering=0) as file:
             stamp = _stamp(os.fstat(file.fileno()))
-            pieces = [crc32c(os.pread(file.fileno(), PIECE, offset)) for offset in range(0, copy.info.length, PIECE)]
+            pieces = list(_pieces(file.fileno(), copy.info.length))
         with self._lock:
             # Not written to since it was named (its registration's rename changes its ctime alone).
             if self._copies.get(name) is copy and copy.stamp[:3] == stamp[:3]:
@@ -504,9 +515,8 @@ class LocalCopies:
         size = os.fstat(fd).st_size
         if size != copy.info.length:
             return min(size, copy.info.length)
-        for index, expected in enumerate(copy.pieces):
-            data = os.pread(fd, PIECE, index * PIECE)
-            if crc32c(data) != expected:
+        for index, (found, expected) in enumerate(zip(_pieces(fd, size), copy.pieces)):
+            if found != expected:
                 return index * PIECE
         return None
 
