@@ -14,6 +14,7 @@ interface.py.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -111,6 +112,14 @@ class Handlers(Generic[S]):
                 log.error("strata fuse: the kernel cannot drop the pages of %s it holds: %s", path, exc)
                 raise FuseError(errno.EIO) from exc
 
+    def _drop_pages(self, path: str) -> None:
+        """Have the kernel drop the pages it holds of `path` if it holds its node (never called
+        while answering a request: the kernel waits for reads of those pages in flight)."""
+        nodeid = self.nodes.node_id(path)
+        if nodeid is not None:
+            with contextlib.suppress(FuseError):  # said by _invalidate_data
+                self._invalidate_data(nodeid, path)
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _path(self, header: wire.InHeader) -> str:
@@ -158,7 +167,7 @@ class Handlers(Generic[S]):
         """Opens may hand the kernel a local file to read (agreed at INIT, by this process or,
         `resumed`, the predecessor whose connection it took over)."""
         self.ops.pass_through(functools.partial(kernel.backing_open, self.fd),
-                              functools.partial(kernel.backing_close, self.fd), resumed=resumed)
+                              functools.partial(kernel.backing_close, self.fd), self._drop_pages, resumed=resumed)
 
     def _destroy(self, header: wire.InHeader, body: memoryview) -> Payload:
         self.ops.commit_all()

@@ -137,11 +137,12 @@ class Operations(Protocol[S]):
     def passes_through(self) -> bool:
         """Whether opens may hand the kernel a local file to read (asked for at INIT)."""
         ...
-    def pass_through(self, register: Callable[[int], int], unregister: Callable[[int], None], *,
-                     resumed: bool) -> None:
+    def pass_through(self, register: Callable[[int], int], unregister: Callable[[int], None],
+                     drop_pages: Callable[[str], None], *, resumed: bool) -> None:
         """INIT agreed on passthrough (`resumed`: the predecessor's INIT, on the connection this
         process took over): `register(fd)` gives the kernel's id of an open local file (for
-        fi.backing_id), `unregister(id)` lets go of one."""
+        fi.backing_id), `unregister(id)` lets go of one, `drop_pages(path)` has the kernel drop
+        the pages it holds of a file (from a thread that answers no request)."""
         ...
     def commit_all(self) -> None:
         """Write every changed open file (the kernel ends the session)."""

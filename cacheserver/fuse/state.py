@@ -50,7 +50,8 @@ class OperationsState:
         self._listings = KernelListings()
         # Local copies of files the kernel reads itself (passthrough), if the mount makes them.
         self._copies = LocalCopies(settings.passthrough_dir if settings.read_only else None,
-                                   settings.passthrough_room, self._ranges_of, self._held_here)
+                                   settings.passthrough_room, self._ranges_of, self._held_here,
+                                   lambda ns: self._page_cached(ns) is not None)
         # A read-only mount that reuses metadata has the kernel open its files without asking
         # (session.py) unless it passes files through: a listed entry is used from the
         # attribute cache alone, and the client keeps no second copy of it. Elsewhere opens go
@@ -91,13 +92,17 @@ class OperationsState:
     def passes_through(self) -> bool:
         return self._copies.wanted
 
-    def pass_through(self, register: Callable[[int], int], unregister: Callable[[int], None], *,
-                     resumed: bool) -> None:
-        self._copies.attach(register, unregister, resumed=resumed)
+    def pass_through(self, register: Callable[[int], int], unregister: Callable[[int], None],
+                     drop_pages: Callable[[str], None], *, resumed: bool) -> None:
+        self._copies.attach(register, unregister, lambda ns: drop_pages(self._below_mount(ns)), resumed=resumed)
 
     def _ns(self, path: str) -> str:
         """The namespace path of a path below the mount point."""
         return join(self.root, path.lstrip("/")) if path != "/" else self.root
+
+    def _below_mount(self, ns: str) -> str:
+        """The path below the mount point of namespace path `ns` (one below the root)."""
+        return "/" + ns[len(self.root):].lstrip("/")
 
     def _info(self, ns: str) -> pb.FileInfo:
         info = self._attrs.get(ns)

@@ -20,12 +20,21 @@ from tests.support.waiting import wait_until
 
 
 class Kernel:
-    """Backing ids given and let go of, as the connection's registry keeps them."""
+    """Backing ids given and let go of, as the connection's registry keeps them; the paths
+    whose pages it was told to drop, and those open through its pages."""
 
     def __init__(self) -> None:
         self.ids: dict[int, int] = {}  # id: the fd's inode
         self.next = 1
         self.lock = threading.Lock()
+        self.dropped: list[str] = []
+        self.open_through_pages: set[str] = set()
+
+    def drop_pages(self, path: str) -> None:
+        self.dropped.append(path)
+
+    def reading_through_pages(self, path: str) -> bool:
+        return path in self.open_through_pages
 
     def register(self, fd: int) -> int:
         with self.lock:
@@ -81,8 +90,8 @@ def kernel() -> Kernel:
 
 
 def copies_in(tmp_path: Path, store: Store, kernel: Kernel, room: int = 64 * MIN_BYTES) -> LocalCopies:
-    copies = LocalCopies(tmp_path / "copies", room, store.read, store.held_here)
-    copies.attach(kernel.register, kernel.unregister, resumed=False)
+    copies = LocalCopies(tmp_path / "copies", room, store.read, store.held_here, kernel.reading_through_pages)
+    copies.attach(kernel.register, kernel.unregister, kernel.drop_pages, resumed=False)
     return copies
 
 
@@ -128,6 +137,25 @@ def test_a_file_read_whole_is_copied_by_its_reads_and_registered_once_for_every_
     for fh in (4, 6):
         copies.released(fh)
     assert copies.passing("/a") is None
+
+
+def test_a_whole_copy_has_the_kernel_drop_the_files_pages_once_no_file_is_open_through_them(
+        tmp_path: Path, store: Store, kernel: Kernel) -> None:
+    """The next open passes through, and the kernel would drop them at that open, on the
+    opener's time."""
+    alone, shared = store.add("/a", "v1", os.urandom(2 * MIN_BYTES)), store.add("/b", "v1", os.urandom(2 * MIN_BYTES))
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, alone)
+    wait_until(lambda: kernel.dropped == ["/a"], 10, "the pages of /a dropped")
+    kernel.open_through_pages.add("/b")  # another open of /b still reads through its pages
+    read_through_page_cache(copies, store, shared)
+    whole = tmp_path / "copies" / copy_name(shared)
+    wait_until(whole.exists, 10, "the copy of /b whole")
+    copies.read_done(alone)  # asked again for /a, after the copy of /b was made whole
+    wait_until(lambda: kernel.dropped == ["/a", "/a"], 10, "the pages of /a dropped again")
+    kernel.open_through_pages.discard("/b")  # pages a file is open through were kept; it closes
+    copies.read_done(shared)
+    wait_until(lambda: kernel.dropped == ["/a", "/a", "/b"], 10, "the pages of /b dropped at its close")
 
 
 def test_a_file_read_in_part_has_the_rest_read_from_this_node_once_all_its_blocks_are_here(
@@ -205,14 +233,14 @@ def test_a_successor_lets_go_of_its_predecessors_ids_and_a_new_mount_only_remove
     until_passed_through(first, info, 2)
     (tmp_path / "copies" / "left.tmp").write_bytes(b"partial")
     assert len(kernel.ids) == 1
-    LocalCopies(tmp_path / "copies", MIN_BYTES * 8, store.read, store.held_here).attach(
-        kernel.register, kernel.unregister, resumed=True)
+    LocalCopies(tmp_path / "copies", MIN_BYTES * 8, store.read, store.held_here, kernel.reading_through_pages).attach(
+        kernel.register, kernel.unregister, kernel.drop_pages, resumed=True)
     assert not kernel.ids and not list((tmp_path / "copies").iterdir())
 
 
 def test_no_folder_means_no_copies(tmp_path: Path, store: Store, kernel: Kernel) -> None:
     info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
-    copies = LocalCopies(None, 8 * MIN_BYTES, store.read, store.held_here)
-    copies.attach(kernel.register, kernel.unregister, resumed=False)
+    copies = LocalCopies(None, 8 * MIN_BYTES, store.read, store.held_here, kernel.reading_through_pages)
+    copies.attach(kernel.register, kernel.unregister, kernel.drop_pages, resumed=False)
     read_through_page_cache(copies, store, info)
     assert not copies.wanted and open_through(copies, info, 2) == 0 and store.asked == 0
