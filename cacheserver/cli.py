@@ -126,6 +126,7 @@ def cmd_csi(args: argparse.Namespace) -> int:
     from .csi.server import run_csi
 
     return run_csi(endpoint=args.endpoint, node_id=args.node_id, state_dir=args.state_dir, kubeconfig=args.kubeconfig,
+                   passthrough=args.passthrough or "",
                    tokens_secret=args.tokens_secret)
 
 
@@ -463,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "else KUBECONFIG / ~/.kube/config)")
     p.add_argument("--tokens-secret", default="", metavar="NAMESPACE/NAME",
                    help="the Secret where the operator keeps every cluster's data token for volumes")
+    p.add_argument("--passthrough", default=None, metavar="DIR:SIZE",
+                   help="read-only volumes with the attribute passthrough: \"true\" keep whole local copies of "
+                   "their files of 1 MiB or more in DIR, SIZE bytes at most each, which the kernel reads itself "
+                   "(`strata fuse --passthrough`); without it they read through the page cache")
 
     local = sub.add_parser("local", help="a Strata cluster on this machine").add_subparsers(dest="local", required=True, metavar="ACTION")
     p = add(local, "up", cmd_local_up, "start a master and workers on this machine")

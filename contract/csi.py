@@ -17,6 +17,9 @@ ATTR_MASTER: Final = "masterAddress"     # without a Mount: the master's HOST:PO
 ATTR_PATH: Final = "path"                # ... and the namespace path to show
 ATTR_READ_ONLY: Final = "readOnly"       # "true": mount read-only
 ATTR_WRITE_TYPE: Final = "writeType"     # MUST_CACHE | CACHE_THROUGH | THROUGH | ASYNC_THROUGH
+# "true": the kernel reads files of 1 MiB or more from local copies on the node (FUSE
+# passthrough; read-only volumes, where the node plugin keeps copies: `strata csi --passthrough`).
+ATTR_PASSTHROUGH: Final = "passthrough"
 # Read by the operator, not the node plugin: hold the pod (a scheduling gate) until this
 # percentage of the volume's data is cached, or at most warmTimeout (a duration).
 ATTR_WARM_PERCENT: Final = "warmPercent"

@@ -67,6 +67,7 @@ class Publication:
     read_only: bool
     write_type: str
     pid: int
+    passthrough: bool = False  # (absent from the records of earlier plugins)
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,12 @@ def check_source(source: VolumeSource) -> None:
 
 class Publisher:
     def __init__(self, state_dir: Path, *, command: Sequence[str] | None = None,
-                 mount_timeout: float = MOUNT_TIMEOUT) -> None:
+                 mount_timeout: float = MOUNT_TIMEOUT, passthrough: str = "") -> None:
+        """Volumes recorded in `state_dir`; `passthrough` (DIR:SIZE, as `strata fuse
+        --passthrough` takes it) where the volumes that ask for it keep their local copies
+        ("": nowhere, and they read through the page cache)."""
         self.state_dir = state_dir
+        self.passthrough = passthrough
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # How to run the CLI: this interpreter, never with the working directory on sys.path.
         self.command = list(command or [sys.executable, "-P", "-m", "strata.cacheserver"])
@@ -151,6 +156,8 @@ class Publisher:
             argv.append("--read-only")
         if source.write_type:
             argv += ["--write-type", source.write_type]
+        if source.passthrough and read_only and self.passthrough:
+            argv += ["--passthrough", self.passthrough]
         # The volume's token only: none of the plugin's own credentials reach the mount.
         env = {k: v for k, v in os.environ.items() if k != ENV_MASTER and k not in CREDENTIAL_ENV}
         env.update({ENV_MASTER: source.master, ENV_DATA_TOKEN_FILE: str(token_file), "PYTHONSAFEPATH": "1"})
@@ -219,6 +226,12 @@ class Publisher:
     def publish(self, volume_id: str, target: str, source: VolumeSource, read_only: bool) -> None:
         """Mount `source` at `target` (idempotent for the same volume and mode)."""
         read_only = read_only or source.read_only
+        if source.passthrough and not read_only:
+            raise InvalidArgument(f"{source.name}: passthrough needs a read-only volume (readOnly: true on the "
+                                  "pod's volume, or a read-only Mount): a file read from a local copy cannot be written")
+        if source.passthrough and not self.passthrough:
+            log.warning("%s asks for passthrough, but this node plugin keeps no local copies (strata csi "
+                        "--passthrough DIR:SIZE): its files are read through the page cache", source.name)
         with self._locked(target):
             record = self.load(target)
             kept = self._kept(record)
@@ -272,7 +285,8 @@ class Publisher:
             tail = log_file.read_text(errors="replace")[-LOG_TAIL:].strip()
             raise Unavailable(f"{exc}; its log ({log_file}): {tail}") from exc
         self._save(Publication(volume_id=volume_id, target=target, master=source.master, path=source.path,
-                               read_only=read_only, write_type=source.write_type, pid=pid))
+                               read_only=read_only, write_type=source.write_type, pid=pid,
+                               passthrough=source.passthrough))
         self._failures.pop(target, None)
         log.info("%s %s (%s) at %s%s", "resumed" if resume else "published", volume_id, source.name, target,
                  " read-only" if read_only else "")
@@ -385,7 +399,7 @@ class Publisher:
             log.error("cannot serve %s at %s again: its token file is gone", record.volume_id, target)
             return
         source = VolumeSource(master=record.master, token=token, path=record.path, write_type=record.write_type,
-                              name=f"{record.path} on {record.master}")
+                              name=f"{record.path} on {record.master}", passthrough=record.passthrough)
         try:
             self._mount(record.volume_id, target, source, record.read_only, resume=kept)
         except StrataError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from strata.contract.errors import InvalidArgument
+from ..fuse.daemon import passthrough_of
 from .kube import ApiReader, KubeResolver
 from .proto import csi_pb2_grpc as csi_grpc
 from .publisher import Publisher
@@ -68,11 +69,12 @@ async def serve(sock: Path, node_id: str, publisher: Publisher, resolver: MountR
 
 
 def run_csi(*, endpoint: str, node_id: str | None, state_dir: Path | None = None, kubeconfig: str | None = None,
-            tokens_secret: str = "") -> int:
+            tokens_secret: str = "", passthrough: str = "") -> int:
     if not node_id:
         raise InvalidArgument("--node-id is missing: pass the node's name (or set STRATA_NODE_NAME)")
     sock = socket_path(endpoint)
-    publisher = Publisher(state_dir or sock.parent / "volumes")
+    passthrough_of(passthrough, sock, read_only=True)  # a wrong DIR:SIZE stops the plugin here, not each volume
+    publisher = Publisher(state_dir or sock.parent / "volumes", passthrough=passthrough)
     if tokens_secret and tokens_secret.count("/") != 1:
         raise InvalidArgument(f"--tokens-secret {tokens_secret!r}: give NAMESPACE/NAME of the operator's Secret")
     resolver = KubeResolver(ApiReader(kubeconfig), tokens_secret)

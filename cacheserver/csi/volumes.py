@@ -12,6 +12,11 @@ Two ways to name the data:
 - A cluster directly: `{masterAddress: HOST:PORT, path: /datasets/x}` with the cluster token
   in the volume's secrets under `token` (nodePublishSecretRef); optional `readOnly: "true"`,
   `writeType`, `subPath`. This needs no Kubernetes API access at all.
+
+Either way `passthrough: "true"` asks that the kernel read large files from local copies on
+the node (a read-only volume; fuse/localcopies.py): for datasets of large files, at the
+cost of an open answered by the FUSE process for each file (a dataset of small files opens
+faster without it).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class VolumeSource:
     read_only: bool = False  # the data may not be changed (a read-only Mount)
     write_type: str = ""     # "" = the Strata mount's
     name: str = ""           # how messages name the volume's data
+    passthrough: bool = False  # large files read by the kernel from local copies (read-only volumes)
 
 
 class MountResolver(Protocol):
@@ -74,6 +80,14 @@ def check_write_type(value: str) -> str:
     return value
 
 
+def check_flag(attributes: Mapping[str, str], key: str) -> bool:
+    """A volume attribute that is "true" or "false" (absent: false)."""
+    value = attributes.get(key, "")
+    if value.lower() not in ("", "true", "false"):
+        raise InvalidArgument(f"{key} {value!r}: write \"true\" or \"false\"")
+    return value.lower() == "true"
+
+
 def with_subpath(source: VolumeSource, subpath: str) -> VolumeSource:
     if not subpath:
         return source
@@ -103,7 +117,7 @@ def source_of(attributes: Mapping[str, str], secrets: Mapping[str, str], resolve
                                   f"(or `{c.SECRET_TOKEN}`): set nodePublishSecretRef to a Secret with the cluster's "
                                   "data token")
         source = VolumeSource(master=master, token=token, path=normalize(path, what=c.ATTR_PATH),
-                              read_only=attributes.get(c.ATTR_READ_ONLY, "").lower() == "true",
+                              read_only=check_flag(attributes, c.ATTR_READ_ONLY),
                               name=f"{path} on {master}")
     else:
         keys = sorted(k for k in attributes if not k.startswith(c.RESERVED_PREFIX))
@@ -113,6 +127,8 @@ def source_of(attributes: Mapping[str, str], secrets: Mapping[str, str], resolve
     write_type = check_write_type(attributes.get(c.ATTR_WRITE_TYPE, ""))
     if write_type:
         source = replace(source, write_type=write_type)
+    if check_flag(attributes, c.ATTR_PASSTHROUGH):
+        source = replace(source, passthrough=True)
     return with_subpath(source, attributes.get(c.ATTR_SUBPATH, ""))
 
 

@@ -36,6 +36,7 @@ from strata.contract.proto import strata_pb2 as pb
 from .conftest import BLOCK_SIZE, DATA_TOKEN, TOKEN, Cluster, wait_until
 from .test_cluster import payload
 from .test_fuse import alive, fuse_skip_reason
+from .test_fuse_passthrough import copied, copies
 from .test_fuse_resume import start_reader
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300),
@@ -69,9 +70,9 @@ class Objects(PathObjects):
 class Plugin:
     """`serve()` in a thread of this process, with the Kubernetes objects given by the test."""
 
-    def __init__(self, root: Path, objects: Objects) -> None:
+    def __init__(self, root: Path, objects: Objects, *, passthrough: str = "") -> None:
         self.socket = root / "plugin" / "csi.sock"
-        self.publisher = Publisher(root / "state")
+        self.publisher = Publisher(root / "state", passthrough=passthrough)
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         ready = threading.Event()
@@ -222,6 +223,36 @@ def test_errors_say_which_mount_or_cluster_is_wrong(
         assert code == expected and message in details, (context, code, details)
         assert find_mount(target) is None
     assert plugin.publisher.records() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="passthrough needs CAP_SYS_ADMIN")
+def test_a_read_only_volume_asking_for_passthrough_has_its_large_files_read_from_local_copies(
+        cluster: Cluster, bucket: str, objects: Objects, tmp_path: Path) -> None:
+    data = payload(BLOCK_SIZE + 7)
+    cluster.s3.put_object(bucket, "big.bin", data)
+    folder = tmp_path / "copies"
+    plugin = Plugin(tmp_path / "node", objects, passthrough=f"{folder}:64Mi")
+    try:
+        code, details = code_of(lambda: publish(plugin.node, pod_target(tmp_path, "writer"), inline(passthrough="true")))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "read-only" in details
+        code, details = code_of(lambda: publish(plugin.node, pod_target(tmp_path, "typo"), inline(passthrough="yes"),
+                                                readonly=True))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "passthrough 'yes'" in details
+
+        target = pod_target(tmp_path)
+        publish(plugin.node, target, inline(passthrough="true"), readonly=True)
+        plain = pod_target(tmp_path, "pod-2")
+        publish(plugin.node, plain, inline(), readonly=True, volume_id="vol-2")
+        passing, = (r for r in plugin.publisher.records() if r.volume_id == "vol-1")
+        assert passing.passthrough and b"--passthrough" in Path(f"/proc/{passing.pid}/cmdline").read_bytes()
+        (made,) = copied(target / "big.bin", data, folder)
+        assert made.read_bytes() == data
+        assert (plain / "big.bin").read_bytes() == data and copies(folder) == [made]  # the other reads no copy
+        plugin.node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(volume_id="vol-1", target_path=str(target)))
+        assert copies(folder) == []  # a volume's copies end with it
+    finally:
+        unpublish_all(plugin.publisher, plugin.node)
+        plugin.close()
 
 
 def test_provisioned_and_static_volumes_are_writable_with_the_mounts_write_type(

@@ -24,6 +24,8 @@ LOCAL_IMAGE_VALUES = (
     # /run/strata, a folder of each node's own (the default, /var/lib/strata/cache, would be
     # the machine's, shared by the three nodes and kept after the run).
     "--set", "operator.nodeCacheRoot=/run/strata/cache",
+    # The same for the node plugin's local copies of passthrough volumes.
+    "--set", "csi.passthrough.dir=/run/strata/fuse-copies",
 )
 
 

@@ -80,7 +80,8 @@ def test_every_value_is_documented() -> None:
 
 def test_the_schema_refuses_mistakes(helm: str) -> None:
     for bad in ("operator.replica=2", "webhook.certificate.mode=selfsigned", "csi.kubeletDir=var/lib",
-                "image.pullPolicy=Sometimes", "webhook.timeoutSeconds=60"):
+                "image.pullPolicy=Sometimes", "webhook.timeoutSeconds=60", "csi.passthrough.room=lots",
+                "csi.passthrough.dir=relative/copies"):
         proc = run_helm(helm, "template", "strata", str(CHART), "--kube-version", "1.34.0", "--set", bad, check=False)
         assert proc.returncode != 0 and "values don't meet the specifications of the schema" in proc.stderr, bad
 
@@ -362,6 +363,24 @@ def test_the_fuse_holder_keeps_the_node_plugins_mounts(render: Render, kubelet: 
     assert volume(daemonset, "pods-dir")["hostPath"]["path"] == f"{root}/pods"
     assert pods["mountPropagation"] == "HostToContainer"
     assert float(env_of(plugin)["STRATA_FUSE_RESUME_TIMEOUT"]) >= 60
+
+
+def test_the_node_plugin_keeps_local_copies_for_passthrough_on_a_host_folder_unless_turned_off(
+        render: Render) -> None:
+    """Read-only volumes that ask for passthrough get copies in a node folder (a hostPath, not
+    the tmpfs of the FUSE state), with the room the values give; room "" leaves it out."""
+    node = one(render({"csi.passthrough.dir": "/mnt/nvme/copies", "csi.passthrough.room": "50Gi"}),
+               "DaemonSet", "strata-csi-node")
+    plugin = container(node, "node-plugin")
+    args = build_parser().parse_args(plugin["args"])
+    assert args.passthrough == "/mnt/nvme/copies:50Gi"
+    assert mount_of(plugin, "fuse-copies")["mountPath"] == "/mnt/nvme/copies"
+    assert volume(node, "fuse-copies")["hostPath"] == {"path": "/mnt/nvme/copies", "type": "DirectoryOrCreate"}
+    assert build_parser().parse_args(container(one(render({}), "DaemonSet", "strata-csi-node"), "node-plugin")[
+        "args"]).passthrough  # on by default
+    off = container(one(render({"csi.passthrough.room": ""}), "DaemonSet", "strata-csi-node"), "node-plugin")
+    assert build_parser().parse_args(off["args"]).passthrough is None
+    assert "fuse-copies" not in [m["name"] for m in off["volumeMounts"]]
 
 
 def test_csi_disabled(render: Render) -> None:

@@ -4,6 +4,8 @@ retries a volume that fails (no FUSE here: the integration tests mount for real)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import subprocess
 import sys
 import threading
@@ -21,6 +23,15 @@ from strata.cacheserver.fuse import mountkeeper, settings
 def record(target: Path, pid: int) -> Publication:
     return Publication(volume_id="vol-1", target=str(target), master="127.0.0.1:1", path="/data", read_only=True,
                        write_type="", pid=pid)
+
+
+def test_a_record_of_an_earlier_plugin_without_passthrough_still_loads(publisher: Publisher, tmp_path: Path) -> None:
+    target = tmp_path / "pod" / "mount"
+    earlier = {k: v for k, v in dataclasses.asdict(record(target, 7)).items() if k != "passthrough"}
+    publisher._files(str(target))[0].write_text(json.dumps(earlier))
+    assert publisher.load(str(target)) == record(target, 7) and not record(target, 7).passthrough
+    publisher._save(dataclasses.replace(record(target, 7), passthrough=True))
+    assert publisher.load(str(target)).passthrough  # type: ignore[union-attr]
 
 
 def dead_pid() -> int:

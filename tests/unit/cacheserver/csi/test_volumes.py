@@ -83,6 +83,18 @@ def test_a_volume_can_name_a_master_and_path_with_the_token_as_a_secret() -> Non
     assert "secret" not in repr(source)
 
 
+def test_a_volume_asks_for_passthrough_with_true_and_a_word_that_is_not_a_flag_is_refused() -> None:
+    attributes = {c.ATTR_MASTER: "m:1", c.ATTR_PATH: "/x"}
+    secrets = {c.SECRET_TOKEN: "t"}
+    assert not source_of(attributes, secrets, RESOLVER).passthrough
+    assert not source_of({**attributes, c.ATTR_PASSTHROUGH: "false"}, secrets, RESOLVER).passthrough
+    assert source_of({**attributes, c.ATTR_PASSTHROUGH: "True"}, secrets, RESOLVER).passthrough
+    with pytest.raises(InvalidArgument, match=r"passthrough 'yes'.*\"true\""):
+        source_of({**attributes, c.ATTR_PASSTHROUGH: "yes"}, secrets, RESOLVER)
+    with pytest.raises(InvalidArgument, match="readOnly 'on'"):
+        source_of({**attributes, c.ATTR_READ_ONLY: "on"}, secrets, RESOLVER)
+
+
 @pytest.mark.parametrize(("attributes", "secrets", "message"), [
     ({c.ATTR_MASTER: "m:1"}, {c.SECRET_TOKEN: "t"}, "no `path`"),
     ({c.ATTR_MASTER: "m:1", c.ATTR_PATH: "/x"}, {}, "nodePublishSecretRef"),
