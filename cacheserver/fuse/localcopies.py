@@ -17,10 +17,13 @@ a copy never fetches from the store). Later opens of that version pass through t
   through first looks at its file (inode, size, times): a file written to since it was made
   (or last read back) is read back whole, each piece's CRC-32C compared with the one taken
   after it was made (about 0.2 s a GiB; a copy changed before they were taken cannot be
-  checked); a copy that differs is removed and the open reads through the page cache. The copy is registered with the kernel (FUSE_DEV_IOC_BACKING_OPEN)
-  once, at the first open that passes it through. What the kernel reads from the copy is
-  not checked again, as a local file's bytes are not: the copy is in the FUSE process's own
-  folder (mode 0600 in a 0700 folder), written once.
+  checked); a copy that differs is removed and the open reads through the page cache. The
+  copy is registered with the kernel (FUSE_DEV_IOC_BACKING_OPEN) once, at the first open that
+  passes it through. The check runs on a thread of its own: an open waits for it CHECK_WAIT
+  seconds at most, and while a check has run longer than that (the copies' disk does not
+  answer) opens read through the page cache without waiting. What the kernel reads from the
+  copy is not checked again, as a local file's bytes are not: the copy is in the FUSE
+  process's own folder (mode 0600 in a 0700 folder), written once.
 - Bounded: copies take at most SIZE bytes of DIR; a new copy evicts the least recently
   opened copies no file is open on (their id let go of, their file removed), copies being
   filled included; a file too big for the room is not copied. What a copy being filled holds
@@ -81,12 +84,22 @@ PAGES = -3  # a file whose copy is whole was closed: the kernel drops its pages,
 # many such versions are remembered.
 ELSEWHERE_FOR = 5.0
 ELSEWHERE = 1024
+# Seconds an open waits for its copy's check (the copies' disk); past it, and while a check
+# has run that long, opens read through the page cache.
+CHECK_WAIT = 2.0
 TEMP_SUFFIX = ".tmp"
 
 
 def copy_name(info: pb.FileInfo) -> str:
     """The name of the copy of `info`'s version (its backing id, once it has one, after a dot)."""
     return hashlib.sha256(f"{info.path}\0{info.version}".encode("utf-8", "surrogateescape")).hexdigest()[:40]
+
+
+@dataclass
+class _Check:
+    """An open's request to check a copy, and its answer."""
+    done: threading.Event = field(default_factory=threading.Event)
+    passed: bool = False
 
 
 @dataclass
@@ -180,6 +193,9 @@ class LocalCopies:
         # Pages to write into copies, WRITES_BYTES at most (and, with no bytes, CLOSE or READ_DONE).
         self._writes: queue.SimpleQueue[tuple[Copy, int, bytes | memoryview]] = queue.SimpleQueue()
         self._waiting = 0  # bytes in _writes
+        # The checks of copies at open run on a thread of their own (see usable), one at a time.
+        self._checks: queue.SimpleQueue[tuple[str, Copy, _Check]] = queue.SimpleQueue()
+        self._checking_since = 0.0  # time.monotonic() when the check under way began (0: none)
         self._lock = threading.Lock()
         self._written = threading.Condition(self._lock)  # _waiting went down
 
@@ -214,6 +230,7 @@ class LocalCopies:
         self._register, self._unregister, self._drop_pages = register, unregister, drop_pages
         threading.Thread(target=self._copy_pending, name="strata-fuse-copies", daemon=True).start()
         threading.Thread(target=self._write_pending, name="strata-fuse-copy-writes", daemon=True).start()
+        threading.Thread(target=self._check_pending, name="strata-fuse-copy-checks", daemon=True).start()
 
     # -- opens -------------------------------------------------------------------------------------
 
@@ -228,11 +245,36 @@ class LocalCopies:
             copy = self._copies.get(name)
             if copy is None or not copy.ready:
                 return None
+            since = self._checking_since
+            if since and time.monotonic() - since > CHECK_WAIT:
+                return None  # the copies' disk does not answer: said by the check that waits
             copy.opens += 1  # not evicted meanwhile
-        if self._check_and_register(name, copy):
+        check = _Check()
+        self._checks.put((name, copy, check))
+        if check.done.wait(CHECK_WAIT) and check.passed:
             return copy
+        if not check.done.is_set():
+            log.warning("strata fuse: the check of the copy of %s took more than %gs (its disk does not answer?): "
+                        "opens read through the page cache until it ends", info.path, CHECK_WAIT)
         self.unused(copy)
         return None
+
+    def _check_pending(self) -> None:
+        """The checking thread: a copy's file is looked at (and read back, if it changed) here,
+        so an open whose copies' disk hangs waits CHECK_WAIT seconds at most, once."""
+        while True:
+            name, copy, check = self._checks.get()
+            with self._lock:
+                self._checking_since = time.monotonic()
+            try:
+                check.passed = self._check_and_register(name, copy)
+            except Exception as exc:  # noqa: BLE001 - the open reads through the page cache instead
+                log.warning("strata fuse: the copy of %s could not be checked: %s", copy.info.path, exc)
+                self._drop(name, copy)
+            finally:
+                with self._lock:
+                    self._checking_since = 0.0
+                check.done.set()
 
     def fill(self, info: pb.FileInfo, offset: int, data: bytes | memoryview) -> None:
         """Bytes of version `info` at `offset`, checked, that a read through the page cache
@@ -467,7 +509,17 @@ class LocalCopies:
 
     def _take_pieces(self, name: str, copy: Copy) -> None:
         """The CRC-32C of each piece of a whole copy, as it was written (its file unchanged)."""
-        with open(copy.path, "rb", buffering=0) as file:
+        while True:
+            with self._lock:
+                path = copy.path
+            try:
+                file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+                break
+            except FileNotFoundError:
+                with self._lock:
+                    if copy.path == path:  # removed, not renamed by its registration meanwhile
+                        raise
+        with file:
             stamp = _stamp(os.fstat(file.fileno()))
             pieces = list(_pieces(file.fileno(), copy.info.length))
         with self._lock:
@@ -534,10 +586,14 @@ class LocalCopies:
                                 "this mount", copy.path, exc)
                     self._register = None
                     return False
-                registered = copy.path.with_name(f"{name}.{copy.backing_id}")
-                os.rename(copy.path, registered)  # a successor lets go of the id (see the module docstring)
+                path = copy.path
+            # Named by its id, so a successor lets go of it (see the module docstring); renamed
+            # outside the lock, which the reads' page writes take (this disk may be slow).
+            registered = path.with_name(f"{name}.{copy.backing_id}")
+            os.rename(path, registered)
+            with self._lock:
                 copy.path, copy.stamp = registered, _stamp(os.fstat(fd))
-                return True
+            return True
         finally:
             os.close(fd)
 

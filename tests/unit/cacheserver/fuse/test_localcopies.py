@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from strata.cacheserver.fuse import localcopies
 from strata.cacheserver.fuse.localcopies import MIN_BYTES, LocalCopies, copy_name
 from strata.contract.proto import strata_pb2 as pb
 
@@ -156,6 +157,28 @@ def test_a_whole_copy_has_the_kernel_drop_the_files_pages_once_no_file_is_open_t
     kernel.open_through_pages.discard("/b")  # pages a file is open through were kept; it closes
     copies.read_done(shared)
     wait_until(lambda: kernel.dropped == ["/a", "/a", "/b"], 10, "the pages of /b dropped at its close")
+
+
+def test_an_open_waits_for_a_copies_disk_that_does_not_answer_once_and_then_not_at_all(
+        tmp_path: Path, store: Store, kernel: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check of a copy at open runs on a thread of its own: a hung disk costs one open
+    CHECK_WAIT, the next ones nothing (through the page cache), until the check ends."""
+    monkeypatch.setattr(localcopies, "CHECK_WAIT", 0.3)
+    info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, info)
+    wait_until((tmp_path / "copies" / copy_name(info)).exists, 10, "the copy of /a whole")
+    answer = threading.Event()
+    checked = copies._check_and_register
+    monkeypatch.setattr(copies, "_check_and_register", lambda name, copy: answer.wait() and checked(name, copy))
+    started = time.monotonic()
+    assert open_through(copies, info, 2) == 0  # through the page cache, after CHECK_WAIT
+    assert 0.3 <= time.monotonic() - started < 5
+    started = time.monotonic()
+    assert open_through(copies, info, 4) == 0 and time.monotonic() - started < 0.2  # no wait now
+    answer.set()  # the disk answers again: the check ends, and the next open passes through
+    assert until_passed_through(copies, info, 6)
+    assert wait_until(lambda: copies._copies[copy_name(info)].opens == 1, 5, "only the passed-through open counted")
 
 
 def test_a_file_read_in_part_has_the_rest_read_from_this_node_once_all_its_blocks_are_here(
