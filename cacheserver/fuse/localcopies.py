@@ -27,7 +27,7 @@ a copy never fetches from the store). Later opens of that version pass through t
 - Bounded: copies take at most SIZE bytes of DIR; a new copy evicts the least recently
   opened copies no file is open on (their id let go of, their file removed), copies being
   filled included; a file too big for the room is not copied. What a copy being filled holds
-  in memory is a byte a page (which pages it has).
+  in memory is a bit a page (which pages it has): 32 KiB a GiB.
 - One way per file at a time: the kernel fails an open (EIO) that would mix passthrough with
   the page cache, or two backing files, on one file. While a file is open through the page
   cache, its opens stay there; while open passed through, its opens pass through to the same
@@ -111,7 +111,7 @@ class Copy:
     fd: int = -1  # its temporary file while it is filled (-1: none): the writing thread's alone
     filling: bool = True  # pages are still written into it
     dropped: bool = False  # evicted or failed: the writing thread closes its file
-    covered: bytearray = field(default_factory=bytearray)  # 1 for each PAGE written
+    covered: Pages = field(default_factory=lambda: Pages(0))  # the PAGEs written
     left: int = 0  # pages not written yet
     queued: bool = False  # waiting for the copying thread (its gaps filled, or its pieces' CRC-32C taken)
     backing_id: int = 0  # the kernel's id of it (0: not registered)
@@ -124,16 +124,37 @@ class Copy:
         return self.path.with_name(self.path.name + TEMP_SUFFIX)
 
 
-def _gaps(covered: bytearray, length: int) -> list[tuple[int, int]]:
+class Pages:
+    """A set of page numbers below `count`, a bit each."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._bits = bytearray(-(-count // 8))
+
+    def add(self, first: int, last: int) -> int:
+        """Add pages [first, last); how many were not there."""
+        if first >= last:
+            return 0
+        low, high = first // 8, -(-last // 8)
+        had = int.from_bytes(self._bits[low:high], "little")
+        adding = ((1 << (last - first)) - 1) << (first - low * 8)
+        self._bits[low:high] = (had | adding).to_bytes(high - low, "little")
+        return (adding & ~had).bit_count()
+
+    def missing(self) -> Iterator[tuple[int, int]]:
+        """The runs [first, last) of pages not in the set, in order."""
+        absent = ~int.from_bytes(self._bits, "little") & ((1 << self.count) - 1)
+        while absent:
+            first = (absent & -absent).bit_length() - 1
+            run = ((absent >> first) + 1) & ~(absent >> first)  # the lowest page present past the run
+            last = first + run.bit_length() - 1
+            yield first, last
+            absent &= ~((1 << last) - 1)
+
+
+def _gaps(covered: Pages, length: int) -> list[tuple[int, int]]:
     """The byte ranges (offset, length) of the pages not written yet."""
-    gaps: list[tuple[int, int]] = []
-    page = covered.find(0)
-    while page >= 0:
-        end = covered.find(1, page)
-        stop = len(covered) if end < 0 else end
-        gaps.append((page * PAGE, min(stop * PAGE, length) - page * PAGE))
-        page = -1 if end < 0 else covered.find(0, end)
-    return gaps
+    return [(first * PAGE, min(last * PAGE, length) - first * PAGE) for first, last in covered.missing()]
 
 
 def _pieces(fd: int, length: int) -> Iterator[int]:
@@ -368,7 +389,7 @@ class LocalCopies:
         if not self._make_room(info.length):
             return None
         pages = -(-info.length // PAGE)
-        copy = Copy(info, folder / name, covered=bytearray(pages), left=pages)
+        copy = Copy(info, folder / name, covered=Pages(pages), left=pages)
         self._copies[name] = copy
         self._used += info.length
         return copy
@@ -415,11 +436,7 @@ class LocalCopies:
             if copy.dropped:  # its file was removed meanwhile, perhaps after this opened it anew
                 temp.unlink(missing_ok=True)
                 return
-            covered = copy.covered
-            new = last - first - sum(covered[first:last])
-            if new > 0:
-                covered[first:last] = b"\1" * (last - first)
-                copy.left -= new
+            copy.left -= copy.covered.add(first, last)
             if copy.left or copy.dropped:
                 return
             copy.filling = False
@@ -434,7 +451,7 @@ class LocalCopies:
             if self._copies.get(name) is not copy:  # dropped meanwhile
                 copy.path.unlink(missing_ok=True)
                 return
-            copy.ready, copy.stamp, copy.covered = True, stamp, bytearray()
+            copy.ready, copy.stamp, copy.covered = True, stamp, Pages(0)
             self._enqueue_locked(name, copy)
         log.info("strata fuse: copied %s (%.0f MiB): its next open passes it through", copy.info.path,
                  copy.info.length / 2**20)

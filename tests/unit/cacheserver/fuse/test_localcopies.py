@@ -5,6 +5,7 @@ in tests/integration/test_fuse_passthrough.py use the kernel's own)."""
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from strata.cacheserver.fuse import localcopies
-from strata.cacheserver.fuse.localcopies import MIN_BYTES, LocalCopies, copy_name
+from strata.cacheserver.fuse.localcopies import MIN_BYTES, LocalCopies, Pages, copy_name
 from strata.contract.proto import strata_pb2 as pb
 
 from tests.support.waiting import wait_until
@@ -267,3 +268,27 @@ def test_no_folder_means_no_copies(tmp_path: Path, store: Store, kernel: Kernel)
     copies.attach(kernel.register, kernel.unregister, kernel.drop_pages, resumed=False)
     read_through_page_cache(copies, store, info)
     assert not copies.wanted and open_through(copies, info, 2) == 0 and store.asked == 0
+
+
+def test_the_pages_a_copy_has_are_a_bit_each_and_give_its_gaps_in_order() -> None:
+    rng = random.Random(28)
+    for _ in range(200):
+        count = rng.randint(1, 300)
+        pages, had = Pages(count), [False] * count
+        for _ in range(rng.randint(0, 12)):
+            first = rng.randint(0, count)
+            last = rng.randint(first, count)
+            assert pages.add(first, last) == sum(not had[i] for i in range(first, last))
+            had[first:last] = [True] * (last - first)
+        runs, page = [], 0
+        while page < count:
+            if had[page]:
+                page += 1
+                continue
+            end = page
+            while end < count and not had[end]:
+                end += 1
+            runs.append((page, end))
+            page = end
+        assert list(pages.missing()) == runs
+    assert len(Pages(2**18)._bits) == 2**15  # 1 GiB of 4 KiB pages: 32 KiB
