@@ -443,6 +443,10 @@ class LocalCopies:
         # Whole: named, and ready for the next open (written from checked bytes: sound while its
         # file is not written to, see _check_and_register). The CRC-32C of its pieces, for a
         # later check, are taken by the copying thread.
+        # Its pages written out now, on this thread: left dirty, the kernel writes a GiB of them
+        # out seconds later, while the copy is read passed through, and those reads slow down
+        # (aggregation 1 GiB warm: 0.31-0.72 s with dirty copies, 0.31-0.41 with written ones).
+        os.fdatasync(copy.fd)
         self._close(copy)
         os.rename(temp, copy.path)
         stamp = _stamp(os.stat(copy.path))
