@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from strata.contract.errors import InvalidArgument
-from ..fuse.daemon import passthrough_of
+from ..fuse.daemon import passthrough_room
 from .kube import ApiReader, KubeResolver
 from .proto import csi_pb2_grpc as csi_grpc
 from .publisher import Publisher
@@ -73,7 +73,8 @@ def run_csi(*, endpoint: str, node_id: str | None, state_dir: Path | None = None
     if not node_id:
         raise InvalidArgument("--node-id is missing: pass the node's name (or set STRATA_NODE_NAME)")
     sock = socket_path(endpoint)
-    passthrough_of(passthrough, sock, read_only=True)  # a wrong DIR:SIZE stops the plugin here, not each volume
+    if passthrough:
+        passthrough_room(passthrough)  # a wrong DIR:SIZE stops the plugin here, not each volume
     publisher = Publisher(state_dir or sock.parent / "volumes", passthrough=passthrough)
     if tokens_secret and tokens_secret.count("/") != 1:
         raise InvalidArgument(f"--tokens-secret {tokens_secret!r}: give NAMESPACE/NAME of the operator's Secret")

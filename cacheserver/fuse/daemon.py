@@ -77,21 +77,27 @@ class FuseOptions:
     passthrough: str = ""            # DIR:SIZE: local copies the kernel reads itself (localcopies.py); "": none
 
 
+def passthrough_room(value: str) -> tuple[Path, int]:
+    """The folder and room of `--passthrough DIR:SIZE` (`strata fuse`, `strata csi`)."""
+    folder, sep, size = value.rpartition(":")
+    if not sep or not folder:
+        raise InvalidArgument(f"--passthrough {value!r}: write DIR:SIZE, e.g. /mnt/nvme/strata-copies:50Gi")
+    room = parse_size(size, what="--passthrough size")
+    if room < MIN_BYTES:
+        raise InvalidArgument(f"--passthrough {value!r}: give at least {MIN_BYTES} bytes of room")
+    return Path(folder).absolute(), room
+
+
 def passthrough_of(value: str, mountpoint: Path, read_only: bool) -> tuple[Path | None, int]:
     """The folder of this mount's local copies and their room, from `--passthrough DIR:SIZE`
     (a folder of its own in DIR for each mount point: a successor clears it)."""
     if not value:
         return None, 0
-    folder, sep, size = value.rpartition(":")
-    if not sep or not folder:
-        raise InvalidArgument(f"--passthrough {value!r}: write DIR:SIZE, e.g. /mnt/nvme/strata-copies:50Gi")
+    folder, room = passthrough_room(value)
     if not read_only:
         raise InvalidArgument("--passthrough needs --read-only: a file passed through to a copy cannot be written")
-    room = parse_size(size, what="--passthrough size")
-    if room < MIN_BYTES:
-        raise InvalidArgument(f"--passthrough {value!r}: give at least {MIN_BYTES} bytes of room")
     key = hashlib.sha256(str(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return Path(folder).absolute() / f"mount-{key}", room
+    return folder / f"mount-{key}", room
 
 
 def prepare_mountpoint(mountpoint: Path) -> Path:
