@@ -103,6 +103,10 @@ class Files(Reads):
     @as_errno
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
         handle = self._handle(fi)
+        if self._copies.read_ahead(fi.fh, offset, size):
+            # Not fetched: the kernel would fill pages no read uses, and drop them at the next
+            # open (a readahead hint's error is seen by no one).
+            raise FuseError(errno.EIO)
         data = handle.read(size, offset)
         if isinstance(handle, ReadHandle) and not handle.direct:  # the kernel's pages of this version
             self._copies.fill(handle.info, offset, data)

@@ -359,6 +359,28 @@ class LocalCopies:
             self._passing[copy.info.path] = (name, held[1] + 1)
             self._handles[fh] = (copy.info.path, name)
 
+    def read_ahead(self, fh: int, offset: int, size: int) -> bool:
+        """Whether `fh` is open passed through: then a read of it is only ever a readahead
+        hint (posix_fadvise WILLNEED, readahead(2)), which the kernel turns into reads for its
+        own page cache of the file, a cache no read of a file passed through uses. The hint is
+        given to the copy the kernel reads instead."""
+        with self._lock:
+            held = self._handles.get(fh)
+            if held is None:
+                return False
+            copy = self._copies.get(held[1])
+            path = copy.path if copy is not None else None
+        if path is not None:  # else removed (evicted) since: the kernel holds it open still
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass  # a hint: renamed by its registration meanwhile, or its disk failing
+        return True
+
     def released(self, fh: int) -> None:
         with self._lock:
             held = self._handles.pop(fh, None)

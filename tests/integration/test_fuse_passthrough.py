@@ -115,6 +115,36 @@ def test_a_large_file_is_read_by_the_kernel_from_its_checked_copy_once_copied(
     assert len(copies(folder)) == 1, "a file under 1 MiB is not copied"
 
 
+def resident(path: Path) -> int:
+    """Bytes of the file in the page cache."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.strip())
+
+
+def test_a_readahead_hint_on_a_file_passed_through_warms_its_copy(
+        passthrough_mount: Callable[..., tuple[Any, FuseProcess, Path]]) -> None:
+    # Readers such as pyarrow give posix_fadvise(WILLNEED) before they read: the kernel turns
+    # it into reads for the FUSE file's own page cache, which no read of a file passed through
+    # uses (fetched, each cost the FUSE process a MiB); the copy is what the reads will want.
+    data = payload(2 * BLOCK_SIZE + 12345)
+    _, fuse, folder = passthrough_mount({"big.bin": data})
+    path = fuse.path / "set" / "big.bin"
+    copied(path, data, folder)
+    with open(path, "rb", buffering=0) as f:  # passed through (and its copy registered)
+        (copy,) = copies(folder)
+        fd = os.open(copy, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert resident(copy) == 0
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+            wait_until(lambda: resident(copy) > 0, 10, "the hint given to the copy")
+        finally:
+            os.close(fd)
+        assert f.readall() == data
+    assert read(path) == data
+
+
 def test_a_damaged_copy_is_never_handed_to_the_kernel(
         passthrough_mount: Callable[..., tuple[Any, FuseProcess, Path]]) -> None:
     data = payload(3 * BLOCK_SIZE)
