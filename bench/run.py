@@ -24,6 +24,12 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+# Every contestant reads in this one process: the memory pyarrow frees stays with it (set
+# before pyarrow loads). Left to itself, pyarrow's allocator (mimalloc) hands freed pages back
+# within milliseconds, and whichever contestant reads after one that freed them pays for fresh
+# ones (huge pages zeroed, 0.2-0.4 s a GiB): an effect of the order of the contestants, not of a
+# read path.
+os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
 
 import datasets  # noqa: E402
 import manyfiles  # noqa: E402
