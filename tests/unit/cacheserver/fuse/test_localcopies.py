@@ -160,6 +160,31 @@ def test_a_whole_copy_has_the_kernel_drop_the_files_pages_once_no_file_is_open_t
     wait_until(lambda: kernel.dropped == ["/a", "/a", "/b"], 10, "the pages of /b dropped at its close")
 
 
+def test_a_read_of_a_file_passed_through_is_a_hint_given_to_its_copy(tmp_path: Path, store: Store,
+                                                                   kernel: Kernel) -> None:
+    """The kernel asks for such a read only for a readahead hint (posix_fadvise WILLNEED):
+    the copy is what its reads will want, and nothing is fetched for its own page cache."""
+    info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, info)
+    until_passed_through(copies, info, 4)
+    assert not copies.read_ahead(2, 0, 4096), "a handle open through the page cache is read"
+    hints: list[tuple[str, int, int]] = []
+    fadvise = os.posix_fadvise
+
+    def hinted(fd: int, offset: int, length: int, advice: int) -> None:
+        hints.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+        fadvise(fd, offset, length, advice)
+
+    with mock.patch.object(os, "posix_fadvise", hinted):
+        assert copies.read_ahead(4, MIN_BYTES, 1 << 20)
+        (path,) = (tmp_path / "copies").iterdir()
+        assert hints == [(str(path), MIN_BYTES, 1 << 20)]
+        path.unlink()  # gone under it: still a hint, given to nothing
+        assert copies.read_ahead(4, 0, 1 << 20) and len(hints) == 1
+    assert store.gaps_read == 0
+
+
 def test_an_open_waits_for_a_copies_disk_that_does_not_answer_once_and_then_not_at_all(
         tmp_path: Path, store: Store, kernel: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check of a copy at open runs on a thread of its own: a hung disk costs one open
