@@ -266,9 +266,8 @@ class LocalCopies:
             copy = self._copies.get(name)
             if copy is None or not copy.ready:
                 return None
-            since = self._checking_since
-            if since and time.monotonic() - since > CHECK_WAIT:
-                return None  # the copies' disk does not answer: said by the check that waits
+            if self._disk_hangs_locked():
+                return None
             copy.opens += 1  # not evicted meanwhile
         check = _Check()
         self._checks.put((name, copy, check))
@@ -279,6 +278,13 @@ class LocalCopies:
                         "opens read through the page cache until it ends", info.path, CHECK_WAIT)
         self.unused(copy)
         return None
+
+    def _disk_hangs_locked(self) -> bool:
+        """Whether the copies' disk does not answer: said by a check that has waited for it
+        longer than CHECK_WAIT (until it ends, nothing else is asked of that disk on a thread
+        that answers requests)."""
+        since = self._checking_since
+        return bool(since) and time.monotonic() - since > CHECK_WAIT
 
     def _check_pending(self) -> None:
         """The checking thread: a copy's file is looked at (and read back, if it changed) here,
@@ -369,8 +375,9 @@ class LocalCopies:
             if held is None:
                 return False
             copy = self._copies.get(held[1])
-            path = copy.path if copy is not None else None
-        if path is not None:  # else removed (evicted) since: the kernel holds it open still
+            # None: removed (evicted) since, the kernel holds it open still; or its disk hangs
+            path = copy.path if copy is not None and not self._disk_hangs_locked() else None
+        if path is not None:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
