@@ -207,6 +207,77 @@ def test_an_open_waits_for_a_copies_disk_that_does_not_answer_once_and_then_not_
     assert wait_until(lambda: copies._copies[copy_name(info)].opens == 1, 5, "only the passed-through open counted")
 
 
+def slow_writes(monkeypatch: pytest.MonkeyPatch, go: threading.Event | None = None, pause: float = 0.0) -> None:
+    """The copies' disk slow: each write waits for `go` (if given) and `pause` seconds."""
+    write_all = localcopies._write_all
+
+    def slow(fd: int, data: bytes | memoryview, offset: int) -> int:
+        if go is not None:
+            go.wait()
+        time.sleep(pause)
+        return write_all(fd, data, offset)
+
+    monkeypatch.setattr(localcopies, "_write_all", slow)
+
+
+def test_an_open_right_after_a_whole_read_waits_for_its_copy_and_passes_through(
+        tmp_path: Path, store: Store, kernel: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file read whole has every page given to its copy when the reader closes it; the next
+    open (a second read of it at once) waits the fraction of a second their writes take and
+    passes through, with the file's pages dropped already, instead of reading through them."""
+    slow_writes(monkeypatch, pause=0.02)  # 16 writes: 0.3 s
+    info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, info)
+    assert not (tmp_path / "copies" / copy_name(info)).exists()
+    assert open_through(copies, info, 2), "the open waited for the copy"
+    assert kernel.dropped == ["/a"]
+    part = store.add("/b", "v1", os.urandom(2 * MIN_BYTES))
+    read_through_page_cache(copies, store, part, 0, MIN_BYTES)  # its gaps are read at its close
+    started = time.monotonic()
+    assert open_through(copies, part, 4) == 0 and time.monotonic() - started < 0.2, "no wait for a copy in part"
+
+
+def test_an_open_waits_for_a_copy_on_a_slow_disk_once(tmp_path: Path, store: Store, kernel: Kernel,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(localcopies, "FINISH_WAIT", 0.3)
+    go = threading.Event()
+    slow_writes(monkeypatch, go)
+    info = store.add("/a", "v1", os.urandom(2 * MIN_BYTES))
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, info)
+    started = time.monotonic()
+    assert open_through(copies, info, 2) == 0  # through the page cache, after FINISH_WAIT
+    assert 0.3 <= time.monotonic() - started < 5
+    started = time.monotonic()
+    assert open_through(copies, info, 4) == 0 and time.monotonic() - started < 0.2  # no wait now
+    go.set()
+    assert until_passed_through(copies, info, 6)
+
+
+def test_a_copys_pages_are_written_out_as_it_fills(tmp_path: Path, store: Store, kernel: Kernel,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not left dirty for the kernel to write out later, under the reads that pass through
+    to it, nor all at its end, which an open waiting for it would wait out."""
+    monkeypatch.setattr(localcopies, "WRITE_OUT", MIN_BYTES)
+    started: list[int] = []
+    start_write_out = localcopies._start_write_out
+
+    def recorded(fd: int) -> None:
+        started.append(os.fstat(fd).st_size)
+        start_write_out(fd)
+
+    monkeypatch.setattr(localcopies, "_start_write_out", recorded)
+    data = os.urandom(4 * MIN_BYTES)
+    info = store.add("/a", "v1", data)
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, info)
+    until_passed_through(copies, info, 2)
+    assert len(started) == 5  # each MiB, and the rest at its end
+    (path,) = (tmp_path / "copies").iterdir()
+    assert path.read_bytes() == data
+
+
 def test_a_file_read_in_part_has_the_rest_read_from_this_node_once_all_its_blocks_are_here(
         tmp_path: Path, store: Store, kernel: Kernel) -> None:
     data = os.urandom(4 * MIN_BYTES + 5)
