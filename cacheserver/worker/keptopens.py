@@ -113,9 +113,7 @@ class KeptOpens:
         for one in served:
             self._reads.store.touch(one.block_id)
             counters.kept_opens += 1
-            counters.hits += 1
-            counters.hits_by_mount[one.mount_id] += 1
-            counters.hit_bytes_by_medium[one.medium] += one.length
+            counters.hit(one.mount_id, one.medium, one.length)
             counters.bytes_served += one.length
             if one.as_file:
                 counters.short_circuit_reads += 1

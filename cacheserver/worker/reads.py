@@ -91,6 +91,13 @@ class Counters:
     misses_by_mount: Counter[int] = field(default_factory=Counter)
     hit_bytes_by_medium: Counter[str] = field(default_factory=Counter)
 
+    def hit(self, mount_id: int, medium: str, length: int) -> None:
+        """A read of a block this worker holds (a reader's on this node, or a worker's that
+        missed it: either way the store was not asked), `length` bytes of it on `medium`."""
+        self.hits += 1
+        self.hits_by_mount[mount_id] += 1
+        self.hit_bytes_by_medium[medium] += length
+
 
 # The paths bytes are served over: the short-circuit socket, the data port, gRPC's ReadBlock.
 SERVED_PATHS = ("short_circuit", "data_port", "grpc")
@@ -304,9 +311,7 @@ class BlockReads:
             key, fetch, promote=promote, pin=mount.is_pinned(ref.path)
         )
         if hit:
-            self.counters.hits += 1
-            self.counters.hits_by_mount[ref.mount_id] += 1
-            self.counters.hit_bytes_by_medium[block.medium] += block.length
+            self.counters.hit(ref.mount_id, block.medium, block.length)
         if reader and ref.index == 0 and self.ahead.small(ref.file_length, ref.block_size):
             self.ahead.opened(ref.path, ref.file_length, cold=not hit)
         return block, hit
@@ -437,12 +442,14 @@ class BlockReads:
         length = min(length or total - offset, total - offset)
         key = key_of(ref)
         try:
-            if self.store.lookup(key) is None:
+            block = self.store.lookup(key)
+            if block is None:
                 raise NotFound("not held")
             data = await self.store.read(key, offset, length)
         except (BlockCorrupt, NotFound) as exc:
             raise NotFound(f"worker {self.worker_id} does not hold block {ref.index} of {ref.path} "
                            f"version {ref.version} ({exc})") from None
+        self.counters.hit(ref.mount_id, block.medium, len(data))  # the cluster's cache, not the store, served it
         self.counters.peer_bytes_served += len(data)
         return BlockSource(hit=True, length=len(data), data=data)
 
@@ -643,7 +650,7 @@ class BlockReads:
         if not as_file and block.chunk_size != CHUNK_SIZE:  # the data port sends whole chunks' checksums
             os.close(fd)
             return None
-        self.counters.hits += 1
+        self.counters.hit(ref.mount_id, block.medium, block.length)
         self.counters.bytes_served += block.length
         if as_file:
             self.counters.short_circuit_reads += 1

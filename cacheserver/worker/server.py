@@ -81,7 +81,8 @@ class WorkerCollector(Collector):
     def collect(self):  # type: ignore[no-untyped-def]
         c = self._counters
         for name, value, text in (
-            ("strata_worker_cache_hits", c.hits, "Block reads served from the cache"),
+            ("strata_worker_cache_hits", c.hits,
+             "Block reads served from the cache (this node's readers' and other workers' that missed them)"),
             ("strata_worker_cache_misses", c.misses, "Blocks fetched from the store"),
             ("strata_worker_ufs_bytes_read", c.ufs_bytes_read, "Bytes read from the store"),
             ("strata_worker_bytes_served", c.bytes_served, "Bytes served to readers"),
@@ -120,7 +121,7 @@ class WorkerCollector(Collector):
         yield served
         names = {v.mount_id: v.path for v in self._mounts.views()}
         for name, by_mount, text in (
-            ("strata_worker_mount_cache_hits", c.hits_by_mount, "Block reads served from the cache, by mount"),
+            ("strata_worker_mount_cache_hits", c.hits_by_mount, "Block reads served from the cache (to readers and other workers), by mount"),
             ("strata_worker_mount_cache_misses", c.misses_by_mount, "Blocks fetched from the store, by mount"),
         ):
             family = CounterMetricFamily(name, text, labels=["mount"])

@@ -30,6 +30,7 @@ from prometheus import Prometheus
 from test_strata import (  # noqa: F401 - fixtures
     RELEASE_NS,
     _finished,
+    _master_report,
     _reader_pod,
     dataset,
     ready_cluster,
@@ -40,6 +41,11 @@ from test_strata import (  # noqa: F401 - fixtures
 
 Obj = dict[str, Any]
 FILES = REPO / "charts" / "strata" / "files"
+
+
+def _cached_bytes(cluster: Cluster, namespace: str) -> int:
+    mounts = _master_report(cluster, namespace).get("mounts", [])
+    return sum(int(m.get("cachedBytes", 0)) for m in mounts if m.get("mount", {}).get("path") == "/data")
 
 
 def _meta(pod: Obj) -> dict[str, str]:
@@ -111,6 +117,10 @@ def test_prometheus_scrapes_every_server_and_every_panel_has_data(
     first = _reader_pod("first-read", sorted(dataset), {"strata.dev/locality": "disabled"})
     strata.apply(first, namespace)
     node = _finished(strata, namespace, "first-read")["spec"]["nodeName"]
+    # The second reader's worker copies the blocks from their holder (hits there) once the
+    # master knows where they are; asked before, it would fetch them from the store again.
+    wait_until(lambda: _cached_bytes(strata, namespace) >= sum(map(len, dataset.values())), timeout=60,
+               what="the master to know the first read's blocks are cached")
     second = _reader_pod("second-read", sorted(dataset), {"strata.dev/locality": "disabled"})
     second["spec"]["nodeName"] = next(n["metadata"]["name"] for n in strata.items("nodes") if n["metadata"]["name"] != node)
     strata.apply(second, namespace)

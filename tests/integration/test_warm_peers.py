@@ -18,7 +18,7 @@ import pytest
 from strata.cacheserver.client.fs import StrataFileSystem
 from strata.cacheserver.worker.peers import ALONE_FOR
 
-from .conftest import BLOCK_SIZE, Cluster, wait_until
+from .conftest import BLOCK_SIZE, Cluster, metric, wait_until
 from .test_integrity import flip_middle_bytes
 
 
@@ -65,11 +65,16 @@ def test_a_preloaded_dataset_read_through_a_worker_that_does_not_hold_it_costs_n
     assert loaded == sum(map(len, files.values()))
     held_by_1 = sum(1 for name in files for h in holders(fs, f"/d/set/{name}") if h == ["worker-1"])
     assert held_by_1 > 0, "the load put every block on worker-0: the test needs some on worker-1"
+    hits_on_1 = metric(cluster.workers[1].metrics(), "strata_worker_mount_cache_hits", '{mount="/d"}')
     # A reader on worker-0's node reads through worker-0 (short-circuit), which holds only
     # part of the dataset: the rest is worker-1's.
     read_all(cluster.fs(host="node-0"), files)
     assert cluster.total_metric("strata_worker_ufs_bytes_read") == loaded, "the warm dataset was fetched again"
     assert cluster.worker_metric(0, "strata_worker_peer_reads") == held_by_1
+    # The blocks worker-1 sent are hits of the mount's cache (the dashboard's hit ratio): the
+    # store was not asked for them.
+    served = metric(cluster.workers[1].metrics(), "strata_worker_mount_cache_hits", '{mount="/d"}') - hits_on_1
+    assert served == held_by_1
     # Now both hold those blocks; a reader on the other node costs the store nothing either.
     read_all(cluster.fs(host="node-1"), files)
     assert cluster.total_metric("strata_worker_ufs_bytes_read") == loaded
