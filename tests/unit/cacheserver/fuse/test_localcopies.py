@@ -13,6 +13,7 @@ from unittest import mock
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from strata.cacheserver.fuse import localcopies
 from strata.cacheserver.fuse.localcopies import MIN_BYTES, LocalCopies, Pages, copy_name
@@ -276,6 +277,35 @@ def test_a_copys_pages_are_written_out_as_it_fills(tmp_path: Path, store: Store,
     assert len(started) == 5  # each MiB, and the rest at its end
     (path,) = (tmp_path / "copies").iterdir()
     assert path.read_bytes() == data
+
+
+def test_a_copy_written_in_order_has_its_pieces_summed_as_written_and_one_out_of_order_reads_them_back(
+        tmp_path: Path, store: Store, kernel: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CRC-32C a later check compares a copy with: summed from the bytes as they are
+    written when they come in order (a file read front to back), so a whole copy is not read
+    back under the reads that pass through to it; else read back once it is whole."""
+    monkeypatch.setattr(localcopies, "PIECE", MIN_BYTES)
+    read_back: list[str] = []
+    take_pieces = LocalCopies._take_pieces
+
+    def recorded(self: LocalCopies, name: str, copy: localcopies.Copy) -> None:
+        read_back.append(copy.info.path)
+        take_pieces(self, name, copy)
+
+    monkeypatch.setattr(LocalCopies, "_take_pieces", recorded)
+    in_order, out_of_order = (store.add(path, "v1", os.urandom(3 * MIN_BYTES + 17)) for path in ("/a", "/b"))
+    copies = copies_in(tmp_path, store, kernel)
+    read_through_page_cache(copies, store, in_order)
+    for offset, data in reversed(list(store.pages(out_of_order))):
+        copies.fill(out_of_order, offset, data)
+    copies.read_done(out_of_order)
+    for fh, info in enumerate((in_order, out_of_order), 2):
+        until_passed_through(copies, info, fh)
+        copy = copies._copies[copy_name(info)]
+        wait_until(lambda: copy.pieces, 10, f"the pieces of {info.path}")
+        data = store.data[(info.path, info.version)]
+        assert copy.pieces == [crc32c(data[i:i + MIN_BYTES]) for i in range(0, len(data), MIN_BYTES)]
+    assert read_back == ["/b"]
 
 
 def test_a_file_read_in_part_has_the_rest_read_from_this_node_once_all_its_blocks_are_here(
